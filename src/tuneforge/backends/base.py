@@ -1,0 +1,217 @@
+"""The one small interface between the Trainer and a parallelism engine.
+
+The Trainer names no backend. It calls, in order:
+
+    backend.setup()                                   # process group, device
+    model, optimizer = backend.wrap(model, make_optimizer)
+    with backend.autocast(): outputs = ...            # per micro-batch
+    backend.backward(loss, model, sync=is_last_micro) # no grad sync on accumulation steps
+    grad_norm = backend.step(model, optimizer)        # clip, step, zero_grad
+    backend.reduce_sum(t) / backend.gather_objects(x) # exact metrics across data-parallel ranks
+    backend.save(dir, model, optimizer) / backend.load(dir, model, optimizer)
+    backend.full_state_dict(model)                    # consolidated weights for the HF export
+    backend.teardown()
+
+A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from tuneforge.errors import ConfigError
+
+MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """'auto' → bf16 where the hardware does it natively, fp16 on older CUDA, else fp32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if device.type == "cpu":
+        native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
+            torch.cpu, "_is_amx_tile_supported", lambda: False
+        )()
+        return "bf16" if native else "fp32"
+    return "fp32"
+
+
+def detect_device(local_rank: int = 0) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+class Backend:
+    """Single-process defaults; distributed backends override what differs."""
+
+    name = "base"
+    distributed = False
+    sharded = False  # weights/optimizer saved per rank (fsdp, deepspeed zero-3, tp)
+    supports_gradient_checkpointing = True
+    supported_precisions = ("fp32", "bf16", "fp16")
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.rank = 0
+        self.world_size = 1
+        self.local_rank = 0
+        self.device = torch.device("cpu")
+        self.precision = "fp32"
+        self.scaler: torch.amp.GradScaler | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self.distributed:
+            self._init_process_group()
+        self.device = detect_device(self.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.precision = resolve_precision(self.config.precision, self.device)
+        self.check_precision()
+        if self.precision == "fp16" and self.device.type == "cuda":
+            self.scaler = torch.amp.GradScaler("cuda")
+
+    def check_precision(self) -> None:
+        if self.precision not in self.supported_precisions:
+            raise ConfigError(
+                f"backend {self.name!r} does not support precision {self.precision!r}; "
+                f"use one of: {', '.join(self.supported_precisions)}"
+            )
+        if self.precision == "fp16" and self.device.type == "cpu":
+            raise ConfigError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
+
+    def _init_process_group(self) -> None:
+        if not dist.is_initialized():
+            required = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+            missing = [k for k in required if k not in os.environ]
+            if missing:
+                raise ConfigError(
+                    f"backend {self.name!r} needs a distributed launch ({', '.join(missing)} unset); "
+                    "run with --nproc N, or under torchrun/Slurm"
+                )
+            pg = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend=pg)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+
+    def teardown(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.destroy_process_group()
+
+    # ---- data-parallel geometry (tp overrides: ranks of one tp group share data) -----------
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.world_size
+
+    # ---- model ----------------------------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+        model.to(self.device)
+        return model, make_optimizer(model)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model)
+
+    def autocast(self):
+        if self.precision in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            return torch.autocast(self.device.type, dtype=dtype)
+        return contextlib.nullcontext()
+
+    def no_sync(self, model):
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, model: torch.nn.Module, sync: bool = True) -> None:
+        ctx = contextlib.nullcontext() if sync else self.no_sync(model)
+        with ctx:
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """Clip, step and zero the gradients. Returns the pre-clip grad norm (a tensor; no sync)."""
+        max_norm = self.config.optim.max_grad_norm
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+        norm = self.clip_grad_norm(model, max_norm) if max_norm else None
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ---- collectives over data-parallel replicas -------------------------------------------
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed and self.dp_size > 1:
+            tensor = tensor.clone()
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return tensor
+
+    @property
+    def dp_group(self):
+        return None  # the default (world) group
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        if not (self.distributed and self.dp_size > 1):
+            return [obj]
+        out: list[Any] = [None] * self.dp_size
+        dist.all_gather_object(out, obj, group=self.dp_group)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed and dist.is_initialized():
+            dist.barrier()
+
+    # ---- state ----------------------------------------------------------------------------
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """Consolidated full weights on the main rank (None elsewhere), on CPU."""
+        if not self.is_main:
+            return None
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+
+    def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Write model + optimizer (+ scaler) state into the checkpoint folder `path`."""
+        from safetensors.torch import save_model
+
+        if self.is_main:
+            save_model(self.unwrap(model), str(path / "model.safetensors"))
+            torch.save(optimizer.state_dict(), path / "optimizer.pt")
+            if self.scaler:
+                torch.save(self.scaler.state_dict(), path / "scaler.pt")
+
+    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        from safetensors.torch import load_model
+
+        load_model(self.unwrap(model), str(path / "model.safetensors"), device=str(self.device))
+        if optimizer is not None:
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
+        if self.scaler and (path / "scaler.pt").exists():
+            self.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))

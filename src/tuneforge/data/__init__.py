@@ -1,0 +1,1 @@
+"""Data: raw sources, cached tokenization, batch order."""

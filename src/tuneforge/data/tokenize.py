@@ -1,0 +1,81 @@
+"""Batched tokenization cached on disk with `datasets.map`.
+
+The cache key covers the raw data's content, the tokenizer's content (vocabulary, merges,
+normalisation, special tokens) and the task's settings (max_length, truncation, columns), so a
+second identical run reuses the cache and any other tokenizer or setting never does.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import datasets
+import pyarrow as pa
+
+
+def default_cache_dir() -> Path:
+    from tuneforge.config import env_flag
+
+    root = env_flag("TUNEFORGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tuneforge")
+    return Path(root) / "tokenized"
+
+
+def dataset_fingerprint(ds: datasets.Dataset) -> str:
+    """Content hash of an Arrow table (fast: hashes the IPC bytes)."""
+    sink = io.BytesIO()
+    table = ds.with_format(None).data.table
+    if ds._indices is not None:  # a selected/shuffled view: hash the rows it shows
+        table = ds.flatten_indices().data.table
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return hashlib.sha256(sink.getvalue()).hexdigest()[:24]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    h = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        h.update(backend.to_str().encode())
+    else:  # slow (python) tokenizers: vocabulary + class
+        h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(type(tokenizer).__name__.encode())
+    h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
+    h.update(str(getattr(tokenizer, "padding_side", "")).encode())
+    return h.hexdigest()[:24]
+
+
+def cached_map(
+    ds: datasets.Dataset,
+    fn: Callable[[dict[str, list]], dict[str, list]],
+    *,
+    tokenizer,
+    settings: dict[str, Any],
+    cache_dir: str | Path | None,
+    desc: str,
+    log: Callable[[str], None] = print,
+) -> datasets.Dataset:
+    key_src = json.dumps(
+        {"data": dataset_fingerprint(ds), "tok": tokenizer_fingerprint(tokenizer), "settings": settings}, sort_keys=True, default=str
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.arrow"
+    if path.exists():
+        log(f"{desc}: reusing tokenized cache {path}")
+    else:
+        log(f"{desc}: tokenizing {len(ds)} examples (cached at {path})")
+    return ds.map(
+        fn,
+        batched=True,
+        batch_size=1000,
+        remove_columns=ds.column_names,
+        cache_file_name=str(path),
+        load_from_cache_file=True,
+        new_fingerprint=key,
+        desc=desc,
+    )

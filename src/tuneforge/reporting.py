@@ -1,0 +1,128 @@
+"""What a run shows and leaves behind: progress bar, metrics.jsonl, TensorBoard, a plot.
+
+Only the main rank writes. Human-readable lines go to stderr so that stdout stays clean for
+`--json` (its last line is the result object).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+
+class Reporter:
+    def __init__(self, config, is_main: bool = True) -> None:
+        self.config = config
+        self.is_main = is_main
+        self.quiet = config.quiet or not is_main
+        self.run_dir = Path(config.output_dir)
+        self.bar = None
+        self.tb = None
+        self._metrics_file = None
+        self._t0 = time.perf_counter()
+
+    def print(self, msg: str) -> None:
+        if self.quiet:
+            return
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def start(self, total_steps: int, start_step: int, n_train: int, global_batch: int, backend) -> None:
+        if not self.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics_file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        if "tensorboard" in self.config.report_to:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        self.print(
+            f"training {n_train} examples, global batch {global_batch}, {total_steps} steps "
+            f"on {backend.name} ({backend.world_size} process{'es' if backend.world_size > 1 else ''}, "
+            f"{backend.device.type}, {backend.precision})"
+        )
+        if not self.quiet:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def log(self, record: dict) -> None:
+        if not self.is_main:
+            return
+        record = {**record, "time_s": round(time.perf_counter() - self._t0, 3)}
+        if self._metrics_file:
+            self._metrics_file.write(json.dumps(record) + "\n")
+            self._metrics_file.flush()
+        split = record.get("split", "train")
+        if self.tb:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k not in ("step", "epoch", "split"):
+                    self.tb.add_scalar(f"{split}/{k}", v, record.get("step", 0))
+        if split == "train" and self.bar is not None:
+            self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+        elif split == "eval":
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float) and k != "time_s")
+            self.print(f"eval @ step {record['step']} (epoch {record.get('epoch')}): {shown}")
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def finish(self, result: dict) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if not self.is_main:
+            return
+        if self._metrics_file:
+            self._metrics_file.close()
+        if self.tb:
+            self.tb.close()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+        try:
+            plot_run(self.run_dir)
+        except Exception as err:  # a plot must never fail a finished run
+            self.print(f"(no plot: {err})")
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_run(run_dir: Path) -> Path | None:
+    """training loss and eval metrics against steps, saved as RUN/plot.png."""
+    records = read_metrics(run_dir)
+    if not records:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in records if r.get("split") == "train"]
+    evals = [r for r in records if r.get("split") == "eval"]
+    eval_keys = sorted({k for r in evals for k, v in r.items() if isinstance(v, float) and k not in ("time_s", "loss")})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
+    if evals:
+        axes[0].plot([r["step"] for r in evals], [r.get("loss", math.nan) for r in evals], "o-", label="eval loss")
+    axes[0].set_xlabel("step"), axes[0].set_title("loss"), axes[0].legend()
+    for k in eval_keys:
+        axes[1].plot([r["step"] for r in evals], [r.get(k, math.nan) for r in evals], "o-", label=k)
+    axes[1].set_xlabel("step"), axes[1].set_title("eval metrics")
+    if eval_keys:
+        axes[1].legend()
+    fig.suptitle(str(run_dir))
+    fig.tight_layout()
+    out = Path(run_dir) / "plot.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -1,0 +1,37 @@
+"""Task families: classification (GLUE, BBC News, files), causal LM, sequence-to-sequence."""
+from __future__ import annotations
+
+import importlib
+
+from tuneforge.errors import ConfigError
+
+# task name (or prefix) -> "module:Class"
+TASKS = {
+    "bbc-news": "tuneforge.tasks.classification:ClassificationTask",
+    "classification": "tuneforge.tasks.classification:ClassificationTask",
+    "regression": "tuneforge.tasks.classification:ClassificationTask",
+    "glue/": "tuneforge.tasks.classification:ClassificationTask",
+    "clm": "tuneforge.tasks.clm:CausalLMTask",
+    "seq2seq": "tuneforge.tasks.seq2seq:Seq2SeqTask",
+}
+
+
+def task_names() -> list[str]:
+    from tuneforge.tasks.glue import GLUE
+
+    return [k for k in TASKS if not k.endswith("/")] + [f"glue/{g}" for g in GLUE]
+
+
+def get_task(config):
+    name = config.task
+    target = TASKS.get(name) or next((v for k, v in TASKS.items() if k.endswith("/") and name.startswith(k)), None)
+    if target is None:
+        raise ConfigError(f"unknown task {name!r}; choose one of: {', '.join(task_names())}")
+    module, cls = target.split(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        if err.name == module:
+            raise ConfigError(f"task {name!r} is not available in this build of tuneforge") from None
+        raise
+    return getattr(mod, cls)(config)

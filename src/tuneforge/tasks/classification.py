@@ -1,0 +1,271 @@
+"""Sequence classification: single sentences, sentence pairs and regression (GLUE, BBC, files)."""
+from __future__ import annotations
+
+import math
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tuneforge.data.sources import bundled_bbc_news, read_table, require_columns, to_dataset
+from tuneforge.data.tokenize import cached_map
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.tasks.base import MetricStream, Task, empty_check
+from tuneforge.tasks.glue import GLUE
+
+TEXT_GUESSES = (("sentence1", "sentence2"), ("text",), ("sentence",), ("question1", "question2"), ("premise", "hypothesis"))
+
+
+def classification_metrics(preds: np.ndarray, labels: np.ndarray, names: tuple[str, ...], num_labels: int) -> dict[str, float]:
+    from scipy.stats import pearsonr, spearmanr
+    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+    out: dict[str, float] = {}
+    if num_labels == 1:
+        if "pearson" in names:
+            out["pearson"] = float(pearsonr(preds, labels)[0]) if len(preds) > 1 else float("nan")
+        if "spearman" in names:
+            out["spearman"] = float(spearmanr(preds, labels)[0]) if len(preds) > 1 else float("nan")
+        return out
+    if "accuracy" in names:
+        out["accuracy"] = float(accuracy_score(labels, preds))
+    if "f1" in names:
+        average = "binary" if num_labels == 2 else "macro"
+        out["f1"] = float(f1_score(labels, preds, average=average, zero_division=0))
+    if "mcc" in names:
+        out["mcc"] = float(matthews_corrcoef(labels, preds))
+    return out
+
+
+class ClassificationStream(MetricStream):
+    """Keeps predicted ids (or values) and labels, never the full logits."""
+
+    def __init__(self, task: "ClassificationTask") -> None:
+        self.task = task
+        self.preds: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+        self.loss_sum = None
+        self.count = None
+
+    def update(self, outputs, batch, valid) -> None:
+        logits = outputs.logits.float()
+        preds = logits.squeeze(-1) if self.task.num_labels == 1 else logits.argmax(-1)
+        self.preds.append(preds[valid].detach())
+        self.labels.append(batch["labels"][valid].detach())
+        loss, _ = self.task.compute_loss(outputs, {**batch, "labels": batch["labels"]}, reduce_mask=valid)
+        n = valid.sum()
+        self.loss_sum = loss.detach() if self.loss_sum is None else self.loss_sum + loss.detach()
+        self.count = n if self.count is None else self.count + n
+
+    def compute(self, backend) -> dict[str, float]:
+        preds = torch.cat(self.preds).cpu().numpy() if self.preds else np.zeros(0)
+        labels = torch.cat(self.labels).cpu().numpy() if self.labels else np.zeros(0)
+        gathered = backend.gather_objects((preds, labels))
+        preds = np.concatenate([g[0] for g in gathered])
+        labels = np.concatenate([g[1] for g in gathered])
+        dev = backend.device
+        totals = torch.stack([
+            (self.loss_sum if self.loss_sum is not None else torch.zeros((), device=dev)).float().to(dev),
+            (self.count if self.count is not None else torch.zeros((), device=dev)).float().to(dev),
+        ])
+        totals = backend.reduce_sum(totals)
+        out = classification_metrics(preds, labels, self.task.metrics, self.task.num_labels)
+        out["loss"] = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        out["num_examples"] = int(len(labels))
+        return out
+
+
+class ClassificationTask(Task):
+    model_kind = "a sequence-classification model"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        name = config.task
+        data = config.data
+        self.glue = None
+        if name.startswith("glue/"):
+            sub = name.split("/", 1)[1]
+            if sub not in GLUE:
+                raise ConfigError(f"unknown GLUE task {sub!r}; choose one of: {', '.join('glue/' + k for k in GLUE)}")
+            self.glue = GLUE[sub]
+            self.text_columns = list(data.text_columns or self.glue.text_columns)
+            self.label_column = data.label_column or "label"
+            self.label_names = list(self.glue.label_names) if self.glue.label_names else None
+            self.regression = self.glue.label_names is None
+            self.metrics = self.glue.metrics
+        else:
+            self.text_columns = list(data.text_columns) if data.text_columns else None
+            self.label_column = data.label_column or "label"
+            self.label_names = None  # from the training data
+            self.regression = name == "regression"
+            self.metrics = ("pearson", "spearman") if self.regression else ("accuracy", "f1")
+        self.num_labels = 1 if self.regression else None
+        self.best_metric = self.metrics[0]
+        self.greater_is_better = True
+
+    # ---- raw data ----------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        cfg, data = self.config, self.config.data
+        if self.glue is not None and not data.train_file:
+            from tuneforge.tasks.glue import load_glue
+
+            raw = load_glue(self.config.task.split("/", 1)[1], data.data_dir)
+        elif cfg.task == "bbc-news" and not data.train_file:
+            raw = bundled_bbc_news(split_seed=data.split_seed)
+            self.label_names = sorted(set(raw["train"]["label"]))
+        else:
+            raw = self._load_files()
+        for split in ("train", "validation"):
+            empty_check(raw.get(split), split)
+        self._resolve_columns(raw)
+        return self._encode_labels(raw)
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        raw = datasets.DatasetDict({k: v for k, v in splits.items() if v is not None})
+        for split in raw:
+            empty_check(raw[split], split)
+        self._resolve_columns(raw)
+        return self._encode_labels(raw)
+
+    def _load_files(self) -> datasets.DatasetDict:
+        data = self.config.data
+        if not data.train_file:
+            raise ConfigError(f"task {self.config.task!r} needs data: pass --train-file (and --validation-file)")
+        splits = {"train": to_dataset(read_table(data.train_file))}
+        if data.validation_file:
+            splits["validation"] = to_dataset(read_table(data.validation_file))
+        else:  # hold out 10% of train, fixed by split_seed
+            self.log("no --validation-file: holding out 10% of the training file for validation")
+            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
+            splits = {"train": parts["train"], "validation": parts["test"]}
+        return datasets.DatasetDict(splits)
+
+    def _resolve_columns(self, raw: datasets.DatasetDict) -> None:
+        cols = raw["train"].column_names
+        if self.text_columns is None:
+            for guess in TEXT_GUESSES:
+                if all(c in cols for c in guess):
+                    self.text_columns = list(guess)
+                    break
+            else:
+                raise DataError(f"no text column found; columns are: {', '.join(cols)}; pass --text-column NAME (one or two)")
+        if len(self.text_columns) > 2:
+            raise ConfigError(f"--text-column takes one or two columns, got {len(self.text_columns)}")
+        for split, ds in raw.items():
+            where = self.config.data.train_file if split == "train" else (self.config.data.validation_file or split)
+            require_columns(ds.column_names, self.text_columns, f"the {split} data ({where})", "--text-column")
+            require_columns(ds.column_names, [self.label_column], f"the {split} data ({where})", "--label-column")
+
+    def _encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+        col = self.label_column
+        if self.regression:
+            def to_float(ex_labels, split):
+                out = []
+                for i, v in enumerate(ex_labels):
+                    try:
+                        f = float(v)
+                        if math.isnan(f):
+                            raise ValueError
+                    except (TypeError, ValueError):
+                        raise DataError(f"regression label {v!r} in the {split} data (row {i + 1}) is not a number; fix that row") from None
+                    out.append(f)
+                return out
+            return datasets.DatasetDict({s: ds.remove_columns(col).add_column("labels", to_float(ds[col], s)) for s, ds in raw.items()})
+
+        train_values = raw["train"][col]
+        if self.label_names is None:
+            uniq = sorted({str(v) for v in train_values}, key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+            self.label_names = uniq
+        index = {name: i for i, name in enumerate(self.label_names)}
+        self.num_labels = len(self.label_names)
+
+        def to_ids(values, split):
+            out = []
+            for i, v in enumerate(values):
+                key = str(v)
+                if key not in index and isinstance(v, (int, np.integer)) and 0 <= int(v) < len(self.label_names):
+                    out.append(int(v))  # already an id (hub GLUE)
+                    continue
+                if key not in index:
+                    raise DataError(
+                        f"label {v!r} in the {split} data (row {i + 1}) is not in the label set "
+                        f"[{', '.join(self.label_names)}]; fix the row or add that label to the training data"
+                    )
+                out.append(index[key])
+            return out
+        return datasets.DatasetDict({s: ds.remove_columns(col).add_column("labels", to_ids(ds[col], s)) for s, ds in raw.items()})
+
+    def adopt_model_labels(self) -> None:
+        """Evaluating a fine-tuned model: its saved id2label is the label set."""
+        if not self.config.model or self.regression:
+            return
+        from transformers import AutoConfig
+
+        mc = AutoConfig.from_pretrained(self.config.model)
+        names = [mc.id2label[i] for i in sorted(mc.id2label)] if getattr(mc, "id2label", None) else []
+        if not names or all(str(n).startswith("LABEL_") for n in names):
+            return  # a base model: no label set of its own
+        if self.label_names is not None and list(self.label_names) != names:
+            raise ConfigError(f"model {self.config.model!r} predicts labels {names}, task {self.config.task!r} has {list(self.label_names)}")
+        self.label_names = names
+
+    # ---- features ----------------------------------------------------------------------
+    def tokenize(self, raw, tokenizer, log=print):
+        cols, max_length = self.text_columns, self.config.data.max_length
+
+        def fn(batch):
+            texts = [batch[c] for c in cols]
+            enc = tokenizer(*texts, truncation=True, max_length=max_length)
+            enc["labels"] = batch["labels"]
+            enc["length"] = [len(x) for x in enc["input_ids"]]
+            return enc
+
+        settings = {"task": "classification", "columns": cols, "max_length": max_length, "truncation": True}
+        return datasets.DatasetDict({
+            split: cached_map(ds.select_columns(cols + ["labels"]), fn, tokenizer=tokenizer, settings=settings,
+                              cache_dir=self.config.data.cache_dir, desc=f"tokenize {split}", log=log)
+            for split, ds in raw.items()
+        })
+
+    def collate(self, rows, tokenizer):
+        labels = rows.pop("labels", None)
+        rows.pop("length", None)
+        batch = tokenizer.pad(rows, return_tensors="pt")
+        if labels is not None:
+            batch["labels"] = torch.tensor(labels, dtype=torch.float32 if self.regression else torch.long)
+        return dict(batch)
+
+    # ---- model -------------------------------------------------------------------------
+    def load_model(self, tokenizer):
+        from transformers import AutoConfig, AutoModelForSequenceClassification
+
+        path = self.model_path()
+        model_config = AutoConfig.from_pretrained(path)
+        self.check_max_length(tokenizer, model_config)
+        if self.regression:
+            kwargs = {"num_labels": 1, "problem_type": "regression"}
+        else:
+            kwargs = {
+                "num_labels": self.num_labels,
+                "id2label": dict(enumerate(self.label_names)),
+                "label2id": {n: i for i, n in enumerate(self.label_names)},
+            }
+        return AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+
+    def compute_loss(self, outputs, batch, reduce_mask=None):
+        logits = outputs.logits
+        labels = batch["labels"]
+        if self.regression:
+            per = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="none")
+        else:
+            per = F.cross_entropy(logits.float(), labels, reduction="none")
+        if reduce_mask is not None:
+            per = per * reduce_mask
+        return per.sum(), torch.tensor(float(labels.shape[0]), device=logits.device)
+
+    def metric_stream(self):
+        return ClassificationStream(self)
+
+    def export_info(self) -> dict:
+        return {**super().export_info(), "text_columns": self.text_columns, "regression": self.regression}

@@ -1,0 +1,348 @@
+"""The training loop.
+
+High level:  `Trainer(TrainConfig(task="glue/mrpc")).fit()` builds tokenizer, data and model
+from the config. Low level: pass your own model/tokenizer/datasets to `fit`, subclass and
+override `forward_step` / `compute_loss`, or add `Callback`s.
+
+Everything backend-specific sits behind `self.backend` (tuneforge/backends/base.py), everything
+task-specific behind `self.task` (tuneforge/tasks/base.py).
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tuneforge import checkpoint, launch
+from tuneforge.backends import get_backend
+from tuneforge.config import TrainConfig, build_config
+from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
+from tuneforge.errors import ConfigError
+from tuneforge.reporting import Reporter
+from tuneforge.tasks import get_task
+
+
+class Callback:
+    """Hooks; each gets the trainer (with `.state`, `.model`, `.backend`)."""
+
+    def on_train_begin(self, trainer) -> None: ...
+    def on_log(self, trainer, logs: dict) -> None: ...
+    def on_evaluate(self, trainer, metrics: dict) -> None: ...
+    def on_save(self, trainer, path: Path) -> None: ...
+    def on_epoch_end(self, trainer) -> None: ...
+    def on_train_end(self, trainer, result: dict) -> None: ...
+
+
+@dataclass
+class TrainState:
+    step: int = 0               # optimizer steps taken
+    epoch: int = 0              # current epoch
+    consumed: int = 0           # examples of this epoch's order already trained on
+    order_global_batch: int = 0 # global batch the epoch order was built with (resume rule)
+    best_metric: float | None = None
+    best_step: int | None = None
+    bad_evals: int = 0          # evaluations without improvement (early stopping)
+    stop: bool = False
+    last_eval: dict = field(default_factory=dict)
+    train_loss: float | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _with_length(ds):
+    if ds is None or "length" in ds.column_names:
+        return ds
+    return ds.add_column("length", [len(x) for x in ds["input_ids"]])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig | dict | None = None, callbacks: list[Callback] | None = None, **overrides: Any):
+        if isinstance(config, TrainConfig):
+            config = config.model_copy(update=overrides) if overrides else config
+        else:
+            config = build_config(config or {}, **overrides)
+        self.config = config
+        self.callbacks = list(callbacks or [])
+        self.task = get_task(config)
+        self.state = TrainState()
+        self.backend = None
+        self.model = None
+
+    # ---- overridable steps (FlagAI's MyTrainer pattern) ------------------------------------
+    def forward_step(self, model, batch: dict[str, torch.Tensor]):
+        with self.backend.autocast():
+            return model(**self.task.model_inputs(batch))
+
+    def compute_loss(self, outputs, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed loss, item count) of one micro-batch; the loop normalises by the global count."""
+        return self.task.compute_loss(outputs, batch)
+
+    def make_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        o = self.config.optim
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 or "norm" in name.lower() else decay).append(p)
+        groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = o.fused
+        if fused is None:  # fused where the parameters' device supports it
+            fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in decay + no_decay)
+        return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=bool(fused))
+
+    # ---- public entry points ---------------------------------------------------------------
+    def fit(self, model=None, tokenizer=None, train_dataset=None, eval_dataset=None) -> dict:
+        """Train; returns the final metrics. Launches its own workers when nproc > 1."""
+        cfg = self.config
+        if launch.restart_count() > 0 and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
+            cfg = self.config = cfg.model_copy(update={"resume": "latest"})  # elastic restart: continue
+        if not cfg.resume and not launch.launched_by_us():
+            checkpoint.prepare_output_dir(cfg)
+        if launch.needs_launch(cfg):
+            return launch.launch_workers(cfg)
+        self.backend = get_backend(cfg)
+        self.backend.setup()
+        try:
+            return self._fit(model, tokenizer, train_dataset, eval_dataset)
+        finally:
+            self.backend.teardown()
+
+    train = fit
+
+    def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
+        """Evaluate a model (the config's, or the task's default) on the validation split."""
+        cfg = self.config
+        if launch.needs_launch(cfg):
+            return launch.launch_workers(cfg)
+        self.backend = get_backend(cfg)
+        self.backend.setup()
+        t0 = time.perf_counter()
+        try:
+            seed_everything(cfg.seed)
+            self.report = Reporter(cfg, is_main=self.backend.is_main)
+            self.task.log = self.report.print
+            self.tokenizer = tokenizer or self.task.load_tokenizer()
+            if hasattr(self.task, "adopt_model_labels") and model is None:
+                self.task.adopt_model_labels()
+            _, self.eval_data = self._prepare_data(None, eval_dataset, splits=("validation",))
+            model = model if model is not None else self.task.load_model(self.tokenizer)
+            self.model, _ = self.backend.wrap(model, lambda m: None)
+            metrics = self.evaluate()
+            metrics["wall_s"] = round(time.perf_counter() - t0, 2)
+            return metrics
+        finally:
+            self.backend.teardown()
+
+    def _fit(self, model, tokenizer, train_dataset, eval_dataset) -> dict:
+        cfg, b, task = self.config, self.backend, self.task
+        t0 = time.perf_counter()
+        seed_everything(cfg.seed)  # same seed on every rank: identical head initialisation
+        self.report = Reporter(cfg, is_main=b.is_main)
+        task.log = self.report.print
+        self.tokenizer = tokenizer or task.load_tokenizer()
+        self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset)
+        model = model if model is not None else task.load_model(self.tokenizer)
+        if cfg.gradient_checkpointing:
+            if not b.supports_gradient_checkpointing:
+                raise ConfigError(f"backend {b.name!r} does not support gradient checkpointing; drop --gradient-checkpointing")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        self.model, self.optimizer = b.wrap(model, self.make_optimizer)
+
+        global_batch = cfg.batch_size * b.dp_size
+        n_train = len(self.train_data)
+        batches_per_epoch = max(1, n_train // global_batch + (n_train % global_batch >= b.dp_size))
+        steps_per_epoch = max(1, math.ceil(batches_per_epoch / cfg.grad_accum))
+        total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
+        self.scheduler = self._make_scheduler(total_steps)
+        self.state = TrainState(order_global_batch=global_batch)
+        if cfg.resume:
+            checkpoint.restore(self, cfg.resume)
+        checkpoint.write_run_files(self)
+        self.report.start(total_steps, self.state.step, n_train, global_batch * cfg.grad_accum, b)
+        for cb in self.callbacks:
+            cb.on_train_begin(self)
+
+        lengths = np.asarray(self.train_data["length"])
+        win_loss = torch.zeros((), device=b.device)
+        win_count = torch.zeros((), device=b.device)
+        while self.state.step < total_steps and not self.state.stop:
+            st = self.state
+            order = epoch_order(lengths, seed=cfg.seed, epoch=st.epoch, global_batch=st.order_global_batch,
+                                group_by_length=cfg.data.group_by_length)
+            my_batches = rank_batches(order, start=st.consumed, global_batch=global_batch, dp_rank=b.dp_rank, dp_size=b.dp_size)
+            groups = [my_batches[i : i + cfg.grad_accum] for i in range(0, len(my_batches), cfg.grad_accum)]
+            for gi, group in enumerate(groups):
+                loss_sum, count = self.train_step(group)
+                self.scheduler.step()
+                st.step += 1
+                st.consumed = min(len(order), st.consumed + global_batch * len(group))
+                win_loss += loss_sum
+                win_count += count
+                if st.step % cfg.logging_steps == 0 or st.step == total_steps:
+                    self._log_train(win_loss, win_count)
+                    win_loss.zero_(), win_count.zero_()
+                self.report.advance()
+                if cfg.eval_strategy == "steps" and st.step % cfg.eval_steps == 0:
+                    self._evaluate_and_track()
+                if cfg.save_strategy == "steps" and st.step % cfg.save_steps == 0:
+                    checkpoint.save(self)
+                if (st.step >= total_steps or st.stop) and gi < len(groups) - 1:
+                    break
+            else:  # the epoch ran to its end
+                st.epoch, st.consumed, st.order_global_batch = st.epoch + 1, 0, global_batch
+                for cb in self.callbacks:
+                    cb.on_epoch_end(self)
+                if cfg.eval_strategy == "epoch":
+                    self._evaluate_and_track()
+                if cfg.save_strategy == "epoch":
+                    checkpoint.save(self)
+        if win_count.item() > 0:
+            self._log_train(win_loss, win_count)
+        if cfg.eval_strategy == "no" or not self.state.last_eval:
+            self._evaluate_and_track(track=False)
+        result = self._finish(t0)
+        return result
+
+    # ---- one optimizer step ----------------------------------------------------------------
+    def train_step(self, micro_batches: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward/backward every micro-batch of one optimizer step, then step.
+
+        The loss is normalised by the number of items (examples or tokens) in the whole global
+        accumulated batch, so accumulation and data parallelism equal one large batch.
+        """
+        b = self.backend
+        batches = [self._to_device(self._collate(self.train_data, idx)) for idx in micro_batches]
+        counts = torch.stack([self.task.count(bt).to(b.device).float() for bt in batches])
+        local_count = counts.sum()
+        global_count = b.reduce_sum(local_count)
+        scale = b.dp_size / global_count.clamp(min=1)
+        total = torch.zeros((), device=b.device)
+        for i, batch in enumerate(batches):
+            outputs = self.forward_step(self.model, batch)
+            loss_sum, _ = self.compute_loss(outputs, batch)
+            b.backward(loss_sum * scale, self.model, sync=(i == len(batches) - 1))
+            total += loss_sum.detach().float()
+        b.step(self.model, self.optimizer)
+        return total, local_count
+
+    # ---- evaluation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None) -> dict[str, float]:
+        """Exact metrics over the eval set: each example counted once across ranks."""
+        data = eval_dataset if eval_dataset is not None else self.eval_data
+        model, b = self.model, self.backend
+        was_training = model.training
+        model.eval()
+        stream = self.task.metric_stream()
+        bs = self.config.eval_batch_size or self.config.batch_size * 2
+        for idx in eval_batches(np.asarray(data["length"]), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):
+            valid = torch.tensor([i >= 0 for i in idx], device=b.device)
+            batch = self._to_device(self._collate(data, [max(i, 0) for i in idx]))
+            self.task.eval_step(self, model, batch, valid, stream)
+        metrics = stream.compute(b)
+        model.train(was_training)
+        return metrics
+
+    def _evaluate_and_track(self, track: bool = True) -> dict:
+        cfg, st = self.config, self.state
+        metrics = self.evaluate()
+        st.last_eval = metrics
+        self.report.log({"split": "eval", "step": st.step, "epoch": st.epoch, **metrics})
+        for cb in self.callbacks:
+            cb.on_evaluate(self, metrics)
+        if not track:
+            return metrics
+        name = cfg.metric_for_best or self.task.best_metric
+        if name not in metrics:
+            raise ConfigError(f"metric_for_best {name!r} is not computed by this task; choose one of: {', '.join(metrics)}")
+        value = metrics[name]
+        greater = self.task.greater_is_better if cfg.metric_for_best in (None, self.task.best_metric) else name != "loss"
+        better = st.best_metric is None or (value > st.best_metric if greater else value < st.best_metric)
+        if better:
+            st.best_metric, st.best_step, st.bad_evals = value, st.step, 0
+            if cfg.load_best_model_at_end:
+                self._best_weights = self.backend.full_state_dict(self.model)
+                self._best_eval = metrics
+        else:
+            st.bad_evals += 1
+            if cfg.early_stopping_patience and st.bad_evals >= cfg.early_stopping_patience:
+                self.report.print(f"early stopping: {name} did not improve for {st.bad_evals} evaluations")
+                st.stop = True
+        return metrics
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _prepare_data(self, train_dataset, eval_dataset, splits=("train", "validation")):
+        """Tokenized train/eval features; the main rank tokenizes first so others hit the cache."""
+        b, task = self.backend, self.task
+        given = train_dataset if train_dataset is not None else eval_dataset
+        if given is not None and "input_ids" in given.column_names:
+            feats = {"train": train_dataset, "validation": eval_dataset}
+        else:
+            for rank_turn in (True, False):
+                if b.is_main == rank_turn:
+                    if given is not None:
+                        raw = task.prepare_raw({"train": train_dataset, "validation": eval_dataset})
+                    else:
+                        raw = task.load_raw()
+                    raw = {k: v for k, v in raw.items() if k in splits}
+                    feats = task.tokenize(raw, self.tokenizer, log=self.report.print)
+                b.barrier()
+        data = self.config.data
+        train, evals = feats.get("train"), feats.get("validation")
+        if train is not None and data.max_train_samples:
+            train = train.select(range(min(data.max_train_samples, len(train))))
+        if evals is not None and data.max_eval_samples:
+            evals = evals.select(range(min(data.max_eval_samples, len(evals))))
+        return _with_length(train), _with_length(evals)
+
+    def _collate(self, data, indices: list[int]) -> dict[str, torch.Tensor]:
+        return self.task.collate(data[indices], self.tokenizer)
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        dev = self.backend.device
+        return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+    def _make_scheduler(self, total_steps: int):
+        from transformers import get_scheduler
+
+        o = self.config.optim
+        warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
+        return get_scheduler(o.scheduler, self.optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+
+    def _log_train(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> None:
+        totals = self.backend.reduce_sum(torch.stack([win_loss.float(), win_count.float()]))  # the true global mean
+        loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        self.state.train_loss = loss
+        logs = {"split": "train", "step": self.state.step, "epoch": self.state.epoch, "loss": loss,
+                "lr": self.scheduler.get_last_lr()[0]}
+        self.report.log(logs)
+        for cb in self.callbacks:
+            cb.on_log(self, logs)
+
+    def _finish(self, t0: float) -> dict:
+        cfg, st, b = self.config, self.state, self.backend
+        weights = getattr(self, "_best_weights", None) if cfg.load_best_model_at_end else None
+        final_eval = getattr(self, "_best_eval", None) if weights is not None else st.last_eval
+        model_dir = checkpoint.export_model(self, Path(cfg.output_dir) / "model", state_dict=weights)
+        result = {k: v for k, v in (final_eval or {}).items()}
+        result.update({"train_loss": st.train_loss, "steps": st.step, "wall_s": round(time.perf_counter() - t0, 2),
+                       "model_dir": str(model_dir), "output_dir": str(cfg.output_dir)})
+        if st.best_step is not None:
+            result["best_step"] = st.best_step
+        self.report.finish(result)
+        for cb in self.callbacks:
+            cb.on_train_end(self, result)
+        return result
