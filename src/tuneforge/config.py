@@ -125,6 +125,11 @@ class TrainConfig(_Section):
             raise ValueError(f"unknown backend {value!r}; choose one of: {', '.join(names)}")
         return value
 
+    @field_validator("eval_strategy", "save_strategy", mode="before")
+    @classmethod
+    def _yaml_no(cls, value: Any) -> Any:
+        return "no" if value is False else value  # YAML reads a bare `no` as false
+
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
         if self.eval_strategy == "steps" and self.eval_steps is None:

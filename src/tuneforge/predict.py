@@ -5,6 +5,7 @@ Batches are sorted by length (little padding), and results come back in the inpu
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -12,6 +13,19 @@ import numpy as np
 import torch
 
 from tuneforge.errors import ConfigError, DataError
+
+PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
+
+
+def read_model_info(model_dir: str | Path) -> dict:
+    """tuneforge.json beside an exported model: task, text columns, max_length ({} if absent)."""
+    info_file = Path(model_dir) / "tuneforge.json"
+    if not info_file.exists():
+        return {}
+    try:
+        return json.loads(info_file.read_text())
+    except ValueError as err:
+        raise ConfigError(f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file") from None
 
 
 class Predictor:
@@ -24,29 +38,37 @@ class Predictor:
 
         model_dir = str(model_dir)
         check_model_path(model_dir)
-        info_file = Path(model_dir) / "tuneforge.json"
-        self.info = json.loads(info_file.read_text()) if info_file.exists() else {}
+        self.info = read_model_info(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
             raise ConfigError(f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge generate` for language models")
+        self.max_length = max_length or self.info.get("max_length") or 512
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit and self.max_length > limit:
+            if max_length:
+                raise ConfigError(f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length {limit} or less")
+            self.max_length = limit
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
-        self.max_length = max_length or self.info.get("max_length") or 512
         self.regression = config.num_labels == 1
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
-        pairs = [x if isinstance(x, (tuple, list)) else (x,) for x in inputs]
+        """One dict per input, in input order: label, label_id, score, scores (or score for regression)."""
+        pairs = [tuple(x) if isinstance(x, (tuple, list)) else (x,) for x in inputs]
         if not pairs:
             return []
-        enc = self.tokenizer(*zip(*pairs), truncation=True, max_length=self.max_length)
+        widths = {len(p) for p in pairs}
+        if len(widths) != 1 or not widths <= {1, 2}:
+            raise DataError("inputs must be all single texts or all (text, text) pairs")
+        enc = self.tokenizer(*[list(col) for col in zip(*pairs)], truncation=True, max_length=self.max_length)
         lengths = np.array([len(ids) for ids in enc["input_ids"]])
-        order = np.argsort(-lengths, kind="stable")
+        order = np.argsort(-lengths, kind="stable")  # longest first: similar lengths share a batch
         results: list[dict | None] = [None] * len(pairs)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
@@ -65,24 +87,57 @@ class Predictor:
         return results  # type: ignore[return-value]
 
 
-def predict_file(model_dir: str, input_path: str, output_path: str, text_columns: list[str] | None = None,
-                 batch_size: int = 64, max_length: int | None = None) -> int:
-    from tuneforge.data.sources import read_table, require_columns
+def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None = None) -> list[tuple[str, ...]]:
+    """The texts (or pairs) to predict, read and checked before any model is loaded."""
+    from tuneforge.data.sources import check_file, read_table, require_columns
 
-    predictor = Predictor(model_dir, max_length=max_length)
-    df = read_table(input_path)
-    cols = text_columns or predictor.text_columns
+    p = check_file(input_path)
+    if p.suffix.lower() not in PREDICT_FORMATS:
+        raise DataError(f"--input {input_path!r}: predict reads {', '.join(PREDICT_FORMATS)} files; convert it to one of those")
+    info = read_model_info(model_dir)
+    df = None
+    task = str(info.get("task") or "")
+    if task.startswith("glue/") and not text_columns:  # the task's own TSV layout (quoting off, BOM)
+        from tuneforge.tasks.glue import GLUE, read_glue_texts
+
+        if task[5:] in GLUE:
+            df = read_glue_texts(task[5:], p)
+    if df is None:
+        df = read_table(p)
+    cols = text_columns or info.get("text_columns")
     if not cols:
         guesses = [c for c in ("text", "sentence") if c in df.columns]
         if not guesses:
             raise DataError(f"no text column in {input_path!r}; columns are: {', '.join(map(str, df.columns))}; pass --text-column")
         cols = guesses[:1]
-    require_columns(list(df.columns), cols, repr(input_path), "--text-column")
-    texts = list(zip(*[df[c].astype(str).tolist() for c in cols]))
-    preds = predictor.predict(texts, batch_size=batch_size)
+    if len(cols) > 2:
+        raise ConfigError(f"--text-column takes one or two columns (a sentence pair), got {len(cols)}")
+    require_columns(list(df.columns), cols, repr(input_path), "--text-column (once, or twice for pairs)")
+    for c in cols:
+        if df[c].isna().any():
+            row = int(np.flatnonzero(df[c].isna().to_numpy())[0]) + 1
+            raise DataError(f"column {c!r} of {input_path!r} is empty in row {row}; fill or drop that row")
+    return list(zip(*[df[c].astype(str).tolist() for c in cols]))
+
+
+def predict_file(model_dir: str, input_path: str, output_path: str, text_columns: list[str] | None = None,
+                 batch_size: int = 64, max_length: int | None = None) -> int:
+    """Write one JSON line per input row (in input order); returns the number of rows."""
+    from tuneforge.tasks.base import check_model_path
+
+    if batch_size <= 0:
+        raise ConfigError(f"--batch-size must be positive, got {batch_size}")
+    check_model_path(model_dir)
+    texts = read_inputs(model_dir, input_path, text_columns)
     out = Path(output_path)
+    if out.exists() and out.is_dir():
+        raise ConfigError(f"--output {output_path!r} is a folder; pass a file name such as preds.jsonl")
+    predictor = Predictor(model_dir, max_length=max_length)
+    preds = predictor.predict(texts, batch_size=batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", encoding="utf-8") as fh:
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # never leave a half-written file
+    with open(tmp, "w", encoding="utf-8") as fh:
         for i, p in enumerate(preds):
             fh.write(json.dumps({"index": i, **p}) + "\n")
+    os.replace(tmp, out)
     return len(preds)

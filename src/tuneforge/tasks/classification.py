@@ -8,11 +8,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tuneforge.data.sources import bundled_bbc_news, read_table, require_columns, to_dataset
+from tuneforge.data.sources import bundled_bbc_news, check_file, read_split, require_columns
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, empty_check
-from tuneforge.tasks.glue import GLUE
+from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check
+from tuneforge.tasks.glue import GLUE, glue_files
 
 TEXT_GUESSES = (("sentence1", "sentence2"), ("text",), ("sentence",), ("question1", "question2"), ("premise", "hypothesis"))
 
@@ -103,6 +103,36 @@ class ClassificationTask(Task):
         self.num_labels = 1 if self.regression else None
         self.best_metric = self.metrics[0]
         self.greater_is_better = True
+        self._check_inputs()
+
+    def _check_inputs(self) -> None:
+        """Cheap checks of paths and flags, so a typo fails before any tokenizer, data or model work."""
+        cfg, data = self.config, self.config.data
+        if cfg.model:
+            check_model_path(cfg.model)
+        if data.text_columns is not None and not 1 <= len(data.text_columns) <= 2:
+            raise ConfigError(f"--text-column takes one or two columns (a sentence pair), got {len(data.text_columns)}: {data.text_columns}")
+        if data.text_columns and len(set(data.text_columns)) < len(data.text_columns):
+            raise ConfigError(f"--text-column names {data.text_columns[0]!r} twice; a sentence pair needs two different columns")
+        for f in (data.train_file, data.validation_file):
+            if f:
+                check_file(f)
+        if data.data_dir and (self.glue is None or data.train_file):
+            raise ConfigError("--data-dir reads a GLUE folder and goes with --task glue/NAME; for your own files use --train-file/--validation-file")
+        if data.data_dir:
+            glue_files(cfg.task.split("/", 1)[1], data.data_dir)
+
+    def load_tokenizer(self):
+        """The tokenizer; also rejects a max_length above the model's limit before any data work."""
+        from transformers import AutoConfig
+
+        tokenizer = super().load_tokenizer()
+        try:
+            model_config = AutoConfig.from_pretrained(self.model_path())
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"could not read the model config of {self.model_path()!r}: {str(err).splitlines()[0]}") from None
+        self.check_max_length(tokenizer, model_config)
+        return tokenizer
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
@@ -116,10 +146,17 @@ class ClassificationTask(Task):
             self.label_names = sorted(set(raw["train"]["label"]))
         else:
             raw = self._load_files()
-        for split in ("train", "validation"):
-            empty_check(raw.get(split), split)
+        for split in raw:
+            empty_check(raw[split], split)
         self._resolve_columns(raw)
-        return self._encode_labels(raw)
+        return self._head(self._encode_labels(raw))
+
+    def _head(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+        """--max-train/eval-samples before tokenizing (the label set still comes from all of train)."""
+        limits = {"train": self.config.data.max_train_samples, "validation": self.config.data.max_eval_samples}
+        return datasets.DatasetDict({
+            split: ds.select(range(min(limits[split], len(ds)))) if limits.get(split) else ds for split, ds in raw.items()
+        })
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         raw = datasets.DatasetDict({k: v for k, v in splits.items() if v is not None})
@@ -131,18 +168,25 @@ class ClassificationTask(Task):
     def _load_files(self) -> datasets.DatasetDict:
         data = self.config.data
         if not data.train_file:
+            if data.validation_file and self.label_names is not None:  # evaluating a fine-tuned model
+                return datasets.DatasetDict(validation=read_split(data.validation_file))
             raise ConfigError(f"task {self.config.task!r} needs data: pass --train-file (and --validation-file)")
-        splits = {"train": to_dataset(read_table(data.train_file))}
+        splits = {"train": read_split(data.train_file)}
         if data.validation_file:
-            splits["validation"] = to_dataset(read_table(data.validation_file))
+            splits["validation"] = read_split(data.validation_file)
         else:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training file for validation")
             parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
             splits = {"train": parts["train"], "validation": parts["test"]}
         return datasets.DatasetDict(splits)
 
+    def _where(self, split: str) -> str:
+        data = self.config.data
+        path = data.train_file if split == "train" else data.validation_file
+        return f"the {split} data ({path})" if path else f"the {split} data"
+
     def _resolve_columns(self, raw: datasets.DatasetDict) -> None:
-        cols = raw["train"].column_names
+        cols = next(iter(raw.values())).column_names
         if self.text_columns is None:
             for guess in TEXT_GUESSES:
                 if all(c in cols for c in guess):
@@ -153,9 +197,15 @@ class ClassificationTask(Task):
         if len(self.text_columns) > 2:
             raise ConfigError(f"--text-column takes one or two columns, got {len(self.text_columns)}")
         for split, ds in raw.items():
-            where = self.config.data.train_file if split == "train" else (self.config.data.validation_file or split)
-            require_columns(ds.column_names, self.text_columns, f"the {split} data ({where})", "--text-column")
-            require_columns(ds.column_names, [self.label_column], f"the {split} data ({where})", "--label-column")
+            require_columns(ds.column_names, self.text_columns, self._where(split), "--text-column")
+            require_columns(ds.column_names, [self.label_column], self._where(split), "--label-column")
+            for col in self.text_columns:
+                feature = ds.features[col]
+                if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+                    raise DataError(f"text column {col!r} of {self._where(split)} holds {feature}, not text; pick the text column with --text-column")
+                empty = ds.data.column(col).null_count
+                if empty:
+                    raise DataError(f"text column {col!r} of {self._where(split)} has {empty} empty (null) values; fill or drop those rows")
 
     def _encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
         col = self.label_column
@@ -168,28 +218,35 @@ class ClassificationTask(Task):
                         if math.isnan(f):
                             raise ValueError
                     except (TypeError, ValueError):
-                        raise DataError(f"regression label {v!r} in the {split} data (row {i + 1}) is not a number; fix that row") from None
+                        raise DataError(
+                            f"regression label {v!r} in {self._where(split)} (row {i + 1}) is not a number; "
+                            "fix that row (or drop --task regression for class labels)"
+                        ) from None
                     out.append(f)
                 return out
             return datasets.DatasetDict({s: ds.remove_columns(col).add_column("labels", to_float(ds[col], s)) for s, ds in raw.items()})
 
-        train_values = raw["train"][col]
+        train_values = (raw["train"] if "train" in raw else next(iter(raw.values())))[col]
         if self.label_names is None:
             uniq = sorted({str(v) for v in train_values}, key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
             self.label_names = uniq
         index = {name: i for i, name in enumerate(self.label_names)}
         self.num_labels = len(self.label_names)
 
+        ids_allowed = self.glue is not None  # GLUE data (hub or glue_data) already holds label ids
+
         def to_ids(values, split):
             out = []
             for i, v in enumerate(values):
                 key = str(v)
-                if key not in index and isinstance(v, (int, np.integer)) and 0 <= int(v) < len(self.label_names):
-                    out.append(int(v))  # already an id (hub GLUE)
+                if v is None or not key.strip():
+                    raise DataError(f"row {i + 1} of {self._where(split)} has an empty label; fill it in or drop the row")
+                if key not in index and ids_allowed and isinstance(v, (int, np.integer)) and 0 <= int(v) < len(self.label_names):
+                    out.append(int(v))
                     continue
                 if key not in index:
                     raise DataError(
-                        f"label {v!r} in the {split} data (row {i + 1}) is not in the label set "
+                        f"label {v!r} in {self._where(split)} (row {i + 1}) is not in the label set "
                         f"[{', '.join(self.label_names)}]; fix the row or add that label to the training data"
                     )
                 out.append(index[key])

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import pandas as pd
 
 from tuneforge.data.sources import from_hub, read_table, require_columns, to_dataset
 from tuneforge.errors import DataError
@@ -59,10 +60,32 @@ def _read_split(spec: GlueSpec, path: Path) -> datasets.Dataset:
         df = df[[spec.tsv_columns[k] for k in spec.tsv_columns]]
     df.columns = list(spec.tsv_columns)
     if spec.label_names is not None:
-        names = list(spec.label_names)
-        # glue_data stores integer ids for some tasks and label names for others
-        df["label"] = [names.index(v) if v in names else v for v in df["label"]]
-    return to_dataset(df)
+        df["label"] = [_label_id(spec, v, path, row) for row, v in enumerate(df["label"], start=1)]
+    return to_dataset(df, where=repr(str(path)))
+
+
+def _label_id(spec: GlueSpec, value: str, path: Path, row: int) -> int:
+    """glue_data stores integer ids for some tasks (MRPC, SST-2, CoLA) and names for others (MNLI)."""
+    names = list(spec.label_names)
+    text = value.strip()
+    if text in names:
+        return names.index(text)
+    if text.isdigit() and int(text) < len(names):
+        return int(text)
+    raise DataError(f"label {value!r} in {str(path)!r} (row {row}) is not one of {names} or their ids; is --data-dir the right task?")
+
+
+def glue_files(name: str, data_dir: str) -> dict[str, Path]:
+    """{split: file} of a glue_data folder; a cheap check done before any heavy work."""
+    spec = GLUE[name]
+    root = Path(data_dir)
+    if not root.is_dir():
+        raise DataError(f"--data-dir {data_dir!r} is not a folder; point it at glue_data/{spec.folder}")
+    files = {"train": root / "train.tsv", "validation": root / spec.dev_file}
+    for f in files.values():
+        if not f.is_file():
+            raise DataError(f"{str(f)!r} does not exist; --data-dir must hold the {spec.folder} files train.tsv and {spec.dev_file}")
+    return files
 
 
 def load_glue(name: str, data_dir: str | None) -> datasets.DatasetDict:
@@ -71,13 +94,25 @@ def load_glue(name: str, data_dir: str | None) -> datasets.DatasetDict:
         raw = from_hub("nyu-mll/glue", spec.subset,
                        hint=f"pass --data-dir path/to/glue_data/{spec.folder} to read the original TSV files instead")
         return datasets.DatasetDict(train=raw["train"], validation=raw["validation_matched" if name == "mnli" else "validation"])
-    root = Path(data_dir)
-    if not root.is_dir():
-        raise DataError(f"--data-dir {data_dir!r} is not a folder; point it at glue_data/{spec.folder}")
-    splits = {}
-    for split, fname in (("train", "train.tsv"), ("validation", spec.dev_file)):
-        f = root / fname
-        if not f.exists():
-            raise DataError(f"{str(f)!r} does not exist; --data-dir must hold the {spec.folder} files train.tsv and {spec.dev_file}")
-        splits[split] = _read_split(spec, f)
-    return datasets.DatasetDict(splits)
+    return datasets.DatasetDict({split: _read_split(spec, f) for split, f in glue_files(name, data_dir).items()})
+
+
+def read_glue_texts(name: str, path: str | Path) -> pd.DataFrame | None:
+    """The text columns (our names) of a file in the task's glue_data layout, or None if it is not.
+
+    Used by `tuneforge predict` so a model trained on a GLUE task reads that task's TSV files
+    the same way training did (BOM, quoting off, headerless CoLA).
+    """
+    spec = GLUE[name]
+    if Path(path).suffix.lower() != ".tsv":
+        return None
+    wanted = {ours: spec.tsv_columns[ours] for ours in spec.text_columns}
+    if spec.tsv_header:
+        df = read_table(path, quoting_off=spec.quoting_off)
+        if not all(col in df.columns for col in wanted.values()):
+            return None
+    else:
+        df = read_table(path, quoting_off=spec.quoting_off, header=None)
+        if df.shape[1] != max(int(v) for v in spec.tsv_columns.values()) + 1:
+            return None
+    return pd.DataFrame({ours: df[col].tolist() for ours, col in wanted.items()})

@@ -1,0 +1,67 @@
+"""`tuneforge download REPO_ID --local-dir D`: fetch a model (or dataset) repo from the Hugging Face hub.
+
+A thin wrapper over `huggingface_hub.snapshot_download` (resumable, parallel, cached) that
+turns network, offline and not-found failures into one line naming the fix.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tuneforge.errors import ConfigError
+
+
+def download(repo_id: str, local_dir: str | None = None, include: list[str] | None = None,
+             exclude: list[str] | None = None, repo_type: str = "model", revision: str | None = None) -> Path:
+    """Download `repo_id` (only files matching `include`, none matching `exclude`); returns the folder."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    if local_dir and Path(local_dir).exists() and not Path(local_dir).is_dir():
+        raise ConfigError(f"--local-dir {local_dir!r} is a file; pass a folder")
+    what = f"{repo_type} {repo_id!r}"
+    try:
+        path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_dir=local_dir,
+                                 allow_patterns=include or None, ignore_patterns=exclude or None)
+    except LocalEntryNotFoundError:
+        why = "offline mode is on (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the hub could not be reached"
+        raise ConfigError(f"could not download {what}: {why}; connect to the internet (unset HF_HUB_OFFLINE), "
+                          "or copy the model folder to this machine and pass its path to --model") from None
+    except GatedRepoError:
+        raise ConfigError(f"{what} is gated; accept its terms on huggingface.co and log in with `hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{what} was not found on the hub (or is private); check the name, "
+                          "use --repo-type dataset for datasets, or log in with `hf auth login`") from None
+    except RevisionNotFoundError:
+        raise ConfigError(f"{what} has no revision {revision!r}; pass an existing branch, tag or commit") from None
+    except (HfHubHTTPError, OSError) as err:
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"could not download {what} ({first}); check the network and try again") from None
+    return Path(path)
+
+
+def cmd_download(ns: argparse.Namespace) -> int:
+    path = download(ns.repo_id, ns.local_dir, ns.include, ns.exclude, ns.repo_type, ns.revision)
+    print(f"downloaded {ns.repo_id} to {path}", file=sys.stderr, flush=True)
+    print(path, flush=True)
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("download", help="download a model or dataset repo from the Hugging Face hub")
+    p.add_argument("repo_id", help="e.g. sentence-transformers/all-MiniLM-L6-v2")
+    p.add_argument("--local-dir", default=None, help="folder to download into (default: the hub cache)")
+    p.add_argument("--include", action="append", default=None, metavar="PATTERN",
+                   help="only files matching this glob (repeatable), e.g. '*.safetensors'")
+    p.add_argument("--exclude", action="append", default=None, metavar="PATTERN",
+                   help="skip files matching this glob (repeatable), e.g. '*.bin'")
+    p.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"])
+    p.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
+    p.set_defaults(func=cmd_download)

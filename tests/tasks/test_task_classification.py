@@ -1,0 +1,80 @@
+"""The classification task: metrics by name, GLUE regression and MCC runs, label ids saved with the
+model, and evaluating a fine-tuned model on a validation file alone."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import last_json, run_cli, write_sentiment_csv
+from tuneforge.config import TrainConfig
+from tuneforge.tasks.classification import classification_metrics
+from tuneforge.trainer import Trainer
+
+
+def test_metrics_by_name():
+    preds, labels = np.array([1, 0, 1, 1, 0, 0]), np.array([1, 0, 0, 1, 0, 1])
+    m = classification_metrics(preds, labels, ("accuracy", "f1", "mcc"), num_labels=2)
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    assert m["f1"] == pytest.approx(2 / 3)  # precision 2/3, recall 2/3
+    assert m["mcc"] == pytest.approx(1 / 3)  # (tp*tn - fp*fn) / sqrt(...) = (4 - 1) / 9
+    scores, gold = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0.0, 1.0, 2.0, 3.0])
+    r = classification_metrics(scores, gold, ("pearson", "spearman"), num_labels=1)
+    assert r["spearman"] == pytest.approx(0.8)  # one swapped pair of ranks
+    assert r["pearson"] == pytest.approx(np.corrcoef(scores, gold)[0, 1])
+    multi = classification_metrics(np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]), ("accuracy", "f1"), num_labels=3)
+    assert multi["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)  # macro over 3 classes
+
+
+def glue_config(tmp_path, name, folder, tiny_bert, cache_dir, **extra):
+    return TrainConfig(task=f"glue/{name}", model=tiny_bert, output_dir=str(tmp_path / name), max_steps=3, batch_size=16,
+                       quiet=True, data={"data_dir": str(folder), "max_train_samples": 64, "max_eval_samples": 96,
+                                         "cache_dir": cache_dir}, **extra)
+
+
+def test_glue_stsb_trains_as_regression(tmp_path, shared_data, tiny_bert, cache_dir):
+    result = Trainer(glue_config(tmp_path, "stsb", shared_data / "glue" / "STS-B", tiny_bert, cache_dir)).fit()
+    assert set(result) >= {"pearson", "spearman", "loss", "train_loss"} and "accuracy" not in result
+    assert result["num_examples"] == 96
+    assert -1 <= result["pearson"] <= 1 and -1 <= result["spearman"] <= 1
+    from transformers import AutoConfig
+
+    saved = AutoConfig.from_pretrained(result["model_dir"])
+    assert saved.num_labels == 1 and saved.problem_type == "regression"
+
+
+def test_glue_cola_reports_mcc(tmp_path, shared_data, tiny_bert, cache_dir):
+    result = Trainer(glue_config(tmp_path, "cola", shared_data / "glue" / "CoLA", tiny_bert, cache_dir)).fit()
+    assert {"mcc", "accuracy"} <= set(result) and "f1" not in result
+    assert -1 <= result["mcc"] <= 1 and result["num_examples"] == 96
+    info = json.loads((tmp_path / "cola" / "model" / "tuneforge.json").read_text())
+    assert info["task"] == "glue/cola" and info["text_columns"] == ["sentence"]
+
+
+def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, cache_dir):
+    """jsonl with two text columns and integer labels: ids and names land in the saved config."""
+    rows = [{"premise": f"the film was {w}", "hypothesis": f"it was {v}", "label": int(w == v) * 3 + 4}
+            for w in ("good", "bad", "long", "short") for v in ("good", "bad", "long", "short")]
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n".join(json.dumps(r) for r in rows * 3))
+    val = tmp_path / "val.jsonl"
+    val.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "run"
+    proc = run_cli("train", "--train-file", str(train), "--validation-file", str(val), "--text-column", "premise",
+                   "--text-column", "hypothesis", "--model", tiny_bert, "--max-steps", "2", "--batch-size", "16",
+                   "--output-dir", str(out), "--cache-dir", cache_dir, "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    result = last_json(proc.stdout)
+    assert result["num_examples"] == 16 and {"accuracy", "f1", "train_loss", "wall_s"} <= set(result)
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["id2label"] == {"0": "4", "1": "7"} and saved["label2id"] == {"4": 0, "7": 1}
+    info = json.loads((out / "model" / "tuneforge.json").read_text())
+    assert info["text_columns"] == ["premise", "hypothesis"] and info["regression"] is False
+
+    # evaluating the fine-tuned model needs only a validation file: its labels come from the model
+    proc = run_cli("eval", str(out / "model"), "--task", "classification", "--validation-file", str(val),
+                   "--text-column", "premise", "--text-column", "hypothesis", "--output-dir", str(tmp_path / "eval"),
+                   "--cache-dir", cache_dir, "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    metrics = last_json(proc.stdout)
+    assert metrics["num_examples"] == 16
+    assert metrics["accuracy"] == pytest.approx(result["accuracy"]) and metrics["loss"] == pytest.approx(result["loss"], rel=1e-3)

@@ -1,0 +1,143 @@
+"""`tuneforge predict`: batched and sorted by length inside, yet the same labels (in the input's
+order) as loading the saved folder with plain transformers and taking the argmax."""
+import csv
+import json
+
+import pytest
+import torch
+
+from conftest import last_json, read_jsonl, run_cli
+from tuneforge.predict import Predictor, predict_file
+
+TEXTS = ["short", "a much longer review, with commas and \"quotes\", that goes on and on about the film",
+         "ok", "the plot was thin but the acting carried it", "", "great!", "terrible pacing; awful script",
+         "one two three four five six seven eight nine ten eleven twelve thirteen", "meh", "wonderful"] * 3
+LABELS = {0: "neg", 1: "neutral", 2: "pos"}
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(tmp_path_factory, minilm_dir):
+    """A tiny 3-class BERT classifier saved as a plain HF folder (no tuneforge.json)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-classifier")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128, initializer_range=0.3, num_labels=3, id2label=LABELS,
+                        label2id={v: k for k, v in LABELS.items()})
+    BertForSequenceClassification(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return str(out)
+
+
+def reference(model_dir, firsts, seconds=None, max_length=128):
+    """Plain transformers: one example at a time (no padding at all), argmax and softmax."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    out = []
+    with torch.no_grad():
+        for i, text in enumerate(firsts):
+            args = (text,) if seconds is None else (text, seconds[i])
+            logits = model(**tok(*args, truncation=True, max_length=max_length, return_tensors="pt")).logits[0]
+            probs = logits.softmax(-1)
+            out.append((model.config.id2label[int(logits.argmax())], probs.tolist(), logits.tolist()))
+    return out
+
+
+def check_against_reference(preds, ref):
+    assert [p["index"] for p in preds] == list(range(len(ref)))
+    assert [p["label"] for p in preds] == [r[0] for r in ref]
+    for p, (_, probs, _) in zip(preds, ref):
+        assert list(p["scores"]) == list(LABELS.values())
+        assert list(p["scores"].values()) == pytest.approx(probs, abs=1e-4)
+        assert p["score"] == pytest.approx(max(probs), abs=1e-4)
+
+
+def test_cli_predict_csv_matches_transformers_argmax(tmp_path, tiny_classifier):
+    inp = tmp_path / "reviews.csv"
+    with open(inp, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "text"])
+        writer.writerows([(i, t) for i, t in enumerate(TEXTS)])
+    out = tmp_path / "preds.jsonl"
+    proc = run_cli("predict", tiny_classifier, "--input", str(inp), "--output", str(out), "--batch-size", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {len(TEXTS)} predictions" in proc.stdout
+    preds = read_jsonl(out)
+    ref = reference(tiny_classifier, TEXTS)
+    check_against_reference(preds, ref)
+    assert len({p["label"] for p in preds}) > 1  # a real check: not one constant answer
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "jsonl"])
+def test_predict_file_formats(tmp_path, tiny_classifier, fmt):
+    inp = tmp_path / f"reviews.{fmt}"
+    clean = [t for t in TEXTS if '"' not in t and t]  # standard quoting; a blank TSV line is no row
+    if fmt == "tsv":
+        inp.write_text("sentence\n" + "".join(t + "\n" for t in clean), encoding="utf-8")
+    else:
+        inp.write_text("".join(json.dumps({"sentence": t, "extra": 1}) + "\n" for t in clean), encoding="utf-8")
+    out = tmp_path / "preds.jsonl"
+    assert predict_file(tiny_classifier, str(inp), str(out), batch_size=3) == len(clean)
+    check_against_reference(read_jsonl(out), reference(tiny_classifier, clean))
+
+
+def test_predict_sentence_pairs(tmp_path, tiny_classifier):
+    firsts = [t for t in TEXTS[:10] if t]  # tokenizer(a, "") alone drops the empty pair; in a batch it keeps it
+    seconds = list(reversed(firsts))
+    inp = tmp_path / "pairs.jsonl"
+    inp.write_text("".join(json.dumps({"a": a, "b": b}) + "\n" for a, b in zip(firsts, seconds)))
+    out = tmp_path / "preds.jsonl"
+    predict_file(tiny_classifier, str(inp), str(out), text_columns=["a", "b"], batch_size=4)
+    check_against_reference(read_jsonl(out), reference(tiny_classifier, firsts, seconds))
+
+
+def test_predictor_regression_returns_the_score(tmp_path, minilm_dir):
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(1)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128, num_labels=1, problem_type="regression")
+    BertForSequenceClassification(config).save_pretrained(tmp_path / "reg")
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(tmp_path / "reg")
+    preds = Predictor(tmp_path / "reg").predict(TEXTS[:8], batch_size=3)
+    ref = reference(tmp_path / "reg", TEXTS[:8])
+    assert [p["score"] for p in preds] == pytest.approx([r[2][0] for r in ref], abs=1e-4)
+    assert all(set(p) == {"score"} for p in preds)
+
+
+def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert, cache_dir):
+    """Train a tiny model a few steps on MRPC, then predict all of dev.tsv (BOM, quote characters)."""
+    folder = shared_data / "glue" / "MRPC"
+    run_dir = tmp_path / "mrpc"
+    proc = run_cli("train", "--task", "glue/mrpc", "--data-dir", str(folder), "--model", tiny_bert, "--max-steps", "4",
+                   "--max-train-samples", "128", "--max-eval-samples", "64", "--batch-size", "16", "--lr", "1e-3",
+                   "--output-dir", str(run_dir), "--cache-dir", cache_dir, "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    result = last_json(proc.stdout)
+    assert {"accuracy", "f1", "loss", "train_loss"} <= set(result) and result["num_examples"] == 64
+    model_dir = run_dir / "model"
+
+    out = tmp_path / "dev-preds.jsonl"
+    proc = run_cli("predict", str(model_dir), "--input", str(folder / "dev.tsv"), "--output", str(out))
+    assert proc.returncode == 0, proc.stderr
+    preds = read_jsonl(out)
+    assert len(preds) == 408
+
+    with open(folder / "dev.tsv", encoding="utf-8-sig", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE))
+    firsts, seconds = [r["#1 String"] for r in rows], [r["#2 String"] for r in rows]
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    assert model.config.id2label == {0: "not_equivalent", 1: "equivalent"}
+    expected = []
+    with torch.no_grad():
+        for i in range(0, len(rows), 64):  # plain batches in file order, padded to the longest
+            enc = tok(firsts[i : i + 64], seconds[i : i + 64], truncation=True, max_length=128, padding=True, return_tensors="pt")
+            expected += [model.config.id2label[int(j)] for j in model(**enc).logits.argmax(-1)]
+    assert [p["label"] for p in preds] == expected
+    assert [p["index"] for p in preds] == list(range(408))

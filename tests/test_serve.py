@@ -1,0 +1,144 @@
+"""`tuneforge serve`: a real HTTP server on 127.0.0.1 in a subprocess. Concurrent requests are
+batched together, and every caller gets the same answers as `Predictor`."""
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+
+from conftest import REPO, run_cli
+from tuneforge.predict import Predictor
+
+LABELS = {0: "neg", 1: "pos"}
+TEXTS = ["a wonderful, moving film", "dull", "the plot makes no sense at all and the ending drags on", "fine",
+         "great acting and a clever plot", "i wanted my money back", "an uplifting delight", "boring, slow and far too long"]
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, minilm_dir):
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("serve-classifier")
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128, initializer_range=0.3, num_labels=2, id2label=LABELS,
+                        label2id={v: k for k, v in LABELS.items()})
+    BertForSequenceClassification(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return str(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(classifier):
+    """The server in its own process; stopped (SIGTERM, then kill) at the end of the module."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tuneforge.cli", "serve", classifier, "--port", str(port),
+                             "--max-batch-size", "64", "--max-wait-ms", "400"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("server did not come up within 120 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post(url, body):
+    return httpx.post(f"{url}/predict", json=body, timeout=60)
+
+
+def test_health(server, classifier):
+    health = httpx.get(f"{server}/health", timeout=10).json()
+    assert health["status"] == "ok" and health["model"] == classifier
+    assert health["labels"] == ["neg", "pos"] and health["max_batch_size"] == 64
+
+
+def test_concurrent_requests_are_batched_and_match_predictor(server, classifier):
+    before = httpx.get(f"{server}/health", timeout=10).json()
+    n = len(TEXTS)
+    answers = [None] * n
+    start = threading.Barrier(n)
+
+    def client(i):
+        start.wait(timeout=30)  # all requests leave together
+        answers[i] = post(server, {"texts": [TEXTS[i]]})
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert all(r is not None and r.status_code == 200 for r in answers), [getattr(r, "text", None) for r in answers]
+
+    after = httpx.get(f"{server}/health", timeout=10).json()
+    requests, batches = after["requests"] - before["requests"], after["batches"] - before["batches"]
+    assert requests == n
+    assert batches < n and after["largest_batch"] > 1, after  # requests shared batches
+
+    expected = Predictor(classifier).predict(TEXTS)
+    for answer, want in zip(answers, expected):
+        (got,) = answer.json()["predictions"]
+        assert got["label"] == want["label"] and got["label_id"] == want["label_id"]
+        assert got["score"] == pytest.approx(want["score"], abs=1e-4)
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
+    # each text has its own score, so answers handed to the wrong caller would not match above
+    assert len({round(a.json()["predictions"][0]["score"], 4) for a in answers}) == n
+
+
+def test_many_texts_and_pairs_in_one_request(server, classifier):
+    predictor = Predictor(classifier)
+    r = post(server, {"texts": TEXTS * 3})
+    assert r.status_code == 200
+    assert [p["label"] for p in r.json()["predictions"]] == [p["label"] for p in predictor.predict(TEXTS * 3)]
+    pairs = [[a, b] for a, b in zip(TEXTS, reversed(TEXTS))]
+    r = post(server, {"pairs": pairs})
+    assert r.status_code == 200
+    got = r.json()["predictions"]
+    want = predictor.predict([tuple(p) for p in pairs])
+    assert [p["label"] for p in got] == [p["label"] for p in want]
+    assert [p["score"] for p in got] == pytest.approx([p["score"] for p in want], abs=1e-4)
+
+
+@pytest.mark.parametrize("body,needle", [({}, "exactly one"), ({"texts": []}, "empty"),
+                                         ({"texts": ["a"], "pairs": [["a", "b"]]}, "exactly one"),
+                                         ({"pairs": [["only one"]]}, "pairs"), ({"texts": "not a list"}, "texts")])
+def test_bad_requests_get_422(server, body, needle):
+    r = post(server, body)
+    assert r.status_code == 422
+    assert needle in r.text
+
+
+def test_serve_refuses_a_busy_port(classifier, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        proc = run_cli("serve", classifier, "--port", str(port), timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")

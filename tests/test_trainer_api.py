@@ -1,0 +1,118 @@
+"""The Python API: `Trainer(TrainConfig(...)).fit(...)` on the user's own model, tokenizer and raw
+datasets; a subclass overriding `forward_step` / `compute_loss` (FlagAI's MyTrainer pattern);
+callbacks receiving the loop's events."""
+import pytest
+import torch
+
+from conftest import NEGATIVE, POSITIVE
+from tuneforge.config import TrainConfig
+from tuneforge.trainer import Callback, Trainer
+
+
+def raw_dataset(n: int, offset: int = 0):
+    import datasets
+
+    texts, labels = [], []
+    for i in range(offset, offset + n):
+        pos = i % 2 == 0
+        phrases = POSITIVE if pos else NEGATIVE
+        texts.append(f"{phrases[i % len(phrases)]} {'really ' * (i % 4)}".strip())
+        labels.append("pos" if pos else "neg")
+    return datasets.Dataset.from_dict({"text": texts, "label": labels})
+
+
+def make_config(tmp_path, tiny_bert, cache_dir, **extra):
+    values = dict(task="classification", model=tiny_bert, output_dir=str(tmp_path / "run"), epochs=2, batch_size=8,
+                  logging_steps=1, quiet=True, precision="fp32", data={"cache_dir": cache_dir},
+                  optim={"lr": 2e-3, "weight_decay": 0.0, "warmup_ratio": 0.0})
+    values.update(extra)
+    return TrainConfig(**values)
+
+
+def load_user_model(tiny_bert):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2)
+    return model, AutoTokenizer.from_pretrained(tiny_bert)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        self.logs, self.evals, self.ended = [], [], None
+
+    def on_log(self, trainer, logs):
+        self.logs.append(dict(logs))
+
+    def on_evaluate(self, trainer, metrics):
+        self.evals.append(dict(metrics))
+
+    def on_train_end(self, trainer, result):
+        self.ended = dict(result)
+
+
+def test_fit_user_model_tokenizer_and_raw_datasets_with_callbacks(tmp_path, tiny_bert, cache_dir):
+    model, tokenizer = load_user_model(tiny_bert)
+    recorder = Recorder()
+    trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir), callbacks=[recorder])
+    result = trainer.fit(model=model, tokenizer=tokenizer, train_dataset=raw_dataset(48), eval_dataset=raw_dataset(20, offset=100))
+
+    assert trainer.model is model  # the user's own model object was trained
+    assert result["num_examples"] == 20 and result["steps"] == 12  # 48 examples / batch 8 * 2 epochs
+    # on_log: every step (logging_steps=1), with the loss of that step
+    assert [r["step"] for r in recorder.logs] == list(range(1, 13))
+    assert all(r["split"] == "train" and r["loss"] > 0 for r in recorder.logs)
+    assert recorder.logs[-1]["loss"] < recorder.logs[0]["loss"]  # it learns
+    # on_evaluate: once per epoch, with the task's metrics
+    assert len(recorder.evals) == 2 and all({"accuracy", "f1", "loss"} <= set(m) for m in recorder.evals)
+    # on_train_end: the very result fit returns
+    assert recorder.ended == result and result["accuracy"] == recorder.evals[-1]["accuracy"]
+    assert result["train_loss"] == pytest.approx(recorder.logs[-1]["loss"])
+
+
+def test_fit_builds_the_model_from_raw_datasets(tmp_path, tiny_bert, cache_dir):
+    """No model given: the task builds one with the label set of the data."""
+    result = Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=2)).fit(
+        train_dataset=raw_dataset(32), eval_dataset=raw_dataset(8, offset=50))
+    from transformers import AutoModelForSequenceClassification
+
+    saved = AutoModelForSequenceClassification.from_pretrained(result["model_dir"])
+    assert saved.config.id2label == {0: "neg", 1: "pos"}
+
+
+class ZeroLossTrainer(Trainer):
+    """FlagAI-style subclass: its own forward step and loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.forward_calls = {"train": 0, "eval": 0}
+        self.loss_calls = 0
+
+    def forward_step(self, model, batch):
+        self.forward_calls["train" if model.training else "eval"] += 1
+        return super().forward_step(model, batch)
+
+    def compute_loss(self, outputs, batch):
+        self.loss_calls += 1
+        loss_sum, count = super().compute_loss(outputs, batch)
+        return loss_sum * 0.0, count  # no gradient: the weights must not move
+
+
+def test_subclass_overrides_are_really_used(tmp_path, tiny_bert, cache_dir):
+    model, tokenizer = load_user_model(tiny_bert)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = ZeroLossTrainer(make_config(tmp_path, tiny_bert, cache_dir, epochs=1))
+    result = trainer.fit(model=model, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7))
+
+    assert trainer.loss_calls == 4 and result["steps"] == 4  # one compute_loss per micro-batch
+    assert trainer.forward_calls["train"] == 4
+    assert trainer.forward_calls["eval"] == 1  # 12 eval examples in one batch of 16
+    assert result["train_loss"] == 0.0
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "zero loss still changed the weights"
+
+    # the same run without the override moves the weights: the check above can fail
+    model2, _ = load_user_model(tiny_bert)
+    Trainer(make_config(tmp_path, tiny_bert, cache_dir, epochs=1, output_dir=str(tmp_path / "plain"))).fit(
+        model=model2, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7))
+    assert not all(torch.equal(before[k], v) for k, v in model2.state_dict().items())
