@@ -9,6 +9,7 @@ task-specific behind `self.task` (tuneforge/tasks/base.py).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -108,14 +109,14 @@ class Trainer:
         cfg = self.config
         if launch.restart_count() > 0 and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
             cfg = self.config = cfg.model_copy(update={"resume": "latest"})  # elastic restart: continue
-        if not cfg.resume and not launch.launched_by_us():
+        if not cfg.resume and not launch.launched_by_us() and launch.restart_count() == 0:
             checkpoint.prepare_output_dir(cfg)
         if launch.needs_launch(cfg):
             return launch.launch_workers(cfg)
         self.backend = get_backend(cfg)
         self.backend.setup()
         try:
-            return self._fit(model, tokenizer, train_dataset, eval_dataset)
+            return launch.hand_back(self._fit(model, tokenizer, train_dataset, eval_dataset), self.backend.is_main)
         finally:
             self.backend.teardown()
 
@@ -141,7 +142,7 @@ class Trainer:
             self.model, _ = self.backend.wrap(model, lambda m: None)
             metrics = self.evaluate()
             metrics["wall_s"] = round(time.perf_counter() - t0, 2)
-            return metrics
+            return launch.hand_back(metrics, self.backend.is_main)
         finally:
             self.backend.teardown()
 
@@ -153,6 +154,8 @@ class Trainer:
         task.log = self.report.print
         self.tokenizer = tokenizer or task.load_tokenizer()
         self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset)
+        if self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
+            raise ConfigError("training needs training data: pass --train-file (seq2seq: --source-file and --target-file)")
         model = model if model is not None else task.load_model(self.tokenizer)
         if cfg.gradient_checkpointing:
             if not b.supports_gradient_checkpointing:
@@ -170,14 +173,15 @@ class Trainer:
         self.state = TrainState(order_global_batch=global_batch)
         if cfg.resume:
             checkpoint.restore(self, cfg.resume)
+            total_steps = checkpoint.continue_plan(self, total_steps, steps_per_epoch)
         checkpoint.write_run_files(self)
         self.report.start(total_steps, self.state.step, n_train, global_batch * cfg.grad_accum, b)
         for cb in self.callbacks:
             cb.on_train_begin(self)
 
         lengths = np.asarray(self.train_data["length"])
-        win_loss = torch.zeros((), device=b.device)
-        win_count = torch.zeros((), device=b.device)
+        # loss sum and item count since the last log line; saved per rank, so a resume continues the window
+        win_loss, win_count = self.log_window = checkpoint.restored_log_window(self)
         while self.state.step < total_steps and not self.state.stop:
             st = self.state
             order = epoch_order(lengths, seed=cfg.seed, epoch=st.epoch, global_batch=st.order_global_batch,
@@ -231,9 +235,12 @@ class Trainer:
         scale = b.dp_size / global_count.clamp(min=1)
         total = torch.zeros((), device=b.device)
         for i, batch in enumerate(batches):
-            outputs = self.forward_step(self.model, batch)
-            loss_sum, _ = self.compute_loss(outputs, batch)
-            b.backward(loss_sum * scale, self.model, sync=(i == len(batches) - 1))
+            sync = i == len(batches) - 1
+            # DDP decides in the forward whether the backward all-reduces: no_sync spans both
+            with contextlib.nullcontext() if sync else b.no_sync(self.model):
+                outputs = self.forward_step(self.model, batch)
+                loss_sum, _ = self.compute_loss(outputs, batch)
+                b.backward(loss_sum * scale, self.model, sync=sync)
             total += loss_sum.detach().float()
         b.step(self.model, self.optimizer)
         return total, local_count

@@ -195,7 +195,8 @@ class Backend:
         """Consolidated full weights on the main rank (None elsewhere), on CPU."""
         if not self.is_main:
             return None
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        # a copy even on CPU (`.cpu()` would alias the live parameters): the best-model snapshot must not move
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
 
     def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write model + optimizer (+ scaler) state into the checkpoint folder `path`."""

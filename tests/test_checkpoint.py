@@ -1,0 +1,272 @@
+"""Checkpoint contents, retention, refusal of bad checkpoints, and `tuneforge export`.
+
+One small single-process run (tiny BERT, 96 sentiment rows) is trained once per module; each
+test works on its own copy of that run folder.
+"""
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from conftest import run_cli, write_sentiment_csv
+
+from tuneforge import checkpoint
+from tuneforge.config import build_config
+from tuneforge.trainer import Trainer
+
+EPOCHS, BATCH = 2, 16  # 96 rows -> 6 steps per epoch, 12 steps
+
+
+def run_config(out, files, model, cache_dir, **overrides):
+    train, val = files
+    values = dict(task="classification", model=model, output_dir=str(out), epochs=EPOCHS, batch_size=BATCH, quiet=True,
+                  optim={"lr": 1e-3}, data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir})
+    values.update(overrides)
+    return build_config(values)
+
+
+def cli_flags(out, files, model, cache_dir):
+    """The same run as `run_config` on the command line."""
+    train, val = files
+    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", model, "--epochs", str(EPOCHS),
+            "--batch-size", str(BATCH), "--lr", "1e-3", "--output-dir", str(out), "--cache-dir", cache_dir, "--quiet",
+            "--save-strategy", "steps", "--save-steps", "6"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    return write_sentiment_csv(d / "train.csv", 96, seed=1), write_sentiment_csv(d / "validation.csv", 33, seed=2)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, files, tiny_bert, cache_dir):
+    """A finished run with checkpoints every 2 steps; the best (by a metric that never improves) is step 2,
+    and with load_best_model_at_end the run's final model is that of step 2."""
+    out = tmp_path_factory.mktemp("run") / "run"
+    cfg = run_config(out, files, tiny_bert, cache_dir, save_strategy="steps", save_steps=2, save_total_limit=2,
+                     eval_strategy="steps", eval_steps=2, metric_for_best="num_examples", early_stopping_patience=50,
+                     load_best_model_at_end=True)
+    result = Trainer(cfg).fit()
+    return out, cfg, result
+
+
+@pytest.fixture
+def run_copy(trained, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(trained[0], out)
+    return out
+
+
+def test_checkpoint_holds_everything_and_loads_weights_only(trained):
+    out, cfg, result = trained
+    ckpt = out / "checkpoint-12"
+    assert (out / "latest").read_text().strip() == "checkpoint-12"
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rank0.pt", "trainer_state.json", "meta.json",
+                 "config.yaml", "config.json", "tokenizer_config.json", "tuneforge.json", "manifest.json"):
+        assert (ckpt / name).is_file(), name
+    # every non-weights file loads with weights_only=True (no pickle code execution)
+    optim = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert optim["state"] and len(optim["param_groups"]) == 2
+    sched = torch.load(ckpt / "scheduler.pt", weights_only=True)
+    assert sched["last_epoch"] == 12
+    rank = torch.load(ckpt / "rank0.pt", weights_only=True)
+    assert set(rank) >= {"python", "numpy", "torch", "log_window"}
+
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    assert state["step"] == 12 and state["epoch"] == 1 and state["consumed"] == 96 and state["order_global_batch"] == BATCH
+    assert state["best_step"] == 2 and state["best_metric"] == 33 and state["bad_evals"] == 5
+    assert state["best_eval"]["num_examples"] == 33 and state["metrics_records"] == 7  # 6 evals + the last step's train log
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["labels"] == ["neg", "pos"] and meta["backend"] == "single" and meta["step_examples"] == BATCH
+    assert build_config(yaml.safe_load((ckpt / "config.yaml").read_text())) == cfg  # the resolved config
+    assert checkpoint.verify(ckpt) is None
+    assert result["steps"] == 12
+
+
+def test_rng_state_round_trips_through_weights_only_file(tmp_path):
+    class Holder:
+        log_window = (torch.tensor(1.5), torch.tensor(4.0))
+
+    random.seed(3), np.random.seed(3), torch.manual_seed(3)
+    random.gauss(0, 1), np.random.normal()  # leave a cached gaussian in both states
+    torch.save(checkpoint._rank_state(Holder()), tmp_path / "rank0.pt")
+    expected = (random.random(), random.gauss(0, 1), np.random.normal(), torch.rand(3))
+    checkpoint._set_rng_state(torch.load(tmp_path / "rank0.pt", weights_only=True))
+    again = (random.random(), random.gauss(0, 1), np.random.normal(), torch.rand(3))
+    assert expected[:3] == again[:3] and torch.equal(expected[3], again[3])
+
+
+def test_retention_keeps_last_k_plus_best(trained):
+    out = trained[0]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-12", "checkpoint-2"]
+    assert not list(out.glob(".tmp-*"))
+
+
+def test_resume_keeps_the_best_model_of_before_the_interruption(trained, run_copy):
+    out, cfg, result = trained
+    shutil.rmtree(run_copy / "checkpoint-12")
+    (run_copy / "latest").write_text("checkpoint-10\n")
+    resumed = Trainer(cfg.model_copy(update={"output_dir": str(run_copy), "resume": "latest"})).fit()
+    assert resumed["best_step"] == 2 and resumed["num_examples"] == 33 and resumed["steps"] == 12
+    from safetensors.torch import load_file
+
+    best = load_file(str(out / "checkpoint-2" / "model.safetensors"))
+    final = load_file(str(run_copy / "model" / "model.safetensors"))
+    assert best.keys() == final.keys() and all(torch.equal(best[k], final[k]) for k in best)
+
+
+def test_save_strategy_epoch_and_no(tmp_path, files, tiny_bert, cache_dir):
+    by_epoch = tmp_path / "epoch"
+    Trainer(run_config(by_epoch, files, tiny_bert, cache_dir, save_strategy="epoch")).fit()
+    assert sorted(p.name for p in by_epoch.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-6"]
+    assert json.loads((by_epoch / "checkpoint-6" / "trainer_state.json").read_text())["epoch"] == 1
+    never = tmp_path / "no"
+    Trainer(run_config(never, files, tiny_bert, cache_dir, epochs=1, save_strategy="no")).fit()
+    assert not list(never.glob("checkpoint-*")) and not (never / "latest").exists()
+
+
+# ---- bad checkpoints: one clear line, exit 2 ---------------------------------------------------
+def _flip_bytes(path):
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 8] = bytes(b ^ 0xFF for b in data[mid : mid + 8])
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "corrupt": (lambda c: _flip_bytes(c / "model.safetensors"), "is corrupt: the content of model.safetensors changed"),
+    "truncated": (lambda c: _truncate(c / "optimizer.pt"), "is truncated: optimizer.pt has"),
+    "missing-file": (lambda c: (c / "scheduler.pt").unlink(), "is incomplete: scheduler.pt is missing"),
+    "unfinished-write": (lambda c: (c / "manifest.json").unlink(), "no manifest.json"),
+}
+
+
+def tuneforge(capsys, *args):
+    """`tuneforge ARGS` through the CLI entry point, in this process: (exit code, last stderr line)."""
+    from tuneforge.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, (err.strip().splitlines() or [""])[-1]
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_damaged_checkpoint_is_refused(kind, run_copy, files, tiny_bert, cache_dir, capsys):
+    damage, expected = DAMAGE[kind]
+    ckpt = run_copy / "checkpoint-12"
+    damage(ckpt)
+    code, line = tuneforge(capsys, *cli_flags(run_copy, files, tiny_bert, cache_dir), "--resume", str(ckpt))
+    assert code == 2 and line.startswith("error: ") and expected in line, line
+
+
+def test_bad_checkpoint_exits_2_from_a_fresh_process(run_copy, files, tiny_bert, cache_dir):
+    (run_copy / "checkpoint-12" / "trainer_state.json").write_text("{}")  # edited after the write
+    proc = run_cli(*cli_flags(run_copy, files, tiny_bert, cache_dir), "--resume")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: ") and "is truncated: trainer_state.json has 2 bytes" in line
+
+
+def test_missing_checkpoint_is_refused(tmp_path, files, tiny_bert, cache_dir, capsys):
+    out = tmp_path / "fresh"
+    code, line = tuneforge(capsys, *cli_flags(out, files, tiny_bert, cache_dir), "--resume", str(tmp_path / "checkpoint-7"))
+    assert code == 2 and "checkpoint-7' does not exist" in line
+    out.mkdir()
+    (out / ".tmp-checkpoint-6-123-456").mkdir()  # only a crashed write
+    code, line = tuneforge(capsys, *cli_flags(out, files, tiny_bert, cache_dir), "--resume")
+    assert code == 2 and "no complete checkpoint in" in line
+
+
+@pytest.fixture(scope="module")
+def other_model(tmp_path_factory, minilm_dir):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    out = tmp_path_factory.mktemp("tiny-bert-48")
+    BertModel(BertConfig(vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                         max_position_embeddings=128)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return str(out)
+
+
+def test_incompatible_checkpoints_are_refused(run_copy, files, tiny_bert, other_model, cache_dir, tmp_path, capsys):
+    ckpt = str(run_copy / "checkpoint-12")
+    flags = cli_flags(run_copy, files, tiny_bert, cache_dir)
+
+    def refused(*args):
+        code, line = tuneforge(capsys, *args, "--resume", ckpt)
+        assert code == 2, line
+        return line
+
+    # another model
+    line = refused(*[other_model if a == tiny_bert else a for a in flags])
+    assert "does not match this run: hidden_size is 32 in the checkpoint but 48 here" in line
+    # another label set
+    three = tmp_path / "three.csv"
+    three.write_text(files[0].read_text() + '"so so, neither good nor bad",neutral\n')
+    line = refused(*[str(three) if a == str(files[0]) else a for a in flags])
+    assert "labels is ['neg', 'pos'] in the checkpoint but ['neg', 'neutral', 'pos'] here" in line
+    # another task (regression on the same rows with numeric labels)
+    numeric = tmp_path / "numeric.csv"
+    numeric.write_text(files[0].read_text().replace(",pos\n", ",1\n").replace(",neg\n", ",0\n"))
+    numeric_val = tmp_path / "numeric_val.csv"
+    numeric_val.write_text(files[1].read_text().replace(",pos\n", ",1\n").replace(",neg\n", ",0\n"))
+    swapped = {str(files[0]): str(numeric), str(files[1]): str(numeric_val)}
+    line = refused(*[swapped.get(a, a) for a in flags], "--task", "regression")
+    assert "task is 'classification' in the checkpoint but 'regression' here" in line
+
+
+# ---- export ------------------------------------------------------------------------------------
+def logits_of(model_dir, texts):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return model(**tok(texts, padding=True, return_tensors="pt")).logits
+
+
+def test_export_cli_writes_hf_folder_with_the_trained_logits(trained, tmp_path, capsys):
+    out = trained[0]
+    target = tmp_path / "exported"
+    # the run's final model is its best, step 2 (load_best_model_at_end)
+    code, line = tuneforge(capsys, "export", str(out / "checkpoint-2"), str(target))
+    assert code == 0, line
+    assert (target / "model.safetensors").exists() and (target / "tuneforge.json").exists()
+    texts = ["a wonderful, moving film", "boring, slow and far too long"]
+    assert torch.equal(logits_of(target, texts), logits_of(out / "model", texts))
+    assert not torch.equal(logits_of(target, texts), logits_of(out / "checkpoint-12", texts))
+    code, line = tuneforge(capsys, "export", str(out / "checkpoint-12"), str(target))
+    assert code == 2 and "--overwrite" in line
+    code, line = tuneforge(capsys, "export", str(out / "checkpoint-4"), str(tmp_path / "x"))  # removed by retention
+    assert code == 2 and "does not exist" in line
+
+
+def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
+    """GPT-2's lm_head is its embedding matrix, stored once in model.safetensors; the export restores the tie."""
+    from conftest import parallel_pairs
+    from transformers import AutoModelForCausalLM
+
+    from tuneforge.export_cli import export_checkpoint
+
+    text = tmp_path / "train.txt"
+    text.write_text("".join(f"{en} {de}\n" for en, de in parallel_pairs(40, seed=1)))
+    out = tmp_path / "run"
+    Trainer(build_config(task="clm", model=tiny_gpt2, output_dir=str(out), max_steps=2, batch_size=4, quiet=True,
+                         save_strategy="steps", save_steps=2, eval_strategy="no",
+                         data={"train_file": str(text), "validation_file": str(text), "block_size": 16,
+                               "cache_dir": cache_dir})).fit()
+    exported = export_checkpoint(out / "checkpoint-2", tmp_path / "exported")
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    with torch.no_grad():
+        got, want = (AutoModelForCausalLM.from_pretrained(p).eval()(input_ids=ids).logits for p in (exported, out / "model"))
+    assert torch.equal(got, want)

@@ -1,0 +1,103 @@
+"""Crash safety: a run SIGKILLed at several points, three of them inside checkpoint writes, resumes
+each time from the last committed checkpoint and ends with the uninterrupted run's final weights.
+
+The kill points are reached deliberately with the save's test hook: TUNEFORGE_PAUSE_IN_SAVE makes
+the writer sleep at a stage of the save of one step and write a marker file; the test then kills
+the process with SIGKILL (no cleanup of any kind runs).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import REPO, write_sentiment_csv
+from safetensors.torch import load_file
+
+from tuneforge import checkpoint
+
+
+@pytest.fixture(scope="module")
+def crash_setup(tmp_path_factory, tiny_bert, cache_dir):
+    d = tmp_path_factory.mktemp("crash")
+    train = write_sentiment_csv(d / "train.csv", 96, seed=1)
+    val = write_sentiment_csv(d / "validation.csv", 33, seed=2)
+    # 96 rows, batch 16: 6 steps per epoch, 12 steps; checkpoints at 3, 6, 9, 12
+    flags = ["train", "--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert, "--epochs", "2",
+             "--batch-size", "16", "--lr", "1e-3", "--cache-dir", cache_dir, "--save-strategy", "steps",
+             "--save-steps", "3", "--logging-steps", "1"]
+    return d, flags
+
+
+def start(flags, out, log, **env):
+    # one thread in every run, so all runs reduce floats in the same order
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+    with open(log.with_suffix(".out"), "w") as stdout, open(log, "w") as stderr:
+        return subprocess.Popen([sys.executable, "-m", "tuneforge.cli", *flags, "--output-dir", str(out)], cwd=REPO,
+                                env=full_env, stdout=stdout, stderr=stderr)
+
+
+def kill_in_save(flags, out, log, stage, step, marker):
+    """Run until the save of `step` reaches `stage`, then SIGKILL the process there."""
+    proc = start(flags, out, log, TUNEFORGE_PAUSE_IN_SAVE="600", TUNEFORGE_PAUSE_STAGE=stage,
+                 TUNEFORGE_PAUSE_STEP=str(step), TUNEFORGE_PAUSE_MARKER=str(marker))
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert proc.poll() is None, f"the run ended before the pause: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "the run never reached the pause"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    marker.unlink()
+
+
+def resumed_from(log) -> str:
+    lines = [ln for ln in log.read_text().splitlines() if ln.startswith("resumed from ")]
+    assert len(lines) == 1, log.read_text()[-2000:]
+    return lines[0].split()[2].rsplit("/", 1)[-1]
+
+
+def records(out):
+    return [{k: v for k, v in json.loads(ln).items() if k != "time_s"} for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(crash_setup, tmp_path):
+    d, flags = crash_setup
+    reference = tmp_path / "reference"
+    proc = start(flags, reference, tmp_path / "reference.log")
+    assert proc.wait() == 0, (tmp_path / "reference.log").read_text()[-2000:]
+
+    out, marker = tmp_path / "run", tmp_path / "paused"
+    # 1. killed half-way through writing checkpoint 6: only its temporary folder exists
+    kill_in_save(flags, out, tmp_path / "1.log", "mid-write", 6, marker)
+    partial = list(out.glob(".tmp-checkpoint-6-*"))
+    assert len(partial) == 1 and (partial[0] / "optimizer.pt").exists() and not (partial[0] / "manifest.json").exists()
+    assert (out / "latest").read_text().strip() == "checkpoint-3"
+    assert checkpoint.list_checkpoints(out) == [out / "checkpoint-3"]
+    with pytest.raises(checkpoint.CheckpointError, match="not a complete tuneforge checkpoint"):
+        checkpoint.find_checkpoint(str(partial[0]), str(out))
+
+    # 2. resumed from 3; killed after checkpoint 6 was renamed into place, before `latest` named it
+    kill_in_save(flags + ["--resume"], out, tmp_path / "2.log", "before-latest", 6, marker)
+    assert resumed_from(tmp_path / "2.log") == "checkpoint-3"
+    assert checkpoint.verify(out / "checkpoint-6") is None and (out / "latest").read_text().strip() == "checkpoint-3"
+
+    # 3. resumed from the committed checkpoint 3 again; killed between checkpoints (steps 7-9 done, 9 not saved)
+    kill_in_save(flags + ["--resume"], out, tmp_path / "3.log", "start", 9, marker)
+    assert resumed_from(tmp_path / "3.log") == "checkpoint-3"
+    assert (out / "latest").read_text().strip() == "checkpoint-6" and not (out / "checkpoint-9").exists()
+    assert not list(out.glob(".tmp-checkpoint-*"))  # the next complete save removed the partial folder
+
+    # 4. resumed from 6 and finished
+    proc = start(flags + ["--resume"], out, tmp_path / "4.log")
+    assert proc.wait() == 0, (tmp_path / "4.log").read_text()[-2000:]
+    assert resumed_from(tmp_path / "4.log") == "checkpoint-6"
+
+    final, expected = load_file(str(out / "model" / "model.safetensors")), load_file(str(reference / "model" / "model.safetensors"))
+    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
+    assert records(out) == records(reference)  # per-step losses and learning rates, evaluations
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-3", "checkpoint-6", "checkpoint-9"]
+    assert not list(out.glob(".tmp-*"))

@@ -1,0 +1,290 @@
+"""Exact resume: an interrupted run continues at the exact step and batch and ends bitwise identical
+to an uninterrupted one (single process and DDP); world-size and backend changes; worker death
+under torchrun elastic restarts.
+
+Every run records, per rank and step, the example indices it trained on and its loss sum (a
+Trainer subclass overriding `train_step`), so the tests compare runs step by step.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_sentiment_csv
+from safetensors.torch import load_file
+
+from tuneforge.config import build_config
+from tuneforge.trainer import Trainer
+
+# 96 rows; per-process batch 8 -> DDP x2: global batch 16, 6 steps per epoch, 12 steps in 2 epochs
+BASE = {"task": "classification", "epochs": 2, "batch_size": 8, "save_strategy": "steps", "save_steps": 4,
+        "logging_steps": 3, "quiet": True, "optim": {"lr": 1e-3, "warmup_steps": 3}}
+
+SCRIPT = '''
+import json, os, signal, sys
+from pathlib import Path
+
+import torch
+
+from tuneforge.config import build_config
+from tuneforge.trainer import Callback, Trainer
+
+spec = json.loads(sys.argv[1])
+DIE = spec.pop("die", None)  # {"step", "rank", "marker"}: that rank SIGKILLs itself once, before that step
+
+
+class Recording(Trainer):
+    def train_step(self, micro_batches):
+        step, rank = self.state.step + 1, self.backend.rank
+        if DIE and step == DIE["step"] and rank == DIE["rank"] and not os.path.exists(DIE["marker"]):
+            Path(DIE["marker"]).write_text("died")
+            os.kill(os.getpid(), signal.SIGKILL)
+        loss, count = super().train_step(micro_batches)
+        record = {"pid": os.getpid(), "step": step, "epoch": self.state.epoch,
+                  "indices": [i for mb in micro_batches for i in mb], "loss": loss.item()}
+        with open(Path(self.config.output_dir) / f"steps-rank{rank}.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\\n")
+        return loss, count
+
+
+class DumpStart(Callback):
+    """The model and optimizer state the run starts (or resumes) with."""
+
+    def on_train_begin(self, trainer):
+        if not trainer.config.resume:
+            return
+        if trainer.backend.sharded:  # gather the shards; keyed by parameter name
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            model, optimizer = get_state_dict(trainer.model, trainer.optimizer, options=full)
+        else:  # the optimizer's own state, keyed by parameter position
+            model, optimizer = trainer.backend.unwrap(trainer.model).state_dict(), trainer.optimizer.state_dict()
+        if trainer.backend.is_main:
+            torch.save({"model": model, "optimizer": optimizer}, Path(trainer.config.output_dir) / "start-state.pt")
+
+
+if __name__ == "__main__":
+    Recording(build_config(spec), callbacks=[DumpStart()]).fit()
+'''
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_bert, cache_dir):
+    d = tmp_path_factory.mktemp("resume")
+    train = write_sentiment_csv(d / "train.csv", 96, seed=1)
+    val = write_sentiment_csv(d / "validation.csv", 33, seed=2)
+    (d / "script.py").write_text(SCRIPT)
+    data = {"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir}
+    return d, {**BASE, "model": tiny_bert, "data": data}
+
+
+def run_script(setup, out, **spec):
+    d, base = setup
+    spec = {**base, "output_dir": str(out), **spec}
+    # one thread per process in every run: the float reduction order (and so every bit) is the same
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, str(d / "script.py"), json.dumps(spec)], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def history(out: Path, rank: int) -> list[dict]:
+    """The steps that made the final model: a resume replaces the records after its checkpoint."""
+    steps: list[dict] = []
+    for line in (out / f"steps-rank{rank}.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        steps = [s for s in steps if s["step"] < record["step"]] + [record]
+    return steps
+
+
+def metrics(out: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(out: Path, folder: str = "model") -> dict[str, torch.Tensor]:
+    return load_file(str(out / folder / "model.safetensors"))
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def same_steps(a: list[dict], b: list[dict]) -> bool:
+    strip = lambda steps: [(s["step"], s["epoch"], s["indices"], s["loss"]) for s in steps]  # noqa: E731
+    return strip(a) == strip(b)
+
+
+# ---- single process, in this process ------------------------------------------------------------
+class Interrupted(Exception):
+    pass
+
+
+class RecordingTrainer(Trainer):
+    """Records each step; raises before step `stop_at` (after the checkpoint of step 4)."""
+
+    def __init__(self, *args, stop_at=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stop_at, self.steps = stop_at, []
+
+    def train_step(self, micro_batches):
+        step = self.state.step + 1
+        if step == self.stop_at:
+            raise Interrupted
+        loss, count = super().train_step(micro_batches)
+        self.steps.append({"step": step, "epoch": self.state.epoch, "indices": sum(micro_batches, []), "loss": loss.item()})
+        return loss, count
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dropout(tmp_path_factory, minilm_dir):
+    """Like conftest's tiny BERT, with dropout: a resume is exact only if the RNG states are restored."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("tiny-bert-dropout")
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                         max_position_embeddings=128, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                         classifier_dropout=0.1)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return str(out)
+
+
+def test_single_process_resume_is_bitwise_identical(setup, tiny_bert_dropout, tmp_path):
+    _, base = setup
+    # micro-batches of 8, 2 per step: 6 steps per epoch; checkpoints at 4 (mid-epoch) and 8; the
+    # logging window of steps 4-6 spans the interruption; warmup + linear decay over 12 steps
+    values = {**base, "model": tiny_bert_dropout, "grad_accum": 2}
+    whole = RecordingTrainer(build_config({**values, "output_dir": str(tmp_path / "whole")}))
+    whole.fit()
+
+    cut = tmp_path / "cut"
+    first = RecordingTrainer(build_config({**values, "output_dir": str(cut)}), stop_at=6)
+    with pytest.raises(Interrupted):
+        first.fit()
+    assert (cut / "latest").read_text().strip() == "checkpoint-4" and [s["step"] for s in first.steps] == [1, 2, 3, 4, 5]
+    second = RecordingTrainer(build_config({**values, "output_dir": str(cut), "resume": "latest"}))
+    result = second.fit()
+
+    assert second.steps[0]["step"] == 5  # the exact next batch, nothing before it trained again
+    assert same_steps(first.steps[:4] + second.steps, whole.steps) and len(whole.steps) == 12
+    assert metrics(cut) == metrics(tmp_path / "whole")  # losses per window, lr schedule, epochs, evals
+    assert [r["step"] for r in metrics(cut) if r["split"] == "train"] == [3, 6, 9, 12]
+    assert_bitwise_equal(weights(cut), weights(tmp_path / "whole"))
+    assert result["steps"] == 12
+
+
+# ---- DDP (2 processes) --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ddp_whole(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp") / "whole"
+    proc = run_script(setup, out, backend="ddp", nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp_cut(setup, tmp_path_factory):
+    """A 2-process DDP run whose rank 1 is SIGKILLed before step 6 (checkpoint 4 is the last)."""
+    d = tmp_path_factory.mktemp("ddp-cut")
+    out = d / "run"
+    proc = run_script(setup, out, backend="ddp", nproc=2, die={"step": 6, "rank": 1, "marker": str(d / "died")})
+    assert proc.returncode != 0 and (d / "died").exists()
+    assert (out / "latest").read_text().strip() == "checkpoint-4" and not (out / "model").exists()
+    return out
+
+
+def test_ddp_resume_is_bitwise_identical(setup, ddp_whole, ddp_cut, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(ddp_cut, out)
+    proc = run_script(setup, out, backend="ddp", nproc=2, resume="latest")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert same_steps(history(out, rank), history(ddp_whole, rank)) and len(history(out, rank)) == 12
+    assert metrics(out) == metrics(ddp_whole)
+    assert_bitwise_equal(weights(out), weights(ddp_whole))
+
+    from tuneforge.export_cli import export_checkpoint  # a ddp checkpoint exports the trained model
+
+    exported = export_checkpoint(ddp_whole / "checkpoint-12", tmp_path / "exported")
+    assert_bitwise_equal(weights(exported.parent, exported.name), weights(ddp_whole))
+
+
+def test_ddp_checkpoint_resumes_on_one_process_without_skipping_or_repeating(setup, ddp_cut, tmp_path):
+    """2 processes x 8 -> 1 process x 8: the interrupted epoch keeps its order (built for a global
+    batch of 16) from example 64 on; the rest of the run is re-planned at 8 per step."""
+    out = tmp_path / "run"
+    shutil.copytree(ddp_cut, out)
+    proc = run_script(setup, out, backend="single", nproc=1, resume="latest")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    start = torch.load(out / "start-state.pt", weights_only=True)  # what the 1-process run started from
+    assert_bitwise_equal(start["model"], load_file(str(out / "checkpoint-4" / "model.safetensors")))
+    saved_optim = torch.load(out / "checkpoint-4" / "optimizer.pt", weights_only=True)
+    for i, state in saved_optim["state"].items():
+        assert torch.equal(start["optimizer"]["state"][i]["exp_avg_sq"], state["exp_avg_sq"])
+
+    before = [s for rank in (0, 1) for s in history(out, rank) if s["step"] <= 4]  # the 2-process part
+    after = [s for s in history(out, 0) if s["step"] > 4]  # the 1-process part
+    assert all(len(s["indices"]) == 8 for s in before + after)
+    epoch0 = [i for s in before + after if s["epoch"] == 0 for i in s["indices"]]
+    epoch1 = [i for s in after if s["epoch"] == 1 for i in s["indices"]]
+    assert sorted(epoch0) == list(range(96)) and sorted(epoch1) == list(range(96))
+    assert [s["step"] for s in after] == list(range(5, 21))  # 4 steps finish epoch 0, 12 make epoch 1
+    assert json.loads((out / "result.json").read_text())["steps"] == 20
+
+
+def test_fsdp_resumes_a_ddp_checkpoint(setup, ddp_whole, ddp_cut, tmp_path):
+    """Backend change: the model and optimizer state of a DDP checkpoint continue under FSDP."""
+    out = tmp_path / "run"
+    shutil.copytree(ddp_cut, out)
+    proc = run_script(setup, out, backend="fsdp", nproc=2, resume="latest")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    ckpt = out / "checkpoint-4"
+    start = torch.load(out / "start-state.pt", weights_only=True)  # gathered from the FSDP shards
+    saved = load_file(str(ckpt / "model.safetensors"))
+    assert_bitwise_equal({k: start["model"][k] for k in saved}, saved)
+    # optimizer.pt is keyed by position in the param groups, FSDP's full state by parameter name
+    cfg = build_config({**setup[1], "output_dir": str(tmp_path / "unused")})
+    from transformers import AutoConfig, BertForSequenceClassification
+
+    model = BertForSequenceClassification(AutoConfig.from_pretrained(ckpt))
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in Trainer(cfg).make_optimizer(model).param_groups for p in group["params"]]
+    saved_optim = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert len(saved_optim["state"]) == len(order)
+    for i, state in saved_optim["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(start["optimizer"]["state"][order[i]][key], state[key]), (order[i], key)
+
+    fsdp_steps, ddp_steps = history(out, 0), history(ddp_whole, 0)
+    assert [s["indices"] for s in fsdp_steps] == [s["indices"] for s in ddp_steps] and len(fsdp_steps) == 12
+    assert fsdp_steps[4]["loss"] == pytest.approx(ddp_steps[4]["loss"], rel=1e-4)  # step 5 ran on the loaded weights
+
+    from tuneforge.export_cli import export_checkpoint  # the fsdp (DCP) checkpoint exports offline
+
+    assert (out / "checkpoint-12" / "sharded" / ".metadata").exists()
+    exported = export_checkpoint(out / "checkpoint-12", tmp_path / "exported")
+    assert_bitwise_equal(weights(exported.parent, exported.name), weights(out))
+
+
+def test_worker_death_restarts_from_the_checkpoint_and_finishes(setup, ddp_whole, tmp_path):
+    """`--max-restarts 1`: rank 1 dies before step 6; torchrun restarts both workers, they resume
+    from checkpoint 4 by themselves, the job exits 0 and ends where an uninterrupted run ends."""
+    out = tmp_path / "run"
+    proc = run_script(setup, out, backend="ddp", nproc=2, max_restarts=1,
+                      die={"step": 6, "rank": 1, "marker": str(tmp_path / "died")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "died").exists()
+    records = [json.loads(line) for line in (out / "steps-rank0.jsonl").read_text().splitlines()]
+    restarted = [r["step"] for r in records if r["pid"] != records[0]["pid"]]
+    assert restarted[0] == 5  # continued after checkpoint 4, not from the start
+    for rank in (0, 1):
+        assert same_steps(history(out, rank), history(ddp_whole, rank))
+    assert_bitwise_equal(weights(out), weights(ddp_whole))
