@@ -125,6 +125,18 @@ def test_output_dir_holding_a_run_is_refused(tmp_path, tiny_bert, files):
     assert after == before
 
 
+def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path, tiny_bert, files):
+    """--overwrite replaces a run only once the new run's inputs are good: a bad column loses nothing."""
+    out = tmp_path / "out"
+    (out / "model").mkdir(parents=True)
+    (out / "config.yaml").write_text("task: classification\n")
+    (out / "metrics.jsonl").write_text('{"split": "eval", "step": 3}\n')
+    before = {p: (p.read_bytes() if p.is_file() else None) for p in out.rglob("*")}
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--overwrite", "--text-column", "nope"))
+    assert proc.returncode == 2 and "'nope'" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert {p: (p.read_bytes() if p.is_file() else None) for p in out.rglob("*")} == before
+
+
 def test_unknown_config_key_in_yaml(tmp_path, tiny_bert, files):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("optim:\n  learning_rate: 3.0e-5\n")

@@ -64,7 +64,7 @@ def prepare_output_dir(config) -> None:
     """Refuse to overwrite an existing run unless `overwrite`; only the launching/main process acts."""
     from tuneforge.launch import process_rank
 
-    if process_rank() != 0:
+    if process_rank() != 0 or config.node_rank != 0:  # other nodes' launchers leave the output dir alone
         return
     out = Path(config.output_dir)
     if out.exists() and not out.is_dir():
@@ -75,15 +75,21 @@ def prepare_output_dir(config) -> None:
                 f"output dir {str(out)!r} already holds a run; pass --overwrite to replace it, "
                 "--resume to continue it, or choose another --output-dir"
             )
-        for child in out.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        # the old run is cleared only once this run's inputs have proven good (write_run_files)
 
 
 def write_run_files(trainer) -> None:
+    """Start the run folder: clear a replaced run (--overwrite) and write the resolved config."""
+    from tuneforge.launch import restart_count
+
+    cfg = trainer.config
     if trainer.backend.is_main:
-        out = Path(trainer.config.output_dir)
+        out = Path(cfg.output_dir)
+        if cfg.overwrite and not cfg.resume and restart_count() == 0 and holds_run(out):
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
         out.mkdir(parents=True, exist_ok=True)
-        trainer.config.save(out / "config.yaml")
+        cfg.save(out / "config.yaml")
 
 
 # ---- atomic file helpers --------------------------------------------------------------------
