@@ -9,6 +9,7 @@ import json
 import sys
 from typing import Any, Callable
 
+from tuneforge import launch
 from tuneforge.errors import UserError
 
 # flag -> (config key, argparse kwargs). Flags left unset do not override YAML/defaults.
@@ -124,11 +125,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
     yaml_path, overrides = _split_positionals(ns.config)
     flags = _flags(ns, TRAIN_FLAGS)
     if "task" not in flags and not yaml_path and not any(o.startswith("task=") for o in overrides):
-        if flags.get("data.train_file"):
-            flags["task"] = "classification"
+        if flags.get("data.source_file"):
+            flags["task"] = "seq2seq"
+        elif flags.get("data.train_file"):
+            flags["task"] = "clm" if str(flags["data.train_file"]).endswith(".txt") else "classification"
     config = config_from_sources(yaml_path, overrides, flags)
     result = Trainer(config).fit()
-    if not result:  # a non-main node of a multi-node run
+    if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in ("wall_s",)}
     headline = None if config.quiet and ns.json else (
@@ -151,6 +154,8 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     values["output_dir"] = ns.output_dir or "runs/eval"
     config = build_config(values)
     metrics = Trainer(config).validate()
+    if not metrics or not launch.prints_result():
+        return 0
     if not ns.json or not config.quiet:
         print(", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()), flush=True)
     _emit(metrics, ns.json)

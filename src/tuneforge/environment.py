@@ -1,16 +1,24 @@
-"""`tuneforge env`: what a bug report needs (like `accelerate env`)."""
+"""`tuneforge env`: what a bug report needs (like `accelerate env`).
+
+Versions, devices, the launcher or cluster this process runs under, and which backends this
+machine can run (each backend's `usable()` says "usable" or "unusable: why").
+"""
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import platform
 import sys
 
+# distribution names, read from package metadata (importing deepspeed just for its version is slow and noisy)
+PACKAGES = ("tuneforge", "torch", "transformers", "datasets", "tokenizers", "safetensors", "deepspeed")
 
-def _version(module: str) -> str:
+
+def _version(distribution: str) -> str:
     try:
-        return getattr(importlib.import_module(module), "__version__", "installed")
-    except Exception:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
 
@@ -29,30 +37,36 @@ def backend_status() -> dict[str, str]:
     return out
 
 
-def collect_env() -> dict:
+def device_info() -> dict:
     import torch
 
-    from tuneforge import __version__
-    from tuneforge.launch import detected_launcher
+    from tuneforge.backends.base import resolve_precision
 
-    devices = {"cpu": os.cpu_count(), "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
-               "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
-    if devices["cuda"]:
-        devices["cuda_names"] = [torch.cuda.get_device_name(i) for i in range(devices["cuda"])]
-    bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    devices: dict = {"cpu_cores": os.cpu_count(), "cuda": cuda,
+                     "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
+    if cuda:
+        devices["cuda_names"] = [torch.cuda.get_device_name(i) for i in range(cuda)]
+        devices["cuda_version"] = torch.version.cuda
+    # what `--precision auto` picks on this machine's first device
+    first = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    devices["auto_precision"] = resolve_precision("auto", first)
+    return devices
+
+
+def collect_env() -> dict:
+    import torch.distributed as dist
+
+    from tuneforge.launch import launch_environment
+
     return {
-        "tuneforge": __version__,
-        "python": sys.version.split()[0],
+        "versions": {"python": sys.version.split()[0], **{name: _version(name) for name in PACKAGES}},
         "platform": platform.platform(),
-        "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "datasets": _version("datasets"),
-        "deepspeed": _version("deepspeed"),
-        "devices": devices,
-        "cpu_native_bf16": bool(bf16),
-        "distributed": {"available": torch.distributed.is_available(), "gloo": torch.distributed.is_gloo_available(),
-                        "nccl": torch.distributed.is_nccl_available()},
-        "launcher": detected_launcher(),
+        "devices": device_info(),
+        "process_groups": {"available": dist.is_available(), "gloo": dist.is_available() and dist.is_gloo_available(),
+                           "nccl": dist.is_available() and dist.is_nccl_available(),
+                           "mpi": dist.is_available() and dist.is_mpi_available()},
+        "launch": launch_environment(),
         "backends": backend_status(),
     }
 

@@ -5,7 +5,12 @@
 - Otherwise, with nproc > 1 or nnodes > 1, the current command (`tuneforge train ...` or
   `python train.py`) is re-run as workers through `torch.distributed.run` (the elastic agent);
   the parent waits, returns the main rank's result, and fails if a worker failed.
-- With a DeepSpeed-style hostfile, DeepSpeed's launcher fans the command out over the hosts.
+- With a DeepSpeed-style hostfile, DeepSpeed's launcher fans the command out over the hosts
+  (one host: a local launch; several: pdsh over ssh, which must be installed).
+- Multi-node (`--nnodes N --node-rank R --master-addr A --master-port P` on every node): the
+  main rank, on node 0, writes the run folder (config, metrics, model, result); other nodes
+  write nothing there and their parents return {}. Checkpoints are the exception: every rank
+  adds its own state file, so saving checkpoints needs an output dir that all nodes share.
 
 This module and config.py are the only places that read the environment.
 """
@@ -16,11 +21,13 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
 
 LAUNCHED_FLAG = "TUNEFORGE_LAUNCHED"
+RESULT_FILE_VAR = "TUNEFORGE_RESULT_FILE"  # where the main worker hands its result back
 
 
 class WorkerFailure(UserError):
@@ -62,13 +69,27 @@ def detected_launcher() -> str:
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
-    if "SLURM_PROCID" in env:
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
         return "slurm"
     if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         return "mpi"
     if "RANK" in env and "WORLD_SIZE" in env:
         return "external (torchrun environment)"
     return "none"
+
+
+def launch_environment() -> dict:
+    """The launcher and cluster this process runs under (for `tuneforge env`); changes nothing."""
+    env = os.environ
+    info: dict = {"launcher": detected_launcher()}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if key in env:
+            info[key.lower()] = env[key]
+    if "SLURM_JOB_ID" in env or "SLURM_PROCID" in env:
+        info["slurm"] = {key.removeprefix("SLURM_").lower(): env[key] for key in
+                         ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
+                         if key in env}
+    return info
 
 
 def process_rank() -> int:
@@ -78,6 +99,11 @@ def process_rank() -> int:
 
 def launched_by_us() -> bool:
     return os.environ.get(LAUNCHED_FLAG) == "1"
+
+
+def prints_result() -> bool:
+    """Whether this process shows a run's result: the launching parent, or rank 0 under another launcher."""
+    return not launched_by_us() and process_rank() == 0
 
 
 def restart_count() -> int:
@@ -96,15 +122,19 @@ def free_port() -> int:
 
 
 def _script_argv() -> list[str]:
-    """The command to re-run in each worker: this same script with the same arguments."""
+    """The command to re-run in each worker: this same script with the same arguments.
+
+    `-m NAME` for `python -m pkg.mod`, else the script path; then `--` (so no flag of the
+    script, such as --nproc, is taken as an abbreviation of a launcher flag) and the arguments.
+    """
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":  # python -m pkg.mod
-        return ["-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+        return ["-m", "--", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
     script = sys.argv[0] if sys.argv else ""
-    if not script or script == "-c" or not Path(script).exists():
+    if not script or script == "-c" or not Path(script).is_file():
         raise ConfigError("nproc > 1 needs a script to re-run in each worker; run your code as `python train.py`, not interactively")
-    return [script, *sys.argv[1:]]
+    return ["--", script, *sys.argv[1:]]
 
 
 def torchrun_command(config) -> list[str]:
@@ -118,37 +148,107 @@ def torchrun_command(config) -> list[str]:
             raise ConfigError("multi-node runs need --master-port (the same on every node), or --rdzv-endpoint HOST:PORT")
         cmd += [f"--nnodes={config.nnodes}", f"--node-rank={config.node_rank}",
                 f"--master-addr={config.master_addr}", f"--master-port={config.master_port}"]
+    elif config.max_restarts:
+        # restarts need the c10d rendezvous (a fresh store per round; see launch_workers' env), else
+        # restarted workers read the dead workers' gloo addresses from the static rendezvous store
+        cmd += ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{config.master_port or free_port()}",
+                "--rdzv-id=tuneforge"]
     else:
         cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={config.master_port or free_port()}"]
     return cmd + _script_argv()
 
 
-def hostfile_command(config) -> list[str]:
-    hosts = Path(config.hostfile)
+def read_hostfile(path: str) -> dict[str, int]:
+    """{host: slots} of a DeepSpeed-style hostfile ('node1 slots=2' per line), as DeepSpeed reads it."""
+    hosts = Path(path)
     if not hosts.is_file():
-        raise ConfigError(f"hostfile {config.hostfile!r} does not exist; write lines like 'node1 slots=2'")
+        raise ConfigError(f"hostfile {path!r} does not exist; write lines like 'node1 slots=2'")
     from deepspeed.launcher.runner import fetch_hostfile
 
-    if not fetch_hostfile(str(hosts)):
-        raise ConfigError(f"hostfile {config.hostfile!r} lists no hosts; write lines like 'node1 slots=2'")
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(hosts),
-           "--master_addr", config.master_addr, "--master_port", str(config.master_port or 29500)]
+    try:
+        pool = fetch_hostfile(str(hosts))
+    except ValueError as err:
+        raise ConfigError(f"hostfile {path!r} is malformed ({err}); write lines like 'node1 slots=2'") from None
+    if not pool:
+        raise ConfigError(f"hostfile {path!r} lists no hosts; write lines like 'node1 slots=2'")
+    return dict(pool)
+
+
+def hostfile_command(config) -> list[str]:
+    """DeepSpeed's launcher over the hostfile's hosts (one host: a local launch, no ssh)."""
+    import shutil
+
+    pool = read_hostfile(config.hostfile)
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(config.hostfile),
+           "--master_port", str(config.master_port or free_port()), "--no_local_rank", "--log_level=warning"]
+    if len(pool) == 1:
+        # DeepSpeed runs a one-host hostfile on this machine; its ssh check would only fail here
+        cmd += ["--no_ssh_check", "--master_addr", config.master_addr]
+    else:
+        if not shutil.which("pdsh"):
+            raise ConfigError(
+                f"hostfile {config.hostfile!r} lists {len(pool)} hosts; DeepSpeed's launcher reaches them with pdsh over ssh, "
+                "which is not installed here; install pdsh (with passwordless ssh), or start "
+                "`tuneforge train --nnodes N --node-rank R --master-addr HOST --master-port P` on each host"
+            )
+        if config.master_addr not in ("127.0.0.1", "localhost"):  # else DeepSpeed asks the first host
+            cmd += ["--master_addr", config.master_addr]
     argv = _script_argv()
     if argv[0] == "-m":
-        cmd += ["--module"] + argv[1:]
+        cmd += ["--module", *argv[2:]]  # DeepSpeed's parser needs no `--` before the script
     else:
-        cmd += argv
+        cmd += argv[1:]
     return cmd
 
 
+def procs_on_this_node(config) -> int:
+    if config.hostfile:
+        return max(read_hostfile(config.hostfile).values())
+    return config.nproc
+
+
+def check_launchable(config) -> None:
+    """Config errors a launch would only find in every worker: report them once, here."""
+    from tuneforge.backends import get_backend
+
+    backend = get_backend(config)  # unknown backend, backend-specific checks
+    if not backend.distributed:
+        raise ConfigError(f"backend {backend.name!r} runs one process; for several processes use --backend ddp (or fsdp, deepspeed, tp)")
+    usable = getattr(backend, "usable", None)
+    verdict = usable() if usable else "usable"
+    if verdict != "usable":
+        raise ConfigError(f"backend {backend.name!r} cannot run on this machine ({verdict.removeprefix('unusable: ')}); see `tuneforge env`")
+
+
+def hand_back(result: dict, is_main: bool) -> dict:
+    """In a worker we launched: the main rank writes its result for the waiting parent.
+
+    The first result wins: it answers the parent's call that launched the workers (a script
+    that goes on to call `validate()` re-runs it as workers from the parent too).
+    """
+    target = os.environ.get(RESULT_FILE_VAR)
+    if target and is_main and not Path(target).exists():
+        tmp = Path(f"{target}.{os.getpid()}")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, target)
+    return result
+
+
 def launch_workers(config) -> dict:
-    """Run the workers to completion; return the main rank's result (node 0) or {}."""
+    """Run the workers to completion; return the main rank's result (on node 0) or {}."""
+    check_launchable(config)
     cmd = hostfile_command(config) if config.hostfile else torchrun_command(config)
-    env = {**os.environ, LAUNCHED_FLAG: "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // config.nproc)))}
-    proc = subprocess.run(cmd, env=env)
-    if proc.returncode != 0:
-        raise WorkerFailure(f"training workers failed (exit code {proc.returncode}); the worker's error is shown above")
-    result_file = Path(config.output_dir) / "result.json"
-    if config.node_rank == 0 and result_file.exists():
-        return json.loads(result_file.read_text())
-    return {}
+    threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs_on_this_node(config))))
+    with tempfile.TemporaryDirectory(prefix="tuneforge-launch-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        env = {**os.environ, LAUNCHED_FLAG: "1", RESULT_FILE_VAR: str(result_file), "OMP_NUM_THREADS": threads}
+        if config.max_restarts:  # a shared rendezvous store keeps stale keys across restarts (pytorch#135712)
+            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        proc = subprocess.run(cmd, env=env)
+        if proc.returncode != 0:
+            raise WorkerFailure(f"training workers failed (exit code {proc.returncode}); the worker's error is shown above")
+        # the main rank runs on node 0: other nodes' parents have nothing to return
+        if result_file.exists():
+            return json.loads(result_file.read_text())
+    run_result = Path(config.output_dir) / "result.json"  # a launcher that did not pass our environment on
+    return json.loads(run_result.read_text()) if config.node_rank == 0 and run_result.exists() else {}

@@ -45,7 +45,7 @@ class TrainState:
     step: int = 0               # optimizer steps taken
     epoch: int = 0              # current epoch
     consumed: int = 0           # examples of this epoch's order already trained on
-    order_global_batch: int = 0 # global batch the epoch order was built with (resume rule)
+    order_global_batch: int = 0 # examples per step the epoch order was built with (resume rule)
     best_metric: float | None = None
     best_step: int | None = None
     bad_evals: int = 0          # evaluations without improvement (early stopping)
@@ -170,7 +170,8 @@ class Trainer:
         steps_per_epoch = max(1, math.ceil(batches_per_epoch / cfg.grad_accum))
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
         self.scheduler = self._make_scheduler(total_steps)
-        self.state = TrainState(order_global_batch=global_batch)
+        # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
+        self.state = TrainState(order_global_batch=global_batch * cfg.grad_accum)
         if cfg.resume:
             checkpoint.restore(self, cfg.resume)
             total_steps = checkpoint.continue_plan(self, total_steps, steps_per_epoch)
@@ -206,7 +207,7 @@ class Trainer:
                 if (st.step >= total_steps or st.stop) and gi < len(groups) - 1:
                     break
             else:  # the epoch ran to its end
-                st.epoch, st.consumed, st.order_global_batch = st.epoch + 1, 0, global_batch
+                st.epoch, st.consumed, st.order_global_batch = st.epoch + 1, 0, global_batch * cfg.grad_accum
                 for cb in self.callbacks:
                     cb.on_epoch_end(self)
                 if cfg.eval_strategy == "epoch":

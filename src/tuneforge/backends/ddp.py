@@ -1,0 +1,67 @@
+"""DistributedDataParallel: every rank holds the whole model; gradients are averaged.
+
+gloo on CPU, NCCL on CUDA. On gradient-accumulation micro-steps forward and backward run
+under `no_sync()` (DDP arms its all-reduce in the forward, so wrapping only the backward would
+still sync), so gradients are all-reduced once per optimizer step. DDP *averages* gradients
+over ranks; the Trainer scales each rank's summed loss by dp_size / global item count, so the
+average equals the gradient of the global mean loss (exact parity with one process).
+
+Checkpoints are the single-process layout: the main rank writes model.safetensors and
+optimizer.pt (replicas are identical), every rank loads them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from tuneforge.backends.base import Backend, MakeOptimizer
+from tuneforge.errors import ConfigError
+
+
+class DDPBackend(Backend):
+    name = "ddp"
+    distributed = True
+
+    @classmethod
+    def usable(cls) -> str:
+        if not dist.is_available():
+            return "unusable: this torch build has no torch.distributed"
+        if torch.cuda.is_available() and not dist.is_nccl_available():
+            return "unusable: CUDA is present but this torch build has no NCCL"
+        if not torch.cuda.is_available() and not dist.is_gloo_available():
+            return "unusable: this torch build has no gloo backend for CPU"
+        return "usable"
+
+    def validate(self) -> None:
+        """Config-time checks (also run by the launching parent, before any worker starts)."""
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus and self.config.nproc > gpus and not self.config.hostfile:
+            raise ConfigError(f"--nproc {self.config.nproc} is more than the {gpus} GPU(s) here; "
+                              f"NCCL needs one GPU per process: use --nproc {gpus} or less")
+
+    def _init_process_group(self) -> None:
+        from tuneforge import launch
+
+        if not dist.is_initialized() and not launch.in_distributed_env():
+            # `--backend ddp` without a launch (nproc 1): a world of one, no port needed
+            pg = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
+        super()._init_process_group()
+
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+        model.to(self.device)
+        # the optimizer sees the plain module: parameter names and optimizer.pt match `single`
+        optimizer = make_optimizer(model)
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp_model = DistributedDataParallel(model, device_ids=device_ids)
+        return ddp_model, optimizer
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def no_sync(self, model: torch.nn.Module):
+        return model.no_sync()
+
+
+BACKEND = DDPBackend

@@ -1,0 +1,330 @@
+"""DeepSpeed ZeRO 1/2/3, with optional optimizer and parameter CPU offload.
+
+The DeepSpeed config is derived from tuneforge's (batch size, accumulation, clipping,
+precision, `zero_stage`, `offload`). A user JSON (`deepspeed_config`) is merged into it for
+everything else (bucket sizes, stage-3 thresholds, ...); a value that contradicts tuneforge's
+config is an error naming both values, and an "auto" value takes tuneforge's value. The
+resolved config is written to OUTPUT_DIR/deepspeed_config.json.
+
+How the engine fits the Trainer's loop:
+- The optimizer is the Trainer's own (`make_optimizer`, a torch AdamW), handed to
+  `deepspeed.initialize`; ZeRO steps that same object, so the torch LR scheduler the Trainer
+  builds on it drives the learning rate. With CPU offload it stays a torch optimizer
+  (`zero_force_ds_cpu_optimizer: false`): DeepSpeedCPUAdam is faster but needs a C++ JIT build
+  of several minutes on first use.
+- Gradient accumulation: the Trainer's loss is already normalised by the global item count
+  (and scaled by dp_size, which ZeRO's gradient averaging undoes), so `backward` calls
+  `engine.backward(loss, scale_wrt_gas=False)` (no extra 1/gas) and marks the accumulation
+  boundary itself with `set_gradient_accumulation_boundary(sync)` instead of DeepSpeed's
+  micro-step counter: gradients are reduced on the last micro-batch, and the one `step()` per
+  optimizer step is a real step. The result equals one process on the global batch.
+- Process group: the Trainer's gloo (CPU) / NCCL (CUDA) group, handed to DeepSpeed; on CPU
+  DeepSpeed needs neither oneCCL nor Intel's extension.
+- Checkpoints: DeepSpeed's own format (`checkpoint-STEP/deepspeed/`, each rank writes its
+  ZeRO shard); resume with the same number of processes. `tuneforge export` consolidates them
+  offline (zero_to_fp32). The HF export gathers the fp32 master weights (never ZeRO-3's empty
+  placeholders).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tuneforge.backends.base import Backend, MakeOptimizer
+from tuneforge.errors import CheckpointError, ConfigError
+
+CHECKPOINT_TAG = "deepspeed"  # checkpoint-STEP/deepspeed/: DeepSpeed's files
+RESOLVED_CONFIG = "deepspeed_config.json"
+
+# DeepSpeed keys that tuneforge's config decides: path -> (tuneforge name, flag to change it)
+OWNED = {
+    ("train_micro_batch_size_per_gpu",): ("batch_size", "--batch-size"),
+    ("gradient_accumulation_steps",): ("grad_accum", "--grad-accum"),
+    ("train_batch_size",): ("batch_size x grad_accum x processes", "--batch-size, --grad-accum or --nproc"),
+    ("gradient_clipping",): ("optim.max_grad_norm", "--max-grad-norm"),
+    ("bf16", "enabled"): ("precision", "--precision"),
+    ("fp16", "enabled"): ("precision", "--precision"),
+    ("zero_optimization", "stage"): ("zero_stage", "--zero-stage"),
+    ("zero_optimization", "offload_optimizer", "device"): ("offload", "--offload"),
+    ("zero_optimization", "offload_param", "device"): ("offload", "--offload"),
+}
+# sections tuneforge builds itself (Trainer.make_optimizer, optim.scheduler)
+NOT_MERGED = {"optimizer": "--lr, --weight-decay (optim.*)", "scheduler": "--scheduler, --warmup-steps (optim.*)"}
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (bool, type(None))) else str(value)
+
+
+def read_user_config(path: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"deepspeed config {path!r} does not exist; pass a JSON file with --deepspeed-config")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ConfigError(f"deepspeed config {path!r} is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"deepspeed config {path!r} must hold a JSON object of DeepSpeed settings")
+    return data
+
+
+def derived_config(config, precision: str | None, world_size: int | None) -> dict:
+    """The DeepSpeed settings tuneforge's config implies. `None` = not known yet (left out)."""
+    offload = config.offload
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": config.batch_size,
+        "gradient_accumulation_steps": config.grad_accum,
+        "gradient_clipping": config.optim.max_grad_norm or 0.0,
+        "zero_optimization": {
+            "stage": config.zero_stage,
+            "offload_optimizer": {"device": "cpu" if offload in ("optimizer", "both") else "none"},
+            "offload_param": {"device": "cpu" if offload in ("params", "both") else "none"},
+        },
+        # the Trainer's torch optimizer is kept with offload (see the module docstring)
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_allow_untested_optimizer": True,  # a make_optimizer override may return any torch optimizer
+    }
+    if world_size is not None:
+        ds["train_batch_size"] = config.batch_size * config.grad_accum * world_size
+    if precision is not None:
+        ds["bf16"] = {"enabled": precision == "bf16"}
+        ds["fp16"] = {"enabled": precision == "fp16"}
+    return ds
+
+
+def _tuneforge_value(name: str, config, derived: Any) -> Any:
+    """What the user set on tuneforge's side, for the conflict message."""
+    if name == "optim.max_grad_norm":
+        return config.optim.max_grad_norm
+    return getattr(config, name, derived)  # e.g. train_batch_size: only the product exists
+
+
+def merge_user_config(derived: dict, user: dict, config, source: str) -> dict:
+    """`derived` with the user's settings merged in; conflicts with tuneforge's config are errors."""
+    for key, flags in NOT_MERGED.items():
+        if key in user:
+            raise ConfigError(
+                f"deepspeed config {source!r} sets {key!r}, which tuneforge builds itself; remove it from the JSON "
+                f"and use {flags}"
+            )
+
+    def merge(base: dict, over: dict, prefix: tuple) -> dict:
+        out = dict(base)
+        for key, value in over.items():
+            path = prefix + (key,)
+            dotted = ".".join(path)
+            if isinstance(value, dict):
+                if key in base and not isinstance(base[key], dict):
+                    raise ConfigError(f"deepspeed config {dotted} must be a value, not an object; fix {source!r}")
+                out[key] = merge(base.get(key, {}), value, path)
+            elif path in OWNED:
+                if key not in base:  # not known yet (checked again once the process group is up)
+                    out[key] = value
+                elif value != "auto" and value != base[key]:
+                    name, flag = OWNED[path]
+                    mine = _tuneforge_value(name, config, base[key])
+                    raise ConfigError(
+                        f"deepspeed config {dotted}={_shown(value)} conflicts with {name}={_shown(mine)}; "
+                        f"remove it from the JSON or change {flag}"
+                    )
+                # "auto" (or an equal value): tuneforge's value stays
+            elif isinstance(base.get(key), dict):
+                raise ConfigError(f"deepspeed config {dotted} must be an object; fix {source!r}")
+            elif value == "auto":
+                raise ConfigError(
+                    f"deepspeed config {dotted}=\"auto\" has no tuneforge value to take; "
+                    f"give a number or remove it from {source!r}"
+                )
+            else:
+                out[key] = value
+        return out
+
+    return merge(derived, user, ())
+
+
+def build_deepspeed_config(config, precision: str | None, world_size: int | None) -> dict:
+    ds = derived_config(config, precision, world_size)
+    if config.deepspeed_config:
+        ds = merge_user_config(ds, read_user_config(config.deepspeed_config), config, config.deepspeed_config)
+    return ds
+
+
+class DeepSpeedBackend(Backend):
+    name = "deepspeed"
+    distributed = True
+    sharded = True  # each rank writes its ZeRO shard
+    supported_precisions = ("fp32", "bf16", "fp16")
+
+    @classmethod
+    def usable(cls) -> str:
+        try:
+            import deepspeed  # noqa: F401
+        except Exception as err:  # ImportError, or DeepSpeed failing to find an accelerator
+            return f"unusable: deepspeed does not import ({type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}); pip install deepspeed"
+        if not dist.is_available():
+            return "unusable: this torch build has no torch.distributed"
+        if torch.cuda.is_available() and not dist.is_nccl_available():
+            return "unusable: CUDA is present but this torch build has no NCCL"
+        if not torch.cuda.is_available() and not dist.is_gloo_available():
+            return "unusable: this torch build has no gloo backend for CPU"
+        return "usable"
+
+    def validate(self) -> None:
+        """Config-time checks (also run once by the launching parent, before any worker starts)."""
+        from tuneforge import launch
+
+        cfg = self.config
+        if cfg.zero_stage not in (1, 2, 3):
+            raise ConfigError(f"backend 'deepspeed' needs zero_stage 1, 2 or 3 (got {cfg.zero_stage}); "
+                              "for plain data parallel use --backend ddp")
+        if cfg.offload in ("params", "both") and cfg.zero_stage != 3:
+            raise ConfigError(f"offload={cfg.offload} offloads parameters, which needs ZeRO stage 3 (zero_stage is "
+                              f"{cfg.zero_stage}); pass --zero-stage 3, or --offload optimizer")
+        # the world size is known here only when tuneforge itself is about to launch the workers
+        planned_world = cfg.nproc * cfg.nnodes if launch.needs_launch(cfg) and not cfg.hostfile else None
+        precision = cfg.precision if cfg.precision != "auto" else None
+        build_deepspeed_config(cfg, precision, planned_world)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def _init_process_group(self) -> None:
+        from tuneforge import launch
+
+        if not dist.is_initialized() and not launch.in_distributed_env():
+            # `--backend deepspeed` without a launch (nproc 1): a world of one, no port needed
+            pg = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
+            # deepspeed.initialize asserts that a launcher set LOCAL_RANK; here we are the launcher
+            os.environ.setdefault("LOCAL_RANK", "0")
+        super()._init_process_group()
+
+    def setup(self) -> None:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        super().setup()
+        self.scaler = None  # fp16 loss scaling is DeepSpeed's own
+        accel = get_accelerator().device_name()
+        if accel != self.device.type:
+            raise ConfigError(f"DeepSpeed chose the {accel!r} accelerator but tuneforge runs on {self.device.type!r}; "
+                              f"set DS_ACCELERATOR={self.device.type}")
+        if self.device.type == "cpu":
+            # On CPU, DeepSpeed's comm layer first JIT-compiles a shared-memory all-reduce (minutes of
+            # g++ on first use). Only inference_all_reduce uses it; training goes through
+            # torch.distributed, so mark it unavailable (DeepSpeed keeps this table editable).
+            import deepspeed.ops
+
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        # hand DeepSpeed the group made above (gloo on CPU): its CPU default would be oneCCL where installed
+        deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
+
+    # ---- model ----------------------------------------------------------------------------
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+        import deepspeed
+
+        model.to(self.device)
+        optimizer = make_optimizer(model)
+        ds_config = build_deepspeed_config(self.config, self.precision, self.dp_size)
+        if self.is_main and optimizer is not None:  # what DeepSpeed was really given, for the record
+            out = Path(self.config.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / RESOLVED_CONFIG).write_text(json.dumps(ds_config, indent=2) + "\n")
+        if optimizer is None:
+            # evaluation only: stages 1/2 shard optimizer state and gradients, of which there are none
+            # (DeepSpeed refuses them without an optimizer); stage 3 still shards the parameters
+            zero = {k: v for k, v in ds_config["zero_optimization"].items() if k != "offload_optimizer"}
+            if zero["stage"] < 3:
+                zero = {"stage": 0}
+            ds_config = {**ds_config, "zero_optimization": zero}
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+        # The Trainer (and its LR scheduler) keeps the torch optimizer: ZeRO steps that same object
+        # with the same param_groups, so the scheduler's learning rates are the ones applied.
+        return engine, optimizer
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model)
+
+    def autocast(self):
+        return contextlib.nullcontext()  # bf16/fp16: DeepSpeed keeps the model in that dtype, fp32 master weights
+
+    def backward(self, loss: torch.Tensor, model, sync: bool = True) -> None:
+        # the boundary decides whether ZeRO reduces this micro-batch's gradients and whether the
+        # next step() steps; the loss is already normalised, so no 1/gradient_accumulation_steps
+        model.set_gradient_accumulation_boundary(sync)
+        model.backward(loss, scale_wrt_gas=False)
+
+    def step(self, model, optimizer) -> torch.Tensor | None:
+        """Clip (gradient_clipping), step and zero the gradients; returns the pre-clip norm."""
+        model.step()
+        norm = model.get_global_grad_norm()
+        return None if norm is None else torch.as_tensor(norm, dtype=torch.float32)
+
+    # ---- state ----------------------------------------------------------------------------
+    def full_state_dict(self, model) -> dict[str, torch.Tensor] | None:
+        """Full fp32 weights on the main rank (a collective: every rank calls it).
+
+        Trained parameters come from ZeRO's fp32 master copy (exact, also under bf16 and ZeRO-3);
+        frozen ones and buffers from the module, gathered where ZeRO-3 partitioned them.
+        """
+        import deepspeed
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        module = self.unwrap(model)
+        has_optimizer = getattr(model, "optimizer", None) is not None
+        names_of: dict[int, list[str]] = {}  # tied weights: one tensor, several state-dict names
+        for name, param in module.named_parameters(remove_duplicate=False):
+            names_of.setdefault(id(param), []).append(name)
+        full: dict[str, torch.Tensor] = {}
+        for param in module.parameters():
+            value = safe_get_full_fp32_param(param) if has_optimizer else None  # collective
+            if value is None:  # frozen, or no optimizer (evaluation): the module's own weights
+                with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
+                    value = param.detach().clone()
+            if self.is_main:
+                value = value.detach().float().cpu().reshape(getattr(param, "ds_shape", param.shape))
+                full.update(dict.fromkeys(names_of[id(param)], value))
+        if not self.is_main:
+            return None
+        # buffers are never partitioned; the state dict's order and names are the module's
+        return {key: full[key] if key in full else buf.detach().cpu() for key, buf in module.state_dict().items()}
+
+    def save(self, path: Path, model, optimizer) -> None:
+        # every rank writes its ZeRO shard into checkpoint-STEP/deepspeed/; tuneforge keeps its own `latest`
+        model.save_checkpoint(str(path), tag=CHECKPOINT_TAG, save_latest=False)
+
+    def load(self, path: Path, model, optimizer) -> None:
+        folder = Path(path) / CHECKPOINT_TAG
+        if not folder.is_dir():
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds no DeepSpeed state ({CHECKPOINT_TAG}/); backend 'deepspeed' resumes "
+                "only its own checkpoints: resume with the backend that wrote it, or `tuneforge export` it and train "
+                "from the exported model"
+            )
+        shards = len(list(folder.glob("*optim_states.pt")))
+        if optimizer is not None and shards and shards != self.dp_size:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {str(path)!r} holds {shards} ZeRO shards, this run has {self.dp_size} process{'es' if self.dp_size > 1 else ''}; "
+                f"resume with --nproc {shards}, or `tuneforge export` it and train from the exported model"
+            )
+        loaded, _ = model.load_checkpoint(str(path), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer is not None,
+                                          load_lr_scheduler_states=False)
+        if loaded is None:
+            raise CheckpointError(f"DeepSpeed could not load checkpoint {str(path)!r}; resume from an earlier checkpoint-STEP folder")
+
+    @classmethod
+    def offline_state_dict(cls, path: Path) -> dict[str, torch.Tensor]:
+        """Consolidated fp32 weights of a checkpoint folder, without a process group (`tuneforge export`)."""
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        if not (Path(path) / CHECKPOINT_TAG).is_dir():
+            raise CheckpointError(f"checkpoint {str(path)!r} holds no DeepSpeed state ({CHECKPOINT_TAG}/)")
+        return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=CHECKPOINT_TAG)
+
+
+BACKEND = DeepSpeedBackend

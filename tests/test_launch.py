@@ -1,0 +1,272 @@
+"""Launching: self-launch from a plain script, multi-node agents, external launchers (Slurm by
+hand, DeepSpeed hostfile; torchrun itself: tests/backends/test_backend_ddp.py), worker crashes,
+and launch errors.
+
+Every run trains the same tiny model on the same data with a global batch of 16 and is compared
+with one in-process single-process baseline: matching losses and weights show the processes
+really trained together (a rank training alone on its half-batches would drift far apart).
+Length grouping is off here: its batch order depends on the per-micro-step global batch, so
+with it 2 x 4 x grad_accum 2 would see other examples per step than one batch of 16.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
+from safetensors.torch import load_file
+
+from tuneforge import cli, launch
+
+STEPS = 6
+DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+             "TORCHELASTIC_RUN_ID", "TUNEFORGE_LAUNCHED", "TUNEFORGE_RESULT_FILE")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("launch-data")
+    return write_sentiment_csv(d / "train.csv", 16 * STEPS, seed=1), write_sentiment_csv(d / "validation.csv", 33, seed=2)
+
+
+def common_args(tiny_bert, data, cache_dir, out) -> list[str]:
+    train, val = data
+    return ["--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert, "--max-steps", str(STEPS),
+            "--precision", "fp32", "--logging-steps", "1", "--lr", "1e-2", "--eval-strategy", "no",
+            "--no-group-by-length", "--cache-dir", cache_dir, "--output-dir", str(out), "--json", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory, tiny_bert, data, cache_dir) -> Path:
+    """One process, batch 16, in this process (the reference every launch is compared with)."""
+    out = tmp_path_factory.mktemp("launch-runs") / "single"
+    assert cli.main(["train", *common_args(tiny_bert, data, cache_dir, out), "--batch-size", "16"]) == 0
+    return out
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS and not k.startswith("SLURM_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def assert_matches_baseline(run_dir: Path, baseline: Path) -> None:
+    losses = [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"]
+    reference = [r["loss"] for r in read_jsonl(baseline / "metrics.jsonl") if r["split"] == "train"]
+    assert len(losses) == len(reference) == STEPS  # written once, by the main rank only
+    assert max(abs(a - b) for a, b in zip(losses, reference)) < 1e-4
+    a, b = load_file(run_dir / "model" / "model.safetensors"), load_file(baseline / "model" / "model.safetensors")
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+
+
+def start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
+    """A process (own session: killable with its workers) whose output goes to files, so two of
+    them at once never block on a full pipe."""
+    with open(log.with_suffix(".out"), "w") as stdout, open(log.with_suffix(".err"), "w") as stderr:
+        return subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env=env, cwd=REPO, text=True, start_new_session=True)
+
+
+def finish(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 300) -> list[tuple[int, str, str]]:
+    """Wait for all; past the timeout (a hang) kill them with their workers and fail."""
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return [(p.returncode, log.with_suffix(".out").read_text(), log.with_suffix(".err").read_text()) for p, log in zip(procs, logs)]
+
+
+def json_lines(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+# ---- self-launch (FlagAI style) --------------------------------------------------------------
+SELF_LAUNCH = '''
+"""Plain `python train.py`: Trainer(TrainConfig(backend="ddp", nproc=2)).fit() runs as 2 workers."""
+import json, os, sys
+from pathlib import Path
+
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from tuneforge.config import TrainConfig
+from tuneforge.trainer import Callback, Trainer
+
+train, val, model, cache, out = sys.argv[1:6]
+
+
+class CountGradientSyncs(Callback):
+    """Counts DDP all-reduce rounds: with no_sync on accumulation micro-steps, one per optimizer step."""
+
+    rounds = 0
+
+    def on_train_begin(self, trainer):
+        def hook(group, bucket):
+            self.rounds += bucket.is_last()
+            return allreduce_hook(group, bucket)
+        trainer.model.register_comm_hook(None, hook)
+
+    def on_train_end(self, trainer, result):
+        Path(out, f"syncs-rank{trainer.backend.rank}.json").write_text(json.dumps({"rounds": self.rounds}))
+
+
+config = TrainConfig(task="classification", model=model, output_dir=out, backend="ddp", nproc=2, batch_size=4,
+                     grad_accum=2, gradient_checkpointing=True, max_steps=STEPS, precision="fp32", logging_steps=1,
+                     eval_strategy="no", quiet=True, optim={"lr": 1e-2},
+                     data={"train_file": train, "validation_file": val, "cache_dir": cache, "group_by_length": False})
+result = Trainer(config, callbacks=[CountGradientSyncs()]).fit()
+print("RESULT", "worker" if "RANK" in os.environ else "parent", json.dumps(result), flush=True)
+'''
+
+CRASHING = '''
+"""A user Trainer whose forward_step fails on rank 1 at step 3."""
+import sys
+
+from tuneforge.config import TrainConfig
+from tuneforge.trainer import Trainer
+
+
+class Crashing(Trainer):
+    def forward_step(self, model, batch):
+        if self.backend.rank == 1 and self.state.step == 2:
+            raise RuntimeError("boom on rank 1 at step 3")
+        return super().forward_step(model, batch)
+
+
+train, val, model, cache, out = sys.argv[1:6]
+config = TrainConfig(task="classification", model=model, output_dir=out, backend="ddp", nproc=2, batch_size=8,
+                     max_steps=STEPS, precision="fp32", eval_strategy="no", quiet=True,
+                     data={"train_file": train, "validation_file": val, "cache_dir": cache})
+print("RESULT", Crashing(config).fit())
+'''
+
+
+def run_script(tmp_path, source: str, tiny_bert, data, cache_dir, timeout: float = 300):
+    """`python train.py ...` -> (CompletedProcess-like result, run dir)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(source).replace("STEPS", str(STEPS)))
+    out = tmp_path / "run"
+    proc = start([sys.executable, str(script), *map(str, data), tiny_bert, cache_dir, str(out)], tmp_path / "log", clean_env())
+    [(rc, stdout, stderr)] = finish([proc], [tmp_path / "log"], timeout)
+    return subprocess.CompletedProcess(proc.args, rc, stdout, stderr), out
+
+
+def test_plain_python_script_self_launches_two_workers(tmp_path, tiny_bert, data, cache_dir, baseline):
+    proc, out = run_script(tmp_path, SELF_LAUNCH, tiny_bert, data, cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line.split(" ", 2) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert sorted(who for _, who, _ in lines) == ["parent", "worker", "worker"]
+    parent = json.loads(next(body for _, who, body in lines if who == "parent"))
+    assert parent["steps"] == STEPS and parent["num_examples"] == 33 and 0.0 <= parent["accuracy"] <= 1.0
+    # 2 x 4 x grad_accum 2 (with gradient checkpointing) == one batch of 16, and gradients were
+    # all-reduced once per optimizer step: no sync on the accumulation micro-steps
+    assert_matches_baseline(out, baseline)
+    for rank in (0, 1):
+        assert json.loads((out / f"syncs-rank{rank}.json").read_text()) == {"rounds": STEPS}
+
+
+def test_worker_crash_fails_the_run_with_its_error_and_never_hangs(tmp_path, tiny_bert, data, cache_dir):
+    t0 = time.monotonic()
+    proc, out = run_script(tmp_path, CRASHING, tiny_bert, data, cache_dir, timeout=240)
+    assert proc.returncode != 0
+    assert "RuntimeError: boom on rank 1 at step 3" in proc.stderr  # the worker's own error, shown
+    assert "training workers failed" in proc.stderr
+    assert "RESULT" not in proc.stdout
+    assert time.monotonic() - t0 < 200
+    assert not (out / "model").exists()
+
+
+# ---- several agents, external launchers ---------------------------------------------------------
+def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_bert, data, cache_dir, baseline):
+    """Two agents (nproc 1 each) meet at 127.0.0.1:P. Node 0 holds the main rank and writes the
+    run folder; node 1 writes nothing and returns no result. Its output dir is not even checked
+    (on a shared filesystem it is node 0's, which may already hold this run): an old run there
+    neither stops node 1 nor is touched."""
+    old_run = tmp_path / "node1" / "metrics.jsonl"
+    old_run.parent.mkdir()
+    old_run.write_text('{"old": true}\n')
+    port = str(launch.free_port())
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "tuneforge.cli", "train", *common_args(tiny_bert, data, cache_dir, tmp_path / f"node{node}"),
+               "--backend", "ddp", "--batch-size", "8", "--nnodes", "2", "--node-rank", str(node),
+               "--master-addr", "127.0.0.1", "--master-port", port]
+        # two "machines" on 2 cores: one thread per worker, as on real nodes with their own cores
+        procs.append(start(cmd, tmp_path / f"node{node}-log", clean_env(OMP_NUM_THREADS="1")))
+    (rc0, out0, err0), (rc1, out1, err1) = finish(procs, [tmp_path / f"node{n}-log" for n in (0, 1)])
+    assert rc0 == 0 and rc1 == 0, (err0[-2000:], err1[-2000:])
+    assert json_lines(out0)[-1]["steps"] == STEPS and json_lines(out1) == []
+    assert [p.name for p in (tmp_path / "node1").iterdir()] == ["metrics.jsonl"] and old_run.read_text() == '{"old": true}\n'
+    # DDP keeps replicas identical; node 0's weights equal one process trained on the global batch
+    assert_matches_baseline(tmp_path / "node0", baseline)
+
+
+def test_slurm_tasks_started_by_hand_train_together(tmp_path, tiny_bert, data, cache_dir, baseline):
+    port = str(launch.free_port())
+    procs = []
+    for rank in (0, 1):
+        env = clean_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_JOB_ID="4242",
+                        SLURM_JOB_NODELIST="localhost", MASTER_PORT=port, OMP_NUM_THREADS="1")  # srun binds cores
+        cmd = [sys.executable, "-m", "tuneforge.cli", "train", *common_args(tiny_bert, data, cache_dir, tmp_path / "run"),
+               "--backend", "ddp", "--batch-size", "8"]
+        procs.append(start(cmd, tmp_path / f"task{rank}-log", env))
+    (rc0, out0, err0), (rc1, out1, err1) = finish(procs, [tmp_path / f"task{n}-log" for n in (0, 1)])
+    assert rc0 == 0 and rc1 == 0, (err0[-2000:], err1[-2000:])
+    assert len(json_lines(out0)) == 1 and json_lines(out1) == []  # rank 0 reports
+    assert_matches_baseline(tmp_path / "run", baseline)
+
+
+def test_deepspeed_hostfile_fans_out_on_this_machine(tmp_path, tiny_bert, data, cache_dir, baseline):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    out = tmp_path / "run"
+    proc = run_cli("train", *common_args(tiny_bert, data, cache_dir, out), "--backend", "ddp", "--batch-size", "8",
+                   "--hostfile", str(hostfile), env=clean_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert last_json(proc.stdout)["steps"] == STEPS
+    assert_matches_baseline(out, baseline)
+
+
+def test_multi_host_hostfile_without_pdsh_is_one_clear_error(tmp_path, capsys, monkeypatch, data):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no pdsh on this PATH, whatever the machine has
+    train, val = data
+    rc = cli.main(["train", "--train-file", str(train), "--validation-file", str(val), "--backend", "ddp",
+                   "--hostfile", str(hostfile), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (DeepSpeed may log its accelerator first)
+    assert rc == 2
+    assert err.startswith("error: hostfile") and "2 hosts" in err and "pdsh" in err and "--nnodes N --node-rank R" in err
+
+
+# ---- bad input: one line, exit 2, nothing launched ------------------------------------------------
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "nosuch"], "unknown backend 'nosuch'; choose one of:"),
+    (["--backend", "single", "--nproc", "2"], "backend 'single' runs one process"),
+    (["--backend", "ddp", "--nnodes", "2"], "multi-node runs need --master-port"),
+    (["--backend", "ddp", "--nnodes", "2", "--node-rank", "2", "--master-port", "29999"], "node_rank 2 must be below nnodes 2"),
+    (["--backend", "ddp", "--hostfile", "no-such-hostfile"], "hostfile 'no-such-hostfile' does not exist"),
+])
+def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, message):
+    train, val = data
+    rc = cli.main(["train", "--train-file", str(train), "--validation-file", str(val), "--output-dir", str(tmp_path / "run"), *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_slurm_first_host_of_a_nodelist():
+    assert launch._first_slurm_host("node[03-05,07],gpu1") == "node03"
+    assert launch._first_slurm_host("gpu1,node[1-2]") == "gpu1"
+    assert launch._first_slurm_host("localhost") == "localhost"
