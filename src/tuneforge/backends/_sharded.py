@@ -1,0 +1,178 @@
+"""What the DTensor backends (fsdp, tp) share: the process group, the transformer blocks,
+consolidated weights for the HF export, and sharded checkpoints.
+
+Checkpoint layout (inside the `checkpoint-STEP/` folder the Trainer hands to `save`):
+
+    sharded/            torch.distributed.checkpoint (DCP): model + optimizer, one
+                        `__R_0.distcp` file per rank plus `.metadata`; keys are parameter names
+
+DCP stores every tensor with its global shape and each shard's offsets, so `load` reshards:
+a checkpoint written by fsdp or tp on N processes loads on M processes, and into either
+backend. A single/ddp checkpoint (model.safetensors + optimizer.pt) loads too. The files are
+written by every rank, so a multi-node run needs the output dir on a shared filesystem.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tuneforge.backends.base import Backend
+from tuneforge.errors import CheckpointError, ConfigError
+
+SHARDED_DIR = "sharded"
+
+
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks (BertLayer, GPT2Block, LlamaDecoderLayer, ...) of every layer stack.
+
+    A layer stack is a ModuleList of one class; where the model names its `_no_split_modules`
+    (the HF marker of a block), only stacks of those classes count (an encoder-decoder has two).
+    """
+    no_split = set(getattr(model, "_no_split_modules", None) or [])
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+              and len({type(b) for b in m}) == 1]
+    marked = [m for m in stacks if type(m[0]).__name__ in no_split]
+    if marked:
+        return [block for stack in marked for block in stack]
+    return list(max(stacks, key=len)) if stacks else []
+
+
+class ShardedBackend(Backend):
+    """Base of the backends whose parameters are DTensors (sharded across ranks)."""
+
+    distributed = True
+    sharded = True
+    supported_precisions = ("fp32", "bf16")  # fp16 needs a sharded grad scaler: use bf16
+
+    @classmethod
+    def usable(cls) -> str:
+        if not dist.is_available():
+            return "unusable: this torch build has no torch.distributed"
+        if torch.cuda.is_available() and not dist.is_nccl_available():
+            return "unusable: CUDA is present but this torch build has no NCCL"
+        if not torch.cuda.is_available() and not dist.is_gloo_available():
+            return "unusable: this torch build has no gloo backend for CPU"
+        return "usable"
+
+    def validate(self) -> None:
+        if self.config.precision == "fp16":
+            raise ConfigError(self._no_fp16())
+
+    def check_precision(self) -> None:
+        if self.precision == "fp16" and self.config.precision == "auto":
+            self.precision = "fp32"  # a GPU without bf16: "auto" takes the best this backend runs
+        if self.precision == "fp16":
+            raise ConfigError(self._no_fp16())
+        super().check_precision()
+
+    def _no_fp16(self) -> str:
+        return f"backend {self.name!r} does not support precision fp16; use --precision bf16 (or fp32)"
+
+    def _init_process_group(self) -> None:
+        from tuneforge import launch
+
+        if not dist.is_initialized() and not launch.in_distributed_env():
+            # no launch (nproc 1): a world of one, so a sharded checkpoint still loads here
+            pg = "nccl" if torch.cuda.is_available() else "gloo"
+            dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
+        super()._init_process_group()
+
+    # ---- state ----------------------------------------------------------------------------
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Gathers every shard (a collective: all ranks call it); the main rank gets the weights.
+
+        Other ranks get an empty dict, not None: the Trainer's export gathers again when handed
+        None (the best weights of load_best_model_at_end), and a gather on some ranks only hangs.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # cpu_offload: gathered tensors go to CPU and only rank 0 keeps them
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not self.is_main:
+            return {}
+        # each name was gathered on its own: tied weights (lm_head = embeddings) share one tensor
+        # again, so save_pretrained writes them once, as it does for an unsharded model
+        for names in _aliases(model):
+            for name in names[1:]:
+                if names[0] in full and name in full:
+                    full[name] = full[names[0]]
+        return {k: v.detach() for k, v in full.items()}
+
+    def save(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optim_state = get_state_dict(model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=Path(path) / SHARDED_DIR)
+
+    def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        path = Path(path)
+        if (path / SHARDED_DIR / ".metadata").exists():
+            self._load_sharded(path / SHARDED_DIR, model, optimizer)
+        elif (path / "model.safetensors").exists():
+            self._load_full(path, model, optimizer)
+        else:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor model.safetensors; "
+                f"backend {self.name!r} resumes from fsdp, tp, ddp or single checkpoints"
+            )
+
+    def _load_sharded(self, folder: Path, model: nn.Module, optimizer) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import state_dict as dsd
+
+        # this run's own (sharded) state names the pieces each rank needs; DCP reads them in place
+        if optimizer is None:
+            state = {"model": dsd.get_model_state_dict(model)}
+            dcp.load(state, checkpoint_id=folder)
+            dsd.set_model_state_dict(model, state["model"])
+            return
+        model_state, optim_state = dsd.get_state_dict(model, optimizer)
+        state = {"model": model_state, "optimizer": optim_state}
+        dcp.load(state, checkpoint_id=folder)
+        dsd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def _load_full(self, path: Path, model: nn.Module, optimizer) -> None:
+        """A single/ddp checkpoint: full weights and a torch optimizer state keyed by position."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        full = StateDictOptions(full_state_dict=True)
+        weights = load_file(str(path / "model.safetensors"))
+        for names in _aliases(model):  # tied weights may be stored once: fill in the other names
+            present = [n for n in names if n in weights]
+            for name in names:
+                if present and name not in weights:
+                    weights[name] = weights[present[0]]
+        set_model_state_dict(model, weights, options=full)
+        if optimizer is None:
+            return
+        saved = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        names = {id(p): n for n, p in model.named_parameters()}
+        order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        sizes = [len(g["params"]) for g in saved["param_groups"]]
+        if sizes != [len(g["params"]) for g in optimizer.param_groups]:
+            raise CheckpointError(
+                f"optimizer.pt in {str(path)!r} has parameter groups of sizes {sizes}, this run's optimizer "
+                f"{[len(g['params']) for g in optimizer.param_groups]}; resume with the same model and optimizer"
+            )
+        by_name = {
+            "state": {order[i]: state for i, state in saved["state"].items()},
+            "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]],
+        }
+        set_optimizer_state_dict(model, optimizer, by_name, options=full)
+
+
+def _aliases(model: nn.Module) -> list[list[str]]:
+    """Groups of parameter names that are one tied parameter (e.g. lm_head.weight, embeddings)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [group for group in names.values() if len(group) > 1]

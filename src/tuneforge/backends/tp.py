@@ -1,0 +1,253 @@
+"""Tensor parallel: each transformer block's matmuls are split across the ranks of a tp group.
+
+Megatron layout with `torch.distributed.tensor.parallel.parallelize_module`: q/k/v and MLP
+up-projections column-wise (each rank computes its own attention heads and its slice of the
+MLP), attention-output and MLP down-projections row-wise (partial sums, all-reduced). The
+attention modules are told their per-rank head counts. Embeddings, norms and heads stay
+replicated. Plans exist for BERT-family, GPT-2 and Llama-family models.
+
+With world size > tp size the ranks form a 2-D mesh ("dp", "tp"): ranks of one tp group see
+the same batches; gradients are averaged over the "dp" axis once per optimizer step, and
+metrics are reduced over "dp" only. Checkpoints are per-rank DCP shards (see _sharded.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
+from tuneforge.backends.base import MakeOptimizer
+from tuneforge.errors import ConfigError, UserError
+
+
+# ---- styles for GPT-2's Conv1D (a Linear whose weight is stored transposed: (in, out)) --------
+def _shard_conv1d(module: nn.Module, mesh, weight: Placement, bias: Placement) -> None:
+    module.register_parameter("weight", nn.Parameter(distribute_tensor(module.weight, mesh, [weight])))
+    module.register_parameter("bias", nn.Parameter(distribute_tensor(module.bias, mesh, [bias])))
+
+
+class Conv1DColwise(ColwiseParallel):
+    def _apply(self, module, mesh):
+        return distribute_module(
+            module, mesh, lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(1), Shard(0)),
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class Conv1DRowwise(RowwiseParallel):
+    def _apply(self, module, mesh):
+        self.desired_input_layouts = (Shard(-1),)
+        return distribute_module(
+            module, mesh, lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(0), Replicate()),
+            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+
+
+class FusedQKVColwise(Conv1DColwise):
+    """GPT-2's c_attn computes [q | k | v] in one matmul. A plain column shard would give rank 0
+    all of q and part of k, so the output is all-gathered and each rank keeps its heads of q, k
+    and v. The weight keeps its HF layout: checkpoints and the export need no conversion and
+    reshard freely (the cost: one activation all-gather per layer)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, mesh):
+        # backward: each rank's gradient covers only its own heads; Partial sums them (reduce-scatter)
+        full = outputs.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
+        rank, size = mesh.get_local_rank(), mesh.size()
+        return torch.cat([part.chunk(size, dim=-1)[rank] for part in full.chunk(3, dim=-1)], dim=-1)
+
+
+# ---- plans (module names inside one transformer block) ------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    family: str
+    attention: str        # the attention module: its head counts become per-rank counts
+    colwise: tuple[str, ...]
+    rowwise: tuple[str, ...]
+    fused_qkv: tuple[str, ...] = ()
+    conv1d: bool = False  # transformers' Conv1D (GPT-2) instead of nn.Linear
+
+    def styles(self) -> dict[str, ParallelStyle]:
+        colwise, rowwise = (Conv1DColwise, Conv1DRowwise) if self.conv1d else (ColwiseParallel, RowwiseParallel)
+        return {**{name: FusedQKVColwise() for name in self.fused_qkv},
+                **{name: colwise() for name in self.colwise}, **{name: rowwise() for name in self.rowwise}}
+
+
+BERT = Plan("BERT-family", "attention.self",
+            colwise=("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense"),
+            rowwise=("attention.output.dense", "output.dense"))
+GPT2 = Plan("GPT-2", "attn", colwise=("mlp.c_fc",), rowwise=("attn.c_proj", "mlp.c_proj"), fused_qkv=("attn.c_attn",),
+            conv1d=True)
+LLAMA = Plan("Llama-family", "self_attn",
+             colwise=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+             rowwise=("self_attn.o_proj", "mlp.down_proj"))
+PLANS = {"bert": BERT, "roberta": BERT, "xlm-roberta": BERT, "camembert": BERT, "electra": BERT,
+         "gpt2": GPT2, "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA}
+# attributes of HF attention modules that hold head counts (or sizes derived from them)
+HEAD_ATTRS = ("num_attention_heads", "num_heads", "num_key_value_heads", "all_head_size", "split_size")
+
+
+def plan_for(model_config) -> Plan:
+    model_type = getattr(model_config, "model_type", None)
+    if model_type not in PLANS:
+        families = {p.family: sorted(t for t, q in PLANS.items() if q is p) for p in PLANS.values()}
+        supported = "; ".join(f"{fam} ({', '.join(types)})" for fam, types in families.items())
+        raise ConfigError(f"backend 'tp' has no tensor-parallel plan for model type {model_type!r} (plans: {supported}); "
+                          "use --backend fsdp or ddp for this model")
+    return PLANS[model_type]
+
+
+def check_heads(model_config, tp_size: int) -> None:
+    heads = getattr(model_config, "num_attention_heads", None)
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    for count, what in ((heads, "attention heads"), (kv_heads, "key/value heads")):
+        if count and count % tp_size:
+            fits = [d for d in range(1, count + 1) if heads % d == 0 and kv_heads % d == 0]
+            raise ConfigError(f"--tp-size {tp_size} does not divide the model's {count} {what}; "
+                              f"use a tp size among {fits}")
+
+
+def check_world(tp_size: int, world_size: int) -> None:
+    if world_size % tp_size:
+        fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(f"--tp-size {tp_size} does not divide the world size {world_size} (all processes); "
+                          f"use a tp size among {fits}")
+
+
+class TPBackend(ShardedBackend):
+    name = "tp"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.mesh = None  # ("dp", "tp") DeviceMesh, built in setup
+
+    # ---- checks: in the launching process too, so a bad input is one line before any worker --
+    def validate(self) -> None:
+        from tuneforge import launch
+
+        super().validate()
+        world = self.config.nproc * self.config.nnodes
+        tp_size = self.config.tp_size or world
+        if not launch.in_distributed_env() and not self.config.hostfile:
+            check_world(tp_size, world)
+        model_config = self._peek_model_config()
+        if model_config is not None:
+            plan_for(model_config)
+            check_heads(model_config, tp_size)
+
+    def _peek_model_config(self):
+        """The model's config where it can be read cheaply; otherwise the checks wait for wrap()."""
+        from transformers import AutoConfig
+
+        from tuneforge.tasks import get_task
+
+        try:
+            return AutoConfig.from_pretrained(get_task(self.config).model_path())
+        except (OSError, ValueError, UserError):
+            return None  # loading the model reports it
+
+    def setup(self) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        super().setup()
+        tp_size = self.config.tp_size or self.world_size
+        check_world(tp_size, self.world_size)
+        self.mesh = init_device_mesh(self.device.type, (self.world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+
+    # ---- data-parallel geometry: the "dp" axis of the mesh ------------------------------------
+    @property
+    def tp_size(self) -> int:
+        return self.mesh["tp"].size()
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh.get_local_rank("dp")
+
+    @property
+    def dp_size(self) -> int:
+        return self.mesh["dp"].size()
+
+    @property
+    def dp_group(self):
+        return self.mesh.get_group("dp")
+
+    # ---- model ----------------------------------------------------------------------------------
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
+        plan = plan_for(model.config)
+        check_heads(model.config, self.tp_size)
+        model.to(self.device)
+        tp_mesh = self.mesh["tp"]
+        for block in transformer_blocks(model):
+            names = {n for n, _ in block.named_modules()}
+            missing = [n for n in (*plan.fused_qkv, *plan.colwise, *plan.rowwise, plan.attention) if n not in names]
+            if missing:
+                raise ConfigError(f"backend 'tp': {type(block).__name__} has no {missing[0]!r}, which the {plan.family} plan "
+                                  "splits; use --backend fsdp or ddp for this model")
+            parallelize_module(block, tp_mesh, plan.styles())
+            attention = block.get_submodule(plan.attention)
+            for attr in HEAD_ATTRS:  # each rank runs num_heads / tp of the heads
+                if isinstance(getattr(attention, attr, None), int):
+                    setattr(attention, attr, getattr(attention, attr) // self.tp_size)
+        optimizer = make_optimizer(model)  # None for evaluation only
+        if optimizer is not None:
+            _step_one_by_one(optimizer)
+        return model, optimizer
+
+    def load(self, path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        super().load(path, model, optimizer)
+        if optimizer is not None:
+            _step_one_by_one(optimizer)  # a loaded state brings back the flags of the run that saved it
+
+    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        if self.dp_size > 1:
+            self._average_grads_over_dp(model)
+        return super().step(model, optimizer)
+
+    def _average_grads_over_dp(self, model: nn.Module) -> None:
+        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])  # one all-reduce for all gradients
+        dist.all_reduce(flat, group=self.dp_group)
+        flat /= self.dp_size
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        """Sharded gradients' squared norms are summed over the tp group, replicated ones counted once."""
+        sharded, replicated = [], []
+        for p in model.parameters():
+            if p.grad is None:
+                continue
+            is_shard = isinstance(p.grad, DTensor) and any(pl.is_shard() for pl in p.grad.placements)
+            (sharded if is_shard else replicated).append(_local(p.grad))
+        zero = torch.zeros((), device=self.device)
+        sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)
+        dist.all_reduce(sharded_sq, group=self.mesh.get_group("tp"))
+        total = (sharded_sq + sum((g.float().pow(2).sum() for g in replicated), zero)).sqrt()
+        scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for g in sharded + replicated:
+            g.mul_(scale.to(g.dtype))
+        return total
+
+
+def _step_one_by_one(optimizer: torch.optim.Optimizer) -> None:
+    """Fused/foreach kernels take one list of same-kind tensors, but here split (DTensor) and
+    replicated (plain) parameters share parameter groups: the optimizer steps them one by one."""
+    for group in optimizer.param_groups:
+        for flag in ("fused", "foreach"):
+            if group.get(flag):
+                group[flag] = False
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+BACKEND = TPBackend

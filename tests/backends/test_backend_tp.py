@@ -1,0 +1,245 @@
+"""tp backend: parity with one process, GPT-2/Llama plans on a 2-D mesh, bad input, sharded resume.
+
+The runs that several tests compare are made once per module: one process (batch 16) and a
+2-way tensor-parallel run (both ranks see the same batch of 16), saving at step 10 of 20.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
+from safetensors.torch import load_file
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """320 training rows (20 global batches of 16) and 33 evaluation rows."""
+    d = tmp_path_factory.mktemp("tp-data")
+    return write_sentiment_csv(d / "train.csv", 320, seed=1), write_sentiment_csv(d / "validation.csv", 33, seed=2)
+
+
+def train_args(model, data, cache_dir, out, *extra) -> list[str]:
+    train, val = data
+    # clipping at 0.01 is active (the gradient norm starts near 0.02): split and replicated gradients count
+    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", model,
+            "--max-steps", str(STEPS), "--precision", "fp32", "--logging-steps", "1", "--lr", "1e-2",
+            "--max-grad-norm", "0.01", "--eval-strategy", "no", "--cache-dir", cache_dir, "--output-dir", str(out),
+            "--json", "--quiet", *extra]
+
+
+def train(*args) -> dict:
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return last_json(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_bert, data, cache_dir):
+    root = tmp_path_factory.mktemp("tp-runs")
+    save = ("--save-strategy", "steps", "--save-steps", "10")
+    train(*train_args(tiny_bert, data, cache_dir, root / "single", "--batch-size", "16", *save))
+    train(*train_args(tiny_bert, data, cache_dir, root / "tp", "--backend", "tp", "--nproc", "2", "--tp-size", "2",
+                      "--batch-size", "16", *save))
+    return root
+
+
+def train_losses(run_dir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"}
+
+
+def max_weight_diff(dir_a, dir_b) -> float:
+    a, b = load_file(dir_a / "model.safetensors"), load_file(dir_b / "model.safetensors")
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def test_tp_per_step_losses_match_one_process(runs):
+    single, tp = train_losses(runs / "single"), train_losses(runs / "tp")
+    assert sorted(single) == sorted(tp) == list(range(1, STEPS + 1))
+    assert max(single.values()) - min(single.values()) > 0.01  # the model learns: the comparison means something
+    assert max(abs(single[s] - tp[s]) for s in single) < 1e-4
+
+
+def test_tp_final_weights_match_one_process(runs, tiny_bert):
+    assert max_weight_diff(runs / "single" / "model", runs / "tp" / "model") < 1e-4
+    start = load_file(f"{tiny_bert}/model.safetensors")["encoder.layer.0.attention.self.query.weight"]
+    trained = load_file(runs / "tp" / "model" / "model.safetensors")["bert.encoder.layer.0.attention.self.query.weight"]
+    assert trained.shape == start.shape  # gathered to the full (not per-rank) shape
+    assert (trained - start).abs().max() > 1e-3
+
+
+def test_tp_model_folder_predicts_like_one_process(runs):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(runs / "single" / "model")
+    batch = tok(["a wonderful, moving film", "a dull and tedious mess so very"], return_tensors="pt", padding=True)
+    logits = {}
+    for name in ("single", "tp"):
+        model = AutoModelForSequenceClassification.from_pretrained(runs / name / "model").eval()
+        assert model.config.num_attention_heads == 4  # per-rank head counts never reach the export
+        with torch.no_grad():
+            logits[name] = model(**batch).logits
+    assert torch.allclose(logits["single"], logits["tp"], atol=1e-4)
+
+
+def test_tp_checkpoint_holds_one_shard_per_rank(runs):
+    ckpt = runs / "tp" / "checkpoint-10"
+    assert sorted(p.name for p in (ckpt / "sharded").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert (ckpt / "sharded" / ".metadata").exists() and not (ckpt / "model.safetensors").exists()
+
+
+def test_tp_resume_continues_with_identical_losses(runs, tiny_bert, data, cache_dir):
+    out = runs / "tp-resumed"
+    train(*train_args(tiny_bert, data, cache_dir, out, "--backend", "tp", "--nproc", "2", "--batch-size", "16",
+                      "--resume", str(runs / "tp" / "checkpoint-10")))
+    whole, resumed = train_losses(runs / "tp"), train_losses(out)
+    assert sorted(resumed) == list(range(11, STEPS + 1))
+    assert all(resumed[s] == whole[s] for s in resumed)
+    assert max_weight_diff(runs / "tp" / "model", out / "model") == 0.0
+
+
+def test_tp_checkpoint_reshards_onto_one_process(runs, tiny_bert, data, cache_dir):
+    """The 2 ranks' halves of each split matrix are joined again by DCP in a world of one."""
+    out = runs / "tp-on-one"
+    train(*train_args(tiny_bert, data, cache_dir, out, "--backend", "tp", "--batch-size", "16",
+                      "--resume", str(runs / "tp" / "checkpoint-10")))
+    whole, resumed = train_losses(runs / "tp"), train_losses(out)
+    assert sorted(resumed) == list(range(11, STEPS + 1))
+    assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
+    assert max_weight_diff(runs / "tp" / "model", out / "model") < 1e-4
+
+
+def test_tp_resumes_from_a_single_process_checkpoint(runs, tiny_bert, data, cache_dir):
+    """model.safetensors + optimizer.pt (single/ddp layout, fused AdamW) into split parameters."""
+    out = runs / "single-to-tp"
+    train(*train_args(tiny_bert, data, cache_dir, out, "--backend", "tp", "--batch-size", "16",
+                      "--resume", str(runs / "single" / "checkpoint-10")))
+    whole, resumed = train_losses(runs / "single"), train_losses(out)
+    assert sorted(resumed) == list(range(11, STEPS + 1))
+    assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
+    assert max_weight_diff(runs / "single" / "model", out / "model") < 1e-4
+
+
+@pytest.fixture(scope="module")
+def tiny_distilbert(tmp_path_factory, minilm_dir) -> str:
+    """An architecture without a tp plan."""
+    from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
+
+    out = tmp_path_factory.mktemp("tiny-distilbert")
+    DistilBertModel(DistilBertConfig(dim=32, n_layers=1, n_heads=4, hidden_dim=64, max_position_embeddings=128)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.parametrize("case", ["world", "heads", "architecture"])
+def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, data, cache_dir):
+    model, flags, message = {
+        "world": (tiny_bert, ["--nproc", "2", "--tp-size", "3"],
+                  "error: --tp-size 3 does not divide the world size 2 (all processes); use a tp size among [1, 2]"),
+        "heads": (tiny_bert, ["--nproc", "8", "--tp-size", "8"],
+                  "error: --tp-size 8 does not divide the model's 4 attention heads; use a tp size among [1, 2, 4]"),
+        "architecture": (None, ["--nproc", "2"],
+                         "error: backend 'tp' has no tensor-parallel plan for model type 'distilbert'"),
+    }[case]
+    model = model or request.getfixturevalue("tiny_distilbert")
+    proc = run_cli(*train_args(model, data, cache_dir, tmp_path / "run", "--backend", "tp", *flags))
+    assert proc.returncode == 2
+    # refused in the launching process: one line, no worker started (no launcher output)
+    assert proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1
+
+
+WORKER = '''
+"""4 processes: a ("dp", "tp") = 2 x 2 mesh. Each causal LM: loss, gradients, grad norm, one
+AdamW step, the gathered weights and a DCP save/load round trip, all against one process."""
+import copy
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from tuneforge.backends.tp import BACKEND
+from tuneforge.config import build_config
+
+backend = BACKEND(build_config(backend="tp", tp_size=2, precision="fp32"))
+backend.setup()
+assert (backend.tp_size, backend.dp_size) == (2, 2)
+
+
+def make_optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+for folder in sys.argv[2:]:
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_pretrained(folder)
+    kind = reference.config.model_type
+    model = copy.deepcopy(reference)
+    ids = torch.randint(0, reference.config.vocab_size, (4, 12), generator=torch.Generator().manual_seed(1))
+    ref_loss = reference(input_ids=ids, labels=ids).loss
+    ref_loss.backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9)
+
+    model, optimizer = backend.wrap(model, make_optimizer)
+    mine = ids.chunk(backend.dp_size)[backend.dp_rank]  # ranks of one tp group share the batch
+    loss = model(input_ids=mine, labels=mine).loss
+    loss.backward()
+    assert abs(sum(backend.gather_objects(loss.item())) / 2 - ref_loss.item()) < 1e-5, kind
+    backend._average_grads_over_dp(model)
+    norm = backend.clip_grad_norm(model, 1e9)
+    assert abs(norm.item() - ref_norm.item()) < 1e-4 * ref_norm.item(), (kind, norm.item(), ref_norm.item())
+    split = 0
+    for (name, p), ref in zip(model.named_parameters(), reference.parameters()):
+        split += hasattr(p, "full_tensor")
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        assert torch.allclose(grad, ref.grad, atol=1e-6, rtol=1e-4), (kind, name)
+    assert split >= 12, (kind, split)  # q/k/v/out (or fused qkv) and MLP matrices of both layers
+    optimizer.step()
+    make_optimizer(reference).step()
+    full = backend.full_state_dict(model)
+    if backend.is_main:
+        expected = reference.state_dict()
+        assert full.keys() == expected.keys()
+        assert max((full[k] - expected[k]).abs().max().item() for k in full) < 1e-4, kind  # one AdamW step
+
+    ckpt = Path(sys.argv[1]) / kind
+    if backend.is_main:
+        ckpt.mkdir(parents=True)
+    backend.barrier()
+    backend.save(ckpt, model, optimizer)
+    fresh, fresh_optimizer = backend.wrap(AutoModelForCausalLM.from_pretrained(folder), make_optimizer)
+    backend.load(ckpt, fresh, fresh_optimizer)
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        assert torch.equal(local(p), local(q)), kind
+        assert torch.equal(local(optimizer.state[p]["exp_avg_sq"]), local(fresh_optimizer.state[q]["exp_avg_sq"])), kind
+    print(f"ok {kind}", flush=True)
+backend.teardown()
+'''
+
+
+def test_tp_parallelizes_gpt2_and_llama_on_a_2d_mesh(tmp_path, tiny_gpt2, tiny_llama):
+    """GPT-2 (fused qkv in Conv1D) and Llama (grouped-query attention), tp 2 x dp 2."""
+    script = tmp_path / "tp_worker.py"
+    script.write_text(WORKER)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+                           str(script), str(tmp_path / "ckpt"), tiny_gpt2, tiny_llama],
+                          capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("ok gpt2") == 4 and proc.stdout.count("ok llama") == 4
+
+
+def test_tp_reports_usable():
+    from tuneforge.backends.tp import BACKEND
+
+    assert BACKEND.usable() == "usable"
+    assert BACKEND.distributed and BACKEND.sharded
