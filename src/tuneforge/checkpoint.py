@@ -498,10 +498,14 @@ def continue_plan(trainer, total_steps: int, steps_per_epoch: int) -> int:
 
 
 # ---- export ---------------------------------------------------------------------------------
-def export_model(trainer, out_dir: Path, state_dict: dict | None = None) -> Path:
-    """Save an HF folder (safetensors, config, tokenizer) that `from_pretrained` loads."""
+def export_model(trainer, out_dir: Path, state_dict: dict | None = None, gather: bool = True) -> Path:
+    """Save an HF folder (safetensors, config, tokenizer) that `from_pretrained` loads.
+
+    `gather=False`: use `state_dict` as given (the main rank's copy of the best weights); every
+    rank must pass the same `gather`, since gathering is a collective on sharded backends.
+    """
     b = trainer.backend
-    if state_dict is None:
+    if gather and state_dict is None:
         state_dict = b.full_state_dict(trainer.model)  # collective on sharded backends
     if b.is_main:
         model = b.unwrap(trainer.model)

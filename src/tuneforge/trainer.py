@@ -342,9 +342,11 @@ class Trainer:
 
     def _finish(self, t0: float) -> dict:
         cfg, st, b = self.config, self.state, self.backend
-        weights = getattr(self, "_best_weights", None) if cfg.load_best_model_at_end else None
-        final_eval = getattr(self, "_best_eval", None) if weights is not None else st.last_eval
-        model_dir = checkpoint.export_model(self, Path(cfg.output_dir) / "model", state_dict=weights)
+        # decided on _best_eval (same on every rank), not on the weights (held by the main rank only)
+        use_best = cfg.load_best_model_at_end and getattr(self, "_best_eval", None) is not None
+        final_eval = self._best_eval if use_best else st.last_eval
+        model_dir = checkpoint.export_model(self, Path(cfg.output_dir) / "model",
+                                            state_dict=getattr(self, "_best_weights", None) if use_best else None, gather=not use_best)
         result = {k: v for k, v in (final_eval or {}).items()}
         result.update({"train_loss": st.train_loss, "steps": st.step, "wall_s": round(time.perf_counter() - t0, 2),
                        "model_dir": str(model_dir), "output_dir": str(cfg.output_dir)})

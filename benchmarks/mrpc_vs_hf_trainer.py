@@ -1,0 +1,79 @@
+"""MRPC side by side, whole processes timed, runs alternated (the machine is noisy).
+
+(a) transformers.Trainer, HF course recipe (benchmarks/hf_trainer_mrpc.py)
+(b) `tuneforge train --task glue/mrpc` with tuneforge's defaults
+(c) tuneforge set to recipe (a) exactly: batch 8, lr 5e-5, 3 epochs, linear, no warmup, no weight
+    decay, fp32, plain shuffling, eval batch 8, max length 512
+
+    python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --rounds 1
+Writes benchmarks/results/mrpc_vs_hf_trainer.json and prints a markdown table.
+"""
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(cmd):
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise SystemExit(f"failed: {' '.join(cmd)}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"wall_s": round(wall, 1), "accuracy": out["accuracy"], "f1": out["f1"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data-dir", default=str(HERE.parent.parent / "shared/data/glue/MRPC"))
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--only", default="abc", help="which variants to run, e.g. 'ab'")
+    ap.add_argument("--seed", type=int, default=42)
+    args = ap.parse_args()
+    tf = [str(Path(sys.executable).parent / "tuneforge"), "train", "--task", "glue/mrpc", "--data-dir", args.data_dir,
+          "--overwrite", "--json", "--quiet", "--seed", str(args.seed)]
+    variants = {
+        "a": ("transformers.Trainer (HF course recipe)",
+              [sys.executable, str(HERE / "hf_trainer_mrpc.py"), "--data-dir", args.data_dir, "--output-dir", "/tmp/bench-hf-mrpc",
+               "--seed", str(args.seed)]),
+        "b": ("tuneforge defaults", tf + ["--output-dir", "/tmp/bench-tf-mrpc-default"]),
+        "c": ("tuneforge set to recipe (a)",
+              tf + ["--output-dir", "/tmp/bench-tf-mrpc-recipe", "--batch-size", "8", "--eval-batch-size", "8", "--lr", "5e-5",
+                    "--epochs", "3", "--scheduler", "linear", "--warmup-ratio", "0", "--weight-decay", "0", "--precision", "fp32",
+                    "--no-group-by-length", "--max-length", "512", "--logging-steps", "50"]),
+    }
+    results = {k: [] for k in args.only}
+    for r in range(args.rounds):
+        order = args.only if r % 2 == 0 else args.only[::-1]
+        for key in order:
+            res = run(variants[key][1])
+            results[key].append(res)
+            print(f"round {r + 1} ({key}) {variants[key][0]}: {res}", file=sys.stderr, flush=True)
+    summary = {}
+    for key, runs in results.items():
+        summary[key] = {"name": variants[key][0], "runs": runs,
+                        "wall_s": round(sum(x["wall_s"] for x in runs) / len(runs), 1),
+                        "accuracy": round(sum(x["accuracy"] for x in runs) / len(runs), 4),
+                        "f1": round(sum(x["f1"] for x in runs) / len(runs), 4),
+                        "command": " ".join(variants[key][1])}
+    meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores", "seed": args.seed}
+    out = HERE / "results" / "mrpc_vs_hf_trainer.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "summary": summary}, indent=2))
+    base = summary.get("a", {}).get("wall_s")
+    print("| variant | wall s | speed-up vs (a) | dev accuracy | dev F1 |\n|---|---|---|---|---|")
+    for key, s in summary.items():
+        speed = f"{base / s['wall_s']:.2f}x" if base else "-"
+        print(f"| ({key}) {s['name']} | {s['wall_s']} | {speed} | {s['accuracy']:.4f} | {s['f1']:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
