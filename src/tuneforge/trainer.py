@@ -341,7 +341,7 @@ class Trainer:
             cb.on_log(self, logs)
 
     def _finish(self, t0: float) -> dict:
-        cfg, st, b = self.config, self.state, self.backend
+        cfg, st = self.config, self.state
         # decided on _best_eval (same on every rank), not on the weights (held by the main rank only)
         use_best = cfg.load_best_model_at_end and getattr(self, "_best_eval", None) is not None
         final_eval = self._best_eval if use_best else st.last_eval

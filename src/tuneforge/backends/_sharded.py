@@ -47,16 +47,6 @@ class ShardedBackend(Backend):
     sharded = True
     supported_precisions = ("fp32", "bf16")  # fp16 needs a sharded grad scaler: use bf16
 
-    @classmethod
-    def usable(cls) -> str:
-        if not dist.is_available():
-            return "unusable: this torch build has no torch.distributed"
-        if torch.cuda.is_available() and not dist.is_nccl_available():
-            return "unusable: CUDA is present but this torch build has no NCCL"
-        if not torch.cuda.is_available() and not dist.is_gloo_available():
-            return "unusable: this torch build has no gloo backend for CPU"
-        return "usable"
-
     def validate(self) -> None:
         if self.config.precision == "fp16":
             raise ConfigError(self._no_fp16())

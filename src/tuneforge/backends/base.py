@@ -69,6 +69,19 @@ class Backend:
         self.precision = "fp32"
         self.scaler: torch.amp.GradScaler | None = None
 
+    @classmethod
+    def usable(cls) -> str:
+        """'usable', or 'unusable: why' (shown by `tuneforge env`)."""
+        if not cls.distributed:
+            return "usable"
+        if not dist.is_available():
+            return "unusable: this torch build has no torch.distributed"
+        if torch.cuda.is_available() and not dist.is_nccl_available():
+            return "unusable: CUDA is present but this torch build has no NCCL"
+        if not torch.cuda.is_available() and not dist.is_gloo_available():
+            return "unusable: this torch build has no gloo backend for CPU"
+        return "usable"
+
     # ---- lifecycle ------------------------------------------------------------------------
     def setup(self) -> None:
         if self.distributed:

@@ -23,16 +23,6 @@ class DDPBackend(Backend):
     name = "ddp"
     distributed = True
 
-    @classmethod
-    def usable(cls) -> str:
-        if not dist.is_available():
-            return "unusable: this torch build has no torch.distributed"
-        if torch.cuda.is_available() and not dist.is_nccl_available():
-            return "unusable: CUDA is present but this torch build has no NCCL"
-        if not torch.cuda.is_available() and not dist.is_gloo_available():
-            return "unusable: this torch build has no gloo backend for CPU"
-        return "usable"
-
     def validate(self) -> None:
         """Config-time checks (also run by the launching parent, before any worker starts)."""
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -168,13 +168,7 @@ class DeepSpeedBackend(Backend):
             import deepspeed  # noqa: F401
         except Exception as err:  # ImportError, or DeepSpeed failing to find an accelerator
             return f"unusable: deepspeed does not import ({type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}); pip install deepspeed"
-        if not dist.is_available():
-            return "unusable: this torch build has no torch.distributed"
-        if torch.cuda.is_available() and not dist.is_nccl_available():
-            return "unusable: CUDA is present but this torch build has no NCCL"
-        if not torch.cuda.is_available() and not dist.is_gloo_available():
-            return "unusable: this torch build has no gloo backend for CPU"
-        return "usable"
+        return super().usable()
 
     def validate(self) -> None:
         """Config-time checks (also run once by the launching parent, before any worker starts)."""
