@@ -1,0 +1,29 @@
+"""`tuneforge ...` with checkpoint.save/restore timed (used by checkpoints.py).
+
+Self-launch re-runs this script in every worker, so the timers are in place on each rank; rank 0
+appends {"save_s"| "load_s": ...} lines to $TUNEFORGE_TIMINGS (read through tuneforge.config.env_flag).
+"""
+import json
+import sys
+import time
+
+from tuneforge import checkpoint
+from tuneforge.cli import main
+from tuneforge.config import env_flag
+
+
+def timed(name, fn):
+    def wrapper(trainer, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(trainer, *args, **kwargs)
+        trainer.backend.barrier()
+        if trainer.backend.is_main and env_flag("TUNEFORGE_TIMINGS"):
+            with open(env_flag("TUNEFORGE_TIMINGS"), "a") as fh:
+                fh.write(json.dumps({name: round(time.perf_counter() - t0, 3)}) + "\n")
+        return out
+    return wrapper
+
+
+checkpoint.save = timed("save_s", checkpoint.save)
+checkpoint.restore = timed("load_s", checkpoint.restore)
+sys.exit(main())
