@@ -105,3 +105,11 @@ def test_cli_train_with_yaml_and_override(tmp_path, tiny_bert, cache_dir):
     assert saved["optim"]["lr"] == 3e-5 and saved["data"]["max_length"] == 48 and saved["seed"] == 5
     assert saved["batch_size"] == 8 and saved["data"]["train_file"] == str(train)
     assert Path(saved["output_dir"]) == tmp_path / "run"
+
+
+def test_save_steps_alone_means_saving_every_n_steps():
+    from tuneforge.config import build_config
+
+    assert build_config({"save_steps": 50}).save_strategy == "steps"
+    assert build_config({"save_steps": 50, "save_strategy": "no"}).save_strategy == "no"  # explicit wins
+    assert build_config({}).save_strategy == "no"

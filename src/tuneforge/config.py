@@ -130,6 +130,14 @@ class TrainConfig(_Section):
     def _yaml_no(cls, value: Any) -> Any:
         return "no" if value is False else value  # YAML reads a bare `no` as false
 
+    @model_validator(mode="before")
+    @classmethod
+    def _save_steps_means_steps(cls, values: Any) -> Any:
+        # `--save-steps N` alone must save every N steps, not be silently ignored
+        if isinstance(values, dict) and values.get("save_steps") and "save_strategy" not in values:
+            values = {**values, "save_strategy": "steps"}
+        return values
+
     @model_validator(mode="after")
     def _consistent(self) -> "TrainConfig":
         if self.eval_strategy == "steps" and self.eval_steps is None:
