@@ -53,7 +53,7 @@ class ClassificationStream(MetricStream):
         preds = logits.squeeze(-1) if self.task.num_labels == 1 else logits.argmax(-1)
         self.preds.append(preds[valid].detach())
         self.labels.append(batch["labels"][valid].detach())
-        loss, _ = self.task.compute_loss(outputs, {**batch, "labels": batch["labels"]}, reduce_mask=valid)
+        loss, _ = self.task.compute_loss(outputs, batch, reduce_mask=valid)
         n = valid.sum()
         self.loss_sum = loss.detach() if self.loss_sum is None else self.loss_sum + loss.detach()
         self.count = n if self.count is None else self.count + n
