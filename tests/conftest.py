@@ -237,3 +237,119 @@ def tiny_bart(tmp_path_factory, minilm_dir) -> str:
                         decoder_start_token_id=tok.sep_token_id, forced_eos_token_id=None)
     BartForConditionalGeneration(config).save_pretrained(out)
     return str(out)
+
+
+# ---- helpers shared by the test files --------------------------------------------------------
+def train_ok(*args: str) -> dict:
+    """Run `tuneforge ARGS` in a fresh process, assert it succeeded; its final JSON line."""
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return last_json(proc.stdout)
+
+
+def cli_main(capsys, *args: str) -> tuple[int, str, str]:
+    """The real CLI entry point, in this process (the subprocess start-up costs more than a tiny run)."""
+    from tuneforge.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def quiet_task(task: str, model: str | None, **data):
+    """The task object for `task` and `model` with these data settings; its log lines dropped."""
+    from tuneforge.config import build_config
+    from tuneforge.tasks import get_task
+
+    built = get_task(build_config(task=task, model=model, data=data))
+    built.log = lambda msg: None
+    return built
+
+
+# Backend parity (tests/backends): one deterministic run per backend, the same global batch of 16,
+# compared step by step with one process.
+PARITY_STEPS = 20
+
+
+def sentiment_split(folder: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
+    """(folder/train.csv, folder/validation.csv) with `n_train` and `n_val` rows."""
+    return (write_sentiment_csv(folder / "train.csv", n_train, seed=1),
+            write_sentiment_csv(folder / "validation.csv", n_val, seed=2))
+
+
+def backend_train_args(model: str, data: tuple[Path, Path], cache_dir: str, out: Path, *extra: str, lr: str = "1e-2",
+                       precision: str = "fp32", max_grad_norm: str | None = None) -> list[str]:
+    """`train` arguments for a PARITY_STEPS-step classification run: the loss logged every step, no evaluation."""
+    train, val = data
+    clip = ["--max-grad-norm", max_grad_norm] if max_grad_norm else []
+    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", model,
+            "--max-steps", str(PARITY_STEPS), "--precision", precision, "--logging-steps", "1", "--lr", lr, *clip,
+            "--eval-strategy", "no", "--cache-dir", cache_dir, "--output-dir", str(out), "--json", "--quiet", *extra]
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    """step -> training loss of a run, from its metrics.jsonl (a step logged twice fails: two writers)."""
+    rows = [r for r in read_jsonl(Path(run_dir) / "metrics.jsonl") if r["split"] == "train"]
+    losses = {r["step"]: r["loss"] for r in rows}
+    assert len(losses) == len(rows), f"a training step was logged more than once in {run_dir}"
+    return losses
+
+
+def max_weight_diff(dir_a: Path, dir_b: Path) -> float:
+    """The largest absolute difference between two model folders' weights (same tensor names asserted)."""
+    from safetensors.torch import load_file
+
+    a, b = load_file(Path(dir_a) / "model.safetensors"), load_file(Path(dir_b) / "model.safetensors")
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def resume_at_step_10(train_args, root: Path, source: str, name: str, *flags: str):
+    """Finish run `root/source` from its checkpoint-10 into `root/name`: `train_args(out, *flags)` plus --resume.
+
+    Asserts the resumed run logged exactly steps 11..PARITY_STEPS; returns (the whole run's losses,
+    the resumed run's losses, the resumed run's folder)."""
+    out = root / name
+    train_ok(*train_args(out, *flags, "--resume", str(root / source / "checkpoint-10")))
+    whole, resumed = train_losses(root / source), train_losses(out)
+    assert sorted(resumed) == list(range(11, PARITY_STEPS + 1))
+    return whole, resumed, out
+
+
+def parity_loss_gap(single_dir: Path, other_dir: Path, learns_by: float = 0.01) -> float:
+    """The largest per-step training loss gap between two PARITY_STEPS-step runs.
+
+    Asserts both logged every step once, and that the single run's loss moved by more than
+    `learns_by` (the model learns: the comparison means something)."""
+    single, other = train_losses(single_dir), train_losses(other_dir)
+    assert sorted(single) == sorted(other) == list(range(1, PARITY_STEPS + 1))
+    assert max(single.values()) - min(single.values()) > learns_by
+    return max(abs(single[s] - other[s]) for s in single)
+
+
+REVIEWS = ["a wonderful, moving film", "a dull and tedious mess so very"]
+
+
+def classify_reviews(*model_dirs: Path) -> list[tuple]:
+    """(the HF classifier loaded from the folder, its logits for REVIEWS) for each folder.
+
+    The reviews are tokenized once, by the first folder's tokenizer."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    batch = AutoTokenizer.from_pretrained(model_dirs[0])(REVIEWS, return_tensors="pt", padding=True)
+    predicted = []
+    for folder in model_dirs:
+        model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+        with torch.no_grad():
+            predicted.append((model, model(**batch).logits))
+    return predicted
+
+
+def first_query_weights(base_model: str, trained_dir: Path) -> tuple:
+    """The first attention query matrix of a base BERT folder and of a classifier trained from it."""
+    from safetensors.torch import load_file
+
+    name = "encoder.layer.0.attention.self.query.weight"
+    start = load_file(Path(base_model) / "model.safetensors")[name]
+    return start, load_file(Path(trained_dir) / "model.safetensors")["bert." + name]

@@ -6,6 +6,7 @@ resume test also covers "under an external launcher (torchrun), tuneforge launch
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,56 +14,40 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
-from safetensors.torch import load_file
+from conftest import PARITY_STEPS as STEPS
+from conftest import (REPO, backend_train_args, classify_reviews, last_json, max_weight_diff, parity_loss_gap, run_cli,
+                      sentiment_split, train_losses)
 
 from tuneforge import cli, launch
-
-STEPS = 20
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """320 training rows (20 global batches of 16) and a 101-row eval set (odd: uneven rank shares)."""
-    d = tmp_path_factory.mktemp("ddp-data")
-    return write_sentiment_csv(d / "train.csv", 320, seed=1), write_sentiment_csv(d / "validation.csv", 101, seed=2)
-
-
-def train_args(tiny_bert, data, cache_dir, out, *extra) -> list[str]:
-    train, val = data
-    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert,
-            "--max-steps", str(STEPS), "--precision", "fp32", "--logging-steps", "1", "--lr", "1e-2",
-            "--eval-strategy", "no", "--cache-dir", cache_dir, "--output-dir", str(out), "--json", "--quiet", *extra]
+    return sentiment_split(tmp_path_factory.mktemp("ddp-data"), 320, 101)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_bert, data, cache_dir):
+def train_args(tiny_bert, data, cache_dir):
+    """(out, *flags) -> the CLI arguments of a 20-step run of tiny_bert (no clipping)."""
+    return functools.partial(backend_train_args, tiny_bert, data, cache_dir)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, train_args):
     """{'single': run dir, 'ddp': run dir, ...}: the same training, 1 x 16 and 2 x 8."""
     root = tmp_path_factory.mktemp("ddp-runs")
-    assert cli.main(train_args(tiny_bert, data, cache_dir, root / "single", "--batch-size", "16")) == 0
-    ddp = run_cli(*train_args(tiny_bert, data, cache_dir, root / "ddp", "--backend", "ddp", "--nproc", "2",
-                              "--batch-size", "8", "--save-strategy", "steps", "--save-steps", "10"))
+    assert cli.main(train_args(root / "single", "--batch-size", "16")) == 0
+    ddp = run_cli(*train_args(root / "ddp", "--backend", "ddp", "--nproc", "2", "--batch-size", "8",
+                              "--save-strategy", "steps", "--save-steps", "10"))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     return {"single": root / "single", "ddp": root / "ddp", "root": root,
             "single_result": json.loads((root / "single" / "result.json").read_text()),
             "ddp_result": last_json(ddp.stdout), "ddp_stdout": ddp.stdout}
 
 
-def train_losses(run_dir) -> list[float]:
-    return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"]
-
-
-def max_weight_diff(dir_a, dir_b) -> float:
-    a, b = load_file(dir_a / "model.safetensors"), load_file(dir_b / "model.safetensors")
-    assert a.keys() == b.keys()
-    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-
-
 def test_ddp_per_step_losses_match_one_process(runs):
-    single, ddp = train_losses(runs["single"]), train_losses(runs["ddp"])
-    assert len(single) == len(ddp) == STEPS
-    assert max(single) - min(single) > 0.01  # the model is learning: the comparison means something
-    assert max(abs(a - b) for a, b in zip(single, ddp)) < 1e-4
+    assert parity_loss_gap(runs["single"], runs["ddp"]) < 1e-4
 
 
 def test_ddp_final_weights_match_one_process(runs):
@@ -73,16 +58,8 @@ def test_ddp_final_weights_match_one_process(runs):
 
 
 def test_ddp_model_folder_predicts_like_one_process(runs):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(runs["single"] / "model")
-    batch = tok(["a wonderful, moving film", "a dull and tedious mess so very"], return_tensors="pt", padding=True)
-    logits = {}
-    for name in ("single", "ddp"):
-        model = AutoModelForSequenceClassification.from_pretrained(runs[name] / "model").eval()
-        with torch.no_grad():
-            logits[name] = model(**batch).logits
-    assert torch.allclose(logits["single"], logits["ddp"], atol=1e-4)
+    (_, single), (_, ddp) = classify_reviews(runs["single"] / "model", runs["ddp"] / "model")
+    assert torch.allclose(single, ddp, atol=1e-4)
 
 
 def test_ddp_eval_counts_each_example_once_and_equals_one_process(runs, data, cache_dir):
@@ -101,7 +78,7 @@ def test_ddp_eval_counts_each_example_once_and_equals_one_process(runs, data, ca
     assert metrics["loss"] == pytest.approx(one["loss"], rel=1e-6)  # summation order differs, nothing else
 
 
-def test_ddp_resume_under_external_torchrun_continues_exactly(runs, tiny_bert, data, cache_dir):
+def test_ddp_resume_under_external_torchrun_continues_exactly(runs, train_args):
     """The main rank wrote checkpoint-10; both ranks load it and finish the run as if never stopped.
 
     Started by torchrun itself (with nproc=2 in the config): tuneforge uses that environment and
@@ -111,7 +88,7 @@ def test_ddp_resume_under_external_torchrun_continues_exactly(runs, tiny_bert, d
     ckpt = runs["ddp"] / "checkpoint-10"
     assert (ckpt / "model.safetensors").exists() and (ckpt / "optimizer.pt").exists()
     out = runs["root"] / "ddp-resumed"
-    args = train_args(tiny_bert, data, cache_dir, out, "--backend", "ddp", "--batch-size", "8", "--resume", str(ckpt))
+    args = train_args(out, "--backend", "ddp", "--batch-size", "8", "--resume", str(ckpt))
     args.insert(1, "nproc=2")  # an override, not --nproc: torchrun's parser would take that for its --nproc-per-node
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
            "--master-port", str(launch.free_port()), "-m", "tuneforge.cli", *args]
@@ -119,9 +96,9 @@ def test_ddp_resume_under_external_torchrun_continues_exactly(runs, tiny_bert, d
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith("{") for line in proc.stdout.splitlines()) == 1
-    resumed = train_losses(out)
-    assert len(resumed) == STEPS - 10
-    assert max(abs(a - b) for a, b in zip(resumed, train_losses(runs["ddp"])[10:])) < 1e-6
+    resumed, whole = train_losses(out), train_losses(runs["ddp"])
+    assert sorted(resumed) == list(range(11, STEPS + 1))
+    assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-6
     assert max_weight_diff(runs["ddp"] / "model", out / "model") < 1e-6
 
 

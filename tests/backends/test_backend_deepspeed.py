@@ -18,10 +18,10 @@ import json
 
 import pytest
 import torch
-from conftest import last_json, read_jsonl, run_cli, write_sentiment_csv
+from conftest import PARITY_STEPS as STEPS
+from conftest import (backend_train_args, max_weight_diff, parity_loss_gap, run_cli, sentiment_split, train_losses,
+                      train_ok)
 from safetensors.torch import load_file
-
-STEPS = 20
 
 # "auto" takes tuneforge's value; threshold 0 partitions even the small tensors, so the final
 # weights really are gathered from ZeRO-3 shards
@@ -44,29 +44,26 @@ def data(tmp_path_factory):
     """96 training rows (6 global batches of 16), 33 evaluation rows, the user JSON."""
     d = tmp_path_factory.mktemp("deepspeed-data")
     (d / "ds.json").write_text(json.dumps(USER_JSON))
-    return {"train": write_sentiment_csv(d / "train.csv", 96, seed=1),
-            "val": write_sentiment_csv(d / "validation.csv", 33, seed=2), "json": d / "ds.json"}
+    train, val = sentiment_split(d, 96, 33)
+    return {"train": train, "val": val, "json": d / "ds.json"}
 
 
-def train_args(tiny_bert, data, cache_dir, out, *extra) -> list[str]:
+@pytest.fixture(scope="module")
+def train_args(tiny_bert, data, cache_dir):
+    """(out, *flags) -> the CLI arguments of a 20-step run of tiny_bert."""
     # No length grouping: the epoch order is then the same for every global batch size, so a
     # 2 x 4 x 2 step sees exactly the examples of the single run's step of 16. A clip norm inside
     # the range of the gradient norms (0.03-0.3 here) clips some steps and not others: Adam hides
     # a constant gradient scale (e.g. an extra 1/grad_accum), this makes it change the losses.
-    return ["train", "--train-file", str(data["train"]), "--validation-file", str(data["val"]), "--model", tiny_bert,
-            "--max-steps", str(STEPS), "--precision", "fp32", "--logging-steps", "1", "--lr", "5e-3",
-            "--max-grad-norm", "0.1", "--no-group-by-length", "--eval-strategy", "no", "--cache-dir", cache_dir, "--output-dir", str(out),
-            "--json", "--quiet", *extra]
+    def args(out, *extra: str) -> list[str]:
+        return backend_train_args(tiny_bert, (data["train"], data["val"]), cache_dir, out, "--no-group-by-length", *extra,
+                                  lr="5e-3", max_grad_norm="0.1")
 
-
-def train(*args) -> dict:
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return last_json(proc.stdout)
+    return args
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_bert, data, cache_dir):
+def runs(tmp_path_factory, data, train_args):
     """run name -> output dir; each run is made the first time a test asks for it."""
     root = tmp_path_factory.mktemp("deepspeed-runs")
     done = {}
@@ -74,15 +71,11 @@ def runs(tmp_path_factory, tiny_bert, data, cache_dir):
     def get(name: str):
         if name not in done:
             extra = [a.replace("{json}", str(data["json"])) for a in RUNS[name]]
-            train(*train_args(tiny_bert, data, cache_dir, root / name, *extra))
+            train_ok(*train_args(root / name, *extra))
             done[name] = root / name
         return done[name]
 
     return get
-
-
-def train_losses(run_dir) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"}
 
 
 def weights(run_dir) -> dict[str, torch.Tensor]:
@@ -91,10 +84,7 @@ def weights(run_dir) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("run", ["zero1", "zero2", "zero3", "zero3-offload"])
 def test_zero_matches_one_process(runs, run):
-    single, ds = train_losses(runs("single")), train_losses(runs(run))
-    assert sorted(single) == sorted(ds) == list(range(1, STEPS + 1))
-    assert max(single.values()) - min(single.values()) > 0.02  # the model learns: the comparison means something
-    assert max(abs(single[s] - ds[s]) for s in single) < 1e-4
+    assert parity_loss_gap(runs("single"), runs(run), learns_by=0.02) < 1e-4
     a, b = weights(runs("single")), weights(runs(run))
     assert a.keys() == b.keys()
     for k in a:  # full shapes and trained values: never ZeRO-3's empty placeholders
@@ -132,13 +122,13 @@ def test_zero3_offload_export_predicts_like_one_process(runs, data):
     torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=0)
 
 
-def test_resume_from_deepspeed_checkpoint_is_exact(runs, tiny_bert, data, cache_dir, tmp_path):
+def test_resume_from_deepspeed_checkpoint_is_exact(runs, train_args, tmp_path):
     full = runs("zero2")
     ckpt = full / "checkpoint-5"
     shards = sorted(p.name for p in (ckpt / "deepspeed").iterdir())
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt" in shards and "zero_pp_rank_1_mp_rank_00_optim_states.pt" in shards
     resumed = tmp_path / "resumed"
-    train(*train_args(tiny_bert, data, cache_dir, resumed, *RUNS["zero2"], "--resume", str(ckpt)))
+    train_ok(*train_args(resumed, *RUNS["zero2"], "--resume", str(ckpt)))
     before, after = train_losses(full), train_losses(resumed)
     assert sorted(after) == list(range(6, STEPS + 1))
     assert all(after[s] == before[s] for s in after), (before, after)
@@ -151,9 +141,7 @@ def test_export_deepspeed_checkpoint_offline(runs, tmp_path):
     out = tmp_path / "exported"
     proc = run_cli("export", str(full / f"checkpoint-{STEPS}"), str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = weights(full), load_file(out / "model.safetensors")
-    assert a.keys() == b.keys()
-    assert max((a[k] - b[k]).abs().max().item() for k in a) == 0.0
+    assert max_weight_diff(full / "model", out) == 0.0
 
 
 @pytest.mark.parametrize("user_json, extra, needles", [

@@ -5,87 +5,58 @@ The runs that several tests compare are made once per module: one process (batch
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
-from safetensors.torch import load_file
-
-STEPS = 20
+from conftest import (REPO, backend_train_args, classify_reviews, first_query_weights, max_weight_diff, parity_loss_gap,
+                      resume_at_step_10, run_cli, sentiment_split, train_ok)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """320 training rows (20 global batches of 16) and 33 evaluation rows."""
-    d = tmp_path_factory.mktemp("tp-data")
-    return write_sentiment_csv(d / "train.csv", 320, seed=1), write_sentiment_csv(d / "validation.csv", 33, seed=2)
+    return sentiment_split(tmp_path_factory.mktemp("tp-data"), 320, 33)
 
 
-def train_args(model, data, cache_dir, out, *extra) -> list[str]:
-    train, val = data
-    # clipping at 0.01 is active (the gradient norm starts near 0.02): split and replicated gradients count
-    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", model,
-            "--max-steps", str(STEPS), "--precision", "fp32", "--logging-steps", "1", "--lr", "1e-2",
-            "--max-grad-norm", "0.01", "--eval-strategy", "no", "--cache-dir", cache_dir, "--output-dir", str(out),
-            "--json", "--quiet", *extra]
-
-
-def train(*args) -> dict:
-    proc = run_cli(*args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return last_json(proc.stdout)
+# clipping at 0.01 is active (the gradient norm starts near 0.02): split and replicated gradients count
+CLIP = "0.01"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_bert, data, cache_dir):
+def train_args(tiny_bert, data, cache_dir):
+    """(out, *flags) -> the CLI arguments of a 20-step run of tiny_bert."""
+    return functools.partial(backend_train_args, tiny_bert, data, cache_dir, max_grad_norm=CLIP)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, train_args):
     root = tmp_path_factory.mktemp("tp-runs")
     save = ("--save-strategy", "steps", "--save-steps", "10")
-    train(*train_args(tiny_bert, data, cache_dir, root / "single", "--batch-size", "16", *save))
-    train(*train_args(tiny_bert, data, cache_dir, root / "tp", "--backend", "tp", "--nproc", "2", "--tp-size", "2",
-                      "--batch-size", "16", *save))
+    train_ok(*train_args(root / "single", "--batch-size", "16", *save))
+    train_ok(*train_args(root / "tp", "--backend", "tp", "--nproc", "2", "--tp-size", "2", "--batch-size", "16", *save))
     return root
 
 
-def train_losses(run_dir) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["split"] == "train"}
-
-
-def max_weight_diff(dir_a, dir_b) -> float:
-    a, b = load_file(dir_a / "model.safetensors"), load_file(dir_b / "model.safetensors")
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
-
-
 def test_tp_per_step_losses_match_one_process(runs):
-    single, tp = train_losses(runs / "single"), train_losses(runs / "tp")
-    assert sorted(single) == sorted(tp) == list(range(1, STEPS + 1))
-    assert max(single.values()) - min(single.values()) > 0.01  # the model learns: the comparison means something
-    assert max(abs(single[s] - tp[s]) for s in single) < 1e-4
+    assert parity_loss_gap(runs / "single", runs / "tp") < 1e-4
 
 
 def test_tp_final_weights_match_one_process(runs, tiny_bert):
     assert max_weight_diff(runs / "single" / "model", runs / "tp" / "model") < 1e-4
-    start = load_file(f"{tiny_bert}/model.safetensors")["encoder.layer.0.attention.self.query.weight"]
-    trained = load_file(runs / "tp" / "model" / "model.safetensors")["bert.encoder.layer.0.attention.self.query.weight"]
+    start, trained = first_query_weights(tiny_bert, runs / "tp" / "model")
     assert trained.shape == start.shape  # gathered to the full (not per-rank) shape
     assert (trained - start).abs().max() > 1e-3
 
 
 def test_tp_model_folder_predicts_like_one_process(runs):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(runs / "single" / "model")
-    batch = tok(["a wonderful, moving film", "a dull and tedious mess so very"], return_tensors="pt", padding=True)
-    logits = {}
-    for name in ("single", "tp"):
-        model = AutoModelForSequenceClassification.from_pretrained(runs / name / "model").eval()
+    (single_model, single), (tp_model, tp) = classify_reviews(runs / "single" / "model", runs / "tp" / "model")
+    for model in (single_model, tp_model):
         assert model.config.num_attention_heads == 4  # per-rank head counts never reach the export
-        with torch.no_grad():
-            logits[name] = model(**batch).logits
-    assert torch.allclose(logits["single"], logits["tp"], atol=1e-4)
+    assert torch.allclose(single, tp, atol=1e-4)
 
 
 def test_tp_checkpoint_holds_one_shard_per_rank(runs):
@@ -94,34 +65,24 @@ def test_tp_checkpoint_holds_one_shard_per_rank(runs):
     assert (ckpt / "sharded" / ".metadata").exists() and not (ckpt / "model.safetensors").exists()
 
 
-def test_tp_resume_continues_with_identical_losses(runs, tiny_bert, data, cache_dir):
-    out = runs / "tp-resumed"
-    train(*train_args(tiny_bert, data, cache_dir, out, "--backend", "tp", "--nproc", "2", "--batch-size", "16",
-                      "--resume", str(runs / "tp" / "checkpoint-10")))
-    whole, resumed = train_losses(runs / "tp"), train_losses(out)
-    assert sorted(resumed) == list(range(11, STEPS + 1))
+def test_tp_resume_continues_with_identical_losses(runs, train_args):
+    whole, resumed, out = resume_at_step_10(train_args, runs, "tp", "tp-resumed",
+                                            "--backend", "tp", "--nproc", "2", "--batch-size", "16")
     assert all(resumed[s] == whole[s] for s in resumed)
     assert max_weight_diff(runs / "tp" / "model", out / "model") == 0.0
 
 
-def test_tp_checkpoint_reshards_onto_one_process(runs, tiny_bert, data, cache_dir):
+def test_tp_checkpoint_reshards_onto_one_process(runs, train_args):
     """The 2 ranks' halves of each split matrix are joined again by DCP in a world of one."""
-    out = runs / "tp-on-one"
-    train(*train_args(tiny_bert, data, cache_dir, out, "--backend", "tp", "--batch-size", "16",
-                      "--resume", str(runs / "tp" / "checkpoint-10")))
-    whole, resumed = train_losses(runs / "tp"), train_losses(out)
-    assert sorted(resumed) == list(range(11, STEPS + 1))
+    whole, resumed, out = resume_at_step_10(train_args, runs, "tp", "tp-on-one", "--backend", "tp", "--batch-size", "16")
     assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
     assert max_weight_diff(runs / "tp" / "model", out / "model") < 1e-4
 
 
-def test_tp_resumes_from_a_single_process_checkpoint(runs, tiny_bert, data, cache_dir):
+def test_tp_resumes_from_a_single_process_checkpoint(runs, train_args):
     """model.safetensors + optimizer.pt (single/ddp layout, fused AdamW) into split parameters."""
-    out = runs / "single-to-tp"
-    train(*train_args(tiny_bert, data, cache_dir, out, "--backend", "tp", "--batch-size", "16",
-                      "--resume", str(runs / "single" / "checkpoint-10")))
-    whole, resumed = train_losses(runs / "single"), train_losses(out)
-    assert sorted(resumed) == list(range(11, STEPS + 1))
+    whole, resumed, out = resume_at_step_10(train_args, runs, "single", "single-to-tp",
+                                            "--backend", "tp", "--batch-size", "16")
     assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
     assert max_weight_diff(runs / "single" / "model", out / "model") < 1e-4
 
@@ -148,7 +109,8 @@ def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_be
                          "error: backend 'tp' has no tensor-parallel plan for model type 'distilbert'"),
     }[case]
     model = model or request.getfixturevalue("tiny_distilbert")
-    proc = run_cli(*train_args(model, data, cache_dir, tmp_path / "run", "--backend", "tp", *flags))
+    proc = run_cli(*backend_train_args(model, data, cache_dir, tmp_path / "run", "--backend", "tp", *flags,
+                                      max_grad_norm=CLIP))
     assert proc.returncode == 2
     # refused in the launching process: one line, no worker started (no launcher output)
     assert proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import last_json, parallel_pairs, run_cli
+from conftest import cli_main, last_json, parallel_pairs, quiet_task, run_cli
 
 BLOCK = 16
 
@@ -32,23 +32,8 @@ def text_files(tmp_path) -> tuple[Path, Path]:
 
 
 def clm_task(model: str, train: Path | None, valid: Path, cache_dir: str, **data):
-    from tuneforge.config import build_config
-    from tuneforge.tasks import get_task
-
     files = {"train_file": str(train) if train else None, "validation_file": str(valid)}
-    config = build_config(task="clm", model=model, data={**files, "block_size": BLOCK, "cache_dir": cache_dir, **data})
-    task = get_task(config)
-    task.log = lambda msg: None
-    return task
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """The real CLI entry point, in this process (the subprocess start-up costs more than the run)."""
-    from tuneforge.cli import main
-
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+    return quiet_task("clm", model, **{**files, "block_size": BLOCK, "cache_dir": cache_dir, **data})
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -99,8 +84,8 @@ def test_jsonl_with_a_text_column(tiny_gpt2, tmp_path, cache_dir, capsys):
     raw = task.load_raw()
     assert raw["train"]["text"] == [r["body"] for r in rows]
 
-    code, out, err = cli(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(data),
-                         "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(data),
+                              "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
     assert code == 2  # the default column is `text`
     assert err.strip() == (f"error: column 'text' not found in the train data ({data}); columns are: id, body; "
                            "pass --text-column")
@@ -161,7 +146,7 @@ def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files
               "--block-size", str(BLOCK), "--batch-size", "4", "--max-steps", "6", "--lr", "3e-3", "--eval-strategy", "no",
               "--cache-dir", cache_dir, "--quiet", "--json"]
     run = tmp_path / "run"
-    code, out, err = cli(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
+    code, out, err = cli_main(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
     assert code == 0, err
     first = last_json(out)
     assert first["steps"] == 6 and first["perplexity"] == pytest.approx(math.exp(first["loss"]))
@@ -169,21 +154,22 @@ def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files
     assert json.loads((run / "model" / "tuneforge.json").read_text())["block_size"] == BLOCK
 
     # resume from step 3 in a new folder: the same steps 4-6 give the same final model
-    code, out, err = cli(capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed"))
+    code, out, err = cli_main(capsys, "train", *common, "--resume", str(run / "checkpoint-3"),
+                              "--output-dir", str(tmp_path / "resumed"))
     assert code == 0, err
     resumed = last_json(out)
     assert resumed["steps"] == 6
     assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
-    code, out, err = cli(capsys, "eval", str(run / "model"), "--task", "clm", "--validation-file", str(valid),
-                         "--block-size", str(BLOCK), "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"),
-                         "--quiet", "--json")
+    code, out, err = cli_main(capsys, "eval", str(run / "model"), "--task", "clm", "--validation-file", str(valid),
+                              "--block-size", str(BLOCK), "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"),
+                              "--quiet", "--json")
     assert code == 0, err
     evaluated = last_json(out)
     assert {"loss", "perplexity"} <= set(evaluated)
     assert evaluated["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
-    code, out, err = cli(capsys, "generate", str(run / "model"), "--prompt", "A man is", "--max-new-tokens", "5", "--json")
+    code, out, err = cli_main(capsys, "generate", str(run / "model"), "--prompt", "A man is", "--max-new-tokens", "5", "--json")
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["prompt"] == "A man is" and generation["generated"]
@@ -238,8 +224,8 @@ def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_fil
 # ---- bad input: one line, exit code 2 --------------------------------------------------------
 def test_block_size_above_the_models_context(tiny_gpt2, text_files, tmp_path, capsys):
     train, valid = text_files
-    code, out, err = cli(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(train),
-                         "--validation-file", str(valid), "--block-size", "128", "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(train),
+                              "--validation-file", str(valid), "--block-size", "128", "--output-dir", str(tmp_path / "r"))
     assert code == 2
     assert err.strip() == "error: block size 128 is above the model's context of 64 tokens; use --block-size 64 or less"
 
@@ -248,8 +234,8 @@ def test_empty_text_file(tiny_gpt2, text_files, tmp_path, capsys):
     train, valid = text_files
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
-    code, out, err = cli(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(empty),
-                         "--validation-file", str(valid), "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(empty),
+                              "--validation-file", str(valid), "--output-dir", str(tmp_path / "r"))
     assert code == 2
     assert err.strip() == f"error: train text file {str(empty)!r} is empty; give a file with at least one line of text"
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import last_json, parallel_pairs, run_cli, write_parallel
+from conftest import cli_main, last_json, parallel_pairs, quiet_task, run_cli, write_parallel
 
 PREFIX = "translate English to German: "
 
@@ -25,20 +25,7 @@ def file_flags(files: dict[str, str]) -> list[str]:
 
 
 def seq2seq_task(model: str | None, cache_dir: str, **data):
-    from tuneforge.config import build_config
-    from tuneforge.tasks import get_task
-
-    task = get_task(build_config(task="seq2seq", model=model, data={"cache_dir": cache_dir, **data}))
-    task.log = lambda msg: None
-    return task
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    from tuneforge.cli import main
-
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+    return quiet_task("seq2seq", model, cache_dir=cache_dir, **data)
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -98,7 +85,7 @@ def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files
               "--batch-size", "8", "--max-steps", "6", "--lr", "3e-3", "--eval-strategy", "no", "--num-beams", "2",
               "--generation-max-length", "24", "--cache-dir", cache_dir, "--quiet", "--json"]
     run = tmp_path / "run"
-    code, out, err = cli(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
+    code, out, err = cli_main(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
     assert code == 0, err
     first = last_json(out)
     assert first["num_examples"] == 10 and 0 <= first["bleu"] <= 100
@@ -106,20 +93,21 @@ def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files
     info = json.loads((run / "model" / "tuneforge.json").read_text())
     assert info["source_prefix"] == PREFIX and info["generation_max_length"] == 24
 
-    code, out, err = cli(capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed"))
+    code, out, err = cli_main(capsys, "train", *common, "--resume", str(run / "checkpoint-3"),
+                              "--output-dir", str(tmp_path / "resumed"))
     assert code == 0, err
     resumed = last_json(out)
     assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5) and resumed["bleu"] == pytest.approx(first["bleu"])
 
-    code, out, err = cli(capsys, "eval", str(run / "model"), "--task", "seq2seq", *file_flags(parallel_files)[4:],
-                         "--source-prefix", PREFIX, "--num-beams", "2", "--generation-max-length", "24",
-                         "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"), "--quiet", "--json")
+    code, out, err = cli_main(capsys, "eval", str(run / "model"), "--task", "seq2seq", *file_flags(parallel_files)[4:],
+                              "--source-prefix", PREFIX, "--num-beams", "2", "--generation-max-length", "24",
+                              "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"), "--quiet", "--json")
     assert code == 0, err
     evaluated = last_json(out)
     assert {"bleu", "loss"} <= set(evaluated) and evaluated["bleu"] == pytest.approx(first["bleu"])
 
-    code, out, err = cli(capsys, "generate", str(run / "model"), "--prompt", "A man is riding a red bike.",
-                         "--num-beams", "2", "--max-new-tokens", "6", "--json")
+    code, out, err = cli_main(capsys, "generate", str(run / "model"), "--prompt", "A man is riding a red bike.",
+                              "--num-beams", "2", "--max-new-tokens", "6", "--json")
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["generated"]
@@ -173,8 +161,8 @@ def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, t
     short = tmp_path / "short.de"
     short.write_text("Ein Mann.\nEine Frau.\n")
     files = {**parallel_files, "target_file": str(short)}
-    code, out, err = cli(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, *file_flags(files),
-                         "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, *file_flags(files),
+                              "--output-dir", str(tmp_path / "r"))
     assert code == 2
     assert err.strip() == (f"error: train source file {parallel_files['source_file']!r} has 48 lines but target file "
                            f"{str(short)!r} has 2; parallel files need one sentence per line on both sides")
@@ -183,8 +171,8 @@ def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, t
 def test_missing_target_column(tiny_t5, tmp_path, capsys):
     data = tmp_path / "pairs.csv"
     data.write_text("source,text\nA man.,Ein Mann.\n")
-    code, out, err = cli(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, "--train-file", str(data),
-                         "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, "--train-file", str(data),
+                              "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
     assert code == 2
     assert err.strip() == (f"error: column 'target' not found in the train data ({data}); columns are: source, text; "
                            "pass --target-column")
