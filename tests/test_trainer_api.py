@@ -1,6 +1,8 @@
 """The Python API: `Trainer(TrainConfig(...)).fit(...)` on the user's own model, tokenizer and raw
 datasets; a subclass overriding `forward_step` / `compute_loss` (FlagAI's MyTrainer pattern);
 callbacks receiving the loop's events."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -116,3 +118,41 @@ def test_subclass_overrides_are_really_used(tmp_path, tiny_bert, cache_dir):
     Trainer(make_config(tmp_path, tiny_bert, cache_dir, epochs=1, output_dir=str(tmp_path / "plain"))).fit(
         model=model2, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7))
     assert not all(torch.equal(before[k], v) for k, v in model2.state_dict().items())
+
+
+class ModelSpy(Callback):
+    def on_train_begin(self, trainer):
+        self.attention = trainer.model.config._attn_implementation
+        self.dropouts = {m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
+
+
+@pytest.mark.parametrize("precision, attention, expected", [
+    ("bf16", "auto", "eager"),   # CPU SDPA is the slower kernel under bf16 autocast (benchmarks/cpu_step_kernels.py)
+    ("fp32", "auto", "sdpa"),    # fp32: the model's own default stays
+    ("fp32", "eager", "eager"),  # asked for by name
+])
+def test_attention_kernel_chosen_for_training(tmp_path, tiny_bert, cache_dir, precision, attention, expected):
+    spy = ModelSpy()
+    Trainer(make_config(tmp_path, tiny_bert, cache_dir, precision=precision, attn_implementation=attention, max_steps=1,
+                        eval_strategy="no"), callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+    assert spy.attention == expected
+
+
+def test_unknown_attention_kernel_is_a_config_error(tmp_path, tiny_bert, cache_dir):
+    from tuneforge.errors import ConfigError
+
+    trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir, attn_implementation="warp_drive", max_steps=1))
+    with pytest.raises(ConfigError, match="attn_implementation 'warp_drive'"):
+        trainer.fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+
+
+@pytest.mark.parametrize("dropout, expected", [(None, {0.0}), (0.25, {0.25})])
+def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(tmp_path, tiny_bert, cache_dir, dropout, expected):
+    import json
+
+    spy = ModelSpy()
+    result = Trainer(make_config(tmp_path, tiny_bert, cache_dir, dropout=dropout, max_steps=1, eval_strategy="no"),
+                     callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+    assert spy.dropouts == expected  # None: the tiny BERT's own, 0
+    saved = json.loads((Path(result["model_dir"]) / "config.json").read_text())
+    assert {saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]} == expected

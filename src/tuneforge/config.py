@@ -76,6 +76,12 @@ class TrainConfig(_Section):
     seed: int = 42
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     gradient_checkpointing: bool = False
+    dropout: float | None = Field(
+        None, ge=0, lt=1, description="every dropout probability in the model's config (hidden, attention, "
+        "classifier) set to this while training; null keeps the model's own")
+    attn_implementation: str = Field(
+        "auto", description="attention kernel while training: auto (eager under bf16 on CPU, where it is faster; "
+        "else the model's default) or a transformers name: eager, sdpa, flash_attention_2, ...")
 
     # evaluation, logging, best model
     eval_strategy: Literal["epoch", "steps", "no"] = "epoch"

@@ -103,6 +103,18 @@ class Trainer:
             fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in decay + no_decay)
         return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=bool(fused))
 
+    def _set_attention(self, model) -> None:
+        wanted = self.config.attn_implementation
+        chosen = self.backend.default_attention() if wanted == "auto" else wanted
+        if chosen is None or not hasattr(model, "set_attn_implementation"):
+            return
+        try:
+            model.set_attn_implementation(chosen)
+        except (ValueError, ImportError) as e:
+            if wanted != "auto":  # asked for by name: say why it cannot be had
+                raise ConfigError(f"attn_implementation {wanted!r} is not available for this model: {e}. "
+                                  "Use auto, eager or sdpa") from None
+
     # ---- public entry points ---------------------------------------------------------------
     def fit(self, model=None, tokenizer=None, train_dataset=None, eval_dataset=None) -> dict:
         """Train; returns the final metrics. Launches its own workers when nproc > 1."""
@@ -157,6 +169,7 @@ class Trainer:
         if self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
             raise ConfigError("training needs training data: pass --train-file (seq2seq: --source-file and --target-file)")
         model = model if model is not None else task.load_model(self.tokenizer)
+        self._set_attention(model)
         if cfg.gradient_checkpointing:
             if not b.supports_gradient_checkpointing:
                 raise ConfigError(f"backend {b.name!r} does not support gradient checkpointing; drop --gradient-checkpointing")

@@ -140,6 +140,13 @@ class Backend:
         model.to(self.device)
         return model, make_optimizer(model)
 
+    def default_attention(self) -> str | None:
+        """The attention kernel `attn_implementation: auto` trains with (None: the model's own default).
+
+        Under bf16 autocast on CPU, eager attention: torch's CPU SDPA kernel is 1.1-1.6x slower there,
+        forward + backward (benchmarks/attention_cpu.py). In fp32 and on GPUs SDPA is as fast or faster."""
+        return "eager" if self.device.type == "cpu" and self.precision == "bf16" else None
+
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)
 

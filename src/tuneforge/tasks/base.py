@@ -36,6 +36,21 @@ def check_model_path(model: str) -> None:
             )
 
 
+def set_dropout(model_config, p: float | None):
+    """Set every dropout probability in a transformers config, its encoder/decoder configs included, to `p`.
+
+    Names differ by architecture (hidden_dropout_prob, attn_pdrop, dropout_rate, attention_dropout...);
+    all hold 'dropout' or 'pdrop'. None leaves the config as it is. Returns the config."""
+    if p is None:
+        return model_config
+    for name, value in list(vars(model_config).items()):
+        if hasattr(value, "to_dict") and hasattr(value, "model_type"):  # a sub-config
+            set_dropout(value, p)
+        elif isinstance(value, float) and ("dropout" in name or "pdrop" in name):
+            setattr(model_config, name, p)
+    return model_config
+
+
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer
 

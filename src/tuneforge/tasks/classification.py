@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tuneforge.data.sources import bundled_bbc_news, check_file, read_split, require_columns
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check
+from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
 
 TEXT_GUESSES = (("sentence1", "sentence2"), ("text",), ("sentence",), ("question1", "question2"), ("premise", "hypothesis"))
@@ -308,7 +308,8 @@ class ClassificationTask(Task):
                 "id2label": dict(enumerate(self.label_names)),
                 "label2id": {n: i for i, n in enumerate(self.label_names)},
             }
-        return AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+        model_config = set_dropout(AutoConfig.from_pretrained(path, **kwargs), self.config.dropout)
+        return AutoModelForSequenceClassification.from_pretrained(path, config=model_config)
 
     def compute_loss(self, outputs, batch, reduce_mask=None):
         logits = outputs.logits

@@ -11,6 +11,7 @@ token-weighted mean loss over the whole eval set, summed exactly across ranks.
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -26,7 +27,7 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import cached_map, default_cache_dir
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check
+from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check, set_dropout
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 DEFAULT_BLOCK_SIZE = 1024  # run_clm's cap when --block-size is not given
@@ -185,7 +186,7 @@ class CausalLMTask(Task):
             raise ConfigError(f"model {path!r} is a {archs[0]}, not a causal language model; --task clm needs one such as GPT-2 or Llama")
         self.resolve_block_size()
         try:
-            model = AutoModelForCausalLM.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout))
         except ValueError as err:  # a config type with no causal-LM head
             raise ConfigError(f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}") from None
         if len(tokenizer) > model.get_input_embeddings().num_embeddings:

@@ -19,7 +19,7 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, bundled_minilm, check_model_path, empty_check
+from tuneforge.tasks.base import MetricStream, Task, bundled_minilm, check_model_path, empty_check, set_dropout
 
 NOT_SEQ2SEQ_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForCausalLM", "LMHeadModel")
 
@@ -196,14 +196,16 @@ class Seq2SeqTask(Task):
             raise ConfigError(f"model {path!r} is a {kind}, not a sequence-to-sequence model; --task seq2seq needs one "
                               "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)")
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
-        return AutoModelForSeq2SeqLM.from_pretrained(path)
+        return AutoModelForSeq2SeqLM.from_pretrained(path, config=set_dropout(model_config, self.config.dropout))
 
     def _minilm_encoder_decoder(self, tokenizer):
         """BERT-style encoder and decoder both warm-started from the bundled MiniLM."""
-        from transformers import EncoderDecoderModel
+        from transformers import AutoConfig, EncoderDecoderModel
 
         minilm = bundled_minilm()
-        model = EncoderDecoderModel.from_encoder_decoder_pretrained(minilm, minilm)
+        encoder_config, decoder_config = (set_dropout(AutoConfig.from_pretrained(minilm), self.config.dropout) for _ in "ed")
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(minilm, minilm, encoder_config=encoder_config,
+                                                                    decoder_config=decoder_config)
         self.check_max_length(tokenizer, model.config.encoder)
         ids = {"decoder_start_token_id": tokenizer.cls_token_id, "bos_token_id": tokenizer.cls_token_id,
                "eos_token_id": tokenizer.sep_token_id, "pad_token_id": tokenizer.pad_token_id}
