@@ -6,7 +6,8 @@
     decay, fp32, plain shuffling, eval batch 8, max length 512
 
     python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --rounds 1
-Writes benchmarks/results/mrpc_vs_hf_trainer.json and prints a markdown table.
+    python benchmarks/mrpc_vs_hf_trainer.py --only b --seeds 1 2 3   # dev scores of the defaults, seed mean
+Writes benchmarks/results/mrpc_vs_hf_trainer[-b-seeds-1-2-3].json and prints a markdown table.
 """
 import argparse
 import json
@@ -36,39 +37,43 @@ def main():
     ap.add_argument("--data-dir", default=str(HERE.parent.parent / "shared/data/glue/MRPC"))
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", default="abc", help="which variants to run, e.g. 'ab'")
-    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[42], help="each variant runs once per seed and round")
     args = ap.parse_args()
     tf = [str(Path(sys.executable).parent / "tuneforge"), "train", "--task", "glue/mrpc", "--data-dir", args.data_dir,
-          "--overwrite", "--json", "--quiet", "--seed", str(args.seed)]
+          "--overwrite", "--json", "--quiet"]
     variants = {
         "a": ("transformers.Trainer (HF course recipe)",
-              [sys.executable, str(HERE / "hf_trainer_mrpc.py"), "--data-dir", args.data_dir, "--output-dir", "/tmp/bench-hf-mrpc",
-               "--seed", str(args.seed)]),
+              [sys.executable, str(HERE / "hf_trainer_mrpc.py"), "--data-dir", args.data_dir, "--output-dir", "/tmp/bench-hf-mrpc"]),
         "b": ("tuneforge defaults", tf + ["--output-dir", "/tmp/bench-tf-mrpc-default"]),
+        # dropout=null: the model's own dropout (0.1), as in (a)
         "c": ("tuneforge set to recipe (a)",
               tf + ["--output-dir", "/tmp/bench-tf-mrpc-recipe", "--batch-size", "8", "--eval-batch-size", "8", "--lr", "5e-5",
                     "--epochs", "3", "--scheduler", "linear", "--warmup-ratio", "0", "--weight-decay", "0", "--precision", "fp32",
-                    "--no-group-by-length", "--max-length", "512", "--logging-steps", "50"]),
+                    "--no-group-by-length", "--max-length", "512", "--logging-steps", "50", "dropout=null"]),
     }
     results = {k: [] for k in args.only}
     for r in range(args.rounds):
         order = args.only if r % 2 == 0 else args.only[::-1]
-        for key in order:
-            res = run(variants[key][1])
-            results[key].append(res)
-            print(f"round {r + 1} ({key}) {variants[key][0]}: {res}", file=sys.stderr, flush=True)
+        for seed in args.seeds:
+            for key in order:
+                res = {"seed": seed, **run(variants[key][1] + ["--seed", str(seed)])}
+                results[key].append(res)
+                print(f"round {r + 1} seed {seed} ({key}) {variants[key][0]}: {res}", file=sys.stderr, flush=True)
     summary = {}
     for key, runs in results.items():
         summary[key] = {"name": variants[key][0], "runs": runs,
                         "wall_s": round(sum(x["wall_s"] for x in runs) / len(runs), 1),
                         "accuracy": round(sum(x["accuracy"] for x in runs) / len(runs), 4),
                         "f1": round(sum(x["f1"] for x in runs) / len(runs), 4),
-                        "command": " ".join(variants[key][1])}
-    meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores", "seed": args.seed}
-    out = HERE / "results" / "mrpc_vs_hf_trainer.json"
+                        "command": " ".join(variants[key][1]) + " --seed SEED"}
+    meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+            "seeds": args.seeds, "rounds": args.rounds}
+    name = "mrpc_vs_hf_trainer" if args.seeds == [42] else f"mrpc_vs_hf_trainer-{args.only}-seeds-{'-'.join(map(str, args.seeds))}"
+    out = HERE / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "summary": summary}, indent=2))
     base = summary.get("a", {}).get("wall_s")
+    print(f"seeds {args.seeds}, means over {args.rounds} round(s)")
     print("| variant | wall s | speed-up vs (a) | dev accuracy | dev F1 |\n|---|---|---|---|---|")
     for key, s in summary.items():
         speed = f"{base / s['wall_s']:.2f}x" if base else "-"

@@ -151,6 +151,7 @@ class Trainer:
                 self.task.adopt_model_labels()
             _, self.eval_data = self._prepare_data(None, eval_dataset, splits=("validation",))
             model = model if model is not None else self.task.load_model(self.tokenizer)
+            self._set_attention(model)  # the kernel training evaluates with: the same numbers
             self.model, _ = self.backend.wrap(model, lambda m: None)
             metrics = self.evaluate()
             metrics["wall_s"] = round(time.perf_counter() - t0, 2)
