@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from sklearn.metrics import accuracy_score, f1_score  # noqa: E402
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,  # noqa: E402
-                          Trainer, TrainingArguments)
+                          Trainer, TrainingArguments, set_seed)
 
 
 def read_mrpc(path):
@@ -33,6 +33,7 @@ def main():
     ap.add_argument("--output-dir", required=True)
     ap.add_argument("--model", default=None)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--seed-model-init", action="store_true", help="seed the classifier head too (reproducible runs)")
     args = ap.parse_args()
     if args.model is None:
         from tuneforge.tasks.base import bundled_minilm
@@ -42,6 +43,8 @@ def main():
     raw = {"train": read_mrpc(f"{args.data_dir}/train.tsv"), "validation": read_mrpc(f"{args.data_dir}/dev.tsv")}
     tok = {k: v.map(lambda ex: tokenizer(ex["sentence1"], ex["sentence2"], truncation=True), batched=True)
            for k, v in raw.items()}
+    if args.seed_model_init:  # the course code builds the head before Trainer seeds: a fresh head each run
+        set_seed(args.seed)
     model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
 
     def compute_metrics(pred):

@@ -43,7 +43,8 @@ def main():
           "--overwrite", "--json", "--quiet"]
     variants = {
         "a": ("transformers.Trainer (HF course recipe)",
-              [sys.executable, str(HERE / "hf_trainer_mrpc.py"), "--data-dir", args.data_dir, "--output-dir", "/tmp/bench-hf-mrpc"]),
+              [sys.executable, str(HERE / "hf_trainer_mrpc.py"), "--data-dir", args.data_dir, "--output-dir", "/tmp/bench-hf-mrpc",
+               "--seed-model-init"]),
         "b": ("tuneforge defaults", tf + ["--output-dir", "/tmp/bench-tf-mrpc-default"]),
         # dropout=null: the model's own dropout (0.1), as in (a)
         "c": ("tuneforge set to recipe (a)",

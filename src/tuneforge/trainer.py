@@ -174,7 +174,11 @@ class Trainer:
         if cfg.gradient_checkpointing:
             if not b.supports_gradient_checkpointing:
                 raise ConfigError(f"backend {b.name!r} does not support gradient checkpointing; drop --gradient-checkpointing")
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         self.model, self.optimizer = b.wrap(model, self.make_optimizer)
 
