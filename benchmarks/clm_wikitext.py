@@ -78,7 +78,8 @@ def run_hf_trainer(args, model_path: str) -> dict:
         output_dir="runs/bench-clm-hf", per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.batch_size,
         max_steps=args.max_steps, learning_rate=args.lr, warmup_steps=args.warmup_steps, weight_decay=0.0,
         lr_scheduler_type="linear", logging_steps=10, save_strategy="no", eval_strategy="no", report_to="none",
-        seed=args.seed, bf16=args.precision == "bf16", disable_tqdm=args.quiet)
+        seed=args.seed, bf16=args.precision == "bf16", use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=args.quiet)
     trainer = Trainer(model=model, args=training_args, train_dataset=lm["train"], eval_dataset=test,
                       processing_class=tokenizer, data_collator=default_data_collator)
     train = trainer.train()

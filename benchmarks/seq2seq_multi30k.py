@@ -94,7 +94,8 @@ def run_seq2seq_trainer(args) -> dict:
         per_device_eval_batch_size=args.eval_batch_size or args.batch_size * 2, max_steps=args.max_steps,
         learning_rate=args.lr, warmup_steps=args.warmup_steps, weight_decay=0.0, lr_scheduler_type="linear",
         logging_steps=50, save_strategy="no", eval_strategy="no", report_to="none", seed=args.seed,
-        bf16=args.precision == "bf16", predict_with_generate=True, generation_num_beams=args.num_beams,
+        bf16=args.precision == "bf16", use_cpu=not torch.cuda.is_available(), predict_with_generate=True,
+        generation_num_beams=args.num_beams,
         disable_tqdm=args.quiet)  # max_new_tokens is given to evaluate(), as tuneforge does
     trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=val,
                              processing_class=tokenizer, compute_metrics=compute_metrics,
