@@ -7,7 +7,7 @@
 
     python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --rounds 1
     python benchmarks/mrpc_vs_hf_trainer.py --only b --seeds 1 2 3   # dev scores of the defaults, seed mean
-Writes benchmarks/results/mrpc_vs_hf_trainer[-b-seeds-1-2-3].json and prints a markdown table.
+Writes benchmarks/results/mrpc_vs_hf_trainer[-ONLY-seeds-S-rounds-R].json and prints a markdown table.
 """
 import argparse
 import json
@@ -69,7 +69,9 @@ def main():
                         "command": " ".join(variants[key][1]) + " --seed SEED"}
     meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
             "seeds": args.seeds, "rounds": args.rounds}
-    name = "mrpc_vs_hf_trainer" if args.seeds == [42] else f"mrpc_vs_hf_trainer-{args.only}-seeds-{'-'.join(map(str, args.seeds))}"
+    name = "mrpc_vs_hf_trainer"
+    if (args.only, args.seeds, args.rounds) != ("abc", [42], 1):  # keep the main table's file
+        name += f"-{args.only}-seeds-{'-'.join(map(str, args.seeds))}-rounds-{args.rounds}"
     out = HERE / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "summary": summary}, indent=2))
