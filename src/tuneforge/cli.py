@@ -26,7 +26,7 @@ TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--seed": ("seed", {"type": int}),
     "--precision": ("precision", {"choices": ["auto", "fp32", "bf16", "fp16"]}),
     "--gradient-checkpointing": ("gradient_checkpointing", {"action": "store_const", "const": True}),
-    "--dropout": ("dropout", {"type": float, "help": "every dropout probability of the model (default: the model's own)"}),
+    "--dropout": ("dropout", {"type": float, "help": "every dropout probability of the model (default 0; dropout=null keeps the model's own)"}),
     "--attn-implementation": ("attn_implementation", {"help": "auto (default), eager, sdpa, flash_attention_2, ..."}),
     "--eval-strategy": ("eval_strategy", {"choices": ["epoch", "steps", "no"]}),
     "--eval-steps": ("eval_steps", {"type": int}),

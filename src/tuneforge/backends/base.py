@@ -143,8 +143,8 @@ class Backend:
     def default_attention(self) -> str | None:
         """The attention kernel `attn_implementation: auto` trains with (None: the model's own default).
 
-        Under bf16 autocast on CPU, eager attention: torch's CPU SDPA kernel is 1.1-1.6x slower there,
-        forward + backward (benchmarks/attention_cpu.py). In fp32 and on GPUs SDPA is as fast or faster."""
+        Under bf16 autocast on CPU, eager attention: torch's CPU SDPA kernel is slower there,
+        forward + backward (benchmarks/cpu_step_kernels.py). In fp32 it is not, and on GPUs SDPA is the fast one."""
         return "eager" if self.device.type == "cpu" and self.precision == "bf16" else None
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
