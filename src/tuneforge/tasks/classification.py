@@ -298,8 +298,6 @@ class ClassificationTask(Task):
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
         path = self.model_path()
-        model_config = AutoConfig.from_pretrained(path)
-        self.check_max_length(tokenizer, model_config)
         if self.regression:
             kwargs = {"num_labels": 1, "problem_type": "regression"}
         else:
@@ -309,6 +307,7 @@ class ClassificationTask(Task):
                 "label2id": {n: i for i, n in enumerate(self.label_names)},
             }
         model_config = set_dropout(AutoConfig.from_pretrained(path, **kwargs), self.config.dropout)
+        self.check_max_length(tokenizer, model_config)
         return AutoModelForSequenceClassification.from_pretrained(path, config=model_config)
 
     def compute_loss(self, outputs, batch, reduce_mask=None):
