@@ -146,13 +146,13 @@ def test_unknown_attention_kernel_is_a_config_error(tmp_path, tiny_bert, cache_d
         trainer.fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
 
 
-@pytest.mark.parametrize("dropout, expected", [(None, {0.0}), (0.25, {0.25})])
-def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(tmp_path, tiny_bert, cache_dir, dropout, expected):
+@pytest.mark.parametrize("dropout, expected", [(None, {0.1}), (0.0, {0.0}), (0.25, {0.25})])
+def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(tmp_path, minilm_dir, cache_dir, dropout, expected):
     import json
 
-    spy = ModelSpy()
-    result = Trainer(make_config(tmp_path, tiny_bert, cache_dir, dropout=dropout, max_steps=1, eval_strategy="no"),
+    spy = ModelSpy()  # MiniLM's own dropout is 0.1, so None (keep the model's own) is told apart from 0
+    result = Trainer(make_config(tmp_path, minilm_dir, cache_dir, dropout=dropout, max_steps=1, eval_strategy="no"),
                      callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
-    assert spy.dropouts == expected  # None: the tiny BERT's own, 0
+    assert spy.dropouts == expected
     saved = json.loads((Path(result["model_dir"]) / "config.json").read_text())
     assert {saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]} == expected
