@@ -105,7 +105,7 @@ class Trainer:
 
     def _set_attention(self, model) -> None:
         wanted = self.config.attn_implementation
-        chosen = self.backend.default_attention() if wanted == "auto" else wanted
+        chosen = self.backend.default_attention(padded=self.task.pads_batches) if wanted == "auto" else wanted
         if chosen is None or not hasattr(model, "set_attn_implementation"):
             return
         try:

@@ -246,3 +246,21 @@ def test_bundled_smollm2_is_located_without_importing_its_package():
     gguf = smollm2_gguf()
     assert gguf.suffix == ".gguf" and gguf.stat().st_size > 50_000_000
     assert SMOLLM2_PACKAGE not in sys.modules
+
+
+@pytest.mark.parametrize("packing, expected", [(True, "sdpa"), (False, "eager")])
+def test_bf16_cpu_attention_is_sdpa_for_packed_blocks_and_eager_for_padded_texts(tiny_llama, text_files, tmp_path,
+                                                                                    cache_dir, packing, expected):
+    from tuneforge.trainer import Callback, Trainer
+
+    class Spy(Callback):
+        def on_train_begin(self, trainer):
+            self.attention = trainer.model.config._attn_implementation
+
+    train, valid = text_files
+    spy = Spy()
+    Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "run"), quiet=True, max_steps=1, batch_size=4,
+            precision="bf16", eval_strategy="no", callbacks=[spy],
+            data={"train_file": str(train), "validation_file": str(valid), "packing": packing, "block_size": BLOCK,
+                  "cache_dir": cache_dir}).fit()
+    assert spy.attention == expected

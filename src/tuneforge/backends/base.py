@@ -140,12 +140,14 @@ class Backend:
         model.to(self.device)
         return model, make_optimizer(model)
 
-    def default_attention(self) -> str | None:
+    def default_attention(self, padded: bool = True) -> str | None:
         """The attention kernel `attn_implementation: auto` trains with (None: the model's own default).
 
-        Under bf16 autocast on CPU, eager attention: torch's CPU SDPA kernel is slower there,
-        forward + backward (benchmarks/cpu_step_kernels.py). In fp32 it is not, and on GPUs SDPA is the fast one."""
-        return "eager" if self.device.type == "cpu" and self.precision == "bf16" else None
+        Under bf16 autocast on CPU with padded batches, eager attention: torch's CPU SDPA kernel with a
+        padding mask is slower there, forward + backward (benchmarks/cpu_step_kernels.py). Unpadded
+        (packed causal LM) batches need no mask and SDPA's causal kernel is the faster one
+        (benchmarks/README.md, causal LM). In fp32 SDPA is not slower, and on GPUs it is the fast one."""
+        return "eager" if self.device.type == "cpu" and self.precision == "bf16" and padded else None
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)

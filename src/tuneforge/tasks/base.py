@@ -76,6 +76,7 @@ class Task:
     model_kind = "model"            # for messages: 'a classification model'
     best_metric = "loss"            # default metric_for_best
     greater_is_better = False
+    pads_batches = True             # batches carry padding (an attention mask): picks the CPU attention kernel
 
     def __init__(self, config) -> None:
         self.config = config

@@ -142,6 +142,10 @@ class CausalLMTask(Task):
         self._model_config_cache = None
         self.text_column = (config.data.text_columns or ["text"])[0]
 
+    @property
+    def pads_batches(self) -> bool:  # packed blocks are full (only the text's last block can be short)
+        return not self.config.data.packing
+
     # ---- model -----------------------------------------------------------------------------
     def default_model(self) -> str:
         return bundled_smollm2(log=self.log)
