@@ -29,6 +29,7 @@ def tuneforge_config(args, out: str, **extra) -> dict:
     return {"task": "clm", "model": args.model, "output_dir": out, "overwrite": True, "quiet": args.quiet,
             "batch_size": args.batch_size, "eval_batch_size": args.batch_size, "max_steps": args.max_steps,
             "precision": args.precision, "seed": args.seed, "eval_strategy": "no", "logging_steps": 10,
+            "attn_implementation": args.attn_implementation,
             "optim": {"lr": args.lr, "warmup_steps": args.warmup_steps, "weight_decay": 0.0, "scheduler": "linear"},
             "data": data, **extra}
 
@@ -102,6 +103,7 @@ def main() -> None:
     ap.add_argument("--max-eval-blocks", type=int, default=None, help="evaluate on the first N test blocks (default: all)")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--attn-implementation", default="auto", help="tuneforge's attention kernel (the peer keeps the model's)")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
@@ -114,9 +116,11 @@ def main() -> None:
     theirs = None if args.skip_hf else run_hf_trainer(args, args.model)
     meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "command": "python benchmarks/clm_wikitext.py " + " ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False) and k != "model"),
+                f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                for k, v in vars(args).items() if v not in (None, False, "auto") and k != "model"),
             "model": args.model, "block_size": args.block_size, "batch_size": args.batch_size, "max_steps": args.max_steps}
-    out = HERE / "results" / "clm_wikitext.json"
+    out = HERE / "results" / ("clm_wikitext.json" if args.attn_implementation == "auto" else
+                              f"clm_wikitext-attn-{args.attn_implementation}.json")
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "tuneforge": ours, "transformers_trainer": theirs}, indent=2))
 
