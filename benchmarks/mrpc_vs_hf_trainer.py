@@ -5,7 +5,7 @@
 (c) tuneforge set to recipe (a) exactly: batch 8, lr 5e-5, 3 epochs, linear, no warmup, no weight
     decay, fp32, plain shuffling, eval batch 8, max length 512
 
-    python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --rounds 1
+    python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --only abc --seeds 1 2 3  # README table
     python benchmarks/mrpc_vs_hf_trainer.py --only b --seeds 1 2 3   # dev scores of the defaults, seed mean
 Writes benchmarks/results/mrpc_vs_hf_trainer[-ONLY-seeds-S-rounds-R].json and prints a markdown table.
 """

@@ -353,3 +353,17 @@ def first_query_weights(base_model: str, trained_dir: Path) -> tuple:
     name = "encoder.layer.0.attention.self.query.weight"
     start = load_file(Path(base_model) / "model.safetensors")[name]
     return start, load_file(Path(trained_dir) / "model.safetensors")["bert." + name]
+
+
+def model_spy():
+    """A Callback recording the attention kernel and the dropout probabilities the model trains with."""
+    import torch
+
+    from tuneforge.trainer import Callback
+
+    class ModelSpy(Callback):
+        def on_train_begin(self, trainer):
+            self.attention = trainer.model.config._attn_implementation
+            self.dropouts = {m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
+
+    return ModelSpy()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import NEGATIVE, POSITIVE
+from conftest import NEGATIVE, POSITIVE, model_spy
 from tuneforge.config import TrainConfig
 from tuneforge.trainer import Callback, Trainer
 
@@ -120,19 +120,13 @@ def test_subclass_overrides_are_really_used(tmp_path, tiny_bert, cache_dir):
     assert not all(torch.equal(before[k], v) for k, v in model2.state_dict().items())
 
 
-class ModelSpy(Callback):
-    def on_train_begin(self, trainer):
-        self.attention = trainer.model.config._attn_implementation
-        self.dropouts = {m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
-
-
 @pytest.mark.parametrize("precision, attention, expected", [
     ("bf16", "auto", "eager"),   # CPU SDPA is the slower kernel under bf16 autocast (benchmarks/cpu_step_kernels.py)
     ("fp32", "auto", "sdpa"),    # fp32: the model's own default stays
     ("fp32", "eager", "eager"),  # asked for by name
 ])
 def test_attention_kernel_chosen_for_training(tmp_path, tiny_bert, cache_dir, precision, attention, expected):
-    spy = ModelSpy()
+    spy = model_spy()
     Trainer(make_config(tmp_path, tiny_bert, cache_dir, precision=precision, attn_implementation=attention, max_steps=1,
                         eval_strategy="no"), callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
     assert spy.attention == expected
@@ -150,7 +144,7 @@ def test_unknown_attention_kernel_is_a_config_error(tmp_path, tiny_bert, cache_d
 def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(tmp_path, minilm_dir, cache_dir, dropout, expected):
     import json
 
-    spy = ModelSpy()  # MiniLM's own dropout is 0.1, so None (keep the model's own) is told apart from 0
+    spy = model_spy()  # MiniLM's own dropout is 0.1, so None (keep the model's own) is told apart from 0
     result = Trainer(make_config(tmp_path, minilm_dir, cache_dir, dropout=dropout, max_steps=1, eval_strategy="no"),
                      callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
     assert spy.dropouts == expected

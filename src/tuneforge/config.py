@@ -82,8 +82,9 @@ class TrainConfig(_Section):
         0.0, ge=0, lt=1, description="every dropout probability in the model's config (hidden, attention, "
         "classifier) set to this while training; null keeps the model's own")
     attn_implementation: str = Field(
-        "auto", description="attention kernel for training and evaluation: auto (eager under bf16 on CPU when batches are "
-        "padded, where it is faster; else the model's default, SDPA for most; packed causal-LM blocks are not padded) or a transformers name: eager, sdpa, flash_attention_2, ...")
+        "auto", description="attention kernel for training and evaluation: auto (eager under bf16 on CPU when batches "
+        "are padded, where it is faster; else the model's default, SDPA for most; packed causal-LM blocks are not "
+        "padded) or a transformers name: eager, sdpa, flash_attention_2, ...")
 
     # evaluation, logging, best model
     eval_strategy: Literal["epoch", "steps", "no"] = "epoch"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_main, last_json, parallel_pairs, quiet_task, run_cli
+from conftest import cli_main, last_json, model_spy, parallel_pairs, quiet_task, run_cli
 
 BLOCK = 16
 
@@ -251,14 +251,10 @@ def test_bundled_smollm2_is_located_without_importing_its_package():
 @pytest.mark.parametrize("packing, expected", [(True, "sdpa"), (False, "eager")])
 def test_bf16_cpu_attention_is_sdpa_for_packed_blocks_and_eager_for_padded_texts(tiny_llama, text_files, tmp_path,
                                                                                     cache_dir, packing, expected):
-    from tuneforge.trainer import Callback, Trainer
-
-    class Spy(Callback):
-        def on_train_begin(self, trainer):
-            self.attention = trainer.model.config._attn_implementation
+    from tuneforge.trainer import Trainer
 
     train, valid = text_files
-    spy = Spy()
+    spy = model_spy()
     Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "run"), quiet=True, max_steps=1, batch_size=4,
             precision="bf16", eval_strategy="no", callbacks=[spy],
             data={"train_file": str(train), "validation_file": str(valid), "packing": packing, "block_size": BLOCK,
