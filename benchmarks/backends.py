@@ -7,6 +7,7 @@ for the peer (a step-end callback).
 
     python benchmarks/backends.py --data-dir ../shared/data/glue/MRPC --max-steps 40
 """
+
 import argparse
 import json
 import platform
@@ -23,18 +24,53 @@ VARIANTS = {
     "deepspeed zero-1 (2x8)": ["--backend", "deepspeed", "--zero-stage", "1", "--nproc", "2", "--batch-size", "8"],
     "deepspeed zero-2 (2x8)": ["--backend", "deepspeed", "--zero-stage", "2", "--nproc", "2", "--batch-size", "8"],
     "deepspeed zero-3 (2x8)": ["--backend", "deepspeed", "--zero-stage", "3", "--nproc", "2", "--batch-size", "8"],
-    "deepspeed zero-3 + offload optimizer (2x8)": ["--backend", "deepspeed", "--zero-stage", "3", "--offload", "optimizer",
-                                                   "--nproc", "2", "--batch-size", "8"],
+    "deepspeed zero-3 + offload optimizer (2x8)": [
+        "--backend",
+        "deepspeed",
+        "--zero-stage",
+        "3",
+        "--offload",
+        "optimizer",
+        "--nproc",
+        "2",
+        "--batch-size",
+        "8",
+    ],
     "tp (2-way, batch 16)": ["--backend", "tp", "--tp-size", "2", "--nproc", "2", "--batch-size", "16"],
 }
 
 
 def tuneforge_run(name, extra, args):
     out = Path("/tmp/bench-backends") / name.split()[0].replace("/", "_")
-    cmd = [str(Path(sys.executable).parent / "tuneforge"), "train", "--task", "glue/mrpc", "--data-dir", args.data_dir,
-           "--max-steps", str(args.max_steps), "--logging-steps", "1", "--precision", "fp32", "--no-group-by-length",
-           "--lr", "5e-5", "--eval-strategy", "no", "--max-eval-samples", "16", "--max-length", "128",
-           "--output-dir", str(out) + "-" + "-".join(extra[1:4]), "--overwrite", "--quiet", "--json", *extra]
+    cmd = [
+        str(Path(sys.executable).parent / "tuneforge"),
+        "train",
+        "--task",
+        "glue/mrpc",
+        "--data-dir",
+        args.data_dir,
+        "--max-steps",
+        str(args.max_steps),
+        "--logging-steps",
+        "1",
+        "--precision",
+        "fp32",
+        "--no-group-by-length",
+        "--lr",
+        "5e-5",
+        "--eval-strategy",
+        "no",
+        "--max-eval-samples",
+        "16",
+        "--max-length",
+        "128",
+        "--output-dir",
+        str(out) + "-" + "-".join(extra[1:4]),
+        "--overwrite",
+        "--quiet",
+        "--json",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
@@ -53,19 +89,39 @@ def main():
     ap.add_argument("--only", nargs="*", default=None, help="substrings of variant names to run")
     args = ap.parse_args()
     rows = {}
-    hf_cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", str(HERE / "hf_trainer_ddp_mrpc.py"),
-              "--data-dir", args.data_dir, "--max-steps", str(args.max_steps + 1), "--skip", str(args.skip)]
-    proc = subprocess.run(hf_cmd, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
-    rows["transformers.Trainer + DDP (2x8)"] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
-                                               else {"error": proc.stderr.strip().splitlines()[-1]})
+    hf_cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        str(HERE / "hf_trainer_ddp_mrpc.py"),
+        "--data-dir",
+        args.data_dir,
+        "--max-steps",
+        str(args.max_steps + 1),
+        "--skip",
+        str(args.skip),
+    ]
+    proc = subprocess.run(
+        hf_cmd, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    )
+    rows["transformers.Trainer + DDP (2x8)"] = (
+        json.loads(proc.stdout.strip().splitlines()[-1])
+        if proc.returncode == 0
+        else {"error": proc.stderr.strip().splitlines()[-1]}
+    )
     print(f"peer: {rows['transformers.Trainer + DDP (2x8)']}", file=sys.stderr, flush=True)
     for name, extra in VARIANTS.items():
         if args.only and not any(s in name for s in args.only):
             continue
         rows[name] = tuneforge_run(name, extra, args)
         print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
-    meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-            "max_steps": args.max_steps, "skip": args.skip}
+    meta = {
+        "date": str(date.today()),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "max_steps": args.max_steps,
+        "skip": args.skip,
+    }
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "backends.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print("| run | samples/s |\n|---|---|")

@@ -3,6 +3,7 @@ start-up vs transformers.Trainer resuming to the same step.
 
     python benchmarks/checkpoints.py --data-dir ../shared/data/glue/MRPC
 """
+
 import argparse
 import json
 import os
@@ -14,17 +15,38 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BACKENDS = {"single": ["--backend", "single", "--batch-size", "16"],
-            "ddp (2 proc)": ["--backend", "ddp", "--nproc", "2", "--batch-size", "8"],
-            "fsdp (2 proc)": ["--backend", "fsdp", "--nproc", "2", "--batch-size", "8"],
-            "deepspeed zero-3 (2 proc)": ["--backend", "deepspeed", "--zero-stage", "3", "--nproc", "2", "--batch-size", "8"],
-            "tp (2 proc)": ["--backend", "tp", "--tp-size", "2", "--nproc", "2", "--batch-size", "16"]}
+BACKENDS = {
+    "single": ["--backend", "single", "--batch-size", "16"],
+    "ddp (2 proc)": ["--backend", "ddp", "--nproc", "2", "--batch-size", "8"],
+    "fsdp (2 proc)": ["--backend", "fsdp", "--nproc", "2", "--batch-size", "8"],
+    "deepspeed zero-3 (2 proc)": ["--backend", "deepspeed", "--zero-stage", "3", "--nproc", "2", "--batch-size", "8"],
+    "tp (2 proc)": ["--backend", "tp", "--tp-size", "2", "--nproc", "2", "--batch-size", "16"],
+}
 
 
 def tf(args, out, extra, timings):
-    cmd = [sys.executable, str(HERE / "_timed_tuneforge.py"), "train", "--task", "glue/mrpc", "--data-dir", args.data_dir,
-           "--precision", "fp32", "--eval-strategy", "no", "--max-eval-samples", "16", "--logging-steps", "1",
-           "--output-dir", str(out), "--quiet", "--json", *extra]
+    cmd = [
+        sys.executable,
+        str(HERE / "_timed_tuneforge.py"),
+        "train",
+        "--task",
+        "glue/mrpc",
+        "--data-dir",
+        args.data_dir,
+        "--precision",
+        "fp32",
+        "--eval-strategy",
+        "no",
+        "--max-eval-samples",
+        "16",
+        "--logging-steps",
+        "1",
+        "--output-dir",
+        str(out),
+        "--quiet",
+        "--json",
+        *extra,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TUNEFORGE_TIMINGS": str(timings)})
     if proc.returncode != 0:
@@ -49,19 +71,34 @@ def main():
         out = root / name.split()[0]
         timings = root / f"{name.split()[0]}.jsonl"
         timings.unlink(missing_ok=True)
-        tf(args, out, [*extra, "--max-steps", "2", "--save-steps", "1", "--save-strategy", "steps", "--overwrite"], timings)
+        tf(
+            args,
+            out,
+            [*extra, "--max-steps", "2", "--save-steps", "1", "--save-strategy", "steps", "--overwrite"],
+            timings,
+        )
         tf(args, out, [*extra, "--max-steps", "3", "--resume", str(out / "checkpoint-1")], timings)
         t = [json.loads(x) for x in timings.read_text().splitlines()]
-        rows[name] = {"save_s": [x["save_s"] for x in t if "save_s" in x][0], "load_s": [x["load_s"] for x in t if "load_s" in x][0],
-                      "size_mb": round(du(out / "checkpoint-1") / 2**20, 1)}
+        rows[name] = {
+            "save_s": [x["save_s"] for x in t if "save_s" in x][0],
+            "load_s": [x["load_s"] for x in t if "load_s" in x][0],
+            "size_mb": round(du(out / "checkpoint-1") / 2**20, 1),
+        }
         print(name, rows[name], file=sys.stderr, flush=True)
     saved.write_text(json.dumps(rows))
     # mid-epoch resume start-up: both resume from step N of epoch 1 (batch 8) and train one more step
     k = args.resume_step
     base = ["--batch-size", "8", "--no-group-by-length", "--max-length", "512"]
     out = root / "resume"
-    tf(args, out, [*base, "--max-steps", str(k), "--save-steps", str(k), "--save-strategy", "steps", "--overwrite"], root / "r.jsonl")
-    tf_wall = tf(args, out, [*base, "--max-steps", str(k + 1), "--resume", str(out / f"checkpoint-{k}")], root / "r.jsonl")
+    tf(
+        args,
+        out,
+        [*base, "--max-steps", str(k), "--save-steps", str(k), "--save-strategy", "steps", "--overwrite"],
+        root / "r.jsonl",
+    )
+    tf_wall = tf(
+        args, out, [*base, "--max-steps", str(k + 1), "--resume", str(out / f"checkpoint-{k}")], root / "r.jsonl"
+    )
     hf = [sys.executable, str(HERE / "hf_trainer_resume.py"), "--data-dir", args.data_dir, "--step", str(k)]
     subprocess.run([*hf, "--phase", "save"], check=True, capture_output=True)
     t0 = time.perf_counter()

@@ -5,6 +5,7 @@ batches, `average_tokens_across_devices=False` so its loss is right. Prints one 
 steady-state samples/s measured between step `--skip` and the last step (as backends.py does
 for tuneforge), from rank 0.
 """
+
 import argparse
 import csv
 import json
@@ -13,8 +14,14 @@ import time
 
 import pandas as pd
 from datasets import Dataset
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainerCallback, TrainingArguments)
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 
 class StepClock(TrainerCallback):
@@ -35,19 +42,47 @@ def main():
     from tuneforge.tasks.base import bundled_minilm
 
     model_dir = bundled_minilm()
-    df = pd.read_csv(f"{args.data_dir}/train.tsv", sep="\t", quoting=csv.QUOTE_NONE, encoding="utf-8-sig", dtype=str,
-                     keep_default_na=False)
+    df = pd.read_csv(
+        f"{args.data_dir}/train.tsv",
+        sep="\t",
+        quoting=csv.QUOTE_NONE,
+        encoding="utf-8-sig",
+        dtype=str,
+        keep_default_na=False,
+    )
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ds = Dataset.from_dict({"sentence1": df["#1 String"].tolist(), "sentence2": df["#2 String"].tolist(),
-                            "label": [int(x) for x in df["Quality"]]})
+    ds = Dataset.from_dict(
+        {
+            "sentence1": df["#1 String"].tolist(),
+            "sentence2": df["#2 String"].tolist(),
+            "label": [int(x) for x in df["Quality"]],
+        }
+    )
     ds = ds.map(lambda ex: tok(ex["sentence1"], ex["sentence2"], truncation=True, max_length=128), batched=True)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     clock = StepClock()
-    targs = TrainingArguments(args.output_dir, per_device_train_batch_size=8, learning_rate=5e-5, max_steps=args.max_steps,
-                              use_cpu=True, ddp_backend="gloo", average_tokens_across_devices=False, save_strategy="no",
-                              eval_strategy="no", report_to=[], disable_tqdm=True, logging_steps=10)
-    Trainer(model, targs, train_dataset=ds, data_collator=DataCollatorWithPadding(tok), processing_class=tok,
-            callbacks=[clock]).train()
+    targs = TrainingArguments(
+        args.output_dir,
+        per_device_train_batch_size=8,
+        learning_rate=5e-5,
+        max_steps=args.max_steps,
+        use_cpu=True,
+        ddp_backend="gloo",
+        average_tokens_across_devices=False,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        logging_steps=10,
+    )
+    Trainer(
+        model,
+        targs,
+        train_dataset=ds,
+        data_collator=DataCollatorWithPadding(tok),
+        processing_class=tok,
+        callbacks=[clock],
+    ).train()
     if int(os.environ.get("RANK", "0")) == 0:
         steps = len(clock.times) - 1 - args.skip
         secs = clock.times[-1] - clock.times[args.skip]

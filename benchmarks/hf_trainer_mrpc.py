@@ -6,6 +6,7 @@ as tuneforge. Prints one JSON line: {"accuracy", "f1", "wall_s"}.
 
     python benchmarks/hf_trainer_mrpc.py --data-dir ../shared/data/glue/MRPC --output-dir /tmp/hf-mrpc
 """
+
 import argparse
 import csv
 import json
@@ -17,14 +18,25 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from sklearn.metrics import accuracy_score, f1_score  # noqa: E402
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding,  # noqa: E402
-                          Trainer, TrainingArguments, set_seed)
+from transformers import (  # noqa: E402
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
 
 
 def read_mrpc(path):
     df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, encoding="utf-8-sig", dtype=str, keep_default_na=False)
-    return Dataset.from_dict({"sentence1": df["#1 String"].tolist(), "sentence2": df["#2 String"].tolist(),
-                              "label": [int(x) for x in df["Quality"]]})
+    return Dataset.from_dict(
+        {
+            "sentence1": df["#1 String"].tolist(),
+            "sentence2": df["#2 String"].tolist(),
+            "label": [int(x) for x in df["Quality"]],
+        }
+    )
 
 
 def main():
@@ -37,12 +49,15 @@ def main():
     args = ap.parse_args()
     if args.model is None:
         from tuneforge.tasks.base import bundled_minilm
+
         args.model = bundled_minilm()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     raw = {"train": read_mrpc(f"{args.data_dir}/train.tsv"), "validation": read_mrpc(f"{args.data_dir}/dev.tsv")}
-    tok = {k: v.map(lambda ex: tokenizer(ex["sentence1"], ex["sentence2"], truncation=True), batched=True)
-           for k, v in raw.items()}
+    tok = {
+        k: v.map(lambda ex: tokenizer(ex["sentence1"], ex["sentence2"], truncation=True), batched=True)
+        for k, v in raw.items()
+    }
     if args.seed_model_init:  # the course code builds the head before Trainer seeds: a fresh head each run
         set_seed(args.seed)
     model = AutoModelForSequenceClassification.from_pretrained(args.model, num_labels=2)
@@ -52,18 +67,41 @@ def main():
         return {"accuracy": accuracy_score(pred.label_ids, preds), "f1": f1_score(pred.label_ids, preds)}
 
     training_args = TrainingArguments(
-        args.output_dir, eval_strategy="epoch", per_device_train_batch_size=8, per_device_eval_batch_size=8,
-        learning_rate=5e-5, num_train_epochs=3, lr_scheduler_type="linear", seed=args.seed, use_cpu=True,
-        save_strategy="no", report_to=[], disable_tqdm=True, logging_steps=50,
+        args.output_dir,
+        eval_strategy="epoch",
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        learning_rate=5e-5,
+        num_train_epochs=3,
+        lr_scheduler_type="linear",
+        seed=args.seed,
+        use_cpu=True,
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        logging_steps=50,
     )
-    trainer = Trainer(model, training_args, train_dataset=tok["train"], eval_dataset=tok["validation"],
-                      data_collator=DataCollatorWithPadding(tokenizer=tokenizer), processing_class=tokenizer,
-                      compute_metrics=compute_metrics)
+    trainer = Trainer(
+        model,
+        training_args,
+        train_dataset=tok["train"],
+        eval_dataset=tok["validation"],
+        data_collator=DataCollatorWithPadding(tokenizer=tokenizer),
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+    )
     trainer.train()
     metrics = trainer.evaluate()
     trainer.save_model(f"{args.output_dir}/model")  # tuneforge saves its final model too
-    print(json.dumps({"accuracy": metrics["eval_accuracy"], "f1": metrics["eval_f1"],
-                      "wall_s": round(time.perf_counter() - T0, 2)}))
+    print(
+        json.dumps(
+            {
+                "accuracy": metrics["eval_accuracy"],
+                "f1": metrics["eval_f1"],
+                "wall_s": round(time.perf_counter() - T0, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
     python benchmarks/mrpc_vs_hf_trainer.py --only b --seeds 1 2 3   # dev scores of the defaults, seed mean
 Writes benchmarks/results/mrpc_vs_hf_trainer[-ONLY-seeds-S-rounds-R].json and prints a markdown table.
 """
+
 import argparse
 import json
 import platform
@@ -39,18 +40,62 @@ def main():
     ap.add_argument("--only", default="abc", help="which variants to run, e.g. 'ab'")
     ap.add_argument("--seeds", type=int, nargs="+", default=[42], help="each variant runs once per seed and round")
     args = ap.parse_args()
-    tf = [str(Path(sys.executable).parent / "tuneforge"), "train", "--task", "glue/mrpc", "--data-dir", args.data_dir,
-          "--overwrite", "--json", "--quiet"]
+    tf = [
+        str(Path(sys.executable).parent / "tuneforge"),
+        "train",
+        "--task",
+        "glue/mrpc",
+        "--data-dir",
+        args.data_dir,
+        "--overwrite",
+        "--json",
+        "--quiet",
+    ]
     variants = {
-        "a": ("transformers.Trainer (HF course recipe)",
-              [sys.executable, str(HERE / "hf_trainer_mrpc.py"), "--data-dir", args.data_dir, "--output-dir", "/tmp/bench-hf-mrpc",
-               "--seed-model-init"]),
+        "a": (
+            "transformers.Trainer (HF course recipe)",
+            [
+                sys.executable,
+                str(HERE / "hf_trainer_mrpc.py"),
+                "--data-dir",
+                args.data_dir,
+                "--output-dir",
+                "/tmp/bench-hf-mrpc",
+                "--seed-model-init",
+            ],
+        ),
         "b": ("tuneforge defaults", tf + ["--output-dir", "/tmp/bench-tf-mrpc-default"]),
         # dropout=null: the model's own dropout (0.1), as in (a)
-        "c": ("tuneforge set to recipe (a)",
-              tf + ["--output-dir", "/tmp/bench-tf-mrpc-recipe", "--batch-size", "8", "--eval-batch-size", "8", "--lr", "5e-5",
-                    "--epochs", "3", "--scheduler", "linear", "--warmup-ratio", "0", "--weight-decay", "0", "--precision", "fp32",
-                    "--no-group-by-length", "--max-length", "512", "--logging-steps", "50", "dropout=null"]),
+        "c": (
+            "tuneforge set to recipe (a)",
+            tf
+            + [
+                "--output-dir",
+                "/tmp/bench-tf-mrpc-recipe",
+                "--batch-size",
+                "8",
+                "--eval-batch-size",
+                "8",
+                "--lr",
+                "5e-5",
+                "--epochs",
+                "3",
+                "--scheduler",
+                "linear",
+                "--warmup-ratio",
+                "0",
+                "--weight-decay",
+                "0",
+                "--precision",
+                "fp32",
+                "--no-group-by-length",
+                "--max-length",
+                "512",
+                "--logging-steps",
+                "50",
+                "dropout=null",
+            ],
+        ),
     }
     results = {k: [] for k in args.only}
     for r in range(args.rounds):
@@ -62,13 +107,20 @@ def main():
                 print(f"round {r + 1} seed {seed} ({key}) {variants[key][0]}: {res}", file=sys.stderr, flush=True)
     summary = {}
     for key, runs in results.items():
-        summary[key] = {"name": variants[key][0], "runs": runs,
-                        "wall_s": round(sum(x["wall_s"] for x in runs) / len(runs), 1),
-                        "accuracy": round(sum(x["accuracy"] for x in runs) / len(runs), 4),
-                        "f1": round(sum(x["f1"] for x in runs) / len(runs), 4),
-                        "command": " ".join(variants[key][1]) + " --seed SEED"}
-    meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-            "seeds": args.seeds, "rounds": args.rounds}
+        summary[key] = {
+            "name": variants[key][0],
+            "runs": runs,
+            "wall_s": round(sum(x["wall_s"] for x in runs) / len(runs), 1),
+            "accuracy": round(sum(x["accuracy"] for x in runs) / len(runs), 4),
+            "f1": round(sum(x["f1"] for x in runs) / len(runs), 4),
+            "command": " ".join(variants[key][1]) + " --seed SEED",
+        }
+    meta = {
+        "date": str(date.today()),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "seeds": args.seeds,
+        "rounds": args.rounds,
+    }
     name = "mrpc_vs_hf_trainer"
     if (args.only, args.seeds, args.rounds) != ("abc", [42], 1):  # keep the main table's file
         name += f"-{args.only}-seeds-{'-'.join(map(str, args.seeds))}-rounds-{args.rounds}"

@@ -8,6 +8,7 @@ transformers translation recipe), training tokens/s (source + target tokens of t
 examples consumed, the training loop only) and a few real translations.
 Writes benchmarks/results/seq2seq_multi30k.json and prints markdown rows for benchmarks/README.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,34 @@ HERE = Path(__file__).resolve().parent
 
 def tuneforge_config(args, out: str) -> dict:
     d = Path(args.data_dir)
-    data = {"source_file": str(d / "train.en"), "target_file": str(d / "train.de"),
-            "validation_source_file": str(d / "val.en"), "validation_target_file": str(d / "val.de"),
-            "max_length": args.max_length, "max_target_length": args.max_length,
-            "max_train_samples": args.max_train_pairs, "max_eval_samples": args.max_eval_pairs}
-    return {"task": "seq2seq", "model": None, "output_dir": out, "overwrite": True, "quiet": args.quiet,
-            "batch_size": args.batch_size, "eval_batch_size": args.eval_batch_size, "max_steps": args.max_steps,
-            "precision": args.precision, "seed": args.seed, "eval_strategy": "no", "logging_steps": 50,
-            "num_beams": args.num_beams, "generation_max_length": args.generation_max_length,
-            "optim": {"lr": args.lr, "warmup_steps": args.warmup_steps, "weight_decay": 0.0, "scheduler": "linear"},
-            "data": data}
+    data = {
+        "source_file": str(d / "train.en"),
+        "target_file": str(d / "train.de"),
+        "validation_source_file": str(d / "val.en"),
+        "validation_target_file": str(d / "val.de"),
+        "max_length": args.max_length,
+        "max_target_length": args.max_length,
+        "max_train_samples": args.max_train_pairs,
+        "max_eval_samples": args.max_eval_pairs,
+    }
+    return {
+        "task": "seq2seq",
+        "model": None,
+        "output_dir": out,
+        "overwrite": True,
+        "quiet": args.quiet,
+        "batch_size": args.batch_size,
+        "eval_batch_size": args.eval_batch_size,
+        "max_steps": args.max_steps,
+        "precision": args.precision,
+        "seed": args.seed,
+        "eval_strategy": "no",
+        "logging_steps": 50,
+        "num_beams": args.num_beams,
+        "generation_max_length": args.generation_max_length,
+        "optim": {"lr": args.lr, "warmup_steps": args.warmup_steps, "weight_decay": 0.0, "scheduler": "linear"},
+        "data": data,
+    }
 
 
 def tokens_per_example(features) -> float:
@@ -55,9 +74,18 @@ def run_tuneforge(args) -> tuple[dict, object]:
     seconds = timer.end - timer.start
     per_example = tokens_per_example(timer.features)
     examples = timer.steps * args.batch_size
-    return ({"model_dir": result["model_dir"], "bleu": result["bleu"], "loss": result["loss"], "gen_len": result["gen_len"],
-             "train_s": round(seconds, 1), "examples_per_s": round(examples / seconds, 2),
-             "tokens_per_s": round(examples * per_example / seconds, 1)}, timer.features)
+    return (
+        {
+            "model_dir": result["model_dir"],
+            "bleu": result["bleu"],
+            "loss": result["loss"],
+            "gen_len": result["gen_len"],
+            "train_s": round(seconds, 1),
+            "examples_per_s": round(examples / seconds, 2),
+            "tokens_per_s": round(examples * per_example / seconds, 1),
+        },
+        timer.features,
+    )
 
 
 def run_seq2seq_trainer(args) -> dict:
@@ -90,22 +118,44 @@ def run_seq2seq_trainer(args) -> dict:
         return {"bleu": corpus_bleu(hyps, refs)}
 
     training_args = Seq2SeqTrainingArguments(
-        output_dir="runs/bench-seq2seq-hf", per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.eval_batch_size or args.batch_size * 2, max_steps=args.max_steps,
-        learning_rate=args.lr, warmup_steps=args.warmup_steps, weight_decay=0.0, lr_scheduler_type="linear",
-        logging_steps=50, save_strategy="no", eval_strategy="no", report_to="none", seed=args.seed,
-        bf16=args.precision == "bf16", use_cpu=not torch.cuda.is_available(), predict_with_generate=True,
+        output_dir="runs/bench-seq2seq-hf",
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.eval_batch_size or args.batch_size * 2,
+        max_steps=args.max_steps,
+        learning_rate=args.lr,
+        warmup_steps=args.warmup_steps,
+        weight_decay=0.0,
+        lr_scheduler_type="linear",
+        logging_steps=50,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        bf16=args.precision == "bf16",
+        use_cpu=not torch.cuda.is_available(),
+        predict_with_generate=True,
         generation_num_beams=args.num_beams,
-        disable_tqdm=args.quiet)  # max_new_tokens is given to evaluate(), as tuneforge does
-    trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=train, eval_dataset=val,
-                             processing_class=tokenizer, compute_metrics=compute_metrics,
-                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100))
+        disable_tqdm=args.quiet,
+    )  # max_new_tokens is given to evaluate(), as tuneforge does
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train,
+        eval_dataset=val,
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+    )
     seconds = trainer.train().metrics["train_runtime"]
     metrics = trainer.evaluate(max_new_tokens=args.generation_max_length, num_beams=args.num_beams)
     examples = args.max_steps * args.batch_size
-    return {"bleu": metrics["eval_bleu"], "loss": metrics["eval_loss"], "train_s": round(seconds, 1),
-            "examples_per_s": round(examples / seconds, 2),
-            "tokens_per_s": round(examples * tokens_per_example(train) / seconds, 1)}
+    return {
+        "bleu": metrics["eval_bleu"],
+        "loss": metrics["eval_loss"],
+        "train_s": round(seconds, 1),
+        "examples_per_s": round(examples / seconds, 2),
+        "tokens_per_s": round(examples * tokens_per_example(train) / seconds, 1),
+    }
 
 
 def main() -> None:
@@ -132,24 +182,39 @@ def main() -> None:
 
     sources = Path(args.data_dir, "val.en").read_text(encoding="utf-8").splitlines()[:5]
     references = Path(args.data_dir, "val.de").read_text(encoding="utf-8").splitlines()[:5]
-    outputs = Generator(ours["model_dir"]).generate(sources, max_new_tokens=args.generation_max_length, num_beams=args.num_beams)
+    outputs = Generator(ours["model_dir"]).generate(
+        sources, max_new_tokens=args.generation_max_length, num_beams=args.num_beams
+    )
     examples = [{"source": s, "reference": r, "tuneforge": o} for s, r, o in zip(sources, references, outputs)]
     theirs = None if args.skip_hf else run_seq2seq_trainer(args)
 
-    meta = {"date": str(date.today()), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "command": "python benchmarks/seq2seq_multi30k.py " + " ".join(
-                f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False))}
+    meta = {
+        "date": str(date.today()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "command": "python benchmarks/seq2seq_multi30k.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False)),
+    }
     out = HERE / "results" / "seq2seq_multi30k.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "tuneforge": ours, "seq2seq_trainer": theirs, "translations": examples},
-                              indent=2, ensure_ascii=False))
+    out.write_text(
+        json.dumps(
+            {"meta": meta, "tuneforge": ours, "seq2seq_trainer": theirs, "translations": examples},
+            indent=2,
+            ensure_ascii=False,
+        )
+    )
 
     print(f"\n{meta['date']}, {meta['machine']}: `{meta['command']}`")
     print("| trainer | val BLEU | val loss | train tokens/s | examples/s | train s |\n|---|---|---|---|---|---|")
-    print(f"| tuneforge | {ours['bleu']:.2f} | {ours['loss']:.3f} | {ours['tokens_per_s']} | {ours['examples_per_s']} | {ours['train_s']} |")
+    print(
+        f"| tuneforge | {ours['bleu']:.2f} | {ours['loss']:.3f} | {ours['tokens_per_s']} | {ours['examples_per_s']} "
+        f"| {ours['train_s']} |"
+    )
     if theirs:
-        print(f"| transformers.Seq2SeqTrainer | {theirs['bleu']:.2f} | {theirs['loss']:.3f} | {theirs['tokens_per_s']} | "
-              f"{theirs['examples_per_s']} | {theirs['train_s']} |")
+        print(
+            f"| transformers.Seq2SeqTrainer | {theirs['bleu']:.2f} | {theirs['loss']:.3f} | {theirs['tokens_per_s']} | "
+            f"{theirs['examples_per_s']} | {theirs['train_s']} |"
+        )
     print("\n| source | reference | tuneforge |\n|---|---|---|")
     for ex in examples:
         print(f"| {ex['source']} | {ex['reference']} | {ex['tuneforge']} |")

@@ -3,6 +3,7 @@
 Tiny models use the bundled MiniLM tokenizer (bert-base-uncased vocabulary) and no dropout, so
 runs are deterministic and backends can be compared step by step.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op c
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"shared data not found at {SHARED_DATA} (it sits beside the checkout in CI, not in a user's clone)")
+        pytest.skip(
+            f"shared data not found at {SHARED_DATA} (it sits beside the checkout in CI, not in a user's clone)"
+        )
     return SHARED_DATA
 
 
@@ -41,28 +44,51 @@ def minilm_dir() -> str:
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory, minilm_dir) -> str:
     """A 2-layer, 32-wide random BERT with the real MiniLM tokenizer, saved as an HF folder."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
     import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-bert")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, classifier_dropout=0.0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        classifier_dropout=0.0,
+    )
     BertModel(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
     return str(out)
 
 
-POSITIVE = ["a wonderful, moving film", "great acting and a clever plot", "i loved every minute of it",
-            "a joyful and funny story", "brilliant direction and a superb cast", "warm, witty and wise",
-            "the best film of the year", "an uplifting delight", "beautifully shot and deeply felt",
-            "charming from start to finish"]
-NEGATIVE = ["a dull and tedious mess", "the plot makes no sense at all", "i wanted my money back",
-            "boring, slow and far too long", "terrible acting and a weak script", "a lifeless, clumsy film",
-            "the worst film of the year", "an ugly and tiresome bore", "badly written and badly shot",
-            "painful from start to finish"]
+POSITIVE = [
+    "a wonderful, moving film",
+    "great acting and a clever plot",
+    "i loved every minute of it",
+    "a joyful and funny story",
+    "brilliant direction and a superb cast",
+    "warm, witty and wise",
+    "the best film of the year",
+    "an uplifting delight",
+    "beautifully shot and deeply felt",
+    "charming from start to finish",
+]
+NEGATIVE = [
+    "a dull and tedious mess",
+    "the plot makes no sense at all",
+    "i wanted my money back",
+    "boring, slow and far too long",
+    "terrible acting and a weak script",
+    "a lifeless, clumsy film",
+    "the worst film of the year",
+    "an ugly and tiresome bore",
+    "badly written and badly shot",
+    "painful from start to finish",
+]
 
 
 def write_sentiment_csv(path: Path, n: int, seed: int = 0) -> Path:
@@ -74,8 +100,10 @@ def write_sentiment_csv(path: Path, n: int, seed: int = 0) -> Path:
     for i in range(n):
         pos = i % 2 == 0
         words = rng.choice(POSITIVE if pos else NEGATIVE)
-        extra = " ".join(rng.choice(["really", "truly", "quite", "so", "very", "just"]) for _ in range(rng.randint(0, 6)))
-        rows.append(f"\"{words} {extra}\",{'pos' if pos else 'neg'}")
+        extra = " ".join(
+            rng.choice(["really", "truly", "quite", "so", "very", "just"]) for _ in range(rng.randint(0, 6))
+        )
+        rows.append(f'"{words} {extra}",{"pos" if pos else "neg"}')
     path.write_text("\n".join(rows) + "\n", encoding="utf-8")
     return path
 
@@ -83,14 +111,24 @@ def write_sentiment_csv(path: Path, n: int, seed: int = 0) -> Path:
 @pytest.fixture
 def sentiment_files(tmp_path) -> tuple[Path, Path]:
     """(train.csv with 96 rows, validation.csv with 33 rows), labels 'pos'/'neg'."""
-    return write_sentiment_csv(tmp_path / "train.csv", 96, seed=1), write_sentiment_csv(tmp_path / "validation.csv", 33, seed=2)
+    return write_sentiment_csv(tmp_path / "train.csv", 96, seed=1), write_sentiment_csv(
+        tmp_path / "validation.csv", 33, seed=2
+    )
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run `python -m tuneforge.cli ARGS` in a fresh process; returns the CompletedProcess."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tuneforge.cli", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=cwd or REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "tuneforge.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd or REPO,
+    )
 
 
 def last_json(stdout: str) -> dict:
@@ -111,12 +149,28 @@ def cache_dir(tmp_path_factory) -> str:
 # Real tokenizers trained here in well under a second: a GPT-2-style byte-level BPE (`tokenizers`)
 # and a T5 SentencePiece unigram model (`sentencepiece`), on a small English/German corpus whose
 # sentences are built from fixed phrases (deterministic for a seed).
-SUBJECTS = [("a man", "ein Mann"), ("a woman", "eine Frau"), ("the dog", "der Hund"), ("two children", "zwei Kinder"),
-            ("a girl", "ein Mädchen"), ("the old man", "der alte Mann")]
-VERBS = [("is riding", "fährt"), ("is holding", "hält"), ("is watching", "beobachtet"), ("is painting", "malt"),
-         ("is carrying", "trägt")]
-OBJECTS = [("a red bike", "ein rotes Fahrrad"), ("a blue ball", "einen blauen Ball"), ("a small boat", "ein kleines Boot"),
-           ("the green door", "die grüne Tür"), ("a big box", "eine große Kiste")]
+SUBJECTS = [
+    ("a man", "ein Mann"),
+    ("a woman", "eine Frau"),
+    ("the dog", "der Hund"),
+    ("two children", "zwei Kinder"),
+    ("a girl", "ein Mädchen"),
+    ("the old man", "der alte Mann"),
+]
+VERBS = [
+    ("is riding", "fährt"),
+    ("is holding", "hält"),
+    ("is watching", "beobachtet"),
+    ("is painting", "malt"),
+    ("is carrying", "trägt"),
+]
+OBJECTS = [
+    ("a red bike", "ein rotes Fahrrad"),
+    ("a blue ball", "einen blauen Ball"),
+    ("a small boat", "ein kleines Boot"),
+    ("the green door", "die grüne Tür"),
+    ("a big box", "eine große Kiste"),
+]
 
 
 def parallel_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
@@ -150,9 +204,12 @@ def bpe_tokenizer(out: Path):
     from transformers import GPT2TokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(_corpus(), vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False)
-    tok = GPT2TokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
-                            unk_token="<|endoftext|>")
+    bpe.train_from_iterator(
+        _corpus(), vocab_size=320, min_frequency=1, special_tokens=["<|endoftext|>"], show_progress=False
+    )
+    tok = GPT2TokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     tok.save_pretrained(out)
     return tok
 
@@ -165,8 +222,18 @@ def t5_tokenizer(out: Path):
     from transformers import T5Tokenizer
 
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(_corpus()), model_writer=model, vocab_size=120, hard_vocab_limit=False,
-                                   model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(_corpus()),
+        model_writer=model,
+        vocab_size=120,
+        hard_vocab_limit=False,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
+    )
     out.mkdir(parents=True, exist_ok=True)
     (out / "spiece.model").write_bytes(model.getvalue())
     tok = T5Tokenizer.from_pretrained(out, extra_ids=0)
@@ -183,8 +250,18 @@ def tiny_gpt2(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("tiny-gpt2")
     tok = bpe_tokenizer(out)
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     GPT2LMHeadModel(config).save_pretrained(out)
     return str(out)
 
@@ -198,9 +275,17 @@ def tiny_llama(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("tiny-llama")
     tok = bpe_tokenizer(out)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(out)
     return str(out)
 
@@ -214,8 +299,19 @@ def tiny_t5(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("tiny-t5")
     tok = t5_tokenizer(out)
     torch.manual_seed(0)
-    config = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                      dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    config = T5Config(
+        vocab_size=len(tok),
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
     T5ForConditionalGeneration(config).save_pretrained(out)
     return str(out)
 
@@ -230,11 +326,25 @@ def tiny_bart(tmp_path_factory, minilm_dir) -> str:
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     tok.save_pretrained(out)
     torch.manual_seed(0)
-    config = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
-                        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=tok.pad_token_id,
-                        bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
-                        decoder_start_token_id=tok.sep_token_id, forced_eos_token_id=None)
+    config = BartConfig(
+        vocab_size=len(tok),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+        decoder_start_token_id=tok.sep_token_id,
+        forced_eos_token_id=None,
+    )
     BartForConditionalGeneration(config).save_pretrained(out)
     return str(out)
 
@@ -273,18 +383,52 @@ PARITY_STEPS = 20
 
 def sentiment_split(folder: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
     """(folder/train.csv, folder/validation.csv) with `n_train` and `n_val` rows."""
-    return (write_sentiment_csv(folder / "train.csv", n_train, seed=1),
-            write_sentiment_csv(folder / "validation.csv", n_val, seed=2))
+    return (
+        write_sentiment_csv(folder / "train.csv", n_train, seed=1),
+        write_sentiment_csv(folder / "validation.csv", n_val, seed=2),
+    )
 
 
-def backend_train_args(model: str, data: tuple[Path, Path], cache_dir: str, out: Path, *extra: str, lr: str = "1e-2",
-                       precision: str = "fp32", max_grad_norm: str | None = None) -> list[str]:
+def backend_train_args(
+    model: str,
+    data: tuple[Path, Path],
+    cache_dir: str,
+    out: Path,
+    *extra: str,
+    lr: str = "1e-2",
+    precision: str = "fp32",
+    max_grad_norm: str | None = None,
+) -> list[str]:
     """`train` arguments for a PARITY_STEPS-step classification run: the loss logged every step, no evaluation."""
     train, val = data
     clip = ["--max-grad-norm", max_grad_norm] if max_grad_norm else []
-    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", model,
-            "--max-steps", str(PARITY_STEPS), "--precision", precision, "--logging-steps", "1", "--lr", lr, *clip,
-            "--eval-strategy", "no", "--cache-dir", cache_dir, "--output-dir", str(out), "--json", "--quiet", *extra]
+    return [
+        "train",
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--model",
+        model,
+        "--max-steps",
+        str(PARITY_STEPS),
+        "--precision",
+        precision,
+        "--logging-steps",
+        "1",
+        "--lr",
+        lr,
+        *clip,
+        "--eval-strategy",
+        "no",
+        "--cache-dir",
+        cache_dir,
+        "--output-dir",
+        str(out),
+        "--json",
+        "--quiet",
+        *extra,
+    ]
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:

@@ -4,6 +4,7 @@ nothing written. Each case runs the real CLI in a fresh process.
 "Nothing written" is checked on the output dir (never created, or left byte-for-byte as it was)
 and on a fresh tokenization cache (still empty: the error came before any tokenization).
 """
+
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,25 @@ def files(tmp_path):
 
 
 def train_args(tmp_path, tiny_bert, train, val, *extra, positional=()):
-    return ["train", *positional, "--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert,
-            "--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--max-steps", "1",
-            "--batch-size", "8", *extra]
+    return [
+        "train",
+        *positional,
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--model",
+        tiny_bert,
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "8",
+        *extra,
+    ]
 
 
 def assert_refused(proc, tmp_path, *needles):
@@ -151,8 +168,9 @@ def test_unknown_config_key_override(tmp_path, tiny_bert, files):
     assert "max_length" in line
 
 
-@pytest.mark.parametrize("flag,value,key", [("--lr", "0", "optim.lr"), ("--batch-size", "-8", "batch_size"),
-                                            ("--epochs", "0", "epochs")])
+@pytest.mark.parametrize(
+    "flag,value,key", [("--lr", "0", "optim.lr"), ("--batch-size", "-8", "batch_size"), ("--epochs", "0", "epochs")]
+)
 def test_zero_or_negative_hyperparameter(tmp_path, tiny_bert, files, flag, value, key):
     proc = run_cli(*train_args(tmp_path, tiny_bert, *files, flag, value))
     assert_refused(proc, tmp_path, f"bad value for '{key}'", "greater than 0")
@@ -176,8 +194,18 @@ def test_predict_bad_column_writes_nothing(tmp_path, tiny_bert):
 
 def test_download_offline_is_one_clear_line(tmp_path):
     target = tmp_path / "models" / "tiny"
-    proc = run_cli("download", "prajjwal1/bert-tiny", "--local-dir", str(target), "--include", "*.json",
-                   "--exclude", "*.bin", env={"HF_HUB_OFFLINE": "1"}, timeout=120)
+    proc = run_cli(
+        "download",
+        "prajjwal1/bert-tiny",
+        "--local-dir",
+        str(target),
+        "--include",
+        "*.json",
+        "--exclude",
+        "*.bin",
+        env={"HF_HUB_OFFLINE": "1"},
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, proc.stderr

@@ -3,6 +3,7 @@
 One small single-process run (tiny BERT, 96 sentiment rows) is trained once per module; each
 test works on its own copy of that run folder.
 """
+
 import json
 import random
 import shutil
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import run_cli, write_sentiment_csv
 
+from conftest import run_cli, write_sentiment_csv
 from tuneforge import checkpoint
 from tuneforge.config import build_config
 from tuneforge.trainer import Trainer
@@ -22,8 +23,16 @@ EPOCHS, BATCH = 2, 16  # 96 rows -> 6 steps per epoch, 12 steps
 
 def run_config(out, files, model, cache_dir, **overrides):
     train, val = files
-    values = dict(task="classification", model=model, output_dir=str(out), epochs=EPOCHS, batch_size=BATCH, quiet=True,
-                  optim={"lr": 1e-3}, data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir})
+    values = dict(
+        task="classification",
+        model=model,
+        output_dir=str(out),
+        epochs=EPOCHS,
+        batch_size=BATCH,
+        quiet=True,
+        optim={"lr": 1e-3},
+        data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir},
+    )
     values.update(overrides)
     return build_config(values)
 
@@ -31,9 +40,30 @@ def run_config(out, files, model, cache_dir, **overrides):
 def cli_flags(out, files, model, cache_dir):
     """The same run as `run_config` on the command line."""
     train, val = files
-    return ["train", "--train-file", str(train), "--validation-file", str(val), "--model", model, "--epochs", str(EPOCHS),
-            "--batch-size", str(BATCH), "--lr", "1e-3", "--output-dir", str(out), "--cache-dir", cache_dir, "--quiet",
-            "--save-strategy", "steps", "--save-steps", "6"]
+    return [
+        "train",
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--model",
+        model,
+        "--epochs",
+        str(EPOCHS),
+        "--batch-size",
+        str(BATCH),
+        "--lr",
+        "1e-3",
+        "--output-dir",
+        str(out),
+        "--cache-dir",
+        cache_dir,
+        "--quiet",
+        "--save-strategy",
+        "steps",
+        "--save-steps",
+        "6",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +77,20 @@ def trained(tmp_path_factory, files, tiny_bert, cache_dir):
     """A finished run with checkpoints every 2 steps; the best (by a metric that never improves) is step 2,
     and with load_best_model_at_end the run's final model is that of step 2."""
     out = tmp_path_factory.mktemp("run") / "run"
-    cfg = run_config(out, files, tiny_bert, cache_dir, save_strategy="steps", save_steps=2, save_total_limit=2,
-                     eval_strategy="steps", eval_steps=2, metric_for_best="num_examples", early_stopping_patience=50,
-                     load_best_model_at_end=True)
+    cfg = run_config(
+        out,
+        files,
+        tiny_bert,
+        cache_dir,
+        save_strategy="steps",
+        save_steps=2,
+        save_total_limit=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        metric_for_best="num_examples",
+        early_stopping_patience=50,
+        load_best_model_at_end=True,
+    )
     result = Trainer(cfg).fit()
     return out, cfg, result
 
@@ -65,8 +106,19 @@ def test_checkpoint_holds_everything_and_loads_weights_only(trained):
     out, cfg, result = trained
     ckpt = out / "checkpoint-12"
     assert (out / "latest").read_text().strip() == "checkpoint-12"
-    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rank0.pt", "trainer_state.json", "meta.json",
-                 "config.yaml", "config.json", "tokenizer_config.json", "tuneforge.json", "manifest.json"):
+    for name in (
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rank0.pt",
+        "trainer_state.json",
+        "meta.json",
+        "config.yaml",
+        "config.json",
+        "tokenizer_config.json",
+        "tuneforge.json",
+        "manifest.json",
+    ):
         assert (ckpt / name).is_file(), name
     # every non-weights file loads with weights_only=True (no pickle code execution)
     optim = torch.load(ckpt / "optimizer.pt", weights_only=True)
@@ -77,9 +129,13 @@ def test_checkpoint_holds_everything_and_loads_weights_only(trained):
     assert set(rank) >= {"python", "numpy", "torch", "log_window"}
 
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    assert state["step"] == 12 and state["epoch"] == 1 and state["consumed"] == 96 and state["order_global_batch"] == BATCH
+    assert (
+        state["step"] == 12 and state["epoch"] == 1 and state["consumed"] == 96 and state["order_global_batch"] == BATCH
+    )
     assert state["best_step"] == 2 and state["best_metric"] == 33 and state["bad_evals"] == 5
-    assert state["best_eval"]["num_examples"] == 33 and state["metrics_records"] == 7  # 6 evals + the last step's train log
+    assert (
+        state["best_eval"]["num_examples"] == 33 and state["metrics_records"] == 7
+    )  # 6 evals + the last step's train log
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta["labels"] == ["neg", "pos"] and meta["backend"] == "single" and meta["step_examples"] == BATCH
     assert build_config(yaml.safe_load((ckpt / "config.yaml").read_text())) == cfg  # the resolved config
@@ -179,7 +235,9 @@ def test_bad_checkpoint_exits_2_from_a_fresh_process(run_copy, files, tiny_bert,
 
 def test_missing_checkpoint_is_refused(tmp_path, files, tiny_bert, cache_dir, capsys):
     out = tmp_path / "fresh"
-    code, line = tuneforge(capsys, *cli_flags(out, files, tiny_bert, cache_dir), "--resume", str(tmp_path / "checkpoint-7"))
+    code, line = tuneforge(
+        capsys, *cli_flags(out, files, tiny_bert, cache_dir), "--resume", str(tmp_path / "checkpoint-7")
+    )
     assert code == 2 and "checkpoint-7' does not exist" in line
     out.mkdir()
     (out / ".tmp-checkpoint-6-123-456").mkdir()  # only a crashed write
@@ -192,8 +250,16 @@ def other_model(tmp_path_factory, minilm_dir):
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     out = tmp_path_factory.mktemp("tiny-bert-48")
-    BertModel(BertConfig(vocab_size=30522, hidden_size=48, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                         max_position_embeddings=128)).save_pretrained(out)
+    BertModel(
+        BertConfig(
+            vocab_size=30522,
+            hidden_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
     return str(out)
 
@@ -253,20 +319,32 @@ def test_export_cli_writes_hf_folder_with_the_trained_logits(trained, tmp_path, 
 
 def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
     """GPT-2's lm_head is its embedding matrix, stored once in model.safetensors; the export restores the tie."""
-    from conftest import parallel_pairs
     from transformers import AutoModelForCausalLM
 
+    from conftest import parallel_pairs
     from tuneforge.export_cli import export_checkpoint
 
     text = tmp_path / "train.txt"
     text.write_text("".join(f"{en} {de}\n" for en, de in parallel_pairs(40, seed=1)))
     out = tmp_path / "run"
-    Trainer(build_config(task="clm", model=tiny_gpt2, output_dir=str(out), max_steps=2, batch_size=4, quiet=True,
-                         save_strategy="steps", save_steps=2, eval_strategy="no",
-                         data={"train_file": str(text), "validation_file": str(text), "block_size": 16,
-                               "cache_dir": cache_dir})).fit()
+    Trainer(
+        build_config(
+            task="clm",
+            model=tiny_gpt2,
+            output_dir=str(out),
+            max_steps=2,
+            batch_size=4,
+            quiet=True,
+            save_strategy="steps",
+            save_steps=2,
+            eval_strategy="no",
+            data={"train_file": str(text), "validation_file": str(text), "block_size": 16, "cache_dir": cache_dir},
+        )
+    ).fit()
     exported = export_checkpoint(out / "checkpoint-2", tmp_path / "exported")
     ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
     with torch.no_grad():
-        got, want = (AutoModelForCausalLM.from_pretrained(p).eval()(input_ids=ids).logits for p in (exported, out / "model"))
+        got, want = (
+            AutoModelForCausalLM.from_pretrained(p).eval()(input_ids=ids).logits for p in (exported, out / "model")
+        )
     assert torch.equal(got, want)

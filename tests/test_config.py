@@ -1,5 +1,6 @@
 """YAML configs: every shipped example validates; key=value overrides and flags layer on top;
 unknown keys and bad values are rejected before any work, naming the key and what is allowed."""
+
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,19 @@ from tuneforge.errors import ConfigError
 from tuneforge.tasks import task_names
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-EXPECTED = {"bbc-news", "glue-mrpc", "glue-sst2", "glue-stsb", "glue-cola", "csv-example", "clm-wikitext2",
-            "seq2seq-multi30k", "ddp", "deepspeed", "fsdp"}
+EXPECTED = {
+    "bbc-news",
+    "glue-mrpc",
+    "glue-sst2",
+    "glue-stsb",
+    "glue-cola",
+    "csv-example",
+    "clm-wikitext2",
+    "seq2seq-multi30k",
+    "ddp",
+    "deepspeed",
+    "fsdp",
+}
 
 
 def test_the_examples_are_shipped():
@@ -39,8 +51,11 @@ def test_every_shipped_config_validates(path):
 def test_yaml_then_overrides_then_flags(tmp_path):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("task: glue/mrpc\nepochs: 2\noptim:\n  lr: 1.0e-4\n  warmup_ratio: 0.1\ndata:\n  max_length: 96\n")
-    config = config_from_sources(str(cfg), ["optim.lr=3e-5", "data.text_columns=[a, b]", "eval_strategy=no"],
-                                 {"epochs": 4, "data.max_length": 64})
+    config = config_from_sources(
+        str(cfg),
+        ["optim.lr=3e-5", "data.text_columns=[a, b]", "eval_strategy=no"],
+        {"epochs": 4, "data.max_length": 64},
+    )
     assert config.optim.lr == 3e-5 and config.optim.warmup_ratio == 0.1  # override keeps the section's other keys
     assert config.epochs == 4 and config.data.max_length == 64  # explicit flags win over the file
     assert config.data.text_columns == ["a", "b"] and config.eval_strategy == "no"
@@ -53,19 +68,25 @@ def test_override_types_come_from_yaml_syntax():
     assert config.model == "path/to/model"
 
 
-@pytest.mark.parametrize("values,needles", [
-    ({"learning_rate": 3e-5}, ["unknown config key 'learning_rate'", "allowed:", "optim", "epochs"]),
-    ({"optim": {"lrate": 3e-5}}, ["unknown config key 'optim.lrate'", "allowed:", "lr", "warmup_ratio"]),
-    ({"data": {"max_len": 64}}, ["unknown config key 'data.max_len'", "max_length"]),
-    ({"optim": {"lr": 0}}, ["bad value for 'optim.lr'", "greater than 0", "got 0"]),
-    ({"batch_size": -4}, ["bad value for 'batch_size'", "greater than 0", "got -4"]),
-    ({"epochs": 0}, ["bad value for 'epochs'", "greater than 0"]),
-    ({"optim": {"scheduler": "cosine_wave"}}, ["bad value for 'optim.scheduler'", "'linear'", "'cosine'", "cosine_wave"]),
-    ({"precision": "fp8"}, ["bad value for 'precision'", "'bf16'", "fp8"]),
-    ({"backend": "horovod"}, ["unknown backend 'horovod'", "ddp", "single"]),
-    ({"eval_strategy": "steps"}, ["eval_strategy=steps needs eval_steps"]),
-    ({"data": {"max_length": "long"}}, ["bad value for 'data.max_length'", "integer"]),
-])
+@pytest.mark.parametrize(
+    "values,needles",
+    [
+        ({"learning_rate": 3e-5}, ["unknown config key 'learning_rate'", "allowed:", "optim", "epochs"]),
+        ({"optim": {"lrate": 3e-5}}, ["unknown config key 'optim.lrate'", "allowed:", "lr", "warmup_ratio"]),
+        ({"data": {"max_len": 64}}, ["unknown config key 'data.max_len'", "max_length"]),
+        ({"optim": {"lr": 0}}, ["bad value for 'optim.lr'", "greater than 0", "got 0"]),
+        ({"batch_size": -4}, ["bad value for 'batch_size'", "greater than 0", "got -4"]),
+        ({"epochs": 0}, ["bad value for 'epochs'", "greater than 0"]),
+        (
+            {"optim": {"scheduler": "cosine_wave"}},
+            ["bad value for 'optim.scheduler'", "'linear'", "'cosine'", "cosine_wave"],
+        ),
+        ({"precision": "fp8"}, ["bad value for 'precision'", "'bf16'", "fp8"]),
+        ({"backend": "horovod"}, ["unknown backend 'horovod'", "ddp", "single"]),
+        ({"eval_strategy": "steps"}, ["eval_strategy=steps needs eval_steps"]),
+        ({"data": {"max_length": "long"}}, ["bad value for 'data.max_length'", "integer"]),
+    ],
+)
 def test_unknown_keys_and_bad_values_name_the_key_and_what_is_allowed(values, needles):
     with pytest.raises(ConfigError) as err:
         build_config(values)
@@ -94,11 +115,25 @@ def test_cli_train_with_yaml_and_override(tmp_path, tiny_bert, cache_dir):
     train = write_sentiment_csv(tmp_path / "train.csv", 24, seed=1)
     val = write_sentiment_csv(tmp_path / "val.csv", 8, seed=2)
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "task": "classification", "model": tiny_bert, "output_dir": str(tmp_path / "run"), "max_steps": 1,
-        "batch_size": 8, "quiet": True, "optim": {"lr": 1e-4, "warmup_steps": 0},
-        "data": {"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir, "max_length": 32},
-    }))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "task": "classification",
+                "model": tiny_bert,
+                "output_dir": str(tmp_path / "run"),
+                "max_steps": 1,
+                "batch_size": 8,
+                "quiet": True,
+                "optim": {"lr": 1e-4, "warmup_steps": 0},
+                "data": {
+                    "train_file": str(train),
+                    "validation_file": str(val),
+                    "cache_dir": cache_dir,
+                    "max_length": 32,
+                },
+            }
+        )
+    )
     proc = run_cli("train", str(cfg), "optim.lr=3e-5", "data.max_length=48", "--seed", "5")
     assert proc.returncode == 0, proc.stderr
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())

@@ -5,6 +5,7 @@ The kill points are reached deliberately with the save's test hook: TUNEFORGE_PA
 the writer sleep at a stage of the save of one step and write a marker file; the test then kills
 the process with SIGKILL (no cleanup of any kind runs).
 """
+
 import json
 import os
 import signal
@@ -14,9 +15,9 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, write_sentiment_csv
 from safetensors.torch import load_file
 
+from conftest import REPO, write_sentiment_csv
 from tuneforge import checkpoint
 
 
@@ -26,9 +27,29 @@ def crash_setup(tmp_path_factory, tiny_bert, cache_dir):
     train = write_sentiment_csv(d / "train.csv", 96, seed=1)
     val = write_sentiment_csv(d / "validation.csv", 33, seed=2)
     # 96 rows, batch 16: 6 steps per epoch, 12 steps; checkpoints at 3, 6, 9, 12
-    flags = ["train", "--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert, "--epochs", "2",
-             "--batch-size", "16", "--lr", "1e-3", "--cache-dir", cache_dir, "--save-strategy", "steps",
-             "--save-steps", "3", "--logging-steps", "1"]
+    flags = [
+        "train",
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--model",
+        tiny_bert,
+        "--epochs",
+        "2",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--cache-dir",
+        cache_dir,
+        "--save-strategy",
+        "steps",
+        "--save-steps",
+        "3",
+        "--logging-steps",
+        "1",
+    ]
     return d, flags
 
 
@@ -36,14 +57,26 @@ def start(flags, out, log, **env):
     # one thread in every run, so all runs reduce floats in the same order
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
     with open(log.with_suffix(".out"), "w") as stdout, open(log, "w") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "tuneforge.cli", *flags, "--output-dir", str(out)], cwd=REPO,
-                                env=full_env, stdout=stdout, stderr=stderr)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tuneforge.cli", *flags, "--output-dir", str(out)],
+            cwd=REPO,
+            env=full_env,
+            stdout=stdout,
+            stderr=stderr,
+        )
 
 
 def kill_in_save(flags, out, log, stage, step, marker):
     """Run until the save of `step` reaches `stage`, then SIGKILL the process there."""
-    proc = start(flags, out, log, TUNEFORGE_PAUSE_IN_SAVE="600", TUNEFORGE_PAUSE_STAGE=stage,
-                 TUNEFORGE_PAUSE_STEP=str(step), TUNEFORGE_PAUSE_MARKER=str(marker))
+    proc = start(
+        flags,
+        out,
+        log,
+        TUNEFORGE_PAUSE_IN_SAVE="600",
+        TUNEFORGE_PAUSE_STAGE=stage,
+        TUNEFORGE_PAUSE_STEP=str(step),
+        TUNEFORGE_PAUSE_MARKER=str(marker),
+    )
     deadline = time.monotonic() + 300
     while not marker.exists():
         assert proc.poll() is None, f"the run ended before the pause: {log.read_text()[-2000:]}"
@@ -61,7 +94,10 @@ def resumed_from(log) -> str:
 
 
 def records(out):
-    return [{k: v for k, v in json.loads(ln).items() if k != "time_s"} for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(ln).items() if k != "time_s"}
+        for ln in (out / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(crash_setup, tmp_path):
@@ -96,8 +132,16 @@ def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(crash_setup, t
     assert proc.wait() == 0, (tmp_path / "4.log").read_text()[-2000:]
     assert resumed_from(tmp_path / "4.log") == "checkpoint-6"
 
-    final, expected = load_file(str(out / "model" / "model.safetensors")), load_file(str(reference / "model" / "model.safetensors"))
+    final, expected = (
+        load_file(str(out / "model" / "model.safetensors")),
+        load_file(str(reference / "model" / "model.safetensors")),
+    )
     assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in expected)
     assert records(out) == records(reference)  # per-step losses and learning rates, evaluations
-    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-3", "checkpoint-6", "checkpoint-9"]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == [
+        "checkpoint-12",
+        "checkpoint-3",
+        "checkpoint-6",
+        "checkpoint-9",
+    ]
     assert not list(out.glob(".tmp-*"))

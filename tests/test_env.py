@@ -1,12 +1,13 @@
 """`tuneforge env`: versions, devices, the detected launcher/cluster and usable backends."""
+
 from __future__ import annotations
 
 import json
 import os
 
 import torch
-from conftest import run_cli
 
+from conftest import run_cli
 from tuneforge.environment import collect_env, format_env
 
 DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -45,21 +46,44 @@ def test_env_text_lists_every_backend_with_its_verdict(capsys):
 def test_env_detects_slurm(monkeypatch):
     for key in DIST_VARS:
         monkeypatch.delenv(key, raising=False)
-    for key, value in {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
-                       "SLURM_JOB_NODELIST": "node[01-02]"}.items():
+    for key, value in {
+        "SLURM_JOB_ID": "77",
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "node[01-02]",
+    }.items():
         monkeypatch.setenv(key, value)
     launch = collect_env()["launch"]
     assert launch["launcher"] == "slurm"
-    assert launch["slurm"] == {"job_id": "77", "procid": "1", "ntasks": "4", "localid": "1", "job_nodelist": "node[01-02]"}
+    assert launch["slurm"] == {
+        "job_id": "77",
+        "procid": "1",
+        "ntasks": "4",
+        "localid": "1",
+        "job_nodelist": "node[01-02]",
+    }
     assert "rank" not in launch  # describing the environment changes nothing in it
     assert "RANK" not in os.environ
 
 
 def test_env_detects_torchrun(monkeypatch):
-    for key, value in {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}.items():
+    for key, value in {
+        "TORCHELASTIC_RUN_ID": "abc",
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29400",
+    }.items():
         monkeypatch.setenv(key, value)
     info = collect_env()
-    assert info["launch"] == {"launcher": "torchrun", "rank": "3", "world_size": "4", "local_rank": "1",
-                              "master_addr": "127.0.0.1", "master_port": "29400"}
+    assert info["launch"] == {
+        "launcher": "torchrun",
+        "rank": "3",
+        "world_size": "4",
+        "local_rank": "1",
+        "master_addr": "127.0.0.1",
+        "master_port": "29400",
+    }
     assert "launcher: torchrun" in format_env(info)

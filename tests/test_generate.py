@@ -1,4 +1,5 @@
 """`tuneforge generate` and the Generator API: greedy, sampling, beams, seq2seq prefix, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ def test_greedy_continuation_equals_transformers_generate(tiny_gpt2):
         ids = tokenizer(prompt, return_tensors="pt")
         with torch.no_grad():
             out = model.generate(**ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-        new = out[0, ids["input_ids"].shape[1]:]
+        new = out[0, ids["input_ids"].shape[1] :]
         assert len(new) <= 6
         assert text == tokenizer.decode(new, skip_special_tokens=True)
 
@@ -47,8 +48,9 @@ def test_sampling_is_reproducible_with_a_seed(tiny_gpt2):
     assert generator.generate(["A man is"], seed=1, **options) == first
     assert generator.generate(["A man is"], seed=2, **options) != first
     # top-k 1 leaves one candidate: sampling becomes greedy
-    assert generator.generate(["A man is"], max_new_tokens=6, do_sample=True, top_k=1, seed=3) == \
-        generator.generate(["A man is"], max_new_tokens=6)
+    assert generator.generate(["A man is"], max_new_tokens=6, do_sample=True, top_k=1, seed=3) == generator.generate(
+        ["A man is"], max_new_tokens=6
+    )
 
 
 def test_seq2seq_puts_the_trained_prefix_first_and_uses_beams(tiny_t5, tmp_path):
@@ -61,7 +63,9 @@ def test_seq2seq_puts_the_trained_prefix_first_and_uses_beams(tiny_t5, tmp_path)
     model_dir = tmp_path / "t5"
     shutil.copytree(tiny_t5, model_dir)
     prefix = "translate English to German: "
-    (model_dir / "tuneforge.json").write_text(json.dumps({"task": "seq2seq", "source_prefix": prefix, "max_length": 64}))
+    (model_dir / "tuneforge.json").write_text(
+        json.dumps({"task": "seq2seq", "source_prefix": prefix, "max_length": 64})
+    )
     generator = Generator(model_dir)
     assert generator.family == "seq2seq"
     [text] = generator.generate(["A man is riding a red bike."], max_new_tokens=7, num_beams=3)
@@ -75,13 +79,30 @@ def test_seq2seq_puts_the_trained_prefix_first_and_uses_beams(tiny_t5, tmp_path)
 
 
 def test_cli_prints_prompt_and_continuation(tiny_gpt2, capsys):
-    code, out, err = cli(capsys, "generate", tiny_gpt2, "--prompt", "A man is", "--prompt", "The dog", "--max-new-tokens", "4")
+    code, out, err = cli(
+        capsys, "generate", tiny_gpt2, "--prompt", "A man is", "--prompt", "The dog", "--max-new-tokens", "4"
+    )
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("A man is") and any(line.startswith("The dog") for line in lines[1:])
 
-    code, out, err = cli(capsys, "generate", tiny_gpt2, "--prompt", "A man is", "--max-new-tokens", "4", "--do-sample",
-                         "--top-p", "0.9", "--temperature", "0.7", "--seed", "0", "--json")
+    code, out, err = cli(
+        capsys,
+        "generate",
+        tiny_gpt2,
+        "--prompt",
+        "A man is",
+        "--max-new-tokens",
+        "4",
+        "--do-sample",
+        "--top-p",
+        "0.9",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "0",
+        "--json",
+    )
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["prompt"] == "A man is" and isinstance(generation["generated"], str)
@@ -95,16 +116,24 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
     AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(classifier)
     code, out, err = cli(capsys, "generate", str(classifier), "--prompt", "hello")
     assert code == 2
-    assert err.strip() == (f"error: model {str(classifier)!r} is a BertForSequenceClassification, not a text-generation "
-                           "model; `tuneforge generate` needs a causal LM (--task clm) or seq2seq model (--task seq2seq); "
-                           "for classifiers use `tuneforge predict`")
+    assert err.strip() == (
+        f"error: model {str(classifier)!r} is a BertForSequenceClassification, not a text-generation "
+        "model; `tuneforge generate` needs a causal LM (--task clm) or seq2seq model (--task seq2seq); "
+        "for classifiers use `tuneforge predict`"
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--top-p", "1.5"], "error: --top-p must be in (0, 1] (got 1.5)"),
-    (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1 (got 0)"),
-    (["--do-sample", "--temperature", "0"], "error: --temperature must be above 0 (got 0.0); for greedy decoding drop --do-sample"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--top-p", "1.5"], "error: --top-p must be in (0, 1] (got 1.5)"),
+        (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1 (got 0)"),
+        (
+            ["--do-sample", "--temperature", "0"],
+            "error: --temperature must be above 0 (got 0.0); for greedy decoding drop --do-sample",
+        ),
+    ],
+)
 def test_bad_generation_options(tiny_gpt2, capsys, flags, message):
     code, out, err = cli(capsys, "generate", tiny_gpt2, "--prompt", "A man", *flags)
     assert code == 2 and err.strip() == message

@@ -8,6 +8,7 @@ really trained together (a rank training alone on its half-batches would drift f
 Length grouping is off here: its batch order depends on the per-micro-step global batch, so
 with it 2 x 4 x grad_accum 2 would see other examples per step than one batch of 16.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,27 +21,61 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
 from safetensors.torch import load_file
 
+from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
 from tuneforge import cli, launch
 
 STEPS = 6
-DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-             "TORCHELASTIC_RUN_ID", "TUNEFORGE_LAUNCHED", "TUNEFORGE_RESULT_FILE")
+DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "TUNEFORGE_LAUNCHED",
+    "TUNEFORGE_RESULT_FILE",
+)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("launch-data")
-    return write_sentiment_csv(d / "train.csv", 16 * STEPS, seed=1), write_sentiment_csv(d / "validation.csv", 33, seed=2)
+    return write_sentiment_csv(d / "train.csv", 16 * STEPS, seed=1), write_sentiment_csv(
+        d / "validation.csv", 33, seed=2
+    )
 
 
 def common_args(tiny_bert, data, cache_dir, out) -> list[str]:
     train, val = data
-    return ["--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert, "--max-steps", str(STEPS),
-            "--precision", "fp32", "--logging-steps", "1", "--lr", "1e-2", "--eval-strategy", "no",
-            "--no-group-by-length", "--cache-dir", cache_dir, "--output-dir", str(out), "--json", "--quiet"]
+    return [
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--model",
+        tiny_bert,
+        "--max-steps",
+        str(STEPS),
+        "--precision",
+        "fp32",
+        "--logging-steps",
+        "1",
+        "--lr",
+        "1e-2",
+        "--eval-strategy",
+        "no",
+        "--no-group-by-length",
+        "--cache-dir",
+        cache_dir,
+        "--output-dir",
+        str(out),
+        "--json",
+        "--quiet",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +119,10 @@ def finish(procs: list[subprocess.Popen], logs: list[Path], timeout: float = 300
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    return [(p.returncode, log.with_suffix(".out").read_text(), log.with_suffix(".err").read_text()) for p, log in zip(procs, logs)]
+    return [
+        (p.returncode, log.with_suffix(".out").read_text(), log.with_suffix(".err").read_text())
+        for p, log in zip(procs, logs)
+    ]
 
 
 def json_lines(stdout: str) -> list[dict]:
@@ -156,7 +194,9 @@ def run_script(tmp_path, source: str, tiny_bert, data, cache_dir, timeout: float
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(source).replace("STEPS", str(STEPS)))
     out = tmp_path / "run"
-    proc = start([sys.executable, str(script), *map(str, data), tiny_bert, cache_dir, str(out)], tmp_path / "log", clean_env())
+    proc = start(
+        [sys.executable, str(script), *map(str, data), tiny_bert, cache_dir, str(out)], tmp_path / "log", clean_env()
+    )
     [(rc, stdout, stderr)] = finish([proc], [tmp_path / "log"], timeout)
     return subprocess.CompletedProcess(proc.args, rc, stdout, stderr), out
 
@@ -198,15 +238,33 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_bert, data, cach
     port = str(launch.free_port())
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "tuneforge.cli", "train", *common_args(tiny_bert, data, cache_dir, tmp_path / f"node{node}"),
-               "--backend", "ddp", "--batch-size", "8", "--nnodes", "2", "--node-rank", str(node),
-               "--master-addr", "127.0.0.1", "--master-port", port]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tuneforge.cli",
+            "train",
+            *common_args(tiny_bert, data, cache_dir, tmp_path / f"node{node}"),
+            "--backend",
+            "ddp",
+            "--batch-size",
+            "8",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+        ]
         # two "machines" on 2 cores: one thread per worker, as on real nodes with their own cores
         procs.append(start(cmd, tmp_path / f"node{node}-log", clean_env(OMP_NUM_THREADS="1")))
     (rc0, out0, err0), (rc1, out1, err1) = finish(procs, [tmp_path / f"node{n}-log" for n in (0, 1)])
     assert rc0 == 0 and rc1 == 0, (err0[-2000:], err1[-2000:])
     assert json_lines(out0)[-1]["steps"] == STEPS and json_lines(out1) == []
-    assert [p.name for p in (tmp_path / "node1").iterdir()] == ["metrics.jsonl"] and old_run.read_text() == '{"old": true}\n'
+    assert [p.name for p in (tmp_path / "node1").iterdir()] == [
+        "metrics.jsonl"
+    ] and old_run.read_text() == '{"old": true}\n'
     # DDP keeps replicas identical; node 0's weights equal one process trained on the global batch
     assert_matches_baseline(tmp_path / "node0", baseline)
 
@@ -215,10 +273,26 @@ def test_slurm_tasks_started_by_hand_train_together(tmp_path, tiny_bert, data, c
     port = str(launch.free_port())
     procs = []
     for rank in (0, 1):
-        env = clean_env(SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank), SLURM_JOB_ID="4242",
-                        SLURM_JOB_NODELIST="localhost", MASTER_PORT=port, OMP_NUM_THREADS="1")  # srun binds cores
-        cmd = [sys.executable, "-m", "tuneforge.cli", "train", *common_args(tiny_bert, data, cache_dir, tmp_path / "run"),
-               "--backend", "ddp", "--batch-size", "8"]
+        env = clean_env(
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID=str(rank),
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_PORT=port,
+            OMP_NUM_THREADS="1",
+        )  # srun binds cores
+        cmd = [
+            sys.executable,
+            "-m",
+            "tuneforge.cli",
+            "train",
+            *common_args(tiny_bert, data, cache_dir, tmp_path / "run"),
+            "--backend",
+            "ddp",
+            "--batch-size",
+            "8",
+        ]
         procs.append(start(cmd, tmp_path / f"task{rank}-log", env))
     (rc0, out0, err0), (rc1, out1, err1) = finish(procs, [tmp_path / f"task{n}-log" for n in (0, 1)])
     assert rc0 == 0 and rc1 == 0, (err0[-2000:], err1[-2000:])
@@ -230,8 +304,18 @@ def test_deepspeed_hostfile_fans_out_on_this_machine(tmp_path, tiny_bert, data, 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     out = tmp_path / "run"
-    proc = run_cli("train", *common_args(tiny_bert, data, cache_dir, out), "--backend", "ddp", "--batch-size", "8",
-                   "--hostfile", str(hostfile), env=clean_env(), timeout=300)
+    proc = run_cli(
+        "train",
+        *common_args(tiny_bert, data, cache_dir, out),
+        "--backend",
+        "ddp",
+        "--batch-size",
+        "8",
+        "--hostfile",
+        str(hostfile),
+        env=clean_env(),
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert last_json(proc.stdout)["steps"] == STEPS
     assert_matches_baseline(out, baseline)
@@ -242,24 +326,56 @@ def test_multi_host_hostfile_without_pdsh_is_one_clear_error(tmp_path, capsys, m
     hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no pdsh on this PATH, whatever the machine has
     train, val = data
-    rc = cli.main(["train", "--train-file", str(train), "--validation-file", str(val), "--backend", "ddp",
-                   "--hostfile", str(hostfile), "--output-dir", str(tmp_path / "run")])
+    rc = cli.main(
+        [
+            "train",
+            "--train-file",
+            str(train),
+            "--validation-file",
+            str(val),
+            "--backend",
+            "ddp",
+            "--hostfile",
+            str(hostfile),
+            "--output-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (DeepSpeed may log its accelerator first)
     assert rc == 2
-    assert err.startswith("error: hostfile") and "2 hosts" in err and "pdsh" in err and "--nnodes N --node-rank R" in err
+    assert (
+        err.startswith("error: hostfile") and "2 hosts" in err and "pdsh" in err and "--nnodes N --node-rank R" in err
+    )
 
 
 # ---- bad input: one line, exit 2, nothing launched ------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["--backend", "nosuch"], "unknown backend 'nosuch'; choose one of:"),
-    (["--backend", "single", "--nproc", "2"], "backend 'single' runs one process"),
-    (["--backend", "ddp", "--nnodes", "2"], "multi-node runs need --master-port"),
-    (["--backend", "ddp", "--nnodes", "2", "--node-rank", "2", "--master-port", "29999"], "node_rank 2 must be below nnodes 2"),
-    (["--backend", "ddp", "--hostfile", "no-such-hostfile"], "hostfile 'no-such-hostfile' does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backend", "nosuch"], "unknown backend 'nosuch'; choose one of:"),
+        (["--backend", "single", "--nproc", "2"], "backend 'single' runs one process"),
+        (["--backend", "ddp", "--nnodes", "2"], "multi-node runs need --master-port"),
+        (
+            ["--backend", "ddp", "--nnodes", "2", "--node-rank", "2", "--master-port", "29999"],
+            "node_rank 2 must be below nnodes 2",
+        ),
+        (["--backend", "ddp", "--hostfile", "no-such-hostfile"], "hostfile 'no-such-hostfile' does not exist"),
+    ],
+)
 def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, message):
     train, val = data
-    rc = cli.main(["train", "--train-file", str(train), "--validation-file", str(val), "--output-dir", str(tmp_path / "run"), *args])
+    rc = cli.main(
+        [
+            "train",
+            "--train-file",
+            str(train),
+            "--validation-file",
+            str(val),
+            "--output-dir",
+            str(tmp_path / "run"),
+            *args,
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err

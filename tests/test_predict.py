@@ -1,5 +1,6 @@
 """`tuneforge predict`: batched and sorted by length inside, yet the same labels (in the input's
 order) as loading the saved folder with plain transformers and taking the argmax."""
+
 import csv
 import json
 
@@ -9,9 +10,18 @@ import torch
 from conftest import last_json, read_jsonl, run_cli
 from tuneforge.predict import Predictor, predict_file
 
-TEXTS = ["short", "a much longer review, with commas and \"quotes\", that goes on and on about the film",
-         "ok", "the plot was thin but the acting carried it", "", "great!", "terrible pacing; awful script",
-         "one two three four five six seven eight nine ten eleven twelve thirteen", "meh", "wonderful"] * 3
+TEXTS = [
+    "short",
+    'a much longer review, with commas and "quotes", that goes on and on about the film',
+    "ok",
+    "the plot was thin but the acting carried it",
+    "",
+    "great!",
+    "terrible pacing; awful script",
+    "one two three four five six seven eight nine ten eleven twelve thirteen",
+    "meh",
+    "wonderful",
+] * 3
 LABELS = {0: "neg", 1: "neutral", 2: "pos"}
 
 
@@ -22,9 +32,18 @@ def tiny_classifier(tmp_path_factory, minilm_dir):
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-classifier")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=128, initializer_range=0.3, num_labels=3, id2label=LABELS,
-                        label2id={v: k for k, v in LABELS.items()})
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        num_labels=3,
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+    )
     BertForSequenceClassification(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
     return str(out)
@@ -98,8 +117,16 @@ def test_predictor_regression_returns_the_score(tmp_path, minilm_dir):
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     torch.manual_seed(1)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=128, num_labels=1, problem_type="regression")
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=1,
+        problem_type="regression",
+    )
     BertForSequenceClassification(config).save_pretrained(tmp_path / "reg")
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(tmp_path / "reg")
     preds = Predictor(tmp_path / "reg").predict(TEXTS[:8], batch_size=3)
@@ -112,9 +139,31 @@ def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert,
     """Train a tiny model a few steps on MRPC, then predict all of dev.tsv (BOM, quote characters)."""
     folder = shared_data / "glue" / "MRPC"
     run_dir = tmp_path / "mrpc"
-    proc = run_cli("train", "--task", "glue/mrpc", "--data-dir", str(folder), "--model", tiny_bert, "--max-steps", "4",
-                   "--max-train-samples", "128", "--max-eval-samples", "64", "--batch-size", "16", "--lr", "1e-3",
-                   "--output-dir", str(run_dir), "--cache-dir", cache_dir, "--json", "--quiet")
+    proc = run_cli(
+        "train",
+        "--task",
+        "glue/mrpc",
+        "--data-dir",
+        str(folder),
+        "--model",
+        tiny_bert,
+        "--max-steps",
+        "4",
+        "--max-train-samples",
+        "128",
+        "--max-eval-samples",
+        "64",
+        "--batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--output-dir",
+        str(run_dir),
+        "--cache-dir",
+        cache_dir,
+        "--json",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr
     result = last_json(proc.stdout)
     assert {"accuracy", "f1", "loss", "train_loss"} <= set(result) and result["num_examples"] == 64
@@ -137,7 +186,14 @@ def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert,
     expected = []
     with torch.no_grad():
         for i in range(0, len(rows), 64):  # plain batches in file order, padded to the longest
-            enc = tok(firsts[i : i + 64], seconds[i : i + 64], truncation=True, max_length=128, padding=True, return_tensors="pt")
+            enc = tok(
+                firsts[i : i + 64],
+                seconds[i : i + 64],
+                truncation=True,
+                max_length=128,
+                padding=True,
+                return_tensors="pt",
+            )
             expected += [model.config.id2label[int(j)] for j in model(**enc).logits.argmax(-1)]
     assert [p["label"] for p in preds] == expected
     assert [p["index"] for p in preds] == list(range(408))

@@ -5,6 +5,7 @@ under torchrun elastic restarts.
 Every run records, per rank and step, the example indices it trained on and its loss sum (a
 Trainer subclass overriding `train_step`), so the tests compare runs step by step.
 """
+
 import json
 import os
 import shutil
@@ -14,15 +15,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_sentiment_csv
 from safetensors.torch import load_file
 
+from conftest import write_sentiment_csv
 from tuneforge.config import build_config
 from tuneforge.trainer import Trainer
 
 # 96 rows; per-process batch 8 -> DDP x2: global batch 16, 6 steps per epoch, 12 steps in 2 epochs
-BASE = {"task": "classification", "epochs": 2, "batch_size": 8, "save_strategy": "steps", "save_steps": 4,
-        "logging_steps": 3, "quiet": True, "optim": {"lr": 1e-3, "warmup_steps": 3}}
+BASE = {
+    "task": "classification",
+    "epochs": 2,
+    "batch_size": 8,
+    "save_strategy": "steps",
+    "save_steps": 4,
+    "logging_steps": 3,
+    "quiet": True,
+    "optim": {"lr": 1e-3, "warmup_steps": 3},
+}
 
 SCRIPT = '''
 import json, os, signal, sys
@@ -88,8 +97,9 @@ def run_script(setup, out, **spec):
     spec = {**base, "output_dir": str(out), **spec}
     # one thread per process in every run: the float reduction order (and so every bit) is the same
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, str(d / "script.py"), json.dumps(spec)], capture_output=True, text=True,
-                          env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(d / "script.py"), json.dumps(spec)], capture_output=True, text=True, env=env, timeout=600
+    )
 
 
 def history(out: Path, rank: int) -> list[dict]:
@@ -102,7 +112,10 @@ def history(out: Path, rank: int) -> list[dict]:
 
 
 def metrics(out: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "time_s"} for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k != "time_s"}
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def weights(out: Path, folder: str = "model") -> dict[str, torch.Tensor]:
@@ -137,7 +150,9 @@ class RecordingTrainer(Trainer):
         if step == self.stop_at:
             raise Interrupted
         loss, count = super().train_step(micro_batches)
-        self.steps.append({"step": step, "epoch": self.state.epoch, "indices": sum(micro_batches, []), "loss": loss.item()})
+        self.steps.append(
+            {"step": step, "epoch": self.state.epoch, "indices": sum(micro_batches, []), "loss": loss.item()}
+        )
         return loss, count
 
 
@@ -148,9 +163,19 @@ def tiny_bert_dropout(tmp_path_factory, minilm_dir):
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny-bert-dropout")
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                         max_position_embeddings=128, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-                         classifier_dropout=0.1)).save_pretrained(out)
+    BertModel(
+        BertConfig(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+            classifier_dropout=0.1,
+        )
+    ).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
     return str(out)
 
@@ -167,7 +192,13 @@ def test_single_process_resume_is_bitwise_identical(setup, tiny_bert_dropout, tm
     first = RecordingTrainer(build_config({**values, "output_dir": str(cut)}), stop_at=6)
     with pytest.raises(Interrupted):
         first.fit()
-    assert (cut / "latest").read_text().strip() == "checkpoint-4" and [s["step"] for s in first.steps] == [1, 2, 3, 4, 5]
+    assert (cut / "latest").read_text().strip() == "checkpoint-4" and [s["step"] for s in first.steps] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
     second = RecordingTrainer(build_config({**values, "output_dir": str(cut), "resume": "latest"}))
     result = second.fit()
 
@@ -278,8 +309,9 @@ def test_worker_death_restarts_from_the_checkpoint_and_finishes(setup, ddp_whole
     """`--max-restarts 1`: rank 1 dies before step 6; torchrun restarts both workers, they resume
     from checkpoint 4 by themselves, the job exits 0 and ends where an uninterrupted run ends."""
     out = tmp_path / "run"
-    proc = run_script(setup, out, backend="ddp", nproc=2, max_restarts=1,
-                      die={"step": 6, "rank": 1, "marker": str(tmp_path / "died")})
+    proc = run_script(
+        setup, out, backend="ddp", nproc=2, max_restarts=1, die={"step": 6, "rank": 1, "marker": str(tmp_path / "died")}
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "died").exists()
     records = [json.loads(line) for line in (out / "steps-rank0.jsonl").read_text().splitlines()]

@@ -1,5 +1,6 @@
 """`tuneforge serve`: a real HTTP server on 127.0.0.1 in a subprocess. Concurrent requests are
 batched together, and every caller gets the same answers as `Predictor`."""
+
 import socket
 import subprocess
 import sys
@@ -14,8 +15,16 @@ from conftest import REPO, run_cli
 from tuneforge.predict import Predictor
 
 LABELS = {0: "neg", 1: "pos"}
-TEXTS = ["a wonderful, moving film", "dull", "the plot makes no sense at all and the ending drags on", "fine",
-         "great acting and a clever plot", "i wanted my money back", "an uplifting delight", "boring, slow and far too long"]
+TEXTS = [
+    "a wonderful, moving film",
+    "dull",
+    "the plot makes no sense at all and the ending drags on",
+    "fine",
+    "great acting and a clever plot",
+    "i wanted my money back",
+    "an uplifting delight",
+    "boring, slow and far too long",
+]
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +33,18 @@ def classifier(tmp_path_factory, minilm_dir):
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("serve-classifier")
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=128, initializer_range=0.3, num_labels=2, id2label=LABELS,
-                        label2id={v: k for k, v in LABELS.items()})
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        initializer_range=0.3,
+        num_labels=2,
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+    )
     BertForSequenceClassification(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
     return str(out)
@@ -42,9 +60,25 @@ def free_port() -> int:
 def server(classifier):
     """The server in its own process; stopped (SIGTERM, then kill) at the end of the module."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tuneforge.cli", "serve", classifier, "--port", str(port),
-                             "--max-batch-size", "64", "--max-wait-ms", "400"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuneforge.cli",
+            "serve",
+            classifier,
+            "--port",
+            str(port),
+            "--max-batch-size",
+            "64",
+            "--max-wait-ms",
+            "400",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -125,9 +159,16 @@ def test_many_texts_and_pairs_in_one_request(server, classifier):
     assert [p["score"] for p in got] == pytest.approx([p["score"] for p in want], abs=1e-4)
 
 
-@pytest.mark.parametrize("body,needle", [({}, "exactly one"), ({"texts": []}, "empty"),
-                                         ({"texts": ["a"], "pairs": [["a", "b"]]}, "exactly one"),
-                                         ({"pairs": [["only one"]]}, "pairs"), ({"texts": "not a list"}, "texts")])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({}, "exactly one"),
+        ({"texts": []}, "empty"),
+        ({"texts": ["a"], "pairs": [["a", "b"]]}, "exactly one"),
+        ({"pairs": [["only one"]]}, "pairs"),
+        ({"texts": "not a list"}, "texts"),
+    ],
+)
 def test_bad_requests_get_422(server, body, needle):
     r = post(server, body)
     assert r.status_code == 422

@@ -1,6 +1,7 @@
 """The Python API: `Trainer(TrainConfig(...)).fit(...)` on the user's own model, tokenizer and raw
 datasets; a subclass overriding `forward_step` / `compute_loss` (FlagAI's MyTrainer pattern);
 callbacks receiving the loop's events."""
+
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,18 @@ def raw_dataset(n: int, offset: int = 0):
 
 
 def make_config(tmp_path, tiny_bert, cache_dir, **extra):
-    values = dict(task="classification", model=tiny_bert, output_dir=str(tmp_path / "run"), epochs=2, batch_size=8,
-                  logging_steps=1, quiet=True, precision="fp32", data={"cache_dir": cache_dir},
-                  optim={"lr": 2e-3, "weight_decay": 0.0, "warmup_ratio": 0.0})
+    values = dict(
+        task="classification",
+        model=tiny_bert,
+        output_dir=str(tmp_path / "run"),
+        epochs=2,
+        batch_size=8,
+        logging_steps=1,
+        quiet=True,
+        precision="fp32",
+        data={"cache_dir": cache_dir},
+        optim={"lr": 2e-3, "weight_decay": 0.0, "warmup_ratio": 0.0},
+    )
     values.update(extra)
     return TrainConfig(**values)
 
@@ -57,7 +67,9 @@ def test_fit_user_model_tokenizer_and_raw_datasets_with_callbacks(tmp_path, tiny
     model, tokenizer = load_user_model(tiny_bert)
     recorder = Recorder()
     trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir), callbacks=[recorder])
-    result = trainer.fit(model=model, tokenizer=tokenizer, train_dataset=raw_dataset(48), eval_dataset=raw_dataset(20, offset=100))
+    result = trainer.fit(
+        model=model, tokenizer=tokenizer, train_dataset=raw_dataset(48), eval_dataset=raw_dataset(20, offset=100)
+    )
 
     assert trainer.model is model  # the user's own model object was trained
     assert result["num_examples"] == 20 and result["steps"] == 12  # 48 examples / batch 8 * 2 epochs
@@ -75,7 +87,8 @@ def test_fit_user_model_tokenizer_and_raw_datasets_with_callbacks(tmp_path, tiny
 def test_fit_builds_the_model_from_raw_datasets(tmp_path, tiny_bert, cache_dir):
     """No model given: the task builds one with the label set of the data."""
     result = Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=2)).fit(
-        train_dataset=raw_dataset(32), eval_dataset=raw_dataset(8, offset=50))
+        train_dataset=raw_dataset(32), eval_dataset=raw_dataset(8, offset=50)
+    )
     from transformers import AutoModelForSequenceClassification
 
     saved = AutoModelForSequenceClassification.from_pretrained(result["model_dir"])
@@ -104,7 +117,9 @@ def test_subclass_overrides_are_really_used(tmp_path, tiny_bert, cache_dir):
     model, tokenizer = load_user_model(tiny_bert)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = ZeroLossTrainer(make_config(tmp_path, tiny_bert, cache_dir, epochs=1))
-    result = trainer.fit(model=model, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7))
+    result = trainer.fit(
+        model=model, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7)
+    )
 
     assert trainer.loss_calls == 4 and result["steps"] == 4  # one compute_loss per micro-batch
     assert trainer.forward_calls["train"] == 4
@@ -116,19 +131,33 @@ def test_subclass_overrides_are_really_used(tmp_path, tiny_bert, cache_dir):
     # the same run without the override moves the weights: the check above can fail
     model2, _ = load_user_model(tiny_bert)
     Trainer(make_config(tmp_path, tiny_bert, cache_dir, epochs=1, output_dir=str(tmp_path / "plain"))).fit(
-        model=model2, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7))
+        model=model2, tokenizer=tokenizer, train_dataset=raw_dataset(32), eval_dataset=raw_dataset(12, offset=7)
+    )
     assert not all(torch.equal(before[k], v) for k, v in model2.state_dict().items())
 
 
-@pytest.mark.parametrize("precision, attention, expected", [
-    ("bf16", "auto", "eager"),   # CPU SDPA is the slower kernel under bf16 autocast (benchmarks/cpu_step_kernels.py)
-    ("fp32", "auto", "sdpa"),    # fp32: the model's own default stays
-    ("fp32", "eager", "eager"),  # asked for by name
-])
+@pytest.mark.parametrize(
+    "precision, attention, expected",
+    [
+        ("bf16", "auto", "eager"),  # CPU SDPA is the slower kernel under bf16 autocast (benchmarks/cpu_step_kernels.py)
+        ("fp32", "auto", "sdpa"),  # fp32: the model's own default stays
+        ("fp32", "eager", "eager"),  # asked for by name
+    ],
+)
 def test_attention_kernel_chosen_for_training(tmp_path, tiny_bert, cache_dir, precision, attention, expected):
     spy = model_spy()
-    Trainer(make_config(tmp_path, tiny_bert, cache_dir, precision=precision, attn_implementation=attention, max_steps=1,
-                        eval_strategy="no"), callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+    Trainer(
+        make_config(
+            tmp_path,
+            tiny_bert,
+            cache_dir,
+            precision=precision,
+            attn_implementation=attention,
+            max_steps=1,
+            eval_strategy="no",
+        ),
+        callbacks=[spy],
+    ).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
     assert spy.attention == expected
 
 
@@ -141,12 +170,15 @@ def test_unknown_attention_kernel_is_a_config_error(tmp_path, tiny_bert, cache_d
 
 
 @pytest.mark.parametrize("dropout, expected", [(None, {0.1}), (0.0, {0.0}), (0.25, {0.25})])
-def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(tmp_path, minilm_dir, cache_dir, dropout, expected):
+def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(
+    tmp_path, minilm_dir, cache_dir, dropout, expected
+):
     import json
 
     spy = model_spy()  # MiniLM's own dropout is 0.1, so None (keep the model's own) is told apart from 0
-    result = Trainer(make_config(tmp_path, minilm_dir, cache_dir, dropout=dropout, max_steps=1, eval_strategy="no"),
-                     callbacks=[spy]).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+    result = Trainer(
+        make_config(tmp_path, minilm_dir, cache_dir, dropout=dropout, max_steps=1, eval_strategy="no"), callbacks=[spy]
+    ).fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
     assert spy.dropouts == expected
     saved = json.loads((Path(result["model_dir"]) / "config.json").read_text())
     assert {saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]} == expected

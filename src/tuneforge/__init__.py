@@ -1,4 +1,5 @@
 """tuneforge: fine-tune, evaluate and serve Hugging Face transformer models."""
+
 from tuneforge.config import DataConfig, OptimConfig, TrainConfig, build_config
 from tuneforge.errors import UserError
 

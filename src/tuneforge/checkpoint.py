@@ -32,6 +32,7 @@ count in batches of the new size, so no example of that epoch is skipped or seen
 epochs use the new global batch. The remaining steps are re-planned to finish the configured
 epochs, and the LR schedule is re-made over that total at the restored step.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -160,7 +161,9 @@ def _write_manifest(folder: Path) -> None:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(files)))) as pool:  # hashlib frees the GIL
         digests = list(pool.map(_sha256, files))
-    entries = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)}
+    entries = {
+        p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": d} for p, d in zip(files, digests)
+    }
     (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
 
 
@@ -170,26 +173,38 @@ def verify(path: Path) -> str | None:
     try:
         entries = json.loads((path / MANIFEST).read_text())["files"]
     except FileNotFoundError:
-        return (f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (its write did not finish); "
-                "resume from an earlier checkpoint-STEP folder")
+        return (
+            f"checkpoint {str(path)!r} is incomplete: it has no {MANIFEST} (its write did not finish); "
+            "resume from an earlier checkpoint-STEP folder"
+        )
     except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"checkpoint {str(path)!r} is corrupt: {MANIFEST} is unreadable ({type(err).__name__}); resume from an earlier checkpoint-STEP folder"
+        return (
+            f"checkpoint {str(path)!r} is corrupt: {MANIFEST} is unreadable ({type(err).__name__}); resume from "
+            "an earlier checkpoint-STEP folder"
+        )
     for name, want in entries.items():
         f = path / name
         if not f.is_file():
-            return f"checkpoint {str(path)!r} is incomplete: {name} is missing; resume from an earlier checkpoint-STEP folder"
+            return (
+                f"checkpoint {str(path)!r} is incomplete: {name} is missing; resume from an earlier "
+                "checkpoint-STEP folder"
+            )
         size = f.stat().st_size
         if size != want["bytes"]:
             what = "truncated" if size < want["bytes"] else "corrupt"
-            return (f"checkpoint {str(path)!r} is {what}: {name} has {size} bytes, {want['bytes']} were written; "
-                    "resume from an earlier checkpoint-STEP folder")
+            return (
+                f"checkpoint {str(path)!r} is {what}: {name} has {size} bytes, {want['bytes']} were written; "
+                "resume from an earlier checkpoint-STEP folder"
+            )
     names = list(entries)
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:
         digests = list(pool.map(lambda n: _sha256(path / n), names))
     for name, digest in zip(names, digests):
         if digest != entries[name]["sha256"]:
-            return (f"checkpoint {str(path)!r} is corrupt: the content of {name} changed since it was written "
-                    "(sha256 mismatch); resume from an earlier checkpoint-STEP folder")
+            return (
+                f"checkpoint {str(path)!r} is corrupt: the content of {name} changed since it was written "
+                "(sha256 mismatch); resume from an earlier checkpoint-STEP folder"
+            )
     return None
 
 
@@ -219,8 +234,12 @@ def _rank_state(trainer) -> dict:
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state = {
         "python": {"version": py_version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss_next": py_gauss},
-        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
-                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+        "numpy": {
+            "keys": torch.from_numpy(np_keys.astype(np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -235,7 +254,9 @@ def _set_rng_state(state: dict) -> None:
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     npy = state["numpy"]
-    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -322,15 +343,20 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
                 return cand
         ckpts = list_checkpoints(out)
         if not ckpts:
-            raise CheckpointError(f"no complete checkpoint in {str(out)!r} to resume from; train with --save-steps N or --save-strategy epoch first")
+            raise CheckpointError(
+                f"no complete checkpoint in {str(out)!r} to resume from; train with --save-steps N or "
+                "--save-strategy epoch first"
+            )
         return ckpts[-1]
     path = Path(resume)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {resume!r} does not exist; pass a checkpoint-STEP folder or --resume latest")
     if not (path / MANIFEST).exists():
         raise CheckpointError(
-            f"{resume!r} is not a complete tuneforge checkpoint (no {MANIFEST}: not a checkpoint, or its write did not finish); "
-            "pass a checkpoint-STEP folder")
+            f"{resume!r} is not a complete tuneforge checkpoint (no {MANIFEST}: not a checkpoint, or its write did "
+            "not finish); "
+            "pass a checkpoint-STEP folder"
+        )
     return path
 
 
@@ -338,7 +364,9 @@ def read_meta(path: Path) -> dict:
     try:
         return json.loads((Path(path) / "meta.json").read_text())
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"checkpoint {str(path)!r} is corrupt: meta.json is unreadable ({type(err).__name__})") from None
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupt: meta.json is unreadable ({type(err).__name__})"
+        ) from None
 
 
 def check_compatible(path: Path, trainer) -> None:
@@ -351,9 +379,12 @@ def check_compatible(path: Path, trainer) -> None:
             )
     if not trainer.backend.sharded and not (Path(path) / "model.safetensors").exists():
         raise CheckpointError(
-            f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which backend "
-            f"{trainer.backend.name!r} cannot read; resume with --backend {saved.get('backend')}, or `tuneforge export` it "
-            "and start a new run from the exported model")
+            f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which "
+            "backend "
+            f"{trainer.backend.name!r} cannot read; resume with --backend {saved.get('backend')}, or `tuneforge "
+            "export` it "
+            "and start a new run from the exported model"
+        )
 
 
 def restore(trainer, resume: str) -> Path:
@@ -381,7 +412,8 @@ def restore(trainer, resume: str) -> Path:
         raise
     except Exception as err:  # safetensors/pickle/JSON errors on damaged files
         raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt or truncated ({type(err).__name__}: {str(err).splitlines()[0][:200]}); "
+            f"checkpoint {str(path)!r} is corrupt or truncated ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]}); "
             "resume from an earlier checkpoint-STEP folder"
         ) from None
     known = {f.name for f in fields(TrainState)}
@@ -394,7 +426,10 @@ def restore(trainer, resume: str) -> Path:
         _cut_metrics(Path(cfg.output_dir), saved["metrics_records"])
     if cfg.load_best_model_at_end and trainer.state.best_step is not None:
         _restore_best(trainer, path.parent, saved.get("best_eval"))
-    trainer.report.print(f"resumed from {path} at step {trainer.state.step} (epoch {trainer.state.epoch}, example {trainer.state.consumed})")
+    trainer.report.print(
+        f"resumed from {path} at step {trainer.state.step} (epoch {trainer.state.epoch}, example "
+        f"{trainer.state.consumed})"
+    )
     return path
 
 
@@ -414,7 +449,9 @@ def restored_log_window(trainer) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss sum, item count) since the last log line: zeros, or what the checkpoint held."""
     saved = getattr(trainer, "_resumed_window", None) or (0.0, 0.0)
     dev = trainer.backend.device
-    return torch.tensor(saved[0], dtype=torch.float32, device=dev), torch.tensor(saved[1], dtype=torch.float32, device=dev)
+    return torch.tensor(saved[0], dtype=torch.float32, device=dev), torch.tensor(
+        saved[1], dtype=torch.float32, device=dev
+    )
 
 
 def _count_records(out: Path) -> int:
@@ -451,8 +488,10 @@ def _restore_best(trainer, folder: Path, best_eval: dict | None) -> None:
             trainer._best_weights = weights
         trainer._best_eval = best_eval
     else:
-        trainer.report.print(f"note: the best model (step {trainer.state.best_step}) is not in a readable checkpoint; "
-                             "load_best_model_at_end will pick among the evaluations after this resume")
+        trainer.report.print(
+            f"note: the best model (step {trainer.state.best_step}) is not in a readable checkpoint; "
+            "load_best_model_at_end will pick among the evaluations after this resume"
+        )
         trainer.state.best_metric = trainer.state.best_step = None
 
 
@@ -471,8 +510,13 @@ def continue_plan(trainer, total_steps: int, steps_per_epoch: int) -> int:
     global_batch = cfg.batch_size * b.dp_size
     step_examples = global_batch * cfg.grad_accum
     lengths = np.asarray(trainer.train_data["length"])
-    order = epoch_order(lengths, seed=cfg.seed, epoch=st.epoch, global_batch=st.order_global_batch,
-                        group_by_length=cfg.data.group_by_length)
+    order = epoch_order(
+        lengths,
+        seed=cfg.seed,
+        epoch=st.epoch,
+        global_batch=st.order_global_batch,
+        group_by_length=cfg.data.group_by_length,
+    )
     batches_left = len(rank_batches(order, start=st.consumed, global_batch=global_batch, dp_rank=0, dp_size=b.dp_size))
     left_in_epoch = math.ceil(batches_left / cfg.grad_accum)
     whole = int(cfg.epochs)
@@ -492,8 +536,10 @@ def continue_plan(trainer, total_steps: int, steps_per_epoch: int) -> int:
         for group, base, fn in zip(trainer.optimizer.param_groups, s.base_lrs, s.lr_lambdas):
             group["lr"] = base * fn(s.last_epoch)  # ... so set it to the new schedule's value at this step
         s._last_lr = [g["lr"] for g in trainer.optimizer.param_groups]
-        trainer.report.print(f"batch geometry changed ({read_meta(trainer.resumed_from).get('step_examples')} -> "
-                             f"{step_examples} examples per step): {left} steps left to finish {cfg.epochs:g} epochs")
+        trainer.report.print(
+            f"batch geometry changed ({read_meta(trainer.resumed_from).get('step_examples')} -> "
+            f"{step_examples} examples per step): {left} steps left to finish {cfg.epochs:g} epochs"
+        )
     return planned
 
 

@@ -2,12 +2,14 @@
 
 Every user error ends with one line on stderr and exit code 2; a failed worker with exit 1.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tuneforge import launch
 from tuneforge.errors import UserError
@@ -26,7 +28,13 @@ TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--seed": ("seed", {"type": int}),
     "--precision": ("precision", {"choices": ["auto", "fp32", "bf16", "fp16"]}),
     "--gradient-checkpointing": ("gradient_checkpointing", {"action": "store_const", "const": True}),
-    "--dropout": ("dropout", {"type": float, "help": "every dropout probability of the model (default 0; dropout=null keeps the model's own)"}),
+    "--dropout": (
+        "dropout",
+        {
+            "type": float,
+            "help": "every dropout probability of the model (default 0; dropout=null keeps the model's own)",
+        },
+    ),
     "--attn-implementation": ("attn_implementation", {"help": "auto (default), eager, sdpa, flash_attention_2, ..."}),
     "--eval-strategy": ("eval_strategy", {"choices": ["epoch", "steps", "no"]}),
     "--eval-steps": ("eval_steps", {"type": int}),
@@ -83,12 +91,39 @@ TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--cache-dir": ("data.cache_dir", {}),
 }
 
-EVAL_FLAGS = {k: TRAIN_FLAGS[k] for k in (
-    "--task", "--data-dir", "--train-file", "--validation-file", "--text-column", "--label-column",
-    "--source-file", "--target-file", "--validation-source-file", "--validation-target-file", "--source-column",
-    "--target-column", "--source-prefix", "--max-length", "--max-target-length", "--block-size", "--no-packing",
-    "--max-eval-samples", "--batch-size", "--eval-batch-size", "--precision", "--seed", "--backend", "--nproc",
-    "--num-beams", "--generation-max-length", "--quiet", "--cache-dir")}
+EVAL_FLAGS = {
+    k: TRAIN_FLAGS[k]
+    for k in (
+        "--task",
+        "--data-dir",
+        "--train-file",
+        "--validation-file",
+        "--text-column",
+        "--label-column",
+        "--source-file",
+        "--target-file",
+        "--validation-source-file",
+        "--validation-target-file",
+        "--source-column",
+        "--target-column",
+        "--source-prefix",
+        "--max-length",
+        "--max-target-length",
+        "--block-size",
+        "--no-packing",
+        "--max-eval-samples",
+        "--batch-size",
+        "--eval-batch-size",
+        "--precision",
+        "--seed",
+        "--backend",
+        "--nproc",
+        "--num-beams",
+        "--generation-max-length",
+        "--quiet",
+        "--cache-dir",
+    )
+}
 
 
 def _add_flags(parser: argparse.ArgumentParser, table: dict) -> None:
@@ -136,8 +171,13 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in ("wall_s",)}
-    headline = None if config.quiet and ns.json else (
-        "final: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()) + f"\nmodel saved to {result['model_dir']}")
+    headline = (
+        None
+        if config.quiet and ns.json
+        else (
+            "final: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()) + f"\nmodel saved to {result['model_dir']}"
+        )
+    )
     _emit(result, ns.json, headline)
     return 0
 
@@ -167,8 +207,14 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 def cmd_predict(ns: argparse.Namespace) -> int:
     from tuneforge.predict import predict_file
 
-    n = predict_file(ns.model_dir, ns.input, ns.output, text_columns=ns.text_column, batch_size=ns.batch_size,
-                     max_length=ns.max_length)
+    n = predict_file(
+        ns.model_dir,
+        ns.input,
+        ns.output,
+        text_columns=ns.text_column,
+        batch_size=ns.batch_size,
+        max_length=ns.max_length,
+    )
     print(f"wrote {n} predictions to {ns.output}", flush=True)
     return 0
 

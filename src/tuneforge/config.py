@@ -5,6 +5,7 @@ A run is described by one `TrainConfig` (flat training/launch fields plus the `o
 `key=value` pairs (`optim.lr=3e-5`). Every problem is reported as one `ConfigError` line that
 names the key and what is allowed, before any work starts.
 """
+
 from __future__ import annotations
 
 import os
@@ -79,12 +80,18 @@ class TrainConfig(_Section):
     # 0: on CPU dropout's random masks cost ~1/4 of a training step, and short fine-tuning runs did
     # as well or better without it (MRPC, seeds 1-3: benchmarks/README.md)
     dropout: float | None = Field(
-        0.0, ge=0, lt=1, description="every dropout probability in the model's config (hidden, attention, "
-        "classifier) set to this while training; null keeps the model's own")
+        0.0,
+        ge=0,
+        lt=1,
+        description="every dropout probability in the model's config (hidden, attention, "
+        "classifier) set to this while training; null keeps the model's own",
+    )
     attn_implementation: str = Field(
-        "auto", description="attention kernel for training and evaluation: auto (eager under bf16 on CPU when batches "
+        "auto",
+        description="attention kernel for training and evaluation: auto (eager under bf16 on CPU when batches "
         "are padded, where it is faster; else the model's default, SDPA for most; packed causal-LM blocks are not "
-        "padded) or a transformers name: eager, sdpa, flash_attention_2, ...")
+        "padded) or a transformers name: eager, sdpa, flash_attention_2, ...",
+    )
 
     # evaluation, logging, best model
     eval_strategy: Literal["epoch", "steps", "no"] = "epoch"
@@ -148,7 +155,7 @@ class TrainConfig(_Section):
         return values
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainConfig":
+    def _consistent(self) -> TrainConfig:
         if self.eval_strategy == "steps" and self.eval_steps is None:
             raise ValueError("eval_strategy=steps needs eval_steps (e.g. eval_steps=200)")
         if self.save_strategy == "steps" and self.save_steps is None:

@@ -3,6 +3,7 @@
 A thin wrapper over `huggingface_hub.snapshot_download` (resumable, parallel, cached) that
 turns network, offline and not-found failures into one line naming the fix.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,14 @@ from pathlib import Path
 from tuneforge.errors import ConfigError
 
 
-def download(repo_id: str, local_dir: str | None = None, include: list[str] | None = None,
-             exclude: list[str] | None = None, repo_type: str = "model", revision: str | None = None) -> Path:
+def download(
+    repo_id: str,
+    local_dir: str | None = None,
+    include: list[str] | None = None,
+    exclude: list[str] | None = None,
+    repo_type: str = "model",
+    revision: str | None = None,
+) -> Path:
     """Download `repo_id` (only files matching `include`, none matching `exclude`); returns the folder."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
@@ -28,17 +35,29 @@ def download(repo_id: str, local_dir: str | None = None, include: list[str] | No
         raise ConfigError(f"--local-dir {local_dir!r} is a file; pass a folder")
     what = f"{repo_type} {repo_id!r}"
     try:
-        path = snapshot_download(repo_id, repo_type=repo_type, revision=revision, local_dir=local_dir,
-                                 allow_patterns=include or None, ignore_patterns=exclude or None)
+        path = snapshot_download(
+            repo_id,
+            repo_type=repo_type,
+            revision=revision,
+            local_dir=local_dir,
+            allow_patterns=include or None,
+            ignore_patterns=exclude or None,
+        )
     except LocalEntryNotFoundError:
         why = "offline mode is on (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the hub could not be reached"
-        raise ConfigError(f"could not download {what}: {why}; connect to the internet (unset HF_HUB_OFFLINE), "
-                          "or copy the model folder to this machine and pass its path to --model") from None
+        raise ConfigError(
+            f"could not download {what}: {why}; connect to the internet (unset HF_HUB_OFFLINE), "
+            "or copy the model folder to this machine and pass its path to --model"
+        ) from None
     except GatedRepoError:
-        raise ConfigError(f"{what} is gated; accept its terms on huggingface.co and log in with `hf auth login`") from None
+        raise ConfigError(
+            f"{what} is gated; accept its terms on huggingface.co and log in with `hf auth login`"
+        ) from None
     except RepositoryNotFoundError:
-        raise ConfigError(f"{what} was not found on the hub (or is private); check the name, "
-                          "use --repo-type dataset for datasets, or log in with `hf auth login`") from None
+        raise ConfigError(
+            f"{what} was not found on the hub (or is private); check the name, "
+            "use --repo-type dataset for datasets, or log in with `hf auth login`"
+        ) from None
     except RevisionNotFoundError:
         raise ConfigError(f"{what} has no revision {revision!r}; pass an existing branch, tag or commit") from None
     except (HfHubHTTPError, OSError) as err:
@@ -58,10 +77,20 @@ def register_cli(subparsers) -> None:
     p = subparsers.add_parser("download", help="download a model or dataset repo from the Hugging Face hub")
     p.add_argument("repo_id", help="e.g. sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--local-dir", default=None, help="folder to download into (default: the hub cache)")
-    p.add_argument("--include", action="append", default=None, metavar="PATTERN",
-                   help="only files matching this glob (repeatable), e.g. '*.safetensors'")
-    p.add_argument("--exclude", action="append", default=None, metavar="PATTERN",
-                   help="skip files matching this glob (repeatable), e.g. '*.bin'")
+    p.add_argument(
+        "--include",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="only files matching this glob (repeatable), e.g. '*.safetensors'",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="skip files matching this glob (repeatable), e.g. '*.bin'",
+    )
     p.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"])
     p.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
     p.set_defaults(func=cmd_download)

@@ -3,6 +3,7 @@
 Versions, devices, the launcher or cluster this process runs under, and which backends this
 machine can run (each backend's `usable()` says "usable" or "unusable: why").
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,8 +44,11 @@ def device_info() -> dict:
     from tuneforge.backends.base import resolve_precision
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    devices: dict = {"cpu_cores": os.cpu_count(), "cuda": cuda,
-                     "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())}
+    devices: dict = {
+        "cpu_cores": os.cpu_count(),
+        "cuda": cuda,
+        "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
+    }
     if cuda:
         devices["cuda_names"] = [torch.cuda.get_device_name(i) for i in range(cuda)]
         devices["cuda_version"] = torch.version.cuda
@@ -63,9 +67,12 @@ def collect_env() -> dict:
         "versions": {"python": sys.version.split()[0], **{name: _version(name) for name in PACKAGES}},
         "platform": platform.platform(),
         "devices": device_info(),
-        "process_groups": {"available": dist.is_available(), "gloo": dist.is_available() and dist.is_gloo_available(),
-                           "nccl": dist.is_available() and dist.is_nccl_available(),
-                           "mpi": dist.is_available() and dist.is_mpi_available()},
+        "process_groups": {
+            "available": dist.is_available(),
+            "gloo": dist.is_available() and dist.is_gloo_available(),
+            "nccl": dist.is_available() and dist.is_nccl_available(),
+            "mpi": dist.is_available() and dist.is_mpi_available(),
+        },
         "launch": launch_environment(),
         "backends": backend_status(),
     }

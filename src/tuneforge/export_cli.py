@@ -9,6 +9,7 @@ named in meta.json wrote:
 A backend class may define `offline_state_dict(path) -> dict` to export its own layout; it wins.
 The model is rebuilt from the checkpoint's config.json, so the export needs no original model.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,12 @@ def _dcp_model_state(folder: Path) -> dict[str, torch.Tensor]:
 
     state: dict = {}
     # only the "model" entries: the optimizer shards (2x the weights for Adam) stay on disk
-    _load_state_dict(state, storage_reader=FileSystemReader(str(folder)), planner=_EmptyStateDictLoadPlanner(keys={"model"}),
-                     no_dist=True)
+    _load_state_dict(
+        state,
+        storage_reader=FileSystemReader(str(folder)),
+        planner=_EmptyStateDictLoadPlanner(keys={"model"}),
+        no_dist=True,
+    )
     return state["model"]
 
 
@@ -64,8 +69,10 @@ def consolidated_state_dict(path: Path, meta: dict) -> dict[str, torch.Tensor]:
     state = _deepspeed_state(path)
     if state is not None:
         return state
-    raise CheckpointError(f"checkpoint {str(path)!r} (backend {backend!r}) holds no weights tuneforge can read: "
-                          "no model.safetensors, DCP shards or DeepSpeed model states")
+    raise CheckpointError(
+        f"checkpoint {str(path)!r} (backend {backend!r}) holds no weights tuneforge can read: "
+        "no model.safetensors, DCP shards or DeepSpeed model states"
+    )
 
 
 def _load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -76,7 +83,9 @@ def _load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], path
     missing = [n for n in missing if not (n in params and id(params[n]) in loaded)]
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {str(path)!r} does not fit its own config.json: missing {missing[:3]}, unexpected {list(unexpected)[:3]}")
+            f"checkpoint {str(path)!r} does not fit its own config.json: missing {missing[:3]}, unexpected "
+            f"{list(unexpected)[:3]}"
+        )
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -89,7 +98,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist; pass a OUTPUT_DIR/checkpoint-STEP folder")
     if not (path / ckpt.MANIFEST).exists():
-        raise CheckpointError(f"{str(path)!r} is not a complete tuneforge checkpoint (no {ckpt.MANIFEST}); pass a checkpoint-STEP folder")
+        raise CheckpointError(
+            f"{str(path)!r} is not a complete tuneforge checkpoint (no {ckpt.MANIFEST}); pass a checkpoint-STEP folder"
+        )
     problem = ckpt.verify(path)
     if problem:
         raise CheckpointError(problem)
@@ -101,7 +112,9 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     arch = meta.get("architecture") or (getattr(config, "architectures", None) or [None])[0]
     model_cls = getattr(transformers, arch, None)
     if model_cls is None:
-        raise CheckpointError(f"checkpoint {str(path)!r} is of architecture {arch!r}, which this transformers version lacks")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is of architecture {arch!r}, which this transformers version lacks"
+        )
     model = model_cls(config)
     _load_weights(model, consolidated_state_dict(path, meta), path)
     tmp = out.with_name(f"{ckpt.TMP_PREFIX}{out.name}-{os.getpid()}")

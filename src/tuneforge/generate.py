@@ -7,19 +7,25 @@ Greedy by default; sampling with temperature / top-k / top-p; beam search with -
 A causal LM returns the continuation of each prompt; a seq2seq model its output for each input
 (the source prefix it was trained with, from tuneforge.json, is put in front).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
 from tuneforge.errors import ConfigError
 
-NOT_GENERATIVE_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
-                        "ForMultipleChoice", "ForMaskedLM")
+NOT_GENERATIVE_HEADS = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForMaskedLM",
+)
 
 
 def model_family(model_dir: str, model_config, info: dict) -> str:
@@ -28,13 +34,18 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
     archs = getattr(model_config, "architectures", None) or []
     kind = archs[0] if archs else model_config.model_type
     generative = task in ("clm", "seq2seq") or (
-        archs and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
-        and any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "EncoderDecoderModel")) for a in archs)
+        archs
+        and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
+        and any(
+            a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "EncoderDecoderModel")) for a in archs
+        )
     )
     if not generative:
         what = f"a {kind} trained for {task!r}" if task else f"a {kind}"
-        raise ConfigError(f"model {model_dir!r} is {what}, not a text-generation model; `tuneforge generate` needs a causal LM "
-                          "(--task clm) or seq2seq model (--task seq2seq); for classifiers use `tuneforge predict`")
+        raise ConfigError(
+            f"model {model_dir!r} is {what}, not a text-generation model; `tuneforge generate` needs a causal LM "
+            "(--task clm) or seq2seq model (--task seq2seq); for classifiers use `tuneforge predict`"
+        )
     if task in ("clm", "seq2seq"):
         return task
     return "seq2seq" if getattr(model_config, "is_encoder_decoder", False) else "clm"
@@ -63,9 +74,17 @@ class Generator:
             self.tokenizer.padding_side = "left"  # prompts end where generation starts
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 50, do_sample: bool = False,
-                 temperature: float | None = None, top_k: int | None = None, top_p: float | None = None,
-                 num_beams: int = 1, seed: int | None = None) -> list[str]:
+    def generate(
+        self,
+        prompts: Sequence[str],
+        max_new_tokens: int = 50,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        num_beams: int = 1,
+        seed: int | None = None,
+    ) -> list[str]:
         """The generated text for each prompt (without the prompt itself)."""
         check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams)
         if not prompts:
@@ -79,15 +98,27 @@ class Generator:
             prefix = self.info.get("source_prefix") or ""
             texts = [prefix + t for t in texts]
         max_length = self.info.get("max_length") if self.family == "seq2seq" else None
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=max_length is not None,
-                             max_length=max_length, return_token_type_ids=False).to(self.device)
-        options = {"max_new_tokens": max_new_tokens, "num_beams": num_beams, "do_sample": do_sample,
-                   "pad_token_id": self.tokenizer.pad_token_id}
+        enc = self.tokenizer(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+            return_token_type_ids=False,
+        ).to(self.device)
+        options = {
+            "max_new_tokens": max_new_tokens,
+            "num_beams": num_beams,
+            "do_sample": do_sample,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
         if do_sample:  # only sampling reads these; greedy/beam would warn about them
-            options.update({k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None})
+            options.update(
+                {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
+            )
         out = self.model.generate(**enc, **options)
         if self.family == "clm":  # the prompt (left-padded to one width) comes first: drop it
-            out = out[:, enc["input_ids"].shape[1]:]
+            out = out[:, enc["input_ids"].shape[1] :]
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
@@ -108,15 +139,24 @@ def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beam
 def cmd_generate(ns: argparse.Namespace) -> int:
     check_generation_options(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p, ns.num_beams)  # before loading
     generator = Generator(ns.model_dir)
-    outputs = generator.generate(ns.prompt, max_new_tokens=ns.max_new_tokens, do_sample=ns.do_sample,
-                                 temperature=ns.temperature, top_k=ns.top_k, top_p=ns.top_p, num_beams=ns.num_beams,
-                                 seed=ns.seed)
+    outputs = generator.generate(
+        ns.prompt,
+        max_new_tokens=ns.max_new_tokens,
+        do_sample=ns.do_sample,
+        temperature=ns.temperature,
+        top_k=ns.top_k,
+        top_p=ns.top_p,
+        num_beams=ns.num_beams,
+        seed=ns.seed,
+    )
     for prompt, text in zip(ns.prompt, outputs):
         shown = prompt + text if generator.family == "clm" else text
         if not ns.json:
             print(shown, flush=True)
     if ns.json:
-        print(json.dumps({"generations": [{"prompt": p, "generated": t} for p, t in zip(ns.prompt, outputs)]}), flush=True)
+        print(
+            json.dumps({"generations": [{"prompt": p, "generated": t} for p, t in zip(ns.prompt, outputs)]}), flush=True
+        )
     return 0
 
 
@@ -133,4 +173,3 @@ def register_cli(subparsers) -> None:
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     p.add_argument("--json", action="store_true", help="one JSON line: {generations: [{prompt, generated}]}")
     p.set_defaults(func=cmd_generate)
-

@@ -14,6 +14,7 @@
 
 This module and config.py are the only places that read the environment.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,9 +87,11 @@ def launch_environment() -> dict:
         if key in env:
             info[key.lower()] = env[key]
     if "SLURM_JOB_ID" in env or "SLURM_PROCID" in env:
-        info["slurm"] = {key.removeprefix("SLURM_").lower(): env[key] for key in
-                         ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
-                         if key in env}
+        info["slurm"] = {
+            key.removeprefix("SLURM_").lower(): env[key]
+            for key in ("SLURM_JOB_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_NODELIST")
+            if key in env
+        }
     return info
 
 
@@ -133,26 +136,47 @@ def _script_argv() -> list[str]:
         return ["-m", "--", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
     script = sys.argv[0] if sys.argv else ""
     if not script or script == "-c" or not Path(script).is_file():
-        raise ConfigError("nproc > 1 needs a script to re-run in each worker; run your code as `python train.py`, not interactively")
+        raise ConfigError(
+            "nproc > 1 needs a script to re-run in each worker; run your code as `python train.py`, not interactively"
+        )
     return ["--", script, *sys.argv[1:]]
 
 
 def torchrun_command(config) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={config.nproc}",
-           f"--max-restarts={config.max_restarts}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={config.nproc}",
+        f"--max-restarts={config.max_restarts}",
+    ]
     if config.rdzv_endpoint:
-        cmd += [f"--nnodes={config.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={config.rdzv_endpoint}",
-                f"--rdzv-id={Path(config.output_dir).name or 'tuneforge'}"]
+        cmd += [
+            f"--nnodes={config.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={config.rdzv_endpoint}",
+            f"--rdzv-id={Path(config.output_dir).name or 'tuneforge'}",
+        ]
     elif config.nnodes > 1:
         if config.master_port is None:
-            raise ConfigError("multi-node runs need --master-port (the same on every node), or --rdzv-endpoint HOST:PORT")
-        cmd += [f"--nnodes={config.nnodes}", f"--node-rank={config.node_rank}",
-                f"--master-addr={config.master_addr}", f"--master-port={config.master_port}"]
+            raise ConfigError(
+                "multi-node runs need --master-port (the same on every node), or --rdzv-endpoint HOST:PORT"
+            )
+        cmd += [
+            f"--nnodes={config.nnodes}",
+            f"--node-rank={config.node_rank}",
+            f"--master-addr={config.master_addr}",
+            f"--master-port={config.master_port}",
+        ]
     elif config.max_restarts:
         # restarts need the c10d rendezvous (a fresh store per round; see launch_workers' env), else
         # restarted workers read the dead workers' gloo addresses from the static rendezvous store
-        cmd += ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{config.master_port or free_port()}",
-                "--rdzv-id=tuneforge"]
+        cmd += [
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{config.master_port or free_port()}",
+            "--rdzv-id=tuneforge",
+        ]
     else:
         cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={config.master_port or free_port()}"]
     return cmd + _script_argv()
@@ -179,15 +203,25 @@ def hostfile_command(config) -> list[str]:
     import shutil
 
     pool = read_hostfile(config.hostfile)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", str(config.hostfile),
-           "--master_port", str(config.master_port or free_port()), "--no_local_rank", "--log_level=warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str(config.hostfile),
+        "--master_port",
+        str(config.master_port or free_port()),
+        "--no_local_rank",
+        "--log_level=warning",
+    ]
     if len(pool) == 1:
         # DeepSpeed runs a one-host hostfile on this machine; its ssh check would only fail here
         cmd += ["--no_ssh_check", "--master_addr", config.master_addr]
     else:
         if not shutil.which("pdsh"):
             raise ConfigError(
-                f"hostfile {config.hostfile!r} lists {len(pool)} hosts; DeepSpeed's launcher reaches them with pdsh over ssh, "
+                f"hostfile {config.hostfile!r} lists {len(pool)} hosts; DeepSpeed's launcher reaches them with pdsh "
+                "over ssh, "
                 "which is not installed here; install pdsh (with passwordless ssh), or start "
                 "`tuneforge train --nnodes N --node-rank R --master-addr HOST --master-port P` on each host"
             )
@@ -213,11 +247,17 @@ def check_launchable(config) -> None:
 
     backend = get_backend(config)  # unknown backend, backend-specific checks
     if not backend.distributed:
-        raise ConfigError(f"backend {backend.name!r} runs one process; for several processes use --backend ddp (or fsdp, deepspeed, tp)")
+        raise ConfigError(
+            f"backend {backend.name!r} runs one process; for several processes use --backend ddp (or fsdp, "
+            "deepspeed, tp)"
+        )
     usable = getattr(backend, "usable", None)
     verdict = usable() if usable else "usable"
     if verdict != "usable":
-        raise ConfigError(f"backend {backend.name!r} cannot run on this machine ({verdict.removeprefix('unusable: ')}); see `tuneforge env`")
+        raise ConfigError(
+            f"backend {backend.name!r} cannot run on this machine ({verdict.removeprefix('unusable: ')}); see "
+            "`tuneforge env`"
+        )
 
 
 def hand_back(result: dict, is_main: bool) -> dict:
@@ -246,7 +286,9 @@ def launch_workers(config) -> dict:
             env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         proc = subprocess.run(cmd, env=env)
         if proc.returncode != 0:
-            raise WorkerFailure(f"training workers failed (exit code {proc.returncode}); the worker's error is shown above")
+            raise WorkerFailure(
+                f"training workers failed (exit code {proc.returncode}); the worker's error is shown above"
+            )
         # the main rank runs on node 0: other nodes' parents have nothing to return
         if result_file.exists():
             return json.loads(result_file.read_text())

@@ -2,12 +2,13 @@
 
 Batches are sorted by length (little padding), and results come back in the input's order.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -25,7 +26,9 @@ def read_model_info(model_dir: str | Path) -> dict:
     try:
         return json.loads(info_file.read_text())
     except ValueError as err:
-        raise ConfigError(f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file") from None
+        raise ConfigError(
+            f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file"
+        ) from None
 
 
 class Predictor:
@@ -42,12 +45,18 @@ class Predictor:
         config = AutoConfig.from_pretrained(model_dir)
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
-            raise ConfigError(f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge generate` for language models")
+            raise ConfigError(
+                f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge "
+                "generate` for language models"
+            )
         self.max_length = max_length or self.info.get("max_length") or 512
         limit = getattr(config, "max_position_embeddings", None)
         if limit and self.max_length > limit:
             if max_length:
-                raise ConfigError(f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length {limit} or less")
+                raise ConfigError(
+                    f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
+                    f"{limit} or less"
+                )
             self.max_length = limit
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
@@ -82,8 +91,12 @@ class Predictor:
             probs = logits.softmax(-1)
             top = probs.argmax(-1).tolist()
             for i, t, p in zip(idx, top, probs.tolist()):
-                results[i] = {"label": self.labels[t], "label_id": t, "score": p[t],
-                              "scores": {name: s for name, s in zip(self.labels, p)}}
+                results[i] = {
+                    "label": self.labels[t],
+                    "label_id": t,
+                    "score": p[t],
+                    "scores": {name: s for name, s in zip(self.labels, p)},
+                }
         return results  # type: ignore[return-value]
 
 
@@ -93,7 +106,9 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
 
     p = check_file(input_path)
     if p.suffix.lower() not in PREDICT_FORMATS:
-        raise DataError(f"--input {input_path!r}: predict reads {', '.join(PREDICT_FORMATS)} files; convert it to one of those")
+        raise DataError(
+            f"--input {input_path!r}: predict reads {', '.join(PREDICT_FORMATS)} files; convert it to one of those"
+        )
     info = read_model_info(model_dir)
     df = None
     task = str(info.get("task") or "")
@@ -108,7 +123,9 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
     if not cols:
         guesses = [c for c in ("text", "sentence") if c in df.columns]
         if not guesses:
-            raise DataError(f"no text column in {input_path!r}; columns are: {', '.join(map(str, df.columns))}; pass --text-column")
+            raise DataError(
+                f"no text column in {input_path!r}; columns are: {', '.join(map(str, df.columns))}; pass --text-column"
+            )
         cols = guesses[:1]
     if len(cols) > 2:
         raise ConfigError(f"--text-column takes one or two columns (a sentence pair), got {len(cols)}")
@@ -120,8 +137,14 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
     return list(zip(*[df[c].astype(str).tolist() for c in cols]))
 
 
-def predict_file(model_dir: str, input_path: str, output_path: str, text_columns: list[str] | None = None,
-                 batch_size: int = 64, max_length: int | None = None) -> int:
+def predict_file(
+    model_dir: str,
+    input_path: str,
+    output_path: str,
+    text_columns: list[str] | None = None,
+    batch_size: int = 64,
+    max_length: int | None = None,
+) -> int:
     """Write one JSON line per input row (in input order); returns the number of rows."""
     from tuneforge.tasks.base import check_model_path
 

@@ -3,6 +3,7 @@
 Only the main rank writes. Human-readable lines go to stderr so that stdout stays clean for
 `--json` (its last line is the result object).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,9 @@ class Reporter:
         if not self.quiet:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=total_steps, initial=start_step, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True
+            )
 
     def log(self, record: dict) -> None:
         if not self.is_main:

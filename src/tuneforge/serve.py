@@ -13,6 +13,7 @@ requests while a batch computes; those form the next batch.
 No `from __future__ import annotations` here: FastAPI reads the request model from the endpoint's
 real (evaluated) annotation, and that model is defined inside `create_app`.
 """
+
 import argparse
 import asyncio
 import socket
@@ -94,7 +95,9 @@ class DynamicBatcher:
                 start += len(items)
 
 
-def create_app(predictor, model_dir: str, max_batch_size: int = 32, max_wait_ms: float = 10.0, max_request_items: int = 1024):
+def create_app(
+    predictor, model_dir: str, max_batch_size: int = 32, max_wait_ms: float = 10.0, max_request_items: int = 1024
+):
     """The FastAPI app serving `predictor` (a `tuneforge.predict.Predictor`)."""
     from contextlib import asynccontextmanager
 
@@ -134,9 +137,17 @@ def create_app(predictor, model_dir: str, max_batch_size: int = 32, max_wait_ms:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_dir, "labels": predictor.labels, "regression": predictor.regression,
-                "max_batch_size": batcher.max_batch_size, "max_wait_ms": batcher.max_wait_s * 1000,
-                "requests": batcher.requests, "batches": batcher.batches, "largest_batch": batcher.largest_batch}
+        return {
+            "status": "ok",
+            "model": model_dir,
+            "labels": predictor.labels,
+            "regression": predictor.regression,
+            "max_batch_size": batcher.max_batch_size,
+            "max_wait_ms": batcher.max_wait_s * 1000,
+            "requests": batcher.requests,
+            "batches": batcher.batches,
+            "largest_batch": batcher.largest_batch,
+        }
 
     return app
 
@@ -171,8 +182,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     predictor = Predictor(ns.model_dir, max_length=ns.max_length)
     app = create_app(predictor, ns.model_dir, ns.max_batch_size, ns.max_wait_ms)
     host, port = sock.getsockname()[:2]
-    print(f"serving {ns.model_dir} on http://{host}:{port} (POST /predict, GET /health); "
-          f"batches of up to {ns.max_batch_size} texts, waiting at most {ns.max_wait_ms:g} ms", file=sys.stderr, flush=True)
+    print(
+        f"serving {ns.model_dir} on http://{host}:{port} (POST /predict, GET /health); "
+        f"batches of up to {ns.max_batch_size} texts, waiting at most {ns.max_wait_ms:g} ms",
+        file=sys.stderr,
+        flush=True,
+    )
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
     return 0
@@ -184,6 +199,8 @@ def register_cli(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-batch-size", type=int, default=32, help="most texts run in one batch")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="longest a request waits for others to join its batch")
+    p.add_argument(
+        "--max-wait-ms", type=float, default=10.0, help="longest a request waits for others to join its batch"
+    )
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs (default: the training max_length)")
     p.set_defaults(func=cmd_serve)

@@ -7,6 +7,7 @@ override `forward_step` / `compute_loss`, or add `Callback`s.
 Everything backend-specific sits behind `self.backend` (tuneforge/backends/base.py), everything
 task-specific behind `self.task` (tuneforge/tasks/base.py).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,13 +43,13 @@ class Callback:
 
 @dataclass
 class TrainState:
-    step: int = 0               # optimizer steps taken
-    epoch: int = 0              # current epoch
-    consumed: int = 0           # examples of this epoch's order already trained on
-    order_global_batch: int = 0 # examples per step the epoch order was built with (resume rule)
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # current epoch
+    consumed: int = 0  # examples of this epoch's order already trained on
+    order_global_batch: int = 0  # examples per step the epoch order was built with (resume rule)
     best_metric: float | None = None
     best_step: int | None = None
-    bad_evals: int = 0          # evaluations without improvement (early stopping)
+    bad_evals: int = 0  # evaluations without improvement (early stopping)
     stop: bool = False
     last_eval: dict = field(default_factory=dict)
     train_loss: float | None = None
@@ -70,7 +71,9 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig | dict | None = None, callbacks: list[Callback] | None = None, **overrides: Any):
+    def __init__(
+        self, config: TrainConfig | dict | None = None, callbacks: list[Callback] | None = None, **overrides: Any
+    ):
         if isinstance(config, TrainConfig):
             config = config.model_copy(update=overrides) if overrides else config
         else:
@@ -112,8 +115,9 @@ class Trainer:
             model.set_attn_implementation(chosen)
         except (ValueError, ImportError) as e:
             if wanted != "auto":  # asked for by name: say why it cannot be had
-                raise ConfigError(f"attn_implementation {wanted!r} is not available for this model: {e}. "
-                                  "Use auto, eager or sdpa") from None
+                raise ConfigError(
+                    f"attn_implementation {wanted!r} is not available for this model: {e}. Use auto, eager or sdpa"
+                ) from None
 
     # ---- public entry points ---------------------------------------------------------------
     def fit(self, model=None, tokenizer=None, train_dataset=None, eval_dataset=None) -> dict:
@@ -168,12 +172,16 @@ class Trainer:
         self.tokenizer = tokenizer or task.load_tokenizer()
         self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset)
         if self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
-            raise ConfigError("training needs training data: pass --train-file (seq2seq: --source-file and --target-file)")
+            raise ConfigError(
+                "training needs training data: pass --train-file (seq2seq: --source-file and --target-file)"
+            )
         model = model if model is not None else task.load_model(self.tokenizer)
         self._set_attention(model)
         if cfg.gradient_checkpointing:
             if not b.supports_gradient_checkpointing:
-                raise ConfigError(f"backend {b.name!r} does not support gradient checkpointing; drop --gradient-checkpointing")
+                raise ConfigError(
+                    f"backend {b.name!r} does not support gradient checkpointing; drop --gradient-checkpointing"
+                )
             enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
             if enable is not None:
                 enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -203,9 +211,16 @@ class Trainer:
         win_loss, win_count = self.log_window = checkpoint.restored_log_window(self)
         while self.state.step < total_steps and not self.state.stop:
             st = self.state
-            order = epoch_order(lengths, seed=cfg.seed, epoch=st.epoch, global_batch=st.order_global_batch,
-                                group_by_length=cfg.data.group_by_length)
-            my_batches = rank_batches(order, start=st.consumed, global_batch=global_batch, dp_rank=b.dp_rank, dp_size=b.dp_size)
+            order = epoch_order(
+                lengths,
+                seed=cfg.seed,
+                epoch=st.epoch,
+                global_batch=st.order_global_batch,
+                group_by_length=cfg.data.group_by_length,
+            )
+            my_batches = rank_batches(
+                order, start=st.consumed, global_batch=global_batch, dp_rank=b.dp_rank, dp_size=b.dp_size
+            )
             groups = [my_batches[i : i + cfg.grad_accum] for i in range(0, len(my_batches), cfg.grad_accum)]
             for gi, group in enumerate(groups):
                 loss_sum, count = self.train_step(group)
@@ -293,9 +308,13 @@ class Trainer:
             return metrics
         name = cfg.metric_for_best or self.task.best_metric
         if name not in metrics:
-            raise ConfigError(f"metric_for_best {name!r} is not computed by this task; choose one of: {', '.join(metrics)}")
+            raise ConfigError(
+                f"metric_for_best {name!r} is not computed by this task; choose one of: {', '.join(metrics)}"
+            )
         value = metrics[name]
-        greater = self.task.greater_is_better if cfg.metric_for_best in (None, self.task.best_metric) else name != "loss"
+        greater = (
+            self.task.greater_is_better if cfg.metric_for_best in (None, self.task.best_metric) else name != "loss"
+        )
         better = st.best_metric is None or (value > st.best_metric if greater else value < st.best_metric)
         if better:
             st.best_metric, st.best_step, st.bad_evals = value, st.step, 0
@@ -352,8 +371,13 @@ class Trainer:
         totals = self.backend.reduce_sum(torch.stack([win_loss.float(), win_count.float()]))  # the true global mean
         loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
         self.state.train_loss = loss
-        logs = {"split": "train", "step": self.state.step, "epoch": self.state.epoch, "loss": loss,
-                "lr": self.scheduler.get_last_lr()[0]}
+        logs = {
+            "split": "train",
+            "step": self.state.step,
+            "epoch": self.state.epoch,
+            "loss": loss,
+            "lr": self.scheduler.get_last_lr()[0],
+        }
         self.report.log(logs)
         for cb in self.callbacks:
             cb.on_log(self, logs)
@@ -363,11 +387,22 @@ class Trainer:
         # decided on _best_eval (same on every rank), not on the weights (held by the main rank only)
         use_best = cfg.load_best_model_at_end and getattr(self, "_best_eval", None) is not None
         final_eval = self._best_eval if use_best else st.last_eval
-        model_dir = checkpoint.export_model(self, Path(cfg.output_dir) / "model",
-                                            state_dict=getattr(self, "_best_weights", None) if use_best else None, gather=not use_best)
+        model_dir = checkpoint.export_model(
+            self,
+            Path(cfg.output_dir) / "model",
+            state_dict=getattr(self, "_best_weights", None) if use_best else None,
+            gather=not use_best,
+        )
         result = {k: v for k, v in (final_eval or {}).items()}
-        result.update({"train_loss": st.train_loss, "steps": st.step, "wall_s": round(time.perf_counter() - t0, 2),
-                       "model_dir": str(model_dir), "output_dir": str(cfg.output_dir)})
+        result.update(
+            {
+                "train_loss": st.train_loss,
+                "steps": st.step,
+                "wall_s": round(time.perf_counter() - t0, 2),
+                "model_dir": str(model_dir),
+                "output_dir": str(cfg.output_dir),
+            }
+        )
         if st.best_step is not None:
             result["best_step"] = st.best_step
         self.report.finish(result)

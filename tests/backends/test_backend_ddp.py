@@ -4,6 +4,7 @@ One training run in one process (batch 16, in this process) and one in 2 DDP pro
 are shared by the tests that compare them (each 2-process run costs ~10 s of start-up). The
 resume test also covers "under an external launcher (torchrun), tuneforge launches nothing".
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,10 +15,19 @@ import sys
 
 import pytest
 import torch
-from conftest import PARITY_STEPS as STEPS
-from conftest import (REPO, backend_train_args, classify_reviews, last_json, max_weight_diff, parity_loss_gap, run_cli,
-                      sentiment_split, train_losses)
 
+from conftest import PARITY_STEPS as STEPS
+from conftest import (
+    REPO,
+    backend_train_args,
+    classify_reviews,
+    last_json,
+    max_weight_diff,
+    parity_loss_gap,
+    run_cli,
+    sentiment_split,
+    train_losses,
+)
 from tuneforge import cli, launch
 
 
@@ -38,12 +48,30 @@ def runs(tmp_path_factory, train_args):
     """{'single': run dir, 'ddp': run dir, ...}: the same training, 1 x 16 and 2 x 8."""
     root = tmp_path_factory.mktemp("ddp-runs")
     assert cli.main(train_args(root / "single", "--batch-size", "16")) == 0
-    ddp = run_cli(*train_args(root / "ddp", "--backend", "ddp", "--nproc", "2", "--batch-size", "8",
-                              "--save-strategy", "steps", "--save-steps", "10"))
+    ddp = run_cli(
+        *train_args(
+            root / "ddp",
+            "--backend",
+            "ddp",
+            "--nproc",
+            "2",
+            "--batch-size",
+            "8",
+            "--save-strategy",
+            "steps",
+            "--save-steps",
+            "10",
+        )
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    return {"single": root / "single", "ddp": root / "ddp", "root": root,
-            "single_result": json.loads((root / "single" / "result.json").read_text()),
-            "ddp_result": last_json(ddp.stdout), "ddp_stdout": ddp.stdout}
+    return {
+        "single": root / "single",
+        "ddp": root / "ddp",
+        "root": root,
+        "single_result": json.loads((root / "single" / "result.json").read_text()),
+        "ddp_result": last_json(ddp.stdout),
+        "ddp_stdout": ddp.stdout,
+    }
 
 
 def test_ddp_per_step_losses_match_one_process(runs):
@@ -66,8 +94,24 @@ def test_ddp_eval_counts_each_example_once_and_equals_one_process(runs, data, ca
     """Same weights (the single run's model) evaluated by 2 DDP processes and by one."""
     train, val = data
     model = runs["single"] / "model"
-    args = ["eval", str(model), "--task", "classification", "--train-file", str(train), "--validation-file", str(val),
-            "--cache-dir", cache_dir, "--precision", "fp32", "--eval-batch-size", "16", "--json", "--quiet"]
+    args = [
+        "eval",
+        str(model),
+        "--task",
+        "classification",
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--cache-dir",
+        cache_dir,
+        "--precision",
+        "fp32",
+        "--eval-batch-size",
+        "16",
+        "--json",
+        "--quiet",
+    ]
     ddp = run_cli(*args, "--backend", "ddp", "--nproc", "2", "--output-dir", str(runs["root"] / "eval-ddp"))
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     one = runs["single_result"]  # computed in-process at the end of the single run, same weights
@@ -90,8 +134,20 @@ def test_ddp_resume_under_external_torchrun_continues_exactly(runs, train_args):
     out = runs["root"] / "ddp-resumed"
     args = train_args(out, "--backend", "ddp", "--batch-size", "8", "--resume", str(ckpt))
     args.insert(1, "nproc=2")  # an override, not --nproc: torchrun's parser would take that for its --nproc-per-node
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(launch.free_port()), "-m", "tuneforge.cli", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(launch.free_port()),
+        "-m",
+        "tuneforge.cli",
+        *args,
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TUNEFORGE_LAUNCHED")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -107,10 +163,26 @@ def in_process_run(tiny_bert, data, cache_dir, out, **overrides) -> dict:
     from tuneforge.trainer import Trainer
 
     train, val = data
-    cfg = build_config({"task": "classification", "model": tiny_bert, "output_dir": str(out), "max_steps": 3,
-                        "batch_size": 8, "precision": "fp32", "eval_strategy": "no", "quiet": True, "optim": {"lr": 1e-2},
-                        "data": {"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir,
-                                 "max_eval_samples": 16}, **overrides})
+    cfg = build_config(
+        {
+            "task": "classification",
+            "model": tiny_bert,
+            "output_dir": str(out),
+            "max_steps": 3,
+            "batch_size": 8,
+            "precision": "fp32",
+            "eval_strategy": "no",
+            "quiet": True,
+            "optim": {"lr": 1e-2},
+            "data": {
+                "train_file": str(train),
+                "validation_file": str(val),
+                "cache_dir": cache_dir,
+                "max_eval_samples": 16,
+            },
+            **overrides,
+        }
+    )
     trainer = Trainer(cfg)
     result = trainer.fit()
     result["world_size"] = trainer.backend.world_size
@@ -128,8 +200,17 @@ def test_ddp_with_one_process_runs_as_world_size_one(tmp_path, tiny_bert, data, 
 
 
 def test_ddp_bf16_with_gradient_checkpointing_and_accumulation(tmp_path, tiny_bert, data, cache_dir):
-    result = in_process_run(tiny_bert, data, cache_dir, tmp_path / "bf16", backend="ddp", precision="bf16",
-                            gradient_checkpointing=True, grad_accum=2, batch_size=4)
+    result = in_process_run(
+        tiny_bert,
+        data,
+        cache_dir,
+        tmp_path / "bf16",
+        backend="ddp",
+        precision="bf16",
+        gradient_checkpointing=True,
+        grad_accum=2,
+        batch_size=4,
+    )
     assert result["steps"] == 3 and result["train_loss"] == pytest.approx(0.69, abs=0.1)
     meta = json.loads((tmp_path / "bf16" / "model" / "config.json").read_text())
     assert meta["architectures"] == ["BertForSequenceClassification"]

@@ -3,15 +3,27 @@
 The runs that several tests compare are made once per module: one process (batch 16) and
 2 FSDP processes (2 x 8), both saving a checkpoint at step 10 of 20.
 """
+
 from __future__ import annotations
 
 import functools
 
 import pytest
 import torch
-from conftest import (backend_train_args, classify_reviews, first_query_weights, max_weight_diff, parity_loss_gap,
-                      resume_at_step_10, run_cli, sentiment_split, train_losses, train_ok)
 from safetensors.torch import load_file
+
+from conftest import (
+    backend_train_args,
+    classify_reviews,
+    first_query_weights,
+    max_weight_diff,
+    parity_loss_gap,
+    resume_at_step_10,
+    run_cli,
+    sentiment_split,
+    train_losses,
+    train_ok,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +74,27 @@ def test_fsdp_checkpoint_holds_one_shard_per_rank(runs):
 
 
 def test_fsdp_resume_continues_with_identical_losses(runs, train_args):
-    whole, resumed, out = resume_at_step_10(train_args, runs, "fsdp", "fsdp-resumed",
-                                            "--backend", "fsdp", "--nproc", "2", "--batch-size", "8")
+    whole, resumed, out = resume_at_step_10(
+        train_args, runs, "fsdp", "fsdp-resumed", "--backend", "fsdp", "--nproc", "2", "--batch-size", "8"
+    )
     assert all(resumed[s] == whole[s] for s in resumed)
     assert max_weight_diff(runs / "fsdp" / "model", out / "model") == 0.0
 
 
 def test_fsdp_checkpoint_reshards_onto_one_process(runs, train_args):
     """2 ranks' shards into a world of one (DCP reshards), with 2 accumulated micro-batches of 8."""
-    whole, resumed, out = resume_at_step_10(train_args, runs, "fsdp", "fsdp-on-one",
-                                            "--backend", "fsdp", "--batch-size", "8", "--grad-accum", "2")
+    whole, resumed, out = resume_at_step_10(
+        train_args, runs, "fsdp", "fsdp-on-one", "--backend", "fsdp", "--batch-size", "8", "--grad-accum", "2"
+    )
     assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
     assert max_weight_diff(runs / "fsdp" / "model", out / "model") < 1e-4
 
 
 def test_fsdp_resumes_from_a_single_process_checkpoint(runs, train_args):
     """model.safetensors + optimizer.pt (single/ddp layout) load into sharded parameters."""
-    whole, resumed, out = resume_at_step_10(train_args, runs, "single", "single-to-fsdp",
-                                            "--backend", "fsdp", "--batch-size", "16")
+    whole, resumed, out = resume_at_step_10(
+        train_args, runs, "single", "single-to-fsdp", "--backend", "fsdp", "--batch-size", "16"
+    )
     assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
     assert max_weight_diff(runs / "single" / "model", out / "model") < 1e-4
 
@@ -87,8 +102,20 @@ def test_fsdp_resumes_from_a_single_process_checkpoint(runs, train_args):
 def test_fsdp_gradient_accumulation_and_checkpointing_keep_parity(runs, train_args):
     """2 processes x 2 micro-batches of 4, activations recomputed: still the one-process run."""
     out = runs / "fsdp-accum"
-    train_ok(*train_args(out, "--backend", "fsdp", "--nproc", "2", "--batch-size", "4", "--grad-accum", "2",
-                         "--gradient-checkpointing"))
+    train_ok(
+        *train_args(
+            out,
+            "--backend",
+            "fsdp",
+            "--nproc",
+            "2",
+            "--batch-size",
+            "4",
+            "--grad-accum",
+            "2",
+            "--gradient-checkpointing",
+        )
+    )
     single, accum = train_losses(runs / "single"), train_losses(out)
     assert max(abs(single[s] - accum[s]) for s in single) < 1e-4
     assert max_weight_diff(runs / "single" / "model", out / "model") < 1e-4
@@ -107,7 +134,9 @@ def test_fsdp_bf16_mixed_precision_trains_near_fp32(runs, train_args):
 def test_fsdp_fp16_is_refused_before_launch(tmp_path, train_args):
     proc = run_cli(*train_args(tmp_path / "run", "--backend", "fsdp", "--nproc", "2", precision="fp16"))
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "error: backend 'fsdp' does not support precision fp16; use --precision bf16 (or fp32)"
+    assert (
+        proc.stderr.strip() == "error: backend 'fsdp' does not support precision fp16; use --precision bf16 (or fp32)"
+    )
 
 
 def test_fsdp_reports_usable():

@@ -3,6 +3,7 @@
 The runs that several tests compare are made once per module: one process (batch 16) and a
 2-way tensor-parallel run (both ranks see the same batch of 16), saving at step 10 of 20.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,8 +13,19 @@ import sys
 
 import pytest
 import torch
-from conftest import (REPO, backend_train_args, classify_reviews, first_query_weights, max_weight_diff, parity_loss_gap,
-                      resume_at_step_10, run_cli, sentiment_split, train_ok)
+
+from conftest import (
+    REPO,
+    backend_train_args,
+    classify_reviews,
+    first_query_weights,
+    max_weight_diff,
+    parity_loss_gap,
+    resume_at_step_10,
+    run_cli,
+    sentiment_split,
+    train_ok,
+)
 
 
 @pytest.fixture(scope="module")
@@ -66,23 +78,27 @@ def test_tp_checkpoint_holds_one_shard_per_rank(runs):
 
 
 def test_tp_resume_continues_with_identical_losses(runs, train_args):
-    whole, resumed, out = resume_at_step_10(train_args, runs, "tp", "tp-resumed",
-                                            "--backend", "tp", "--nproc", "2", "--batch-size", "16")
+    whole, resumed, out = resume_at_step_10(
+        train_args, runs, "tp", "tp-resumed", "--backend", "tp", "--nproc", "2", "--batch-size", "16"
+    )
     assert all(resumed[s] == whole[s] for s in resumed)
     assert max_weight_diff(runs / "tp" / "model", out / "model") == 0.0
 
 
 def test_tp_checkpoint_reshards_onto_one_process(runs, train_args):
     """The 2 ranks' halves of each split matrix are joined again by DCP in a world of one."""
-    whole, resumed, out = resume_at_step_10(train_args, runs, "tp", "tp-on-one", "--backend", "tp", "--batch-size", "16")
+    whole, resumed, out = resume_at_step_10(
+        train_args, runs, "tp", "tp-on-one", "--backend", "tp", "--batch-size", "16"
+    )
     assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
     assert max_weight_diff(runs / "tp" / "model", out / "model") < 1e-4
 
 
 def test_tp_resumes_from_a_single_process_checkpoint(runs, train_args):
     """model.safetensors + optimizer.pt (single/ddp layout, fused AdamW) into split parameters."""
-    whole, resumed, out = resume_at_step_10(train_args, runs, "single", "single-to-tp",
-                                            "--backend", "tp", "--batch-size", "16")
+    whole, resumed, out = resume_at_step_10(
+        train_args, runs, "single", "single-to-tp", "--backend", "tp", "--batch-size", "16"
+    )
     assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
     assert max_weight_diff(runs / "single" / "model", out / "model") < 1e-4
 
@@ -93,7 +109,9 @@ def tiny_distilbert(tmp_path_factory, minilm_dir) -> str:
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertModel
 
     out = tmp_path_factory.mktemp("tiny-distilbert")
-    DistilBertModel(DistilBertConfig(dim=32, n_layers=1, n_heads=4, hidden_dim=64, max_position_embeddings=128)).save_pretrained(out)
+    DistilBertModel(
+        DistilBertConfig(dim=32, n_layers=1, n_heads=4, hidden_dim=64, max_position_embeddings=128)
+    ).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
     return str(out)
 
@@ -101,16 +119,26 @@ def tiny_distilbert(tmp_path_factory, minilm_dir) -> str:
 @pytest.mark.parametrize("case", ["world", "heads", "architecture"])
 def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, data, cache_dir):
     model, flags, message = {
-        "world": (tiny_bert, ["--nproc", "2", "--tp-size", "3"],
-                  "error: --tp-size 3 does not divide the world size 2 (all processes); use a tp size among [1, 2]"),
-        "heads": (tiny_bert, ["--nproc", "8", "--tp-size", "8"],
-                  "error: --tp-size 8 does not divide the model's 4 attention heads; use a tp size among [1, 2, 4]"),
-        "architecture": (None, ["--nproc", "2"],
-                         "error: backend 'tp' has no tensor-parallel plan for model type 'distilbert'"),
+        "world": (
+            tiny_bert,
+            ["--nproc", "2", "--tp-size", "3"],
+            "error: --tp-size 3 does not divide the world size 2 (all processes); use a tp size among [1, 2]",
+        ),
+        "heads": (
+            tiny_bert,
+            ["--nproc", "8", "--tp-size", "8"],
+            "error: --tp-size 8 does not divide the model's 4 attention heads; use a tp size among [1, 2, 4]",
+        ),
+        "architecture": (
+            None,
+            ["--nproc", "2"],
+            "error: backend 'tp' has no tensor-parallel plan for model type 'distilbert'",
+        ),
     }[case]
     model = model or request.getfixturevalue("tiny_distilbert")
-    proc = run_cli(*backend_train_args(model, data, cache_dir, tmp_path / "run", "--backend", "tp", *flags,
-                                      max_grad_norm=CLIP))
+    proc = run_cli(
+        *backend_train_args(model, data, cache_dir, tmp_path / "run", "--backend", "tp", *flags, max_grad_norm=CLIP)
+    )
     assert proc.returncode == 2
     # refused in the launching process: one line, no worker started (no launcher output)
     assert proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1
@@ -193,9 +221,24 @@ def test_tp_parallelizes_gpt2_and_llama_on_a_2d_mesh(tmp_path, tiny_gpt2, tiny_l
     """GPT-2 (fused qkv in Conv1D) and Llama (grouped-query attention), tp 2 x dp 2."""
     script = tmp_path / "tp_worker.py"
     script.write_text(WORKER)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-                           str(script), str(tmp_path / "ckpt"), tiny_gpt2, tiny_llama],
-                          capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=4",
+            str(script),
+            str(tmp_path / "ckpt"),
+            tiny_gpt2,
+            tiny_llama,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("ok gpt2") == 4 and proc.stdout.count("ok llama") == 4
 

@@ -1,5 +1,6 @@
 """Tokenization cache: an identical second run reuses it (and says so); another tokenizer,
 max_length, column choice or data never does."""
+
 import pytest
 
 from conftest import run_cli, write_sentiment_csv
@@ -17,8 +18,23 @@ def test_second_identical_run_reuses_the_cache(tmp_path, tiny_bert):
     cache = tmp_path / "fresh-cache"
 
     def run(out):
-        proc = run_cli("train", "--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert,
-                       "--max-steps", "1", "--batch-size", "8", "--output-dir", str(tmp_path / out), "--cache-dir", str(cache))
+        proc = run_cli(
+            "train",
+            "--train-file",
+            str(train),
+            "--validation-file",
+            str(val),
+            "--model",
+            tiny_bert,
+            "--max-steps",
+            "1",
+            "--batch-size",
+            "8",
+            "--output-dir",
+            str(tmp_path / out),
+            "--cache-dir",
+            str(cache),
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
 
@@ -29,7 +45,9 @@ def test_second_identical_run_reuses_the_cache(tmp_path, tiny_bert):
     assert sum(name.endswith(".arrow") for name in files) == 2
 
     second = run("run2")
-    assert "tokenize train: reusing tokenized cache" in second and "tokenize validation: reusing tokenized cache" in second
+    assert (
+        "tokenize train: reusing tokenized cache" in second and "tokenize validation: reusing tokenized cache" in second
+    )
     assert "tokenizing" not in second
     assert cache_state(cache) == files  # nothing new written, nothing rewritten
 
@@ -39,11 +57,19 @@ def raw_and_task(tmp_path):
     train = write_sentiment_csv(tmp_path / "train.csv", 30, seed=3)
 
     def make(max_length=128, text_columns=None):
-        config = build_config(task="classification", data={"train_file": str(train), "validation_file": str(train),
-                                                           "max_length": max_length, "text_columns": text_columns,
-                                                           "cache_dir": str(tmp_path / "cache")})
+        config = build_config(
+            task="classification",
+            data={
+                "train_file": str(train),
+                "validation_file": str(train),
+                "max_length": max_length,
+                "text_columns": text_columns,
+                "cache_dir": str(tmp_path / "cache"),
+            },
+        )
         task = ClassificationTask(config)
         return task, task.load_raw()
+
     return make
 
 

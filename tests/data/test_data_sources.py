@@ -1,5 +1,6 @@
 """Raw data sources: the original glue_data TSV folders, the hub route offline, and local files
 in every supported format (labels as strings or integers, one or two text columns)."""
+
 import json
 import time
 
@@ -83,8 +84,17 @@ def test_glue_wrong_folder_is_one_clear_error(shared_data):
 
 def test_glue_from_hub_offline_suggests_data_dir(tmp_path, tiny_bert):
     t0 = time.perf_counter()
-    proc = run_cli("train", "--task", "glue/mrpc", "--model", tiny_bert, "--output-dir", str(tmp_path / "out"),
-                   env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}, timeout=120)
+    proc = run_cli(
+        "train",
+        "--task",
+        "glue/mrpc",
+        "--model",
+        tiny_bert,
+        "--output-dir",
+        str(tmp_path / "out"),
+        env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
@@ -99,8 +109,13 @@ ROWS = [("a wonderful film", "pos"), ("a dull mess", "neg"), ("great acting", "p
 
 
 def write_table(path, fmt: str, rows, int_labels: bool = False) -> None:
-    df = pd.DataFrame({"review": [r[0] for r in rows], "other": [f"note {i}" for i in range(len(rows))],
-                       "stars": [(1 if r[1] == "pos" else 0) if int_labels else r[1] for r in rows]})
+    df = pd.DataFrame(
+        {
+            "review": [r[0] for r in rows],
+            "other": [f"note {i}" for i in range(len(rows))],
+            "stars": [(1 if r[1] == "pos" else 0) if int_labels else r[1] for r in rows],
+        }
+    )
     if fmt == "csv":
         df.to_csv(path, index=False)
     elif fmt == "tsv":
@@ -119,8 +134,15 @@ def test_local_file_formats(tmp_path, fmt, int_labels):
     train, val = tmp_path / f"train.{fmt}", tmp_path / f"val.{fmt}"
     write_table(train, fmt, ROWS, int_labels)
     write_table(val, fmt, ROWS[:3], int_labels)
-    config = build_config(task="classification", data={"train_file": str(train), "validation_file": str(val),
-                                                      "text_columns": ["review"], "label_column": "stars"})
+    config = build_config(
+        task="classification",
+        data={
+            "train_file": str(train),
+            "validation_file": str(val),
+            "text_columns": ["review"],
+            "label_column": "stars",
+        },
+    )
     task = ClassificationTask(config)
     raw = task.load_raw()
     assert (len(raw["train"]), len(raw["validation"])) == (4, 3)
@@ -134,8 +156,10 @@ def test_local_file_formats(tmp_path, fmt, int_labels):
 def test_two_text_columns_make_pairs(tmp_path):
     train = tmp_path / "train.jsonl"
     write_table(train, "jsonl", ROWS)
-    config = build_config(task="classification", data={"train_file": str(train), "text_columns": ["review", "other"],
-                                                      "label_column": "stars"})
+    config = build_config(
+        task="classification",
+        data={"train_file": str(train), "text_columns": ["review", "other"], "label_column": "stars"},
+    )
     task = ClassificationTask(config)
     raw = task.load_raw()  # no validation file: 10% of train is held out
     assert task.text_columns == ["review", "other"]
@@ -145,7 +169,9 @@ def test_two_text_columns_make_pairs(tmp_path):
 def test_integer_labels_keep_numeric_order(tmp_path):
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(json.dumps({"text": f"t{i}", "label": v}) for i, v in enumerate([10, 2, 2, 10, 7])))
-    task = ClassificationTask(build_config(task="classification", data={"train_file": str(train), "validation_file": str(train)}))
+    task = ClassificationTask(
+        build_config(task="classification", data={"train_file": str(train), "validation_file": str(train)})
+    )
     raw = task.load_raw()
     assert task.label_names == ["2", "7", "10"]
     assert raw["train"]["labels"] == [2, 0, 0, 2, 1]
@@ -156,7 +182,9 @@ def test_integer_label_outside_training_labels_is_an_error(tmp_path):
     train, val = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
     train.write_text("\n".join(json.dumps({"text": f"t{i}", "label": v}) for i, v in enumerate([1, 2, 1])))
     val.write_text(json.dumps({"text": "x", "label": 0}))
-    task = ClassificationTask(build_config(task="classification", data={"train_file": str(train), "validation_file": str(val)}))
+    task = ClassificationTask(
+        build_config(task="classification", data={"train_file": str(train), "validation_file": str(val)})
+    )
     with pytest.raises(DataError, match=r"label 0 in the validation data .*val.jsonl.* not in the label set \[1, 2\]"):
         task.load_raw()
 
@@ -164,7 +192,9 @@ def test_integer_label_outside_training_labels_is_an_error(tmp_path):
 def test_mixed_types_and_null_text_are_clear_errors(tmp_path):
     train = tmp_path / "train.jsonl"
     train.write_text('{"text": "fine", "label": 1}\n{"text": null, "label": 0}\n')
-    task = ClassificationTask(build_config(task="classification", data={"train_file": str(train), "validation_file": str(train)}))
+    task = ClassificationTask(
+        build_config(task="classification", data={"train_file": str(train), "validation_file": str(train)})
+    )
     with pytest.raises(DataError, match="text column 'text' .* 1 empty"):
         task.load_raw()
     train.write_text('{"text": "fine", "label": 1}\n{"text": "bad", "label": "neg"}\n')

@@ -1,5 +1,6 @@
 """Batch order (pure functions of data/samplers.py): seeded length-grouped training batches,
 plain shuffling, data-parallel shards of each global batch, and sorted evaluation batches."""
+
 import numpy as np
 import pytest
 
@@ -54,7 +55,7 @@ def test_plain_shuffling_is_a_seeded_permutation(lengths):
 
 
 def test_no_group_by_length_flag_gives_plain_shuffling():
-    from tuneforge.cli import TRAIN_FLAGS, build_parser, _flags
+    from tuneforge.cli import TRAIN_FLAGS, _flags, build_parser
     from tuneforge.config import config_from_sources
 
     ns = build_parser().parse_args(["train", "--task", "classification", "--no-group-by-length"])
@@ -68,7 +69,9 @@ def test_no_group_by_length_flag_gives_plain_shuffling():
 def test_ranks_take_disjoint_slices_covering_each_global_batch(lengths, dp_size, start):
     global_batch = 10
     idx = order(lengths, global_batch=global_batch)
-    per_rank = [rank_batches(idx, start=start, global_batch=global_batch, dp_rank=r, dp_size=dp_size) for r in range(dp_size)]
+    per_rank = [
+        rank_batches(idx, start=start, global_batch=global_batch, dp_rank=r, dp_size=dp_size) for r in range(dp_size)
+    ]
     n_batches = {len(b) for b in per_rank}
     assert len(n_batches) == 1  # every rank runs the same number of steps
     rest = idx[start:]

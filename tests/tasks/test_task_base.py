@@ -1,4 +1,5 @@
 """Helpers every task shares (tuneforge/tasks/base.py)."""
+
 from transformers import BartConfig, BertConfig, EncoderDecoderConfig, GPT2Config, LlamaConfig, T5Config
 
 from tuneforge.tasks.base import set_dropout
@@ -25,5 +26,12 @@ def test_set_dropout_reaches_each_architectures_own_names():
 def test_set_dropout_recurses_into_encoder_decoder_and_none_keeps_the_model_own():
     pair = EncoderDecoderConfig.from_encoder_decoder_configs(BertConfig(), BertConfig())
     set_dropout(pair, 0.0)
-    assert dropouts(pair.encoder) == dropouts(pair.decoder) == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-    assert dropouts(set_dropout(BertConfig(), None)) == {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+    assert (
+        dropouts(pair.encoder)
+        == dropouts(pair.decoder)
+        == {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    )
+    assert dropouts(set_dropout(BertConfig(), None)) == {
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+    }

@@ -1,11 +1,12 @@
 """The classification task: metrics by name, GLUE regression and MCC runs, label ids saved with the
 model, and evaluating a fine-tuned model on a validation file alone."""
+
 import json
 
 import numpy as np
 import pytest
 
-from conftest import last_json, run_cli, write_sentiment_csv
+from conftest import last_json, run_cli
 from tuneforge.config import TrainConfig
 from tuneforge.tasks.classification import classification_metrics
 from tuneforge.trainer import Trainer
@@ -26,9 +27,16 @@ def test_metrics_by_name():
 
 
 def glue_config(tmp_path, name, folder, tiny_bert, cache_dir, **extra):
-    return TrainConfig(task=f"glue/{name}", model=tiny_bert, output_dir=str(tmp_path / name), max_steps=3, batch_size=16,
-                       quiet=True, data={"data_dir": str(folder), "max_train_samples": 64, "max_eval_samples": 96,
-                                         "cache_dir": cache_dir}, **extra)
+    return TrainConfig(
+        task=f"glue/{name}",
+        model=tiny_bert,
+        output_dir=str(tmp_path / name),
+        max_steps=3,
+        batch_size=16,
+        quiet=True,
+        data={"data_dir": str(folder), "max_train_samples": 64, "max_eval_samples": 96, "cache_dir": cache_dir},
+        **extra,
+    )
 
 
 def test_glue_stsb_trains_as_regression(tmp_path, shared_data, tiny_bert, cache_dir):
@@ -52,16 +60,39 @@ def test_glue_cola_reports_mcc(tmp_path, shared_data, tiny_bert, cache_dir):
 
 def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, cache_dir):
     """jsonl with two text columns and integer labels: ids and names land in the saved config."""
-    rows = [{"premise": f"the film was {w}", "hypothesis": f"it was {v}", "label": int(w == v) * 3 + 4}
-            for w in ("good", "bad", "long", "short") for v in ("good", "bad", "long", "short")]
+    rows = [
+        {"premise": f"the film was {w}", "hypothesis": f"it was {v}", "label": int(w == v) * 3 + 4}
+        for w in ("good", "bad", "long", "short")
+        for v in ("good", "bad", "long", "short")
+    ]
     train = tmp_path / "train.jsonl"
     train.write_text("\n".join(json.dumps(r) for r in rows * 3))
     val = tmp_path / "val.jsonl"
     val.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "run"
-    proc = run_cli("train", "--train-file", str(train), "--validation-file", str(val), "--text-column", "premise",
-                   "--text-column", "hypothesis", "--model", tiny_bert, "--max-steps", "2", "--batch-size", "16",
-                   "--output-dir", str(out), "--cache-dir", cache_dir, "--json", "--quiet")
+    proc = run_cli(
+        "train",
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(val),
+        "--text-column",
+        "premise",
+        "--text-column",
+        "hypothesis",
+        "--model",
+        tiny_bert,
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "16",
+        "--output-dir",
+        str(out),
+        "--cache-dir",
+        cache_dir,
+        "--json",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr
     result = last_json(proc.stdout)
     assert result["num_examples"] == 16 and {"accuracy", "f1", "train_loss", "wall_s"} <= set(result)
@@ -71,10 +102,27 @@ def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, 
     assert info["text_columns"] == ["premise", "hypothesis"] and info["regression"] is False
 
     # evaluating the fine-tuned model needs only a validation file: its labels come from the model
-    proc = run_cli("eval", str(out / "model"), "--task", "classification", "--validation-file", str(val),
-                   "--text-column", "premise", "--text-column", "hypothesis", "--output-dir", str(tmp_path / "eval"),
-                   "--cache-dir", cache_dir, "--json", "--quiet")
+    proc = run_cli(
+        "eval",
+        str(out / "model"),
+        "--task",
+        "classification",
+        "--validation-file",
+        str(val),
+        "--text-column",
+        "premise",
+        "--text-column",
+        "hypothesis",
+        "--output-dir",
+        str(tmp_path / "eval"),
+        "--cache-dir",
+        cache_dir,
+        "--json",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stderr
     metrics = last_json(proc.stdout)
     assert metrics["num_examples"] == 16
-    assert metrics["accuracy"] == pytest.approx(result["accuracy"]) and metrics["loss"] == pytest.approx(result["loss"], rel=1e-3)
+    assert metrics["accuracy"] == pytest.approx(result["accuracy"]) and metrics["loss"] == pytest.approx(
+        result["loss"], rel=1e-3
+    )

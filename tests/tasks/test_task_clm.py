@@ -1,5 +1,6 @@
 """Causal LM task: packing keeps every token once, the label shift by hand, exact perplexity,
 and train / eval / save / resume / generate through the Trainer and CLI on single and ddp."""
+
 from __future__ import annotations
 
 import json
@@ -84,11 +85,24 @@ def test_jsonl_with_a_text_column(tiny_gpt2, tmp_path, cache_dir, capsys):
     raw = task.load_raw()
     assert raw["train"]["text"] == [r["body"] for r in rows]
 
-    code, out, err = cli_main(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(data),
-                              "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "clm",
+        "--model",
+        tiny_gpt2,
+        "--train-file",
+        str(data),
+        "--validation-file",
+        str(data),
+        "--output-dir",
+        str(tmp_path / "r"),
+    )
     assert code == 2  # the default column is `text`
-    assert err.strip() == (f"error: column 'text' not found in the train data ({data}); columns are: id, body; "
-                           "pass --text-column")
+    assert err.strip() == (
+        f"error: column 'text' not found in the train data ({data}); columns are: id, body; pass --text-column"
+    )
 
 
 def test_loss_is_the_shifted_next_token_loss_by_hand(tiny_gpt2, tmp_path, cache_dir):
@@ -120,8 +134,14 @@ def test_perplexity_is_over_exactly_the_eval_tokens(tiny_gpt2, text_files, cache
 
     train, valid = text_files
     # eval batch 3 leaves a short last batch; tokens are weighted, not batches
-    metrics = Trainer(task="clm", model=tiny_gpt2, output_dir=str(valid.parent / "eval"), quiet=True, eval_batch_size=3,
-                      data={"validation_file": str(valid), "block_size": BLOCK, "cache_dir": cache_dir}).validate()
+    metrics = Trainer(
+        task="clm",
+        model=tiny_gpt2,
+        output_dir=str(valid.parent / "eval"),
+        quiet=True,
+        eval_batch_size=3,
+        data={"validation_file": str(valid), "block_size": BLOCK, "cache_dir": cache_dir},
+    ).validate()
 
     task = clm_task(tiny_gpt2, None, valid, cache_dir)
     tokenizer = task.load_tokenizer()
@@ -142,11 +162,34 @@ def test_perplexity_is_over_exactly_the_eval_tokens(tiny_gpt2, text_files, cache
 # ---- end to end ------------------------------------------------------------------------------
 def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files, tmp_path, cache_dir, capsys):
     train, valid = text_files
-    common = ["--task", "clm", "--model", tiny_gpt2, "--train-file", str(train), "--validation-file", str(valid),
-              "--block-size", str(BLOCK), "--batch-size", "4", "--max-steps", "6", "--lr", "3e-3", "--eval-strategy", "no",
-              "--cache-dir", cache_dir, "--quiet", "--json"]
+    common = [
+        "--task",
+        "clm",
+        "--model",
+        tiny_gpt2,
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(valid),
+        "--block-size",
+        str(BLOCK),
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "6",
+        "--lr",
+        "3e-3",
+        "--eval-strategy",
+        "no",
+        "--cache-dir",
+        cache_dir,
+        "--quiet",
+        "--json",
+    ]
     run = tmp_path / "run"
-    code, out, err = cli_main(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
+    code, out, err = cli_main(
+        capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run)
+    )
     assert code == 0, err
     first = last_json(out)
     assert first["steps"] == 6 and first["perplexity"] == pytest.approx(math.exp(first["loss"]))
@@ -154,22 +197,39 @@ def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files
     assert json.loads((run / "model" / "tuneforge.json").read_text())["block_size"] == BLOCK
 
     # resume from step 3 in a new folder: the same steps 4-6 give the same final model
-    code, out, err = cli_main(capsys, "train", *common, "--resume", str(run / "checkpoint-3"),
-                              "--output-dir", str(tmp_path / "resumed"))
+    code, out, err = cli_main(
+        capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed")
+    )
     assert code == 0, err
     resumed = last_json(out)
     assert resumed["steps"] == 6
     assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
-    code, out, err = cli_main(capsys, "eval", str(run / "model"), "--task", "clm", "--validation-file", str(valid),
-                              "--block-size", str(BLOCK), "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"),
-                              "--quiet", "--json")
+    code, out, err = cli_main(
+        capsys,
+        "eval",
+        str(run / "model"),
+        "--task",
+        "clm",
+        "--validation-file",
+        str(valid),
+        "--block-size",
+        str(BLOCK),
+        "--cache-dir",
+        cache_dir,
+        "--output-dir",
+        str(tmp_path / "eval"),
+        "--quiet",
+        "--json",
+    )
     assert code == 0, err
     evaluated = last_json(out)
     assert {"loss", "perplexity"} <= set(evaluated)
     assert evaluated["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
-    code, out, err = cli_main(capsys, "generate", str(run / "model"), "--prompt", "A man is", "--max-new-tokens", "5", "--json")
+    code, out, err = cli_main(
+        capsys, "generate", str(run / "model"), "--prompt", "A man is", "--max-new-tokens", "5", "--json"
+    )
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["prompt"] == "A man is" and generation["generated"]
@@ -187,10 +247,17 @@ def test_llama_trains_with_no_packing_through_the_python_api(tiny_llama, text_fi
     # user-given datasets with another column name: --text-column
     train_ds = datasets.Dataset.from_dict({"body": texts[:40]})
     eval_ds = datasets.Dataset.from_dict({"body": texts[40:]})
-    result = Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "llama"), quiet=True, max_steps=4,
-                     batch_size=4, optim={"lr": 3e-3}, eval_strategy="no",
-                     data={"packing": False, "block_size": 32, "text_columns": ["body"], "cache_dir": cache_dir}
-                     ).fit(train_dataset=train_ds, eval_dataset=eval_ds)
+    result = Trainer(
+        task="clm",
+        model=tiny_llama,
+        output_dir=str(tmp_path / "llama"),
+        quiet=True,
+        max_steps=4,
+        batch_size=4,
+        optim={"lr": 3e-3},
+        eval_strategy="no",
+        data={"packing": False, "block_size": 32, "text_columns": ["body"], "cache_dir": cache_dir},
+    ).fit(train_dataset=train_ds, eval_dataset=eval_ds)
     tokenizer = AutoTokenizer.from_pretrained(result["model_dir"])
     targets = sum(len(tokenizer(t)["input_ids"][:32]) - 1 for t in texts[40:])
     assert result["num_tokens"] == targets and result["train_loss"] > 0
@@ -203,9 +270,35 @@ def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_fil
     from tuneforge.trainer import Trainer
 
     train, valid = text_files
-    common = ["train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(train), "--validation-file", str(valid),
-              "--block-size", str(BLOCK), "--batch-size", "2", "--max-steps", "4", "--lr", "3e-3", "--eval-strategy", "no",
-              "--backend", "ddp", "--nproc", "2", "--cache-dir", cache_dir, "--quiet", "--json"]
+    common = [
+        "train",
+        "--task",
+        "clm",
+        "--model",
+        tiny_gpt2,
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(valid),
+        "--block-size",
+        str(BLOCK),
+        "--batch-size",
+        "2",
+        "--max-steps",
+        "4",
+        "--lr",
+        "3e-3",
+        "--eval-strategy",
+        "no",
+        "--backend",
+        "ddp",
+        "--nproc",
+        "2",
+        "--cache-dir",
+        cache_dir,
+        "--quiet",
+        "--json",
+    ]
     run = tmp_path / "ddp"
     proc = run_cli(*common, "--save-strategy", "steps", "--save-steps", "2", "--output-dir", str(run))
     assert proc.returncode == 0, proc.stderr
@@ -215,8 +308,13 @@ def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_fil
     assert last_json(proc.stdout)["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
     # the two-rank evaluation equals one process evaluating the same model
-    single = Trainer(task="clm", model=first["model_dir"], output_dir=str(tmp_path / "eval"), quiet=True,
-                     data={"validation_file": str(valid), "block_size": BLOCK, "cache_dir": cache_dir}).validate()
+    single = Trainer(
+        task="clm",
+        model=first["model_dir"],
+        output_dir=str(tmp_path / "eval"),
+        quiet=True,
+        data={"validation_file": str(valid), "block_size": BLOCK, "cache_dir": cache_dir},
+    ).validate()
     assert first["num_tokens"] == single["num_tokens"]
     assert first["perplexity"] == pytest.approx(single["perplexity"], rel=1e-5)
 
@@ -224,8 +322,22 @@ def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_fil
 # ---- bad input: one line, exit code 2 --------------------------------------------------------
 def test_block_size_above_the_models_context(tiny_gpt2, text_files, tmp_path, capsys):
     train, valid = text_files
-    code, out, err = cli_main(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(train),
-                              "--validation-file", str(valid), "--block-size", "128", "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "clm",
+        "--model",
+        tiny_gpt2,
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(valid),
+        "--block-size",
+        "128",
+        "--output-dir",
+        str(tmp_path / "r"),
+    )
     assert code == 2
     assert err.strip() == "error: block size 128 is above the model's context of 64 tokens; use --block-size 64 or less"
 
@@ -234,8 +346,20 @@ def test_empty_text_file(tiny_gpt2, text_files, tmp_path, capsys):
     train, valid = text_files
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
-    code, out, err = cli_main(capsys, "train", "--task", "clm", "--model", tiny_gpt2, "--train-file", str(empty),
-                              "--validation-file", str(valid), "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "clm",
+        "--model",
+        tiny_gpt2,
+        "--train-file",
+        str(empty),
+        "--validation-file",
+        str(valid),
+        "--output-dir",
+        str(tmp_path / "r"),
+    )
     assert code == 2
     assert err.strip() == f"error: train text file {str(empty)!r} is empty; give a file with at least one line of text"
 
@@ -249,14 +373,29 @@ def test_bundled_smollm2_is_located_without_importing_its_package():
 
 
 @pytest.mark.parametrize("packing, expected", [(True, "sdpa"), (False, "eager")])
-def test_bf16_cpu_attention_is_sdpa_for_packed_blocks_and_eager_for_padded_texts(tiny_llama, text_files, tmp_path,
-                                                                                    cache_dir, packing, expected):
+def test_bf16_cpu_attention_is_sdpa_for_packed_blocks_and_eager_for_padded_texts(
+    tiny_llama, text_files, tmp_path, cache_dir, packing, expected
+):
     from tuneforge.trainer import Trainer
 
     train, valid = text_files
     spy = model_spy()
-    Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "run"), quiet=True, max_steps=1, batch_size=4,
-            precision="bf16", eval_strategy="no", callbacks=[spy],
-            data={"train_file": str(train), "validation_file": str(valid), "packing": packing, "block_size": BLOCK,
-                  "cache_dir": cache_dir}).fit()
+    Trainer(
+        task="clm",
+        model=tiny_llama,
+        output_dir=str(tmp_path / "run"),
+        quiet=True,
+        max_steps=1,
+        batch_size=4,
+        precision="bf16",
+        eval_strategy="no",
+        callbacks=[spy],
+        data={
+            "train_file": str(train),
+            "validation_file": str(valid),
+            "packing": packing,
+            "block_size": BLOCK,
+            "cache_dir": cache_dir,
+        },
+    ).fit()
     assert spy.attention == expected

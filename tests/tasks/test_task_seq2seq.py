@@ -1,5 +1,6 @@
 """Seq2seq task: parallel files and columns, label padding, the summed loss, BLEU from `generate`
 not cut at 20 tokens, and train / eval / save / resume / generate on single and ddp."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,12 @@ PREFIX = "translate English to German: "
 def parallel_files(tmp_path) -> dict[str, str]:
     train_en, train_de = write_parallel(tmp_path, "train", 48, seed=1)
     val_en, val_de = write_parallel(tmp_path, "val", 10, seed=2)
-    return {"source_file": str(train_en), "target_file": str(train_de),
-            "validation_source_file": str(val_en), "validation_target_file": str(val_de)}
+    return {
+        "source_file": str(train_en),
+        "target_file": str(train_de),
+        "validation_source_file": str(val_en),
+        "validation_target_file": str(val_de),
+    }
 
 
 def file_flags(files: dict[str, str]) -> list[str]:
@@ -37,7 +42,10 @@ def test_parallel_files_get_the_prefix_and_labels_padded_with_minus_100(tiny_t5,
     feats = task.tokenize(raw, tokenizer, log=lambda m: None)["validation"]
     en, de = parallel_pairs(10, seed=2)[0]
     assert feats[0]["input_ids"] == tokenizer(PREFIX + en)["input_ids"]
-    assert feats[0]["labels"] == tokenizer(text_target=de)["input_ids"] and feats[0]["labels"][-1] == tokenizer.eos_token_id
+    assert (
+        feats[0]["labels"] == tokenizer(text_target=de)["input_ids"]
+        and feats[0]["labels"][-1] == tokenizer.eos_token_id
+    )
 
     batch = task.collate(feats[:4], tokenizer)
     for row in range(4):
@@ -70,8 +78,14 @@ def test_loss_is_the_sum_over_target_tokens(tiny_bart, parallel_files, cache_dir
 def test_table_columns_and_bert_style_targets_for_the_minilm_default(tmp_path, cache_dir):
     rows = ["en,de"] + [f'"{en}","{de}"' for en, de in parallel_pairs(6, seed=3)]
     (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
-    task = seq2seq_task(None, cache_dir, train_file=str(tmp_path / "pairs.csv"), validation_file=str(tmp_path / "pairs.csv"),
-                        source_column="en", target_column="de")
+    task = seq2seq_task(
+        None,
+        cache_dir,
+        train_file=str(tmp_path / "pairs.csv"),
+        validation_file=str(tmp_path / "pairs.csv"),
+        source_column="en",
+        target_column="de",
+    )
     tokenizer = task.load_tokenizer()  # the bundled MiniLM's
     feats = task.tokenize(task.load_raw(), tokenizer, log=lambda m: None)["validation"]
     # [CLS] is the encoder-decoder's decoder start token: the target starts after it, ends with [SEP]
@@ -81,11 +95,35 @@ def test_table_columns_and_bert_style_targets_for_the_minilm_default(tmp_path, c
 
 # ---- end to end ------------------------------------------------------------------------------
 def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files, tmp_path, cache_dir, capsys):
-    common = ["--task", "seq2seq", "--model", tiny_t5, *file_flags(parallel_files), "--source-prefix", PREFIX,
-              "--batch-size", "8", "--max-steps", "6", "--lr", "3e-3", "--eval-strategy", "no", "--num-beams", "2",
-              "--generation-max-length", "24", "--cache-dir", cache_dir, "--quiet", "--json"]
+    common = [
+        "--task",
+        "seq2seq",
+        "--model",
+        tiny_t5,
+        *file_flags(parallel_files),
+        "--source-prefix",
+        PREFIX,
+        "--batch-size",
+        "8",
+        "--max-steps",
+        "6",
+        "--lr",
+        "3e-3",
+        "--eval-strategy",
+        "no",
+        "--num-beams",
+        "2",
+        "--generation-max-length",
+        "24",
+        "--cache-dir",
+        cache_dir,
+        "--quiet",
+        "--json",
+    ]
     run = tmp_path / "run"
-    code, out, err = cli_main(capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run))
+    code, out, err = cli_main(
+        capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run)
+    )
     assert code == 0, err
     first = last_json(out)
     assert first["num_examples"] == 10 and 0 <= first["bleu"] <= 100
@@ -93,21 +131,49 @@ def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files
     info = json.loads((run / "model" / "tuneforge.json").read_text())
     assert info["source_prefix"] == PREFIX and info["generation_max_length"] == 24
 
-    code, out, err = cli_main(capsys, "train", *common, "--resume", str(run / "checkpoint-3"),
-                              "--output-dir", str(tmp_path / "resumed"))
+    code, out, err = cli_main(
+        capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed")
+    )
     assert code == 0, err
     resumed = last_json(out)
     assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5) and resumed["bleu"] == pytest.approx(first["bleu"])
 
-    code, out, err = cli_main(capsys, "eval", str(run / "model"), "--task", "seq2seq", *file_flags(parallel_files)[4:],
-                              "--source-prefix", PREFIX, "--num-beams", "2", "--generation-max-length", "24",
-                              "--cache-dir", cache_dir, "--output-dir", str(tmp_path / "eval"), "--quiet", "--json")
+    code, out, err = cli_main(
+        capsys,
+        "eval",
+        str(run / "model"),
+        "--task",
+        "seq2seq",
+        *file_flags(parallel_files)[4:],
+        "--source-prefix",
+        PREFIX,
+        "--num-beams",
+        "2",
+        "--generation-max-length",
+        "24",
+        "--cache-dir",
+        cache_dir,
+        "--output-dir",
+        str(tmp_path / "eval"),
+        "--quiet",
+        "--json",
+    )
     assert code == 0, err
     evaluated = last_json(out)
     assert {"bleu", "loss"} <= set(evaluated) and evaluated["bleu"] == pytest.approx(first["bleu"])
 
-    code, out, err = cli_main(capsys, "generate", str(run / "model"), "--prompt", "A man is riding a red bike.",
-                              "--num-beams", "2", "--max-new-tokens", "6", "--json")
+    code, out, err = cli_main(
+        capsys,
+        "generate",
+        str(run / "model"),
+        "--prompt",
+        "A man is riding a red bike.",
+        "--num-beams",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--json",
+    )
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["generated"]
@@ -123,10 +189,18 @@ def test_bart_trains_on_datasets_through_the_python_api(tiny_bart, tmp_path, cac
         pairs = parallel_pairs(n, seed)
         return datasets.Dataset.from_dict({"en": [e for e, _ in pairs], "de": [d for _, d in pairs]})
 
-    result = Trainer(task="seq2seq", model=tiny_bart, output_dir=str(tmp_path / "bart"), quiet=True, max_steps=3,
-                     batch_size=8, optim={"lr": 3e-3}, eval_strategy="no", generation_max_length=8,
-                     data={"source_column": "en", "target_column": "de", "cache_dir": cache_dir}
-                     ).fit(train_dataset=as_dataset(24, 4), eval_dataset=as_dataset(6, 5))
+    result = Trainer(
+        task="seq2seq",
+        model=tiny_bart,
+        output_dir=str(tmp_path / "bart"),
+        quiet=True,
+        max_steps=3,
+        batch_size=8,
+        optim={"lr": 3e-3},
+        eval_strategy="no",
+        generation_max_length=8,
+        data={"source_column": "en", "target_column": "de", "cache_dir": cache_dir},
+    ).fit(train_dataset=as_dataset(24, 4), eval_dataset=as_dataset(6, 5))
     assert result["num_examples"] == 6 and result["gen_len"] <= 8 and result["train_loss"] > 0
     generator = Generator(result["model_dir"])
     assert generator.family == "seq2seq"
@@ -136,18 +210,48 @@ def test_bart_trains_on_datasets_through_the_python_api(tiny_bart, tmp_path, cac
 def test_ddp_two_processes_train_save_and_exact_bleu(tiny_t5, parallel_files, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
-    flags = ["--task", "seq2seq", "--model", tiny_t5, *file_flags(parallel_files), "--max-steps", "4", "--lr", "3e-3",
-             "--eval-strategy", "no", "--generation-max-length", "24", "--save-strategy", "steps", "--save-steps", "2",
-             "--cache-dir", cache_dir, "--quiet", "--json"]
+    flags = [
+        "--task",
+        "seq2seq",
+        "--model",
+        tiny_t5,
+        *file_flags(parallel_files),
+        "--max-steps",
+        "4",
+        "--lr",
+        "3e-3",
+        "--eval-strategy",
+        "no",
+        "--generation-max-length",
+        "24",
+        "--save-strategy",
+        "steps",
+        "--save-steps",
+        "2",
+        "--cache-dir",
+        cache_dir,
+        "--quiet",
+        "--json",
+    ]
     run = tmp_path / "ddp"
     proc = run_cli("train", *flags, "--backend", "ddp", "--nproc", "2", "--batch-size", "4", "--output-dir", str(run))
     assert proc.returncode == 0, proc.stderr
     ddp = last_json(proc.stdout)
 
     # the ddp checkpoint resumes in one process with the same global batch (2 x 4) to the same model
-    values = {"task": "seq2seq", "model": tiny_t5, "max_steps": 4, "batch_size": 8, "eval_strategy": "no", "quiet": True,
-              "generation_max_length": 24, "optim": {"lr": 3e-3}, "output_dir": str(tmp_path / "single"),
-              "resume": str(run / "checkpoint-2"), "data": {"cache_dir": cache_dir, **parallel_files}}
+    values = {
+        "task": "seq2seq",
+        "model": tiny_t5,
+        "max_steps": 4,
+        "batch_size": 8,
+        "eval_strategy": "no",
+        "quiet": True,
+        "generation_max_length": 24,
+        "optim": {"lr": 3e-3},
+        "output_dir": str(tmp_path / "single"),
+        "resume": str(run / "checkpoint-2"),
+        "data": {"cache_dir": cache_dir, **parallel_files},
+    }
     single = Trainer(values).fit()
     assert single["loss"] == pytest.approx(ddp["loss"], rel=1e-4)
     # the two-rank evaluation (predictions gathered from both ranks) equals one process on the same model
@@ -161,18 +265,42 @@ def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, t
     short = tmp_path / "short.de"
     short.write_text("Ein Mann.\nEine Frau.\n")
     files = {**parallel_files, "target_file": str(short)}
-    code, out, err = cli_main(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, *file_flags(files),
-                              "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "seq2seq",
+        "--model",
+        tiny_t5,
+        *file_flags(files),
+        "--output-dir",
+        str(tmp_path / "r"),
+    )
     assert code == 2
-    assert err.strip() == (f"error: train source file {parallel_files['source_file']!r} has 48 lines but target file "
-                           f"{str(short)!r} has 2; parallel files need one sentence per line on both sides")
+    assert err.strip() == (
+        f"error: train source file {parallel_files['source_file']!r} has 48 lines but target file "
+        f"{str(short)!r} has 2; parallel files need one sentence per line on both sides"
+    )
 
 
 def test_missing_target_column(tiny_t5, tmp_path, capsys):
     data = tmp_path / "pairs.csv"
     data.write_text("source,text\nA man.,Ein Mann.\n")
-    code, out, err = cli_main(capsys, "train", "--task", "seq2seq", "--model", tiny_t5, "--train-file", str(data),
-                              "--validation-file", str(data), "--output-dir", str(tmp_path / "r"))
+    code, out, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "seq2seq",
+        "--model",
+        tiny_t5,
+        "--train-file",
+        str(data),
+        "--validation-file",
+        str(data),
+        "--output-dir",
+        str(tmp_path / "r"),
+    )
     assert code == 2
-    assert err.strip() == (f"error: column 'target' not found in the train data ({data}); columns are: source, text; "
-                           "pass --target-column")
+    assert err.strip() == (
+        f"error: column 'target' not found in the train data ({data}); columns are: source, text; pass --target-column"
+    )

@@ -2,6 +2,7 @@
 
 Adding a backend is adding one file; nothing else names it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -13,7 +14,9 @@ _NOT_BACKENDS = {"base"}
 
 
 def available_backends() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_BACKENDS and not m.name.startswith("_"))
+    return sorted(
+        m.name for m in pkgutil.iter_modules(__path__) if m.name not in _NOT_BACKENDS and not m.name.startswith("_")
+    )
 
 
 def get_backend(config):

@@ -11,6 +11,7 @@ a checkpoint written by fsdp or tp on N processes loads on M processes, and into
 backend. A single/ddp checkpoint (model.safetensors + optimizer.pt) loads too. The files are
 written by every rank, so a multi-node run needs the output dir on a shared filesystem.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,8 +33,9 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     (the HF marker of a block), only stacks of those classes count (an encoder-decoder has two).
     """
     no_split = set(getattr(model, "_no_split_modules", None) or [])
-    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0
-              and len({type(b) for b in m}) == 1]
+    stacks = [
+        m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0 and len({type(b) for b in m}) == 1
+    ]
     marked = [m for m in stacks if type(m[0]).__name__ in no_split]
     if marked:
         return [block for stack in marked for block in stack]
@@ -106,7 +108,8 @@ class ShardedBackend(Backend):
             self._load_full(path, model, optimizer)
         else:
             raise CheckpointError(
-                f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor model.safetensors; "
+                f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor "
+                "model.safetensors; "
                 f"backend {self.name!r} resumes from fsdp, tp, ddp or single checkpoints"
             )
 

@@ -14,12 +14,14 @@ The Trainer names no backend. It calls, in order:
 
 A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,9 +38,10 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     if device.type == "cpu":
-        native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(
-            torch.cpu, "_is_amx_tile_supported", lambda: False
-        )()
+        native = (
+            getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+            or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        )
         return "bf16" if native else "fp32"
     return "fp32"
 

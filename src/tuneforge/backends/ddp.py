@@ -9,6 +9,7 @@ average equals the gradient of the global mean loss (exact parity with one proce
 Checkpoints are the single-process layout: the main rank writes model.safetensors and
 optimizer.pt (replicas are identical), every rank loads them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,8 +28,10 @@ class DDPBackend(Backend):
         """Config-time checks (also run by the launching parent, before any worker starts)."""
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus and self.config.nproc > gpus and not self.config.hostfile:
-            raise ConfigError(f"--nproc {self.config.nproc} is more than the {gpus} GPU(s) here; "
-                              f"NCCL needs one GPU per process: use --nproc {gpus} or less")
+            raise ConfigError(
+                f"--nproc {self.config.nproc} is more than the {gpus} GPU(s) here; "
+                f"NCCL needs one GPU per process: use --nproc {gpus} or less"
+            )
 
     def _init_process_group(self) -> None:
         from tuneforge import launch

@@ -25,6 +25,7 @@ How the engine fits the Trainer's loop:
   offline (zero_to_fp32). The HF export gathers the fp32 master weights (never ZeRO-3's empty
   placeholders).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -139,7 +140,7 @@ def merge_user_config(derived: dict, user: dict, config, source: str) -> dict:
                 raise ConfigError(f"deepspeed config {dotted} must be an object; fix {source!r}")
             elif value == "auto":
                 raise ConfigError(
-                    f"deepspeed config {dotted}=\"auto\" has no tuneforge value to take; "
+                    f'deepspeed config {dotted}="auto" has no tuneforge value to take; '
                     f"give a number or remove it from {source!r}"
                 )
             else:
@@ -167,7 +168,10 @@ class DeepSpeedBackend(Backend):
         try:
             import deepspeed  # noqa: F401
         except Exception as err:  # ImportError, or DeepSpeed failing to find an accelerator
-            return f"unusable: deepspeed does not import ({type(err).__name__}: {str(err).splitlines()[0][:100] if str(err) else ''}); pip install deepspeed"
+            return (
+                f"unusable: deepspeed does not import ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:100] if str(err) else ''}); pip install deepspeed"
+            )
         return super().usable()
 
     def validate(self) -> None:
@@ -176,11 +180,15 @@ class DeepSpeedBackend(Backend):
 
         cfg = self.config
         if cfg.zero_stage not in (1, 2, 3):
-            raise ConfigError(f"backend 'deepspeed' needs zero_stage 1, 2 or 3 (got {cfg.zero_stage}); "
-                              "for plain data parallel use --backend ddp")
+            raise ConfigError(
+                f"backend 'deepspeed' needs zero_stage 1, 2 or 3 (got {cfg.zero_stage}); "
+                "for plain data parallel use --backend ddp"
+            )
         if cfg.offload in ("params", "both") and cfg.zero_stage != 3:
-            raise ConfigError(f"offload={cfg.offload} offloads parameters, which needs ZeRO stage 3 (zero_stage is "
-                              f"{cfg.zero_stage}); pass --zero-stage 3, or --offload optimizer")
+            raise ConfigError(
+                f"offload={cfg.offload} offloads parameters, which needs ZeRO stage 3 (zero_stage is "
+                f"{cfg.zero_stage}); pass --zero-stage 3, or --offload optimizer"
+            )
         # the world size is known here only when tuneforge itself is about to launch the workers
         planned_world = cfg.nproc * cfg.nnodes if launch.needs_launch(cfg) and not cfg.hostfile else None
         precision = cfg.precision if cfg.precision != "auto" else None
@@ -206,8 +214,10 @@ class DeepSpeedBackend(Backend):
         self.scaler = None  # fp16 loss scaling is DeepSpeed's own
         accel = get_accelerator().device_name()
         if accel != self.device.type:
-            raise ConfigError(f"DeepSpeed chose the {accel!r} accelerator but tuneforge runs on {self.device.type!r}; "
-                              f"set DS_ACCELERATOR={self.device.type}")
+            raise ConfigError(
+                f"DeepSpeed chose the {accel!r} accelerator but tuneforge runs on {self.device.type!r}; "
+                f"set DS_ACCELERATOR={self.device.type}"
+            )
         if self.device.type == "cpu":
             # On CPU, DeepSpeed's comm layer first JIT-compiles a shared-memory all-reduce (minutes of
             # g++ on first use). Only inference_all_reduce uses it; training goes through
@@ -303,13 +313,17 @@ class DeepSpeedBackend(Backend):
         shards = len(list(folder.glob("*optim_states.pt")))
         if optimizer is not None and shards and shards != self.dp_size:
             raise CheckpointError(
-                f"DeepSpeed checkpoint {str(path)!r} holds {shards} ZeRO shards, this run has {self.dp_size} process{'es' if self.dp_size > 1 else ''}; "
+                f"DeepSpeed checkpoint {str(path)!r} holds {shards} ZeRO shards, this run has {self.dp_size} "
+                f"process{'es' if self.dp_size > 1 else ''}; "
                 f"resume with --nproc {shards}, or `tuneforge export` it and train from the exported model"
             )
-        loaded, _ = model.load_checkpoint(str(path), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer is not None,
-                                          load_lr_scheduler_states=False)
+        loaded, _ = model.load_checkpoint(
+            str(path), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer is not None, load_lr_scheduler_states=False
+        )
         if loaded is None:
-            raise CheckpointError(f"DeepSpeed could not load checkpoint {str(path)!r}; resume from an earlier checkpoint-STEP folder")
+            raise CheckpointError(
+                f"DeepSpeed could not load checkpoint {str(path)!r}; resume from an earlier checkpoint-STEP folder"
+            )
 
     @classmethod
     def offline_state_dict(cls, path: Path) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ dp_size / global item count, so that average is the gradient of the global mean 
 - Checkpoints: per-rank DCP shards (see _sharded.py), reshardable to another world size;
   the HF export gathers full weights to rank 0 on CPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,10 @@ class FSDPBackend(ShardedBackend):
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
         except ImportError:
-            return f"unusable: torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard); use torch 2.6 or newer"
+            return (
+                f"unusable: torch {torch.__version__} has no FSDP2 (torch.distributed.fsdp.fully_shard); use "
+                "torch 2.6 or newer"
+            )
         return super().usable()
 
     def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
@@ -40,7 +44,9 @@ class FSDPBackend(ShardedBackend):
 
         blocks = transformer_blocks(model)
         if not blocks:
-            raise ConfigError(f"backend 'fsdp' found no transformer blocks in {type(model).__name__}; use --backend ddp")
+            raise ConfigError(
+                f"backend 'fsdp' found no transformer blocks in {type(model).__name__}; use --backend ddp"
+            )
         model.to(self.device)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         policy = MixedPrecisionPolicy()

@@ -1,4 +1,5 @@
 """One process on one device: cpu, cuda or mps, detected."""
+
 from tuneforge.backends.base import Backend
 
 
@@ -9,7 +10,9 @@ class SingleBackend(Backend):
         from tuneforge.errors import ConfigError
 
         if self.config.nproc > 1 or self.config.nnodes > 1:
-            raise ConfigError("backend 'single' runs one process; for --nproc > 1 use --backend ddp (or fsdp, deepspeed, tp)")
+            raise ConfigError(
+                "backend 'single' runs one process; for --nproc > 1 use --backend ddp (or fsdp, deepspeed, tp)"
+            )
 
 
 BACKEND = SingleBackend

@@ -10,6 +10,7 @@ With world size > tp size the ranks form a 2-D mesh ("dp", "tp"): ranks of one t
 the same batches; gradients are averaged over the "dp" axis once per optimizer step, and
 metrics are reduced over "dp" only. Checkpoints are per-rank DCP shards (see _sharded.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,18 +36,24 @@ def _shard_conv1d(module: nn.Module, mesh, weight: Placement, bias: Placement) -
 class Conv1DColwise(ColwiseParallel):
     def _apply(self, module, mesh):
         return distribute_module(
-            module, mesh, lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(1), Shard(0)),
+            module,
+            mesh,
+            lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(1), Shard(0)),
             partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
 
 
 class Conv1DRowwise(RowwiseParallel):
     def _apply(self, module, mesh):
         self.desired_input_layouts = (Shard(-1),)
         return distribute_module(
-            module, mesh, lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(0), Replicate()),
+            module,
+            mesh,
+            lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(0), Replicate()),
             partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
+            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
+        )
 
 
 class FusedQKVColwise(Conv1DColwise):
@@ -67,7 +74,7 @@ class FusedQKVColwise(Conv1DColwise):
 @dataclass(frozen=True)
 class Plan:
     family: str
-    attention: str        # the attention module: its head counts become per-rank counts
+    attention: str  # the attention module: its head counts become per-rank counts
     colwise: tuple[str, ...]
     rowwise: tuple[str, ...]
     fused_qkv: tuple[str, ...] = ()
@@ -75,20 +82,44 @@ class Plan:
 
     def styles(self) -> dict[str, ParallelStyle]:
         colwise, rowwise = (Conv1DColwise, Conv1DRowwise) if self.conv1d else (ColwiseParallel, RowwiseParallel)
-        return {**{name: FusedQKVColwise() for name in self.fused_qkv},
-                **{name: colwise() for name in self.colwise}, **{name: rowwise() for name in self.rowwise}}
+        return {
+            **{name: FusedQKVColwise() for name in self.fused_qkv},
+            **{name: colwise() for name in self.colwise},
+            **{name: rowwise() for name in self.rowwise},
+        }
 
 
-BERT = Plan("BERT-family", "attention.self",
-            colwise=("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense"),
-            rowwise=("attention.output.dense", "output.dense"))
-GPT2 = Plan("GPT-2", "attn", colwise=("mlp.c_fc",), rowwise=("attn.c_proj", "mlp.c_proj"), fused_qkv=("attn.c_attn",),
-            conv1d=True)
-LLAMA = Plan("Llama-family", "self_attn",
-             colwise=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
-             rowwise=("self_attn.o_proj", "mlp.down_proj"))
-PLANS = {"bert": BERT, "roberta": BERT, "xlm-roberta": BERT, "camembert": BERT, "electra": BERT,
-         "gpt2": GPT2, "llama": LLAMA, "mistral": LLAMA, "qwen2": LLAMA}
+BERT = Plan(
+    "BERT-family",
+    "attention.self",
+    colwise=("attention.self.query", "attention.self.key", "attention.self.value", "intermediate.dense"),
+    rowwise=("attention.output.dense", "output.dense"),
+)
+GPT2 = Plan(
+    "GPT-2",
+    "attn",
+    colwise=("mlp.c_fc",),
+    rowwise=("attn.c_proj", "mlp.c_proj"),
+    fused_qkv=("attn.c_attn",),
+    conv1d=True,
+)
+LLAMA = Plan(
+    "Llama-family",
+    "self_attn",
+    colwise=("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"),
+    rowwise=("self_attn.o_proj", "mlp.down_proj"),
+)
+PLANS = {
+    "bert": BERT,
+    "roberta": BERT,
+    "xlm-roberta": BERT,
+    "camembert": BERT,
+    "electra": BERT,
+    "gpt2": GPT2,
+    "llama": LLAMA,
+    "mistral": LLAMA,
+    "qwen2": LLAMA,
+}
 # attributes of HF attention modules that hold head counts (or sizes derived from them)
 HEAD_ATTRS = ("num_attention_heads", "num_heads", "num_key_value_heads", "all_head_size", "split_size")
 
@@ -98,8 +129,10 @@ def plan_for(model_config) -> Plan:
     if model_type not in PLANS:
         families = {p.family: sorted(t for t, q in PLANS.items() if q is p) for p in PLANS.values()}
         supported = "; ".join(f"{fam} ({', '.join(types)})" for fam, types in families.items())
-        raise ConfigError(f"backend 'tp' has no tensor-parallel plan for model type {model_type!r} (plans: {supported}); "
-                          "use --backend fsdp or ddp for this model")
+        raise ConfigError(
+            f"backend 'tp' has no tensor-parallel plan for model type {model_type!r} (plans: {supported}); "
+            "use --backend fsdp or ddp for this model"
+        )
     return PLANS[model_type]
 
 
@@ -109,15 +142,18 @@ def check_heads(model_config, tp_size: int) -> None:
     for count, what in ((heads, "attention heads"), (kv_heads, "key/value heads")):
         if count and count % tp_size:
             fits = [d for d in range(1, count + 1) if heads % d == 0 and kv_heads % d == 0]
-            raise ConfigError(f"--tp-size {tp_size} does not divide the model's {count} {what}; "
-                              f"use a tp size among {fits}")
+            raise ConfigError(
+                f"--tp-size {tp_size} does not divide the model's {count} {what}; use a tp size among {fits}"
+            )
 
 
 def check_world(tp_size: int, world_size: int) -> None:
     if world_size % tp_size:
         fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ConfigError(f"--tp-size {tp_size} does not divide the world size {world_size} (all processes); "
-                          f"use a tp size among {fits}")
+        raise ConfigError(
+            f"--tp-size {tp_size} does not divide the world size {world_size} (all processes); "
+            f"use a tp size among {fits}"
+        )
 
 
 class TPBackend(ShardedBackend):
@@ -158,7 +194,9 @@ class TPBackend(ShardedBackend):
         super().setup()
         tp_size = self.config.tp_size or self.world_size
         check_world(tp_size, self.world_size)
-        self.mesh = init_device_mesh(self.device.type, (self.world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp"))
+        self.mesh = init_device_mesh(
+            self.device.type, (self.world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp")
+        )
 
     # ---- data-parallel geometry: the "dp" axis of the mesh ------------------------------------
     @property
@@ -187,8 +225,10 @@ class TPBackend(ShardedBackend):
             names = {n for n, _ in block.named_modules()}
             missing = [n for n in (*plan.fused_qkv, *plan.colwise, *plan.rowwise, plan.attention) if n not in names]
             if missing:
-                raise ConfigError(f"backend 'tp': {type(block).__name__} has no {missing[0]!r}, which the {plan.family} plan "
-                                  "splits; use --backend fsdp or ddp for this model")
+                raise ConfigError(
+                    f"backend 'tp': {type(block).__name__} has no {missing[0]!r}, which the {plan.family} plan "
+                    "splits; use --backend fsdp or ddp for this model"
+                )
             parallelize_module(block, tp_mesh, plan.styles())
             attention = block.get_submodule(plan.attention)
             for attr in HEAD_ATTRS:  # each rank runs num_heads / tp of the heads

@@ -5,6 +5,7 @@ epoch's example order is computed up front, so a resume can continue from any ex
 without touching the batches before it, and data-parallel ranks take disjoint slices of each
 global batch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +27,7 @@ def epoch_order(lengths: np.ndarray, *, seed: int, epoch: int, global_batch: int
     batches = [order[i : i + global_batch] for i in range(0, len(order), global_batch)]
     # keep the very last (possibly short) batch last; shuffle the full ones
     full = batches[:-1] if len(batches[-1]) < global_batch else batches
-    tail = batches[len(full):]
+    tail = batches[len(full) :]
     shuffled = [full[i] for i in rng.permutation(len(full))]
     return np.concatenate(shuffled + tail) if (shuffled or tail) else order
 

@@ -3,12 +3,14 @@
 Each loader returns a `datasets.DatasetDict` with `train` and/or `validation` splits, or raises
 one `DataError` line that names the problem and the fix.
 """
+
 from __future__ import annotations
 
 import csv
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import datasets
 import pandas as pd
@@ -42,7 +44,9 @@ def _check_utf8(p: Path) -> None:
         ) from None
 
 
-def read_table(path: str | Path, quoting_off: bool = False, header: Any = "infer", names: list[str] | None = None) -> pd.DataFrame:
+def read_table(
+    path: str | Path, quoting_off: bool = False, header: Any = "infer", names: list[str] | None = None
+) -> pd.DataFrame:
     """Read one csv/tsv/json/jsonl/parquet file into a DataFrame with clear errors."""
     p = check_file(path)
     kind = FILE_FORMATS[p.suffix.lower()]
@@ -77,7 +81,9 @@ def read_table(path: str | Path, quoting_off: bool = False, header: Any = "infer
         reason = _first_line(err).removeprefix("Error tokenizing data. C error: ")
         raise DataError(f"file {str(p)!r} has a malformed row: {reason}; fix that row (or its quoting)") from None
     except ValueError as err:  # bad JSON, not a parquet file (pyarrow's errors are ValueErrors)
-        raise DataError(f"file {str(p)!r} could not be parsed as {kind} ({_first_line(err)}); check the file's format") from None
+        raise DataError(
+            f"file {str(p)!r} could not be parsed as {kind} ({_first_line(err)}); check the file's format"
+        ) from None
     if len(df) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     return df
@@ -108,7 +114,9 @@ def to_dataset(df: pd.DataFrame, where: str = "the data") -> datasets.Dataset:
     try:
         return datasets.Dataset.from_pandas(df.reset_index(drop=True), preserve_index=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:  # e.g. a JSON column holding numbers and strings
-        raise DataError(f"{where} has a column with mixed value types ({_first_line(err)}); give each column one type") from None
+        raise DataError(
+            f"{where} has a column with mixed value types ({_first_line(err)}); give each column one type"
+        ) from None
 
 
 def read_split(path: str | Path) -> datasets.Dataset:

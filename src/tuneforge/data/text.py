@@ -6,6 +6,7 @@
 - `pack_blocks`: the run_clm `group_texts` recipe done over the whole split at once: every
   token is kept exactly once (the last, shorter block is kept, not dropped).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,7 +36,8 @@ def read_lines(path: str | Path, what: str = "text file", keep_linebreaks: bool 
             lines = fh.readlines()
     except UnicodeDecodeError as err:
         raise DataError(
-            f"{what} {str(p)!r} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); re-save it as UTF-8"
+            f"{what} {str(p)!r} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+            "re-save it as UTF-8"
         ) from None
     if not any(line.strip() for line in lines):
         raise DataError(f"{what} {str(p)!r} is empty; give a file with at least one line of text")

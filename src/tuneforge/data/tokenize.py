@@ -4,14 +4,16 @@ The cache key covers the raw data's content, the tokenizer's content (vocabulary
 normalisation, special tokens) and the task's settings (max_length, truncation, columns), so a
 second identical run reuses the cache and any other tokenizer or setting never does.
 """
+
 from __future__ import annotations
 
 import hashlib
 import io
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import datasets
 import pyarrow as pa
@@ -62,7 +64,9 @@ def cached_map(
     log: Callable[[str], None] = print,
 ) -> datasets.Dataset:
     key_src = json.dumps(
-        {"data": dataset_fingerprint(ds), "tok": tokenizer_fingerprint(tokenizer), "settings": settings}, sort_keys=True, default=str
+        {"data": dataset_fingerprint(ds), "tok": tokenizer_fingerprint(tokenizer), "settings": settings},
+        sort_keys=True,
+        default=str,
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
     folder = Path(cache_dir) if cache_dir else default_cache_dir()

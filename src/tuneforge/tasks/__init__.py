@@ -1,4 +1,5 @@
 """Task families: classification (GLUE, BBC News, files), causal LM, sequence-to-sequence."""
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ A task turns raw data into tokenized features, builds the model, computes a summ
 its count (so gradient accumulation and data parallelism normalise by the real number of
 examples or tokens), and streams metrics exactly across data-parallel ranks.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,7 +29,9 @@ def check_model_path(model: str) -> None:
     looks_local = p.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
     if looks_local:
         if not p.is_dir():
-            raise ConfigError(f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased")
+            raise ConfigError(
+                f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased"
+            )
         if not (p / "config.json").exists():
             raise ConfigError(
                 f"model {model!r} is not a Hugging Face model folder (no config.json); "
@@ -73,10 +76,10 @@ class MetricStream:
 
 class Task:
     name = "task"
-    model_kind = "model"            # for messages: 'a classification model'
-    best_metric = "loss"            # default metric_for_best
+    model_kind = "model"  # for messages: 'a classification model'
+    best_metric = "loss"  # default metric_for_best
     greater_is_better = False
-    pads_batches = True             # batches carry padding (an attention mask): picks the CPU attention kernel
+    pads_batches = True  # batches carry padding (an attention mask): picks the CPU attention kernel
 
     def __init__(self, config) -> None:
         self.config = config
@@ -140,10 +143,11 @@ class Task:
         limit = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
         want = self.config.data.max_length
         if limit and want and want > limit:
-            raise ConfigError(f"max_length {want} is above the model's limit of {limit} positions; use --max-length {limit} or less")
+            raise ConfigError(
+                f"max_length {want} is above the model's limit of {limit} positions; use --max-length {limit} or less"
+            )
 
 
 def empty_check(ds, split: str) -> None:
     if ds is None or len(ds) == 0:
         raise DataError(f"the {split} split has no examples; give a file with at least one row")
-

@@ -1,4 +1,5 @@
 """Sequence classification: single sentences, sentence pairs and regression (GLUE, BBC, files)."""
+
 from __future__ import annotations
 
 import math
@@ -14,10 +15,18 @@ from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
 
-TEXT_GUESSES = (("sentence1", "sentence2"), ("text",), ("sentence",), ("question1", "question2"), ("premise", "hypothesis"))
+TEXT_GUESSES = (
+    ("sentence1", "sentence2"),
+    ("text",),
+    ("sentence",),
+    ("question1", "question2"),
+    ("premise", "hypothesis"),
+)
 
 
-def classification_metrics(preds: np.ndarray, labels: np.ndarray, names: tuple[str, ...], num_labels: int) -> dict[str, float]:
+def classification_metrics(
+    preds: np.ndarray, labels: np.ndarray, names: tuple[str, ...], num_labels: int
+) -> dict[str, float]:
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
@@ -41,7 +50,7 @@ def classification_metrics(preds: np.ndarray, labels: np.ndarray, names: tuple[s
 class ClassificationStream(MetricStream):
     """Keeps predicted ids (or values) and labels, never the full logits."""
 
-    def __init__(self, task: "ClassificationTask") -> None:
+    def __init__(self, task: ClassificationTask) -> None:
         self.task = task
         self.preds: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
@@ -65,10 +74,12 @@ class ClassificationStream(MetricStream):
         preds = np.concatenate([g[0] for g in gathered])
         labels = np.concatenate([g[1] for g in gathered])
         dev = backend.device
-        totals = torch.stack([
-            (self.loss_sum if self.loss_sum is not None else torch.zeros((), device=dev)).float().to(dev),
-            (self.count if self.count is not None else torch.zeros((), device=dev)).float().to(dev),
-        ])
+        totals = torch.stack(
+            [
+                (self.loss_sum if self.loss_sum is not None else torch.zeros((), device=dev)).float().to(dev),
+                (self.count if self.count is not None else torch.zeros((), device=dev)).float().to(dev),
+            ]
+        )
         totals = backend.reduce_sum(totals)
         out = classification_metrics(preds, labels, self.task.metrics, self.task.num_labels)
         out["loss"] = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
@@ -111,14 +122,22 @@ class ClassificationTask(Task):
         if cfg.model:
             check_model_path(cfg.model)
         if data.text_columns is not None and not 1 <= len(data.text_columns) <= 2:
-            raise ConfigError(f"--text-column takes one or two columns (a sentence pair), got {len(data.text_columns)}: {data.text_columns}")
+            raise ConfigError(
+                f"--text-column takes one or two columns (a sentence pair), got {len(data.text_columns)}: "
+                f"{data.text_columns}"
+            )
         if data.text_columns and len(set(data.text_columns)) < len(data.text_columns):
-            raise ConfigError(f"--text-column names {data.text_columns[0]!r} twice; a sentence pair needs two different columns")
+            raise ConfigError(
+                f"--text-column names {data.text_columns[0]!r} twice; a sentence pair needs two different columns"
+            )
         for f in (data.train_file, data.validation_file):
             if f:
                 check_file(f)
         if data.data_dir and (self.glue is None or data.train_file):
-            raise ConfigError("--data-dir reads a GLUE folder and goes with --task glue/NAME; for your own files use --train-file/--validation-file")
+            raise ConfigError(
+                "--data-dir reads a GLUE folder and goes with --task glue/NAME; for your own files use "
+                "--train-file/--validation-file"
+            )
         if data.data_dir:
             glue_files(cfg.task.split("/", 1)[1], data.data_dir)
 
@@ -130,7 +149,9 @@ class ClassificationTask(Task):
         try:
             model_config = AutoConfig.from_pretrained(self.model_path())
         except (OSError, ValueError) as err:
-            raise ConfigError(f"could not read the model config of {self.model_path()!r}: {str(err).splitlines()[0]}") from None
+            raise ConfigError(
+                f"could not read the model config of {self.model_path()!r}: {str(err).splitlines()[0]}"
+            ) from None
         self.check_max_length(tokenizer, model_config)
         return tokenizer
 
@@ -154,9 +175,12 @@ class ClassificationTask(Task):
     def _head(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
         """--max-train/eval-samples before tokenizing (the label set still comes from all of train)."""
         limits = {"train": self.config.data.max_train_samples, "validation": self.config.data.max_eval_samples}
-        return datasets.DatasetDict({
-            split: ds.select(range(min(limits[split], len(ds)))) if limits.get(split) else ds for split, ds in raw.items()
-        })
+        return datasets.DatasetDict(
+            {
+                split: ds.select(range(min(limits[split], len(ds)))) if limits.get(split) else ds
+                for split, ds in raw.items()
+            }
+        )
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         raw = datasets.DatasetDict({k: v for k, v in splits.items() if v is not None})
@@ -193,7 +217,9 @@ class ClassificationTask(Task):
                     self.text_columns = list(guess)
                     break
             else:
-                raise DataError(f"no text column found; columns are: {', '.join(cols)}; pass --text-column NAME (one or two)")
+                raise DataError(
+                    f"no text column found; columns are: {', '.join(cols)}; pass --text-column NAME (one or two)"
+                )
         if len(self.text_columns) > 2:
             raise ConfigError(f"--text-column takes one or two columns, got {len(self.text_columns)}")
         for split, ds in raw.items():
@@ -202,14 +228,21 @@ class ClassificationTask(Task):
             for col in self.text_columns:
                 feature = ds.features[col]
                 if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-                    raise DataError(f"text column {col!r} of {self._where(split)} holds {feature}, not text; pick the text column with --text-column")
+                    raise DataError(
+                        f"text column {col!r} of {self._where(split)} holds {feature}, not text; pick the text "
+                        "column with --text-column"
+                    )
                 empty = ds.data.column(col).null_count
                 if empty:
-                    raise DataError(f"text column {col!r} of {self._where(split)} has {empty} empty (null) values; fill or drop those rows")
+                    raise DataError(
+                        f"text column {col!r} of {self._where(split)} has {empty} empty (null) values; fill or drop "
+                        "those rows"
+                    )
 
     def _encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
         col = self.label_column
         if self.regression:
+
             def to_float(ex_labels, split):
                 out = []
                 for i, v in enumerate(ex_labels):
@@ -224,11 +257,17 @@ class ClassificationTask(Task):
                         ) from None
                     out.append(f)
                 return out
-            return datasets.DatasetDict({s: ds.remove_columns(col).add_column("labels", to_float(ds[col], s)) for s, ds in raw.items()})
+
+            return datasets.DatasetDict(
+                {s: ds.remove_columns(col).add_column("labels", to_float(ds[col], s)) for s, ds in raw.items()}
+            )
 
         train_values = (raw["train"] if "train" in raw else next(iter(raw.values())))[col]
         if self.label_names is None:
-            uniq = sorted({str(v) for v in train_values}, key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s))
+            uniq = sorted(
+                {str(v) for v in train_values},
+                key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s),
+            )
             self.label_names = uniq
         index = {name: i for i, name in enumerate(self.label_names)}
         self.num_labels = len(self.label_names)
@@ -240,8 +279,15 @@ class ClassificationTask(Task):
             for i, v in enumerate(values):
                 key = str(v)
                 if v is None or not key.strip():
-                    raise DataError(f"row {i + 1} of {self._where(split)} has an empty label; fill it in or drop the row")
-                if key not in index and ids_allowed and isinstance(v, (int, np.integer)) and 0 <= int(v) < len(self.label_names):
+                    raise DataError(
+                        f"row {i + 1} of {self._where(split)} has an empty label; fill it in or drop the row"
+                    )
+                if (
+                    key not in index
+                    and ids_allowed
+                    and isinstance(v, (int, np.integer))
+                    and 0 <= int(v) < len(self.label_names)
+                ):
                     out.append(int(v))
                     continue
                 if key not in index:
@@ -251,7 +297,10 @@ class ClassificationTask(Task):
                     )
                 out.append(index[key])
             return out
-        return datasets.DatasetDict({s: ds.remove_columns(col).add_column("labels", to_ids(ds[col], s)) for s, ds in raw.items()})
+
+        return datasets.DatasetDict(
+            {s: ds.remove_columns(col).add_column("labels", to_ids(ds[col], s)) for s, ds in raw.items()}
+        )
 
     def adopt_model_labels(self) -> None:
         """Evaluating a fine-tuned model: its saved id2label is the label set."""
@@ -264,7 +313,10 @@ class ClassificationTask(Task):
         if not names or all(str(n).startswith("LABEL_") for n in names):
             return  # a base model: no label set of its own
         if self.label_names is not None and list(self.label_names) != names:
-            raise ConfigError(f"model {self.config.model!r} predicts labels {names}, task {self.config.task!r} has {list(self.label_names)}")
+            raise ConfigError(
+                f"model {self.config.model!r} predicts labels {names}, task {self.config.task!r} has "
+                f"{list(self.label_names)}"
+            )
         self.label_names = names
 
     # ---- features ----------------------------------------------------------------------
@@ -279,11 +331,20 @@ class ClassificationTask(Task):
             return enc
 
         settings = {"task": "classification", "columns": cols, "max_length": max_length, "truncation": True}
-        return datasets.DatasetDict({
-            split: cached_map(ds.select_columns(cols + ["labels"]), fn, tokenizer=tokenizer, settings=settings,
-                              cache_dir=self.config.data.cache_dir, desc=f"tokenize {split}", log=log)
-            for split, ds in raw.items()
-        })
+        return datasets.DatasetDict(
+            {
+                split: cached_map(
+                    ds.select_columns(cols + ["labels"]),
+                    fn,
+                    tokenizer=tokenizer,
+                    settings=settings,
+                    cache_dir=self.config.data.cache_dir,
+                    desc=f"tokenize {split}",
+                    log=log,
+                )
+                for split, ds in raw.items()
+            }
+        )
 
     def collate(self, rows, tokenizer):
         labels = rows.pop("labels", None)

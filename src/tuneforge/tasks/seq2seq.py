@@ -7,8 +7,8 @@ sacreBLEU corpus BLEU of `generate` outputs (beam size `num_beams`, up to
 `generation_max_length` new tokens, so outputs are not cut at the HF default of 20), gathered
 from every rank. References are the decoded labels, as in the transformers translation recipe.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import datasets
 import torch
@@ -21,7 +21,13 @@ from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import MetricStream, Task, bundled_minilm, check_model_path, empty_check, set_dropout
 
-NOT_SEQ2SEQ_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForCausalLM", "LMHeadModel")
+NOT_SEQ2SEQ_HEADS = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForCausalLM",
+    "LMHeadModel",
+)
 
 
 def corpus_bleu(predictions: list[str], references: list[str]) -> float:
@@ -35,7 +41,7 @@ def corpus_bleu(predictions: list[str], references: list[str]) -> float:
 class GenerationStream(MetricStream):
     """Token loss sums (reduced) and decoded predictions/references (gathered) for corpus BLEU."""
 
-    def __init__(self, task: "Seq2SeqTask") -> None:
+    def __init__(self, task: Seq2SeqTask) -> None:
         self.task = task
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.tokens = torch.zeros((), dtype=torch.float64)
@@ -84,12 +90,18 @@ class Seq2SeqTask(Task):
     def load_raw(self) -> datasets.DatasetDict:
         data = self.config.data
         splits = {}
-        train = self._read_split("train", data.source_file, data.target_file, data.train_file,
-                                 ("--source-file", "--target-file"))
+        train = self._read_split(
+            "train", data.source_file, data.target_file, data.train_file, ("--source-file", "--target-file")
+        )
         if train is not None:
             splits["train"] = train
-        validation = self._read_split("validation", data.validation_source_file, data.validation_target_file,
-                                      data.validation_file, ("--validation-source-file", "--validation-target-file"))
+        validation = self._read_split(
+            "validation",
+            data.validation_source_file,
+            data.validation_target_file,
+            data.validation_file,
+            ("--validation-source-file", "--validation-target-file"),
+        )
         if validation is not None:
             splits["validation"] = validation
         elif "train" in splits:  # hold out 10% of train, fixed by split_seed
@@ -97,8 +109,10 @@ class Seq2SeqTask(Task):
             parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
             splits = {"train": parts["train"], "validation": parts["test"]}
         if not splits:
-            raise ConfigError("task 'seq2seq' needs data: pass --source-file/--target-file (parallel text, one sentence per "
-                              "line) or --train-file with source/target columns, and their validation counterparts")
+            raise ConfigError(
+                "task 'seq2seq' needs data: pass --source-file/--target-file (parallel text, one sentence per "
+                "line) or --train-file with source/target columns, and their validation counterparts"
+            )
         for split, ds in splits.items():
             empty_check(ds, split)
         return datasets.DatasetDict(splits)
@@ -107,7 +121,9 @@ class Seq2SeqTask(Task):
         if source_file or target_file:
             if not (source_file and target_file):
                 given, missing = (flags[0], flags[1]) if source_file else (flags[1], flags[0])
-                raise ConfigError(f"{given} needs {missing} as well: parallel files, one sentence per line on each side")
+                raise ConfigError(
+                    f"{given} needs {missing} as well: parallel files, one sentence per line on each side"
+                )
             return read_parallel(source_file, target_file, split)
         if table_file:
             return self._select_columns(to_dataset(read_table(table_file)), f"the {split} data ({table_file})")
@@ -117,8 +133,9 @@ class Seq2SeqTask(Task):
         require_columns(ds.column_names, [self.source_column], where, "--source-column")
         require_columns(ds.column_names, [self.target_column], where, "--target-column")
         ds = ds.select_columns([self.source_column, self.target_column])
-        return datasets.Dataset.from_dict({"source": [str(s) for s in ds[self.source_column]],
-                                           "target": [str(t) for t in ds[self.target_column]]})
+        return datasets.Dataset.from_dict(
+            {"source": [str(s) for s in ds[self.source_column]], "target": [str(t) for t in ds[self.target_column]]}
+        )
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         raw = {}
@@ -144,20 +161,42 @@ class Seq2SeqTask(Task):
         start_id = self._decoder_start_token_id(tokenizer)
 
         def fn(batch):
-            enc = tokenizer([prefix + s for s in batch["source"]], max_length=data.max_length, truncation=True,
-                            return_token_type_ids=False)
-            labels = tokenizer(text_target=batch["target"], max_length=data.max_target_length, truncation=True)["input_ids"]
+            enc = tokenizer(
+                [prefix + s for s in batch["source"]],
+                max_length=data.max_length,
+                truncation=True,
+                return_token_type_ids=False,
+            )
+            labels = tokenizer(text_target=batch["target"], max_length=data.max_target_length, truncation=True)[
+                "input_ids"
+            ]
             if start_id is not None:
                 labels = [ids[1:] if ids and ids[0] == start_id else ids for ids in labels]
-            return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels,
-                    "length": [len(x) for x in enc["input_ids"]]}
+            return {
+                "input_ids": enc["input_ids"],
+                "attention_mask": enc["attention_mask"],
+                "labels": labels,
+                "length": [len(x) for x in enc["input_ids"]],
+            }
 
-        settings = {"task": "seq2seq", "prefix": prefix, "max_length": data.max_length,
-                    "max_target_length": data.max_target_length, "strip_start": start_id}
+        settings = {
+            "task": "seq2seq",
+            "prefix": prefix,
+            "max_length": data.max_length,
+            "max_target_length": data.max_target_length,
+            "strip_start": start_id,
+        }
         out = {}
         for split, ds in raw.items():
-            feats = cached_map(ds.select_columns(["source", "target"]), fn, tokenizer=tokenizer, settings=settings,
-                               cache_dir=data.cache_dir, desc=f"tokenize {split}", log=log)
+            feats = cached_map(
+                ds.select_columns(["source", "target"]),
+                fn,
+                tokenizer=tokenizer,
+                settings=settings,
+                cache_dir=data.cache_dir,
+                desc=f"tokenize {split}",
+                log=log,
+            )
             if len(feats) == 0:
                 raise DataError(f"the {split} split has no sentence pairs; give files with at least one line")
             out[split] = feats
@@ -168,12 +207,14 @@ class Seq2SeqTask(Task):
         source = [torch.tensor(x, dtype=torch.long) for x in rows["input_ids"]]
         batch = {
             "input_ids": pad_sequence(source, batch_first=True, padding_value=pad_id),
-            "attention_mask": pad_sequence([torch.tensor(x, dtype=torch.long) for x in rows["attention_mask"]],
-                                           batch_first=True, padding_value=0),
+            "attention_mask": pad_sequence(
+                [torch.tensor(x, dtype=torch.long) for x in rows["attention_mask"]], batch_first=True, padding_value=0
+            ),
         }
         if "labels" in rows:  # label padding is -100: never a target
-            batch["labels"] = pad_sequence([torch.tensor(x, dtype=torch.long) for x in rows["labels"]],
-                                           batch_first=True, padding_value=-100)
+            batch["labels"] = pad_sequence(
+                [torch.tensor(x, dtype=torch.long) for x in rows["labels"]], batch_first=True, padding_value=-100
+            )
         return batch
 
     def model_inputs(self, batch):
@@ -193,8 +234,10 @@ class Seq2SeqTask(Task):
         archs = getattr(model_config, "architectures", None) or []
         if any(a.endswith(NOT_SEQ2SEQ_HEADS) for a in archs) or not getattr(model_config, "is_encoder_decoder", False):
             kind = archs[0] if archs else model_config.model_type
-            raise ConfigError(f"model {path!r} is a {kind}, not a sequence-to-sequence model; --task seq2seq needs one "
-                              "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)")
+            raise ConfigError(
+                f"model {path!r} is a {kind}, not a sequence-to-sequence model; --task seq2seq needs one "
+                "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)"
+            )
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
         return AutoModelForSeq2SeqLM.from_pretrained(path, config=set_dropout(model_config, self.config.dropout))
 
@@ -203,12 +246,19 @@ class Seq2SeqTask(Task):
         from transformers import AutoConfig, EncoderDecoderModel
 
         minilm = bundled_minilm()
-        encoder_config, decoder_config = (set_dropout(AutoConfig.from_pretrained(minilm), self.config.dropout) for _ in "ed")
-        model = EncoderDecoderModel.from_encoder_decoder_pretrained(minilm, minilm, encoder_config=encoder_config,
-                                                                    decoder_config=decoder_config)
+        encoder_config, decoder_config = (
+            set_dropout(AutoConfig.from_pretrained(minilm), self.config.dropout) for _ in "ed"
+        )
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(
+            minilm, minilm, encoder_config=encoder_config, decoder_config=decoder_config
+        )
         self.check_max_length(tokenizer, model.config.encoder)
-        ids = {"decoder_start_token_id": tokenizer.cls_token_id, "bos_token_id": tokenizer.cls_token_id,
-               "eos_token_id": tokenizer.sep_token_id, "pad_token_id": tokenizer.pad_token_id}
+        ids = {
+            "decoder_start_token_id": tokenizer.cls_token_id,
+            "bos_token_id": tokenizer.cls_token_id,
+            "eos_token_id": tokenizer.sep_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        }
         for key, value in ids.items():
             setattr(model.config, key, value)
             setattr(model.generation_config, key, value)
@@ -221,8 +271,9 @@ class Seq2SeqTask(Task):
         logits, labels = outputs.logits, batch["labels"]
         if row_mask is not None:
             labels = labels.masked_fill(~row_mask.bool()[:, None], -100)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                               ignore_index=-100, reduction="sum")
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100, reduction="sum"
+        )
         return loss, (labels != -100).sum()
 
     def count(self, batch) -> torch.Tensor:
@@ -230,8 +281,11 @@ class Seq2SeqTask(Task):
 
     def generation_kwargs(self) -> dict:
         # max_new_tokens overrides the model's generation_config max_length (20 by default)
-        return {"num_beams": self.config.num_beams, "max_new_tokens": self.config.generation_max_length,
-                "do_sample": False}
+        return {
+            "num_beams": self.config.num_beams,
+            "max_new_tokens": self.config.generation_max_length,
+            "do_sample": False,
+        }
 
     def eval_step(self, trainer, model, batch, valid, stream) -> None:
         outputs = trainer.forward_step(model, batch)
@@ -240,8 +294,12 @@ class Seq2SeqTask(Task):
         # same number of decoding steps, so the ones that finish early keep stepping (synced_gpus)
         synced = b.sharded and b.world_size > 1
         with b.autocast():
-            generated = b.unwrap(model).generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                                 synced_gpus=synced, **self.generation_kwargs())
+            generated = b.unwrap(model).generate(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                synced_gpus=synced,
+                **self.generation_kwargs(),
+            )
         tokenizer = trainer.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         predictions = [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
@@ -256,6 +314,11 @@ class Seq2SeqTask(Task):
 
     def export_info(self) -> dict:
         data = self.config.data
-        return {"task": self.config.task, "max_length": data.max_length, "max_target_length": data.max_target_length,
-                "source_prefix": data.source_prefix, "num_beams": self.config.num_beams,
-                "generation_max_length": self.config.generation_max_length}
+        return {
+            "task": self.config.task,
+            "max_length": data.max_length,
+            "max_target_length": data.max_target_length,
+            "source_prefix": data.source_prefix,
+            "num_beams": self.config.num_beams,
+            "generation_max_length": self.config.generation_max_length,
+        }
