@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -376,9 +377,65 @@ def quiet_task(task: str, model: str | None, **data):
     return built
 
 
-# Backend parity (tests/backends): one deterministic run per backend, the same global batch of 16,
-# compared step by step with one process.
+# ---- backend conformance (tests/backends) ----------------------------------------------------
+# Every backend is compared with one process on the same deterministic PARITY_STEPS-step run with a
+# global batch of 16. A *setup* is what the compared runs share (data, learning rate, clipping); every
+# run named in BACKEND_RUNS is made once a session, the first time a test asks for it, so the one
+# single-process reference of a setup serves every backend compared under it.
 PARITY_STEPS = 20
+
+
+@dataclass(frozen=True)
+class BackendSetup:
+    n_train: int
+    n_val: int
+    lr: str
+    max_grad_norm: str
+    flags: tuple[str, ...] = ()
+    learns_by: float = 0.01  # the reference's loss moves by more than this: the comparison means something
+
+
+BACKEND_SETUPS = {
+    # 320 rows (20 global batches of 16), 101 eval rows (odd: uneven rank shares). Clipping at 0.01 is
+    # active (the gradient norm starts near 0.02): sharded, split and replicated gradients count too.
+    "clip": BackendSetup(320, 101, "1e-2", "0.01"),
+    # 96 rows (6 global batches of 16). No length grouping: the epoch order is then the same for every
+    # global batch size, so a 2 x 4 x 2 step sees exactly the examples of the single run's step of 16.
+    # A clip norm inside the range of the gradient norms (0.03-0.3 here) clips some steps and not
+    # others: Adam hides a constant gradient scale (e.g. an extra 1/grad_accum), this makes it change
+    # the losses.
+    "zero": BackendSetup(96, 33, "5e-3", "0.1", ("--no-group-by-length",), learns_by=0.02),
+}
+
+# "auto" takes tuneforge's value; threshold 0 partitions even the small tensors, so the final
+# weights really are gathered from ZeRO-3 shards
+DEEPSPEED_USER_JSON = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 100000},
+}
+
+# run name -> (setup, its flags); "{json}" stands for the setup's copy of DEEPSPEED_USER_JSON. The
+# single-process reference of a setup is the run named "single" in it (REFERENCE_RUN).
+BACKEND_RUNS = {
+    "single": ("clip", "--batch-size 16 --save-strategy steps --save-steps 10"),
+    "ddp": ("clip", "--backend ddp --nproc 2 --batch-size 8 --save-strategy steps --save-steps 10"),
+    "fsdp": ("clip", "--backend fsdp --nproc 2 --batch-size 8 --save-strategy steps --save-steps 10"),
+    # both tensor-parallel ranks see the same batch of 16
+    "tp": ("clip", "--backend tp --nproc 2 --tp-size 2 --batch-size 16 --save-strategy steps --save-steps 10"),
+    "zero-single": ("zero", "--batch-size 16"),
+    "zero1": ("zero", "--backend deepspeed --nproc 2 --zero-stage 1 --batch-size 8"),
+    "zero2": (
+        "zero",
+        "--backend deepspeed --nproc 2 --zero-stage 2 --batch-size 4 --grad-accum 2 --offload optimizer"
+        " --save-strategy steps --save-steps 5",
+    ),
+    "zero3": ("zero", "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --deepspeed-config {json}"),
+    "zero3-offload": (
+        "zero",
+        "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --offload both --deepspeed-config {json}",
+    ),
+}
+REFERENCE_RUN = {"clip": "single", "zero": "zero-single"}
 
 
 def sentiment_split(folder: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
@@ -402,33 +459,9 @@ def backend_train_args(
     """`train` arguments for a PARITY_STEPS-step classification run: the loss logged every step, no evaluation."""
     train, val = data
     clip = ["--max-grad-norm", max_grad_norm] if max_grad_norm else []
-    return [
-        "train",
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--model",
-        model,
-        "--max-steps",
-        str(PARITY_STEPS),
-        "--precision",
-        precision,
-        "--logging-steps",
-        "1",
-        "--lr",
-        lr,
-        *clip,
-        "--eval-strategy",
-        "no",
-        "--cache-dir",
-        cache_dir,
-        "--output-dir",
-        str(out),
-        "--json",
-        "--quiet",
-        *extra,
-    ]
+    files = ["--train-file", str(train), "--validation-file", str(val), "--model", model, "--cache-dir", cache_dir]
+    run = f"--max-steps {PARITY_STEPS} --precision {precision} --logging-steps 1 --lr {lr} --eval-strategy no"
+    return ["train", *files, *run.split(), *clip, "--output-dir", str(out), "--json", "--quiet", *extra]
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
@@ -448,18 +481,6 @@ def max_weight_diff(dir_a: Path, dir_b: Path) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def resume_at_step_10(train_args, root: Path, source: str, name: str, *flags: str):
-    """Finish run `root/source` from its checkpoint-10 into `root/name`: `train_args(out, *flags)` plus --resume.
-
-    Asserts the resumed run logged exactly steps 11..PARITY_STEPS; returns (the whole run's losses,
-    the resumed run's losses, the resumed run's folder)."""
-    out = root / name
-    train_ok(*train_args(out, *flags, "--resume", str(root / source / "checkpoint-10")))
-    whole, resumed = train_losses(root / source), train_losses(out)
-    assert sorted(resumed) == list(range(11, PARITY_STEPS + 1))
-    return whole, resumed, out
-
-
 def parity_loss_gap(single_dir: Path, other_dir: Path, learns_by: float = 0.01) -> float:
     """The largest per-step training loss gap between two PARITY_STEPS-step runs.
 
@@ -471,17 +492,115 @@ def parity_loss_gap(single_dir: Path, other_dir: Path, learns_by: float = 0.01) 
     return max(abs(single[s] - other[s]) for s in single)
 
 
+def torchrun_cmd(nproc: int, *args: str) -> tuple[list[str], dict]:
+    """(command, environment) running `tuneforge ARGS` under an external torchrun with `nproc` workers."""
+    from tuneforge import launch
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    cmd += ["--master-addr", "127.0.0.1", "--master-port", str(launch.free_port()), "-m", "tuneforge.cli", *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TUNEFORGE_LAUNCHED")}
+    return cmd, env
+
+
+class BackendRuns:
+    """The runs shared by tests/backends (the `backend_runs` fixture), each made the first time it is asked for.
+
+    `runs[name]` is a BACKEND_RUNS run's folder, `runs.reference(name)` the single-process run of its
+    setup, `runs.stdout[name]` what the launching process printed (nothing for a run made in this
+    process: one process needs no launcher, and the start-up of a fresh one costs more than the run)."""
+
+    def __init__(self, root: Path, model: str, cache_dir: str):
+        self.root, self.model, self.cache_dir = root, model, cache_dir
+        self.stdout: dict[str, str] = {}
+        self._data: dict[str, dict[str, Path]] = {}
+
+    def data(self, setup: str) -> dict[str, Path]:
+        """{'train', 'val', 'json'}: a setup's training and evaluation CSV and its DeepSpeed user JSON."""
+        if setup not in self._data:
+            folder = self.root / f"{setup}-data"
+            folder.mkdir()
+            (folder / "ds.json").write_text(json.dumps(DEEPSPEED_USER_JSON))
+            train, val = sentiment_split(folder, BACKEND_SETUPS[setup].n_train, BACKEND_SETUPS[setup].n_val)
+            self._data[setup] = {"train": train, "val": val, "json": folder / "ds.json"}
+        return self._data[setup]
+
+    def args(self, setup: str, out: Path, *flags: str, precision: str = "fp32", model: str | None = None) -> list[str]:
+        """The CLI arguments of a PARITY_STEPS-step run of `setup` (tiny_bert unless `model`) into `out`."""
+        s, data = BACKEND_SETUPS[setup], self.data(setup)
+        flags = tuple(f.replace("{json}", str(data["json"])) for f in flags)
+        return backend_train_args(
+            model or self.model,
+            (data["train"], data["val"]),
+            self.cache_dir,
+            out,
+            *s.flags,
+            *flags,
+            lr=s.lr,
+            precision=precision,
+            max_grad_norm=s.max_grad_norm,
+        )
+
+    def train(self, setup: str, name: str, *flags: str, precision: str = "fp32", torchrun: int = 0) -> Path:
+        """A run of `setup` into root/name, asserted to succeed: in this process without --nproc
+        (nor `torchrun`, a number of workers under an external torchrun), else launched."""
+        out = self.root / name
+        args = self.args(setup, out, *flags, precision=precision)
+        if torchrun:  # nproc=N, an override: torchrun's parser would take --nproc for its --nproc-per-node
+            args.insert(1, f"nproc={torchrun}")
+            cmd, env = torchrun_cmd(torchrun, *args)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        elif "--nproc" in flags:
+            proc = run_cli(*args)
+        else:
+            from tuneforge import cli
+
+            assert cli.main(args) == 0
+            return out
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        self.stdout[name] = proc.stdout
+        return out
+
+    def __getitem__(self, name: str) -> Path:
+        if not (self.root / name / "model").is_dir():
+            setup, flags = BACKEND_RUNS[name]
+            self.train(setup, name, *flags.split())
+        return self.root / name
+
+    def setup(self, name: str) -> BackendSetup:
+        return BACKEND_SETUPS[BACKEND_RUNS[name][0]]
+
+    def reference(self, name: str) -> Path:
+        """The single-process run that `name` is compared with."""
+        return self[REFERENCE_RUN[BACKEND_RUNS[name][0]]]
+
+    def resume(self, source: str, name: str, *flags: str, step: int = 10, torchrun: int = 0):
+        """Finish run `source` from its checkpoint-`step` into a run `name` with `flags` (+ --resume).
+
+        Asserts the resumed run logged exactly steps step+1..PARITY_STEPS; returns (the whole run's
+        losses, the resumed run's losses, the resumed run's folder)."""
+        setup, ckpt = BACKEND_RUNS[source][0], self[source] / f"checkpoint-{step}"
+        out = self.train(setup, name, *flags, "--resume", str(ckpt), torchrun=torchrun)
+        whole, resumed = train_losses(self[source]), train_losses(out)
+        assert sorted(resumed) == list(range(step + 1, PARITY_STEPS + 1))
+        return whole, resumed, out
+
+
+@pytest.fixture(scope="session")
+def backend_runs(tmp_path_factory, tiny_bert, cache_dir) -> BackendRuns:
+    return BackendRuns(tmp_path_factory.mktemp("backend-runs"), tiny_bert, cache_dir)
+
+
 REVIEWS = ["a wonderful, moving film", "a dull and tedious mess so very"]
 
 
-def classify_reviews(*model_dirs: Path) -> list[tuple]:
-    """(the HF classifier loaded from the folder, its logits for REVIEWS) for each folder.
+def classify_reviews(*model_dirs: Path, texts: list[str] = REVIEWS) -> list[tuple]:
+    """(the HF classifier loaded from the folder, its logits for `texts`) for each folder.
 
-    The reviews are tokenized once, by the first folder's tokenizer."""
+    The texts are tokenized once, by the first folder's tokenizer."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    batch = AutoTokenizer.from_pretrained(model_dirs[0])(REVIEWS, return_tensors="pt", padding=True)
+    batch = AutoTokenizer.from_pretrained(model_dirs[0])(texts, return_tensors="pt", padding=True)
     predicted = []
     for folder in model_dirs:
         model = AutoModelForSequenceClassification.from_pretrained(folder).eval()

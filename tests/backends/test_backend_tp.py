@@ -1,106 +1,17 @@
-"""tp backend: parity with one process, GPT-2/Llama plans on a 2-D mesh, bad input, sharded resume.
+"""tp backend: plans for GPT-2 and Llama on a 2-D mesh, bad input refused before launch.
 
-The runs that several tests compare are made once per module: one process (batch 16) and a
-2-way tensor-parallel run (both ranks see the same batch of 16), saving at step 10 of 20.
+Parity, sharded checkpoints, resume, resharding and export are in test_backend_conformance.py.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import subprocess
 import sys
 
 import pytest
-import torch
 
-from conftest import (
-    REPO,
-    backend_train_args,
-    classify_reviews,
-    first_query_weights,
-    max_weight_diff,
-    parity_loss_gap,
-    resume_at_step_10,
-    run_cli,
-    sentiment_split,
-    train_ok,
-)
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    """320 training rows (20 global batches of 16) and 33 evaluation rows."""
-    return sentiment_split(tmp_path_factory.mktemp("tp-data"), 320, 33)
-
-
-# clipping at 0.01 is active (the gradient norm starts near 0.02): split and replicated gradients count
-CLIP = "0.01"
-
-
-@pytest.fixture(scope="module")
-def train_args(tiny_bert, data, cache_dir):
-    """(out, *flags) -> the CLI arguments of a 20-step run of tiny_bert."""
-    return functools.partial(backend_train_args, tiny_bert, data, cache_dir, max_grad_norm=CLIP)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, train_args):
-    root = tmp_path_factory.mktemp("tp-runs")
-    save = ("--save-strategy", "steps", "--save-steps", "10")
-    train_ok(*train_args(root / "single", "--batch-size", "16", *save))
-    train_ok(*train_args(root / "tp", "--backend", "tp", "--nproc", "2", "--tp-size", "2", "--batch-size", "16", *save))
-    return root
-
-
-def test_tp_per_step_losses_match_one_process(runs):
-    assert parity_loss_gap(runs / "single", runs / "tp") < 1e-4
-
-
-def test_tp_final_weights_match_one_process(runs, tiny_bert):
-    assert max_weight_diff(runs / "single" / "model", runs / "tp" / "model") < 1e-4
-    start, trained = first_query_weights(tiny_bert, runs / "tp" / "model")
-    assert trained.shape == start.shape  # gathered to the full (not per-rank) shape
-    assert (trained - start).abs().max() > 1e-3
-
-
-def test_tp_model_folder_predicts_like_one_process(runs):
-    (single_model, single), (tp_model, tp) = classify_reviews(runs / "single" / "model", runs / "tp" / "model")
-    for model in (single_model, tp_model):
-        assert model.config.num_attention_heads == 4  # per-rank head counts never reach the export
-    assert torch.allclose(single, tp, atol=1e-4)
-
-
-def test_tp_checkpoint_holds_one_shard_per_rank(runs):
-    ckpt = runs / "tp" / "checkpoint-10"
-    assert sorted(p.name for p in (ckpt / "sharded").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
-    assert (ckpt / "sharded" / ".metadata").exists() and not (ckpt / "model.safetensors").exists()
-
-
-def test_tp_resume_continues_with_identical_losses(runs, train_args):
-    whole, resumed, out = resume_at_step_10(
-        train_args, runs, "tp", "tp-resumed", "--backend", "tp", "--nproc", "2", "--batch-size", "16"
-    )
-    assert all(resumed[s] == whole[s] for s in resumed)
-    assert max_weight_diff(runs / "tp" / "model", out / "model") == 0.0
-
-
-def test_tp_checkpoint_reshards_onto_one_process(runs, train_args):
-    """The 2 ranks' halves of each split matrix are joined again by DCP in a world of one."""
-    whole, resumed, out = resume_at_step_10(
-        train_args, runs, "tp", "tp-on-one", "--backend", "tp", "--batch-size", "16"
-    )
-    assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
-    assert max_weight_diff(runs / "tp" / "model", out / "model") < 1e-4
-
-
-def test_tp_resumes_from_a_single_process_checkpoint(runs, train_args):
-    """model.safetensors + optimizer.pt (single/ddp layout, fused AdamW) into split parameters."""
-    whole, resumed, out = resume_at_step_10(
-        train_args, runs, "single", "single-to-tp", "--backend", "tp", "--batch-size", "16"
-    )
-    assert max(abs(resumed[s] - whole[s]) for s in resumed) < 1e-4
-    assert max_weight_diff(runs / "single" / "model", out / "model") < 1e-4
+from conftest import REPO, run_cli
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +28,7 @@ def tiny_distilbert(tmp_path_factory, minilm_dir) -> str:
 
 
 @pytest.mark.parametrize("case", ["world", "heads", "architecture"])
-def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, data, cache_dir):
+def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, backend_runs):
     model, flags, message = {
         "world": (
             tiny_bert,
@@ -136,9 +47,7 @@ def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_be
         ),
     }[case]
     model = model or request.getfixturevalue("tiny_distilbert")
-    proc = run_cli(
-        *backend_train_args(model, data, cache_dir, tmp_path / "run", "--backend", "tp", *flags, max_grad_norm=CLIP)
-    )
+    proc = run_cli(*backend_runs.args("clip", tmp_path / "run", "--backend", "tp", *flags, model=model))
     assert proc.returncode == 2
     # refused in the launching process: one line, no worker started (no launcher output)
     assert proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1
@@ -241,10 +150,3 @@ def test_tp_parallelizes_gpt2_and_llama_on_a_2d_mesh(tmp_path, tiny_gpt2, tiny_l
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("ok gpt2") == 4 and proc.stdout.count("ok llama") == 4
-
-
-def test_tp_reports_usable():
-    from tuneforge.backends.tp import BACKEND
-
-    assert BACKEND.usable() == "usable"
-    assert BACKEND.distributed and BACKEND.sharded
