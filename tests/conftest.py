@@ -429,7 +429,11 @@ BACKEND_RUNS = {
         "--backend deepspeed --nproc 2 --zero-stage 2 --batch-size 4 --grad-accum 2 --offload optimizer"
         " --save-strategy steps --save-steps 5",
     ),
-    "zero3": ("zero", "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --deepspeed-config {json}"),
+    "zero3": (
+        "zero",
+        "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --deepspeed-config {json}"
+        " --save-strategy steps --save-steps 20",
+    ),
     "zero3-offload": (
         "zero",
         "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --offload both --deepspeed-config {json}",

@@ -126,7 +126,7 @@ def test_resumes_from_a_single_process_checkpoint(backend_runs, backend):
     assert max_weight_diff(backend_runs["single"] / "model", out / "model") < 1e-4
 
 
-@pytest.mark.parametrize("run", ["single", "ddp", "fsdp", "tp", "zero2"])
+@pytest.mark.parametrize("run", ["single", "ddp", "fsdp", "tp", "zero2", "zero3"])
 def test_export_checkpoint_offline(backend_runs, run, tmp_path, capsys):
     """`tuneforge export` of the last checkpoint: exactly the model folder the run wrote."""
     args = ("export", str(backend_runs[run] / f"checkpoint-{STEPS}"), str(tmp_path / "exported"))

@@ -7,7 +7,7 @@ checkpoint and its offline export are in test_backend_conformance.py. The runs (
     zero-single   one process, batch 16
     zero1         2 x 8
     zero2         2 x 4 x grad-accum 2, optimizer offload, a checkpoint every 5 steps
-    zero3         2 x 8, a user JSON ("auto" batch size; every parameter partitioned)
+    zero3         2 x 8, a user JSON ("auto" batch size; every parameter partitioned), a checkpoint at the end
     zero3-offload 2 x 8, optimizer and parameter offload, the same JSON
 """
 
