@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import (
     BACKEND_RUNS,
+    REVIEWS,
     classify_reviews,
     cli_main,
     first_query_weights,
@@ -52,7 +53,7 @@ def test_final_weights_match_one_process(backend_runs, run, tiny_bert):
 @pytest.mark.parametrize("run", PARALLEL)
 def test_model_folder_predicts_like_one_process(backend_runs, run):
     val = backend_runs.data(BACKEND_RUNS[run][0])["val"]
-    texts = [row["text"] for row in csv.DictReader(val.open())][:8]
+    texts = REVIEWS + [row["text"] for row in csv.DictReader(val.open())][:8]
     (single_model, single), (model, other) = classify_reviews(
         backend_runs.reference(run) / "model", backend_runs[run] / "model", texts=texts
     )
