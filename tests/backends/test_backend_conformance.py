@@ -44,6 +44,7 @@ def test_final_weights_match_one_process(backend_runs, run, tiny_bert):
     for k in a:  # full shapes (not per-rank ones) and fp32: never ZeRO-3's empty placeholders
         assert b[k].shape == a[k].shape and b[k].dtype == torch.float32, k
     start, trained = first_query_weights(tiny_bert, other)
+    assert trained.shape == start.shape  # gathered to the full (not per-rank) shape
     assert (trained - start).abs().max() > 1e-3  # the sharded weights were trained and gathered
     # the launching parent prints the result once; the workers print nothing
     assert sum(line.startswith("{") for line in backend_runs.stdout[run].splitlines()) == 1
