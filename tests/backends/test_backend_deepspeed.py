@@ -18,7 +18,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from conftest import last_json, run_cli, write_sentiment_csv
+from conftest import cli_main, last_json, run_cli, write_sentiment_csv
 
 
 def test_derived_config_with_user_json_merged(backend_runs):
@@ -69,7 +69,8 @@ def test_zero2_checkpoint_holds_each_ranks_optimizer_shard(backend_runs):
         (None, ("--zero-stage", "2", "--offload", "params"), ["offload=params", "ZeRO stage 3", "--zero-stage 3"]),
     ],
 )
-def test_bad_deepspeed_settings_are_refused(tmp_path, tiny_bert, backend_runs, user_json, extra, needles):
+def test_bad_deepspeed_settings_are_refused(tmp_path, tiny_bert, backend_runs, capfd, user_json, extra, needles):
+    """Refused in this process, the launching one: capfd holds what a launched worker would print too."""
     args = [
         "train",
         "--train-file",
@@ -91,10 +92,10 @@ def test_bad_deepspeed_settings_are_refused(tmp_path, tiny_bert, backend_runs, u
     if user_json is not None:
         (tmp_path / "ds.json").write_text(json.dumps(user_json))
         args += ["--deepspeed-config", str(tmp_path / "ds.json")]
-    proc = run_cli(*args)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    code, _, err = cli_main(capfd, *args)
+    assert code == 2, err[-3000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
     for needle in needles:
         assert needle in lines[0], lines[0]
     assert not (tmp_path / "out").exists()  # refused before any worker started

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import load_file
 
-from conftest import max_weight_diff, run_cli, train_losses
+from conftest import cli_main, max_weight_diff, train_losses
 
 
 def test_fsdp_gradient_accumulation_and_checkpointing_keep_parity(backend_runs):
@@ -30,9 +30,9 @@ def test_fsdp_bf16_mixed_precision_trains_near_fp32(backend_runs):
     assert {t.dtype for t in load_file(out / "model" / "model.safetensors").values()} == {torch.float32}
 
 
-def test_fsdp_fp16_is_refused_before_launch(tmp_path, backend_runs):
-    proc = run_cli(*backend_runs.args("clip", tmp_path / "run", "--backend", "fsdp", "--nproc", "2", precision="fp16"))
-    assert proc.returncode == 2
-    assert (
-        proc.stderr.strip() == "error: backend 'fsdp' does not support precision fp16; use --precision bf16 (or fp32)"
-    )
+def test_fsdp_fp16_is_refused_before_launch(tmp_path, backend_runs, capfd):
+    """In this process (no launch happens): capfd holds what a launched worker would print too."""
+    args = backend_runs.args("clip", tmp_path / "run", "--backend", "fsdp", "--nproc", "2", precision="fp16")
+    code, _, err = cli_main(capfd, *args)
+    assert code == 2
+    assert err.strip() == "error: backend 'fsdp' does not support precision fp16; use --precision bf16 (or fp32)"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_main
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def tiny_distilbert(tmp_path_factory, minilm_dir) -> str:
 
 
 @pytest.mark.parametrize("case", ["world", "heads", "architecture"])
-def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, backend_runs):
+def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, backend_runs, capfd):
     model, flags, message = {
         "world": (
             tiny_bert,
@@ -47,10 +47,10 @@ def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_be
         ),
     }[case]
     model = model or request.getfixturevalue("tiny_distilbert")
-    proc = run_cli(*backend_runs.args("clip", tmp_path / "run", "--backend", "tp", *flags, model=model))
-    assert proc.returncode == 2
-    # refused in the launching process: one line, no worker started (no launcher output)
-    assert proc.stderr.strip().startswith(message) and len(proc.stderr.strip().splitlines()) == 1
+    code, _, err = cli_main(capfd, *backend_runs.args("clip", tmp_path / "run", "--backend", "tp", *flags, model=model))
+    assert code == 2
+    # refused in the launching process (this one): one line, no worker started (no launcher output)
+    assert err.strip().startswith(message) and len(err.strip().splitlines()) == 1
 
 
 WORKER = '''
