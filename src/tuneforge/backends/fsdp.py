@@ -61,8 +61,11 @@ class FSDPBackend(ShardedBackend):
     def autocast(self):
         return contextlib.nullcontext()  # the MixedPrecisionPolicy casts parameters and inputs
 
-    def backward(self, loss: torch.Tensor, model: nn.Module, sync: bool = True) -> None:
+    def micro_step(self, model: nn.Module, sync: bool):
         model.set_requires_gradient_sync(sync)  # no reduce-scatter on accumulation micro-batches
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         loss.backward()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:

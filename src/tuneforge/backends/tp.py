@@ -18,13 +18,15 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from tuneforge.backends import BackendOptions
 from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
-from tuneforge.errors import ConfigError, UserError
+from tuneforge.errors import ConfigError
 
 
 # ---- styles for GPT-2's Conv1D (a Linear whose weight is stored transposed: (in, out)) --------
@@ -156,43 +158,37 @@ def check_world(tp_size: int, world_size: int) -> None:
         )
 
 
+class TPOptions(BackendOptions):
+    tp_size: int | None = Field(
+        None, gt=0, description="processes per tensor-parallel group (default: all); the rest is data parallel"
+    )
+
+
 class TPBackend(ShardedBackend):
     name = "tp"
+    Options = TPOptions
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config, env) -> None:
+        super().__init__(config, env)
         self.mesh = None  # ("dp", "tp") DeviceMesh, built in setup
 
     # ---- checks: in the launching process too, so a bad input is one line before any worker --
-    def validate(self) -> None:
-        from tuneforge import launch
-
-        super().validate()
+    def check(self, model_config=None) -> None:
+        """`model_config`: where known before the model loads; otherwise the checks wait for wrap()."""
+        super().check(model_config)
         world = self.config.nproc * self.config.nnodes
-        tp_size = self.config.tp_size or world
-        if not launch.in_distributed_env() and not self.config.hostfile:
+        tp_size = self.options.tp_size or world
+        if not self.env.launched and not self.config.hostfile:
             check_world(tp_size, world)
-        model_config = self._peek_model_config()
         if model_config is not None:
             plan_for(model_config)
             check_heads(model_config, tp_size)
-
-    def _peek_model_config(self):
-        """The model's config where it can be read cheaply; otherwise the checks wait for wrap()."""
-        from transformers import AutoConfig
-
-        from tuneforge.tasks import get_task
-
-        try:
-            return AutoConfig.from_pretrained(get_task(self.config).model_path())
-        except (OSError, ValueError, UserError):
-            return None  # loading the model reports it
 
     def setup(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         super().setup()
-        tp_size = self.config.tp_size or self.world_size
+        tp_size = self.options.tp_size or self.world_size
         check_world(tp_size, self.world_size)
         self.mesh = init_device_mesh(
             self.device.type, (self.world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp")
