@@ -87,8 +87,6 @@ def dist_env() -> DistEnv:
     """Where this process stands, read from the launcher's variables (Slurm's mapped onto torchrun's)."""
     env = os.environ
     if not in_distributed_env():
-        # a world of one is its own launcher: it sets LOCAL_RANK as launchers do (DeepSpeed's engine reads it)
-        env.setdefault("LOCAL_RANK", "0")
         return DistEnv()
     rank = int(env["RANK"])
     return DistEnv(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -213,8 +214,13 @@ class DeepSpeedBackend(Backend):
         build_deepspeed_config(cfg, opts, precision, planned_world)
 
     # ---- lifecycle ------------------------------------------------------------------------
-    # (a world of one without a launcher: deepspeed.initialize asserts that a launcher set
-    # LOCAL_RANK; launch.dist_env() sets it for the process that is its own launcher)
+    def _init_process_group(self) -> None:
+        super()._init_process_group()
+        if not self.env.launched:
+            # a world of one: deepspeed.initialize asserts that a launcher set LOCAL_RANK (its engine
+            # reads os.environ; no argument replaces it), and here this process is the launcher. Only
+            # this backend needs it: set anywhere else, it would leak into every run's environment.
+            os.environ.setdefault("LOCAL_RANK", "0")
 
     def setup(self) -> None:
         import deepspeed
