@@ -308,3 +308,14 @@ def test_task_inferred_the_same_from_the_cli():
         ns = build_parser().parse_args(["train", *args])
         assert config_from_sources(None, [], _flags(ns, TRAIN_FLAGS)).task == task, args
     assert config_from_sources(None, ["task=clm"], {"data.train_file": "a.csv"}).task == "clm"
+
+
+def test_trainer_overrides_of_backend_options():
+    from tuneforge import Trainer
+
+    config = TrainConfig(backend="deepspeed", offload="optimizer")
+    trainer = Trainer(config, zero_stage=3)
+    assert trainer.config.backend_options.zero_stage == 3 and trainer.config.backend_options.offload == "optimizer"
+    assert Trainer(config, backend="tp", tp_size=2).config.backend_options.model_dump() == {"tp_size": 2}
+    with pytest.raises(ConfigError, match="option of backend 'tp'"):
+        Trainer(config, tp_size=2)

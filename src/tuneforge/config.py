@@ -11,6 +11,7 @@ generated from these fields (cli.py): a field's description is its flag's help.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -247,6 +248,17 @@ class TrainConfig(_Section):
         return self
 
     # ---- helpers -----------------------------------------------------------------------
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> TrainConfig:
+        """As pydantic's, but an update of the backend or of a backend option (`zero_stage=3`, flat or
+        under backend_options) is validated, so the options stay those of the chosen backend."""
+        backend_keys = set(update or ()) - (set(type(self).model_fields) - {"backend", "backend_options"})
+        if not backend_keys:
+            return super().model_copy(update=update, deep=deep)
+        values = self.model_dump()
+        if update.get("backend", self.backend) != self.backend:
+            values.pop("backend_options")  # the new backend's defaults, not the old one's options
+        return build_config(nest_backend_options({**values, **update}, override=True))
+
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir)

@@ -14,62 +14,16 @@ metrics are reduced over "dp" only. Checkpoints are per-rank DCP shards (see _sh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.distributed as dist
 from pydantic import Field
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from tuneforge.backends import BackendOptions
 from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
 from tuneforge.errors import ConfigError
-
-
-# ---- styles for GPT-2's Conv1D (a Linear whose weight is stored transposed: (in, out)) --------
-def _shard_conv1d(module: nn.Module, mesh, weight: Placement, bias: Placement) -> None:
-    module.register_parameter("weight", nn.Parameter(distribute_tensor(module.weight, mesh, [weight])))
-    module.register_parameter("bias", nn.Parameter(distribute_tensor(module.bias, mesh, [bias])))
-
-
-class Conv1DColwise(ColwiseParallel):
-    def _apply(self, module, mesh):
-        return distribute_module(
-            module,
-            mesh,
-            lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(1), Shard(0)),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class Conv1DRowwise(RowwiseParallel):
-    def _apply(self, module, mesh):
-        self.desired_input_layouts = (Shard(-1),)
-        return distribute_module(
-            module,
-            mesh,
-            lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(0), Replicate()),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class FusedQKVColwise(Conv1DColwise):
-    """GPT-2's c_attn computes [q | k | v] in one matmul. A plain column shard would give rank 0
-    all of q and part of k, so the output is all-gathered and each rank keeps its heads of q, k
-    and v. The weight keeps its HF layout: checkpoints and the export need no conversion and
-    reshard freely (the cost: one activation all-gather per layer)."""
-
-    @staticmethod
-    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, mesh):
-        # backward: each rank's gradient covers only its own heads; Partial sums them (reduce-scatter)
-        full = outputs.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
-        rank, size = mesh.get_local_rank(), mesh.size()
-        return torch.cat([part.chunk(size, dim=-1)[rank] for part in full.chunk(3, dim=-1)], dim=-1)
 
 
 # ---- plans (module names inside one transformer block) ------------------------------------------
@@ -82,7 +36,12 @@ class Plan:
     fused_qkv: tuple[str, ...] = ()
     conv1d: bool = False  # transformers' Conv1D (GPT-2) instead of nn.Linear
 
-    def styles(self) -> dict[str, ParallelStyle]:
+    def styles(self) -> dict:
+        """{module name: ParallelStyle}. torch.distributed.tensor is imported here, when tp runs: it takes seconds."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        from tuneforge.backends._tp_styles import Conv1DColwise, Conv1DRowwise, FusedQKVColwise
+
         colwise, rowwise = (Conv1DColwise, Conv1DRowwise) if self.conv1d else (ColwiseParallel, RowwiseParallel)
         return {
             **{name: FusedQKVColwise() for name in self.fused_qkv},
@@ -213,6 +172,8 @@ class TPBackend(ShardedBackend):
 
     # ---- model ----------------------------------------------------------------------------------
     def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
+        from torch.distributed.tensor.parallel import parallelize_module
+
         plan = plan_for(model.config)
         check_heads(model.config, self.tp_size)
         model.to(self.device)
@@ -257,6 +218,8 @@ class TPBackend(ShardedBackend):
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         """Sharded gradients' squared norms are summed over the tp group, replicated ones counted once."""
+        from torch.distributed.tensor import DTensor
+
         sharded, replicated = [], []
         for p in model.parameters():
             if p.grad is None:
@@ -283,7 +246,7 @@ def _step_one_by_one(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's local shard
 
 
 BACKEND = TPBackend
