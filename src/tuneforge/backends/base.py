@@ -5,7 +5,7 @@ The Trainer names no backend. It calls, in order:
     backend = get_backend(config, launch.dist_env())  # the class named by config.backend
     backend.check(model_config)                       # config-time checks (also in the launching parent)
     backend.setup()                                   # process group, device
-    model, optimizer = backend.wrap(model, make_optimizer)
+    model, optimizer = backend.wrap(model, make_optimizer)  # make_optimizer None: evaluation only
     with backend.micro_step(model, sync=is_last_micro):  # the one place gradient sync is decided
         with backend.autocast(): outputs = ...        # per micro-batch
         backend.backward(loss, model)
@@ -161,9 +161,10 @@ class Backend:
         return self.world_size
 
     # ---- model ----------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
+        """Place (and wrap, shard) the model; returns (model, optimizer), the optimizer None without make_optimizer."""
         model.to(self.device)
-        return model, make_optimizer(model)
+        return model, make_optimizer(model) if make_optimizer else None
 
     def default_attention(self, padded: bool = True) -> str | None:
         """The attention kernel `attn_implementation: auto` trains with (None: the model's own default).

@@ -33,10 +33,10 @@ class DDPBackend(Backend):
                 f"NCCL needs one GPU per process: use --nproc {gpus} or less"
             )
 
-    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
         model.to(self.device)
         # the optimizer sees the plain module: parameter names and optimizer.pt match `single`
-        optimizer = make_optimizer(model)
+        optimizer = make_optimizer(model) if make_optimizer else None
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp_model = DistributedDataParallel(model, device_ids=device_ids)
         return ddp_model, optimizer

@@ -245,11 +245,11 @@ class DeepSpeedBackend(Backend):
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
 
     # ---- model ----------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
         import deepspeed
 
         model.to(self.device)
-        optimizer = make_optimizer(model)
+        optimizer = make_optimizer(model) if make_optimizer else None
         ds_config = build_deepspeed_config(self.config, self.options, self.precision, self.dp_size)
         if self.is_main and optimizer is not None:  # what DeepSpeed was really given, for the record
             out = Path(self.config.output_dir)

@@ -38,7 +38,7 @@ class FSDPBackend(ShardedBackend):
             )
         return super().usable()
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -56,7 +56,7 @@ class FSDPBackend(ShardedBackend):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         # the optimizer holds the sharded parameters: each rank steps its own shard
-        return model, make_optimizer(model)
+        return model, make_optimizer(model) if make_optimizer else None
 
     def autocast(self):
         return contextlib.nullcontext()  # the MixedPrecisionPolicy casts parameters and inputs

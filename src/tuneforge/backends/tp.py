@@ -171,7 +171,7 @@ class TPBackend(ShardedBackend):
         return self.mesh.get_group("dp")
 
     # ---- model ----------------------------------------------------------------------------------
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer | None = None):
         from torch.distributed.tensor.parallel import parallelize_module
 
         plan = plan_for(model.config)
@@ -191,7 +191,7 @@ class TPBackend(ShardedBackend):
             for attr in HEAD_ATTRS:  # each rank runs num_heads / tp of the heads
                 if isinstance(getattr(attention, attr, None), int):
                     setattr(attention, attr, getattr(attention, attr) // self.tp_size)
-        optimizer = make_optimizer(model)  # None for evaluation only
+        optimizer = make_optimizer(model) if make_optimizer else None  # None for evaluation only
         if optimizer is not None:
             _step_one_by_one(optimizer)
         return model, optimizer
