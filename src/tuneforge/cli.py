@@ -134,7 +134,7 @@ EVAL_KEYS = (
     "quiet",
     "data.cache_dir",
 )
-EVAL_FLAGS = {flag: spec for flag, spec in TRAIN_FLAGS.items() if spec[0] in EVAL_KEYS}
+EVAL_FLAGS = {flag: spec for key in EVAL_KEYS for flag, spec in TRAIN_FLAGS.items() if spec[0] == key}
 
 
 def _add_flags(parser: argparse.ArgumentParser, table: dict) -> None:
