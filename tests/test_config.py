@@ -202,6 +202,15 @@ def test_bad_backend_options_are_one_line(values, needles):
         assert needle in message, f"{needle!r} not in {message!r}"
 
 
+def test_a_config_saved_before_backend_options_still_loads():
+    # every backend's options were top-level keys, with their defaults where another backend ran
+    old = {"backend": "ddp", "zero_stage": 2, "offload": "none", "deepspeed_config": None, "tp_size": None}
+    assert build_config(old).backend_options.model_dump() == {}
+    assert build_config({**old, "backend": "tp", "tp_size": 2}).backend_options.tp_size == 2
+    with pytest.raises(ConfigError, match="option of backend 'deepspeed'"):
+        build_config({**old, "zero_stage": 3})  # a value that says something is not dropped
+
+
 def test_another_backends_flag_is_one_clear_line(capsys):
     from tuneforge import cli
 

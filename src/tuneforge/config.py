@@ -187,10 +187,14 @@ class TrainConfig(_Section):
         given = value.model_dump() if isinstance(value, BaseModel) else value
         if not isinstance(given, dict):
             return given  # pydantic says what is wrong with it
-        for key in given:
+        for key in list(given):
             if key in options.model_fields:
                 continue
             owners = option_owners().get(key)
+            if owners and _is_default(key, given[key], owners):
+                # says nothing (a config saved before options moved here lists every backend's defaults)
+                given = {k: v for k, v in given.items() if k != key}
+                continue
             if owners:
                 raise PydanticCustomError("backend_option", _foreign_option(key, owners, backend))
             allowed = ", ".join(sorted(options.model_fields)) or "none"
@@ -291,6 +295,12 @@ def _foreign_option(key: str, owners: list[str], backend: str) -> str:
         f"{key} (--{key.replace('_', '-')}) is an option of backend {names}, not of backend {backend!r}; "
         f"add --backend {owners[0]}, or drop it"
     )
+
+
+def _is_default(key: str, value: Any, owners: list[str]) -> bool:
+    from tuneforge.backends import backend_class
+
+    return all(backend_class(name).Options.model_fields[key].default == value for name in owners)
 
 
 def nest_backend_options(values: dict[str, Any], override: bool = False) -> dict[str, Any]:
