@@ -148,3 +148,183 @@ def test_save_steps_alone_means_saving_every_n_steps():
     assert build_config({"save_steps": 50}).save_strategy == "steps"
     assert build_config({"save_steps": 50, "save_strategy": "no"}).save_strategy == "no"  # explicit wins
     assert build_config({}).save_strategy == "no"
+
+
+# ---- backend options: owned by each backend, reachable flat and as backend_options.* -------------
+def test_backend_options_flat_nested_and_layered(tmp_path):
+    flat = build_config({"backend": "deepspeed", "zero_stage": 3, "offload": "both"})
+    nested = build_config({"backend": "deepspeed", "backend_options": {"zero_stage": 3, "offload": "both"}})
+    assert flat == nested and flat.backend_options.zero_stage == 3 and flat.backend_options.offload == "both"
+    assert TrainConfig(backend="tp", tp_size=2).backend_options.tp_size == 2  # the Python API, flat
+    assert build_config({"backend": "deepspeed"}).backend_options.zero_stage == 2  # the backend's default
+    assert build_config({}).backend_options.model_dump() == {}  # single has no options
+    # YAML < key=value < flags, whichever spelling each layer uses
+    cfg = tmp_path / "ds.yaml"
+    cfg.write_text("backend: deepspeed\nzero_stage: 1\nbackend_options:\n  offload: optimizer\n")
+    assert config_from_sources(str(cfg), [], {}).backend_options.zero_stage == 1
+    assert config_from_sources(str(cfg), ["zero_stage=3"], {}).backend_options.zero_stage == 3
+    assert config_from_sources(str(cfg), ["backend_options.zero_stage=3"], {}).backend_options.zero_stage == 3
+    layered = config_from_sources(str(cfg), ["zero_stage=3"], {"backend_options.zero_stage": 2})
+    assert layered.backend_options.zero_stage == 2 and layered.backend_options.offload == "optimizer"
+
+
+def test_saved_config_round_trips(tmp_path):
+    for values in ({"backend": "deepspeed", "zero_stage": 3}, {"backend": "tp", "tp_size": 2}, {"backend": "ddp"}):
+        config = build_config(values)
+        config.save(tmp_path / "config.yaml")
+        assert build_config(load_yaml(tmp_path / "config.yaml")) == config
+
+
+@pytest.mark.parametrize(
+    "values,needles",
+    [
+        ({"backend": "ddp", "tp_size": 2}, ["tp_size (--tp-size) is an option of backend 'tp', not of backend 'ddp'"]),
+        ({"zero_stage": 3}, ["option of backend 'deepspeed', not of backend 'single'", "--backend deepspeed"]),
+        ({"backend": "deepspeed", "zero_stage": 7}, ["bad value for 'backend_options.zero_stage'", "got 7"]),
+        ({"backend": "deepspeed", "offload": "disk"}, ["'backend_options.offload'", "'optimizer'", "disk"]),
+        (
+            {"backend": "tp", "backend_options": {"tp": 2}},
+            ["'backend_options.tp'", "backend 'tp' has options: tp_size"],
+        ),
+        (
+            {"backend": "deepspeed", "zero_stage": 3, "backend_options": {"zero_stage": 1}},
+            ["zero_stage is given twice"],
+        ),
+        ({"zero_stagee": 3}, ["unknown config key 'zero_stagee'", "zero_stage"]),
+    ],
+)
+def test_bad_backend_options_are_one_line(values, needles):
+    with pytest.raises(ConfigError) as err:
+        build_config(values)
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+
+
+def test_a_config_saved_before_backend_options_still_loads():
+    # every backend's options were top-level keys, with their defaults where another backend ran
+    old = {"backend": "ddp", "zero_stage": 2, "offload": "none", "deepspeed_config": None, "tp_size": None}
+    assert build_config(old).backend_options.model_dump() == {}
+    assert build_config({**old, "backend": "tp", "tp_size": 2}).backend_options.tp_size == 2
+    with pytest.raises(ConfigError, match="option of backend 'deepspeed'"):
+        build_config({**old, "zero_stage": 3})  # a value that says something is not dropped
+
+
+def test_another_backends_flag_is_one_clear_line(capsys):
+    from tuneforge import cli
+
+    rc = cli.main(["train", "--backend", "ddp", "--tp-size", "2", "--train-file", "train.csv"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("error: tp_size (--tp-size) is an option of backend 'tp', not of backend 'ddp'")
+
+
+# ---- the CLI's flags are generated from the config models ------------------------------------------
+def test_every_config_field_and_backend_option_has_a_flag():
+    from tuneforge.backends import backend_classes
+    from tuneforge.cli import EVAL_FLAGS, EVAL_KEYS, TRAIN_FLAGS
+    from tuneforge.config import DataConfig, OptimConfig
+
+    keys = {key for key, _ in TRAIN_FLAGS.values()}
+    assert {name for name in TrainConfig.model_fields if name not in ("optim", "data", "backend_options")} <= keys
+    for name, cls in backend_classes().items():
+        assert {f"backend_options.{option}" for option in cls.Options.model_fields} <= keys, name
+    for prefix, model in (("optim.", OptimConfig), ("data.", DataConfig)):
+        for name, field in model.model_fields.items():
+            no_flag = (field.json_schema_extra or {}).get("flag", "") is None
+            assert (prefix + name in keys) != no_flag, prefix + name
+    assert {key for key, _ in EVAL_FLAGS.values()} == set(EVAL_KEYS)
+    # the names and behaviours users know
+    assert TRAIN_FLAGS["--lr"][0] == "optim.lr" and TRAIN_FLAGS["--data-dir"][0] == "data.data_dir"
+    assert TRAIN_FLAGS["--text-column"] == (
+        "data.text_columns",
+        {**TRAIN_FLAGS["--text-column"][1], "action": "append"},
+    )
+    assert TRAIN_FLAGS["--no-packing"][1]["const"] is False and TRAIN_FLAGS["--overwrite"][1]["const"] is True
+    assert TRAIN_FLAGS["--resume"][1]["nargs"] == "?" and TRAIN_FLAGS["--resume"][1]["const"] == "latest"
+    assert TRAIN_FLAGS["--precision"][1]["choices"] == ["auto", "fp32", "bf16", "fp16"]
+    assert TRAIN_FLAGS["--offload"][1]["choices"] == ["none", "optimizer", "params", "both"]
+    assert TRAIN_FLAGS["--report-to"][1]["nargs"] == "+"
+
+
+def test_train_help_shows_each_fields_description():
+    import re
+
+    from tuneforge.backends.deepspeed import DeepSpeedOptions
+    from tuneforge.backends.tp import TPOptions
+    from tuneforge.cli import build_parser
+
+    help_text = " ".join(build_parser()._subparsers._group_actions[0].choices["train"].format_help().split())
+    for field in (
+        TrainConfig.model_fields["dropout"],
+        TrainConfig.model_fields["attn_implementation"],
+        TrainConfig.model_fields["batch_size"],
+        DeepSpeedOptions.model_fields["zero_stage"],
+        TPOptions.model_fields["tp_size"],
+    ):
+        assert " ".join(field.description.split()) in help_text, field.description
+    assert re.search(r"--offload \{none,optimizer,params,both\}", help_text)
+    assert "backend deepspeed options" in help_text and "backend tp options" in help_text
+
+
+def test_flags_reach_the_config():
+    from tuneforge.cli import TRAIN_FLAGS, _flags, build_parser
+
+    ns = build_parser().parse_args(
+        ["train", "--backend", "deepspeed", "--zero-stage", "3", "--offload", "both", "--lr", "1e-4", "--resume"]
+        + ["--text-column", "a", "--text-column", "b", "--no-packing", "--report-to", "jsonl", "tensorboard"]
+    )
+    config = config_from_sources(None, [], _flags(ns, TRAIN_FLAGS))
+    assert config.backend_options.zero_stage == 3 and config.backend_options.offload == "both"
+    assert config.optim.lr == 1e-4 and config.resume == "latest" and config.data.text_columns == ["a", "b"]
+    assert config.data.packing is False and config.report_to == ["jsonl", "tensorboard"]
+
+
+# ---- the task follows from the data files, in the Python API as on the command line -----------------
+@pytest.mark.parametrize(
+    "values,task",
+    [
+        ({"data": {"train_file": "train.txt"}}, "clm"),
+        ({"data": {"train_file": "train.csv"}}, "classification"),
+        ({"data": {"source_file": "src.txt", "target_file": "tgt.txt"}}, "seq2seq"),
+        ({"data": {"source_file": "src.txt", "train_file": "train.txt"}}, "seq2seq"),
+        ({"task": "regression", "data": {"train_file": "train.txt"}}, "regression"),  # an explicit task wins
+        ({"data": {"validation_file": "val.csv"}}, "bbc-news"),
+        ({}, "bbc-news"),
+    ],
+)
+def test_task_inferred_from_files_in_the_python_api(values, task):
+    assert build_config(values).task == task
+    assert TrainConfig(**values).task == task
+
+
+def test_task_inferred_from_a_data_section_object():
+    from tuneforge.config import DataConfig
+
+    assert TrainConfig(data=DataConfig(train_file="notes.txt")).task == "clm"
+
+
+def test_task_inferred_the_same_from_the_cli():
+    from tuneforge.cli import TRAIN_FLAGS, _flags, build_parser
+
+    for args, task in (
+        (["--train-file", "a.txt"], "clm"),
+        (["--train-file", "a.csv"], "classification"),
+        (["--source-file", "s.txt", "--target-file", "t.txt"], "seq2seq"),
+        (["--train-file", "a.txt", "--task", "classification"], "classification"),
+    ):
+        ns = build_parser().parse_args(["train", *args])
+        assert config_from_sources(None, [], _flags(ns, TRAIN_FLAGS)).task == task, args
+    assert config_from_sources(None, ["task=clm"], {"data.train_file": "a.csv"}).task == "clm"
+
+
+def test_trainer_overrides_of_backend_options():
+    from tuneforge import Trainer
+
+    config = TrainConfig(backend="deepspeed", offload="optimizer")
+    trainer = Trainer(config, zero_stage=3)
+    assert trainer.config.backend_options.zero_stage == 3 and trainer.config.backend_options.offload == "optimizer"
+    assert Trainer(config, backend="tp", tp_size=2).config.backend_options.model_dump() == {"tp_size": 2}
+    with pytest.raises(ConfigError, match="option of backend 'tp'"):
+        Trainer(config, tp_size=2)

@@ -8,127 +8,142 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import types
+import typing
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from tuneforge import launch
 from tuneforge.errors import UserError
 
-# flag -> (config key, argparse kwargs). Flags left unset do not override YAML/defaults.
-TRAIN_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--task": ("task", {}),
-    "--model": ("model", {}),
-    "--output-dir": ("output_dir", {}),
-    "--overwrite": ("overwrite", {"action": "store_const", "const": True}),
-    "--epochs": ("epochs", {"type": float}),
-    "--max-steps": ("max_steps", {"type": int}),
-    "--batch-size": ("batch_size", {"type": int, "help": "per process"}),
-    "--eval-batch-size": ("eval_batch_size", {"type": int}),
-    "--grad-accum": ("grad_accum", {"type": int}),
-    "--seed": ("seed", {"type": int}),
-    "--precision": ("precision", {"choices": ["auto", "fp32", "bf16", "fp16"]}),
-    "--gradient-checkpointing": ("gradient_checkpointing", {"action": "store_const", "const": True}),
-    "--dropout": (
-        "dropout",
-        {
-            "type": float,
-            "help": "every dropout probability of the model (default 0; dropout=null keeps the model's own)",
-        },
-    ),
-    "--attn-implementation": ("attn_implementation", {"help": "auto (default), eager, sdpa, flash_attention_2, ..."}),
-    "--eval-strategy": ("eval_strategy", {"choices": ["epoch", "steps", "no"]}),
-    "--eval-steps": ("eval_steps", {"type": int}),
-    "--logging-steps": ("logging_steps", {"type": int}),
-    "--metric-for-best": ("metric_for_best", {}),
-    "--early-stopping-patience": ("early_stopping_patience", {"type": int}),
-    "--load-best-model-at-end": ("load_best_model_at_end", {"action": "store_const", "const": True}),
-    "--num-beams": ("num_beams", {"type": int}),
-    "--generation-max-length": ("generation_max_length", {"type": int}),
-    "--save-strategy": ("save_strategy", {"choices": ["epoch", "steps", "no"]}),
-    "--save-steps": ("save_steps", {"type": int}),
-    "--save-total-limit": ("save_total_limit", {"type": int}),
-    "--resume": ("resume", {"nargs": "?", "const": "latest", "help": "latest (default) or a checkpoint folder"}),
-    "--backend": ("backend", {}),
-    "--nproc": ("nproc", {"type": int}),
-    "--nnodes": ("nnodes", {"type": int}),
-    "--node-rank": ("node_rank", {"type": int}),
-    "--master-addr": ("master_addr", {}),
-    "--master-port": ("master_port", {"type": int}),
-    "--rdzv-endpoint": ("rdzv_endpoint", {}),
-    "--hostfile": ("hostfile", {}),
-    "--max-restarts": ("max_restarts", {"type": int}),
-    "--zero-stage": ("zero_stage", {"type": int}),
-    "--offload": ("offload", {"choices": ["none", "optimizer", "params", "both"]}),
-    "--deepspeed-config": ("deepspeed_config", {}),
-    "--tp-size": ("tp_size", {"type": int}),
-    "--quiet": ("quiet", {"action": "store_const", "const": True}),
-    "--report-to": ("report_to", {"nargs": "+", "choices": ["jsonl", "tensorboard"]}),
-    "--lr": ("optim.lr", {"type": float}),
-    "--weight-decay": ("optim.weight_decay", {"type": float}),
-    "--scheduler": ("optim.scheduler", {"choices": ["linear", "cosine", "constant", "constant_with_warmup"]}),
-    "--warmup-steps": ("optim.warmup_steps", {"type": int}),
-    "--warmup-ratio": ("optim.warmup_ratio", {"type": float}),
-    "--max-grad-norm": ("optim.max_grad_norm", {"type": float}),
-    "--data-dir": ("data.data_dir", {}),
-    "--train-file": ("data.train_file", {}),
-    "--validation-file": ("data.validation_file", {}),
-    "--text-column": ("data.text_columns", {"action": "append", "help": "once or twice (sentence pairs)"}),
-    "--label-column": ("data.label_column", {}),
-    "--source-file": ("data.source_file", {}),
-    "--target-file": ("data.target_file", {}),
-    "--validation-source-file": ("data.validation_source_file", {}),
-    "--validation-target-file": ("data.validation_target_file", {}),
-    "--source-column": ("data.source_column", {}),
-    "--target-column": ("data.target_column", {}),
-    "--source-prefix": ("data.source_prefix", {}),
-    "--max-length": ("data.max_length", {"type": int}),
-    "--max-target-length": ("data.max_target_length", {"type": int}),
-    "--block-size": ("data.block_size", {"type": int}),
-    "--no-packing": ("data.packing", {"action": "store_const", "const": False}),
-    "--max-train-samples": ("data.max_train_samples", {"type": int}),
-    "--max-eval-samples": ("data.max_eval_samples", {"type": int}),
-    "--no-group-by-length": ("data.group_by_length", {"action": "store_const", "const": False}),
-    "--cache-dir": ("data.cache_dir", {}),
-}
 
-EVAL_FLAGS = {
-    k: TRAIN_FLAGS[k]
-    for k in (
-        "--task",
-        "--data-dir",
-        "--train-file",
-        "--validation-file",
-        "--text-column",
-        "--label-column",
-        "--source-file",
-        "--target-file",
-        "--validation-source-file",
-        "--validation-target-file",
-        "--source-column",
-        "--target-column",
-        "--source-prefix",
-        "--max-length",
-        "--max-target-length",
-        "--block-size",
-        "--no-packing",
-        "--max-eval-samples",
-        "--batch-size",
-        "--eval-batch-size",
-        "--precision",
-        "--seed",
-        "--backend",
-        "--nproc",
-        "--num-beams",
-        "--generation-max-length",
-        "--quiet",
-        "--cache-dir",
-    )
-}
+# ---- flags, generated from the config models --------------------------------------------------
+# flag -> (config key, argparse kwargs). Flags left unset do not override YAML/defaults. Name, type,
+# choices (a Literal) and help (the Field's description) come from the field; a field's
+# json_schema_extra may rename its flag ({"flag": "--text-column"}), add argparse settings
+# ({"flag_kwargs": {...}}) or have none ({"flag": None}). A bool that defaults to true is `--no-NAME`.
+def _field_flag(name: str, field, key: str) -> tuple[str, tuple[str, dict[str, Any]]] | None:
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    flag = extra.get("flag", "--" + name.replace("_", "-"))
+    if flag is None:
+        return None
+    kind = field.annotation
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kinds = [k for k in typing.get_args(kind) if k is not type(None)]
+        kind = kinds[0] if len(kinds) == 1 else kind
+    help_text = field.description or ""
+    kwargs: dict[str, Any] = {}
+    if kind is bool:
+        if field.default is True:
+            flag, help_text = "--no-" + flag.removeprefix("--"), f"turn off: {help_text}"
+        kwargs = {"action": "store_const", "const": field.default is not True}
+    elif typing.get_origin(kind) is Literal:
+        kwargs = {"choices": list(typing.get_args(kind))}
+    elif typing.get_origin(kind) is list:
+        (item,) = typing.get_args(kind)
+        if typing.get_origin(item) is Literal:
+            kwargs = {"nargs": "+", "choices": list(typing.get_args(item))}
+        else:
+            kwargs = {"action": "append"}
+    elif kind in (int, float):
+        kwargs = {"type": kind}
+    elif kind is not str:
+        raise TypeError(f"config field {key!r} ({field.annotation}) needs json_schema_extra flag settings")
+    if "choices" not in kwargs and kind is not bool:
+        kwargs["metavar"] = name.upper()
+    kwargs.update(extra.get("flag_kwargs", {}))
+    shown = field.default
+    if kind is not bool and shown not in (None, "") and "default" not in help_text:
+        shown = " ".join(map(str, shown)) if isinstance(shown, list) else shown
+        help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
+    kwargs["help"] = help_text.replace("%", "%%")
+    return flag, (key, kwargs)
+
+
+def _model_flags(model, prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, tuple[str, dict[str, Any]]]:
+    out = {}
+    for name, field in model.model_fields.items():
+        if name not in skip:
+            made = _field_flag(name, field, prefix + name)
+            if made:
+                out[made[0]] = made[1]
+    return out
+
+
+def _backend_option_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
+    """Each backend's Options as flags (`--zero-stage`), and the help group of each."""
+    from tuneforge.backends import backend_classes, option_owners
+
+    owners = option_owners()
+    flags, groups = {}, {}
+    for cls in backend_classes().values():
+        for flag, (key, kwargs) in _model_flags(cls.Options, "backend_options.").items():
+            if flag not in flags:  # an option two backends share (a subclass's) is one flag
+                flags[flag] = (key, kwargs)
+                groups[key] = f"backend {' or '.join(owners[key.split('.', 1)[1]])} options (backend_options.*)"
+    return flags, groups
+
+
+def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
+    from tuneforge.config import DataConfig, OptimConfig, TrainConfig
+
+    option_flags, groups = _backend_option_flags()
+    flags = {
+        **_model_flags(TrainConfig, skip=("optim", "data", "backend_options")),
+        **option_flags,
+        **_model_flags(OptimConfig, "optim."),
+        **_model_flags(DataConfig, "data."),
+    }
+    titles = {"": "run options", "optim": "optimizer options (optim.*)", "data": "data options (data.*)"}
+    for key, _ in flags.values():
+        if key not in groups:
+            groups[key] = titles[key.rpartition(".")[0]]
+    return flags, groups
+
+
+TRAIN_FLAGS, FLAG_GROUPS = _train_flags()
+
+# `tuneforge eval`: the config keys that matter for evaluating a model
+EVAL_KEYS = (
+    "task",
+    "data.data_dir",
+    "data.train_file",
+    "data.validation_file",
+    "data.text_columns",
+    "data.label_column",
+    "data.source_file",
+    "data.target_file",
+    "data.validation_source_file",
+    "data.validation_target_file",
+    "data.source_column",
+    "data.target_column",
+    "data.source_prefix",
+    "data.max_length",
+    "data.max_target_length",
+    "data.block_size",
+    "data.packing",
+    "data.max_eval_samples",
+    "batch_size",
+    "eval_batch_size",
+    "precision",
+    "seed",
+    "backend",
+    "nproc",
+    "num_beams",
+    "generation_max_length",
+    "quiet",
+    "data.cache_dir",
+)
+EVAL_FLAGS = {flag: spec for key in EVAL_KEYS for flag, spec in TRAIN_FLAGS.items() if spec[0] == key}
 
 
 def _add_flags(parser: argparse.ArgumentParser, table: dict) -> None:
+    groups: dict[str, Any] = {}
     for flag, (key, kwargs) in table.items():
-        parser.add_argument(flag, dest=key, default=None, **kwargs)
+        title = FLAG_GROUPS.get(key, "run options")
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        groups[title].add_argument(flag, dest=key, default=None, **kwargs)
 
 
 def _flags(ns: argparse.Namespace, table: dict) -> dict[str, Any]:
@@ -160,13 +175,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from tuneforge.trainer import Trainer
 
     yaml_path, overrides = _split_positionals(ns.config)
-    flags = _flags(ns, TRAIN_FLAGS)
-    if "task" not in flags and not yaml_path and not any(o.startswith("task=") for o in overrides):
-        if flags.get("data.source_file"):
-            flags["task"] = "seq2seq"
-        elif flags.get("data.train_file"):
-            flags["task"] = "clm" if str(flags["data.train_file"]).endswith(".txt") else "classification"
-    config = config_from_sources(yaml_path, overrides, flags)
+    # no --task: the config infers it from the data files (TrainConfig._task_from_files)
+    config = config_from_sources(yaml_path, overrides, _flags(ns, TRAIN_FLAGS))
     result = Trainer(config).fit()
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0

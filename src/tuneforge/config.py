@@ -1,21 +1,37 @@
 """Typed run configuration, validated once at the edge.
 
 A run is described by one `TrainConfig` (flat training/launch fields plus the `optim` and
-`data` sections). It can be built in Python, read from YAML, and overridden with dotted
-`key=value` pairs (`optim.lr=3e-5`). Every problem is reported as one `ConfigError` line that
-names the key and what is allowed, before any work starts.
+`data` sections, and `backend_options`: the chosen backend's own `Options`, also accepted as
+flat keys such as `zero_stage: 3`). It can be built in Python, read from YAML, and overridden
+with dotted `key=value` pairs (`optim.lr=3e-5`). Every problem is reported as one `ConfigError`
+line that names the key and what is allowed, before any work starts. The CLI's flags are
+generated from these fields (cli.py): a field's description is its flag's help.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from tuneforge.backends import BackendOptions
 from tuneforge.errors import ConfigError
+
+NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
 
 
 class _Section(BaseModel):
@@ -24,59 +40,71 @@ class _Section(BaseModel):
 
 class OptimConfig(_Section):
     lr: float = Field(5e-5, gt=0, description="peak learning rate")
-    weight_decay: float = Field(0.01, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
-    warmup_steps: int = Field(0, ge=0)
-    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and norms)")
+    betas: tuple[float, float] = Field((0.9, 0.999), json_schema_extra=NO_FLAG)
+    eps: float = Field(1e-8, gt=0, json_schema_extra=NO_FLAG)
+    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "linear", description="learning-rate schedule after the warmup"
+    )
+    warmup_steps: int = Field(0, ge=0, description="warmup steps; 0: warmup_ratio of the total steps")
+    warmup_ratio: float = Field(0.06, ge=0, lt=1, description="warmup as a fraction of the total steps")
     max_grad_norm: float | None = Field(1.0, description="clip gradients to this norm; null disables")
-    fused: bool | None = Field(None, description="fused AdamW; null = where available")
+    fused: bool | None = Field(None, description="fused AdamW; null = where available", json_schema_extra=NO_FLAG)
 
 
 class DataConfig(_Section):
     # sources
-    data_dir: str | None = None
-    train_file: str | None = None
-    validation_file: str | None = None
-    text_columns: list[str] | None = None
-    label_column: str | None = None
+    data_dir: str | None = Field(None, description="a folder with train and validation files (GLUE: the task folder)")
+    train_file: str | None = Field(
+        None, description="csv/tsv/jsonl (classification) or .txt (causal LM); without --task it picks the task"
+    )
+    validation_file: str | None = Field(None, description="validation split (default: split off the training file)")
+    text_columns: list[str] | None = Field(
+        None, description="text column: once or twice (sentence pairs)", json_schema_extra={"flag": "--text-column"}
+    )
+    label_column: str | None = Field(None, description="label column (default: label)")
     # seq2seq parallel text / columns
-    source_file: str | None = None
-    target_file: str | None = None
-    validation_source_file: str | None = None
-    validation_target_file: str | None = None
-    source_column: str | None = None
-    target_column: str | None = None
-    source_prefix: str = ""
+    source_file: str | None = Field(None, description="seq2seq: source lines (one example per line)")
+    target_file: str | None = Field(None, description="seq2seq: target lines, parallel to --source-file")
+    validation_source_file: str | None = Field(None, description="seq2seq: validation source lines")
+    validation_target_file: str | None = Field(None, description="seq2seq: validation target lines")
+    source_column: str | None = Field(None, description="seq2seq from csv/jsonl: the source column")
+    target_column: str | None = Field(None, description="seq2seq from csv/jsonl: the target column")
+    source_prefix: str = Field("", description="text put before every source (e.g. 'translate German to English: ')")
     # tokenization
-    max_length: int | None = Field(128, gt=0)
-    max_target_length: int = Field(128, gt=0)
-    block_size: int | None = Field(None, gt=0)
-    packing: bool = True
+    max_length: int | None = Field(128, gt=0, description="tokens per example (seq2seq: per source)")
+    max_target_length: int = Field(128, gt=0, description="seq2seq: tokens per target")
+    block_size: int | None = Field(None, gt=0, description="causal LM: tokens per training block")
+    packing: bool = Field(True, description="causal LM: pack texts into full blocks of block_size tokens")
     # sampling
-    max_train_samples: int | None = Field(None, gt=0)
-    max_eval_samples: int | None = Field(None, gt=0)
-    group_by_length: bool = True
-    cache_dir: str | None = None
-    split_seed: int = 42
+    max_train_samples: int | None = Field(None, gt=0, description="train on the first N examples")
+    max_eval_samples: int | None = Field(None, gt=0, description="evaluate on the first N examples")
+    group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
+    cache_dir: str | None = Field(None, description="where tokenized datasets are cached")
+    split_seed: int = Field(42, json_schema_extra=NO_FLAG)
 
 
 class TrainConfig(_Section):
-    task: str = "bbc-news"
+    task: str = Field(
+        "bbc-news",
+        description="task: classification, regression, clm, seq2seq, glue/NAME, bbc-news; "
+        "default from the files: --source-file seq2seq, a .txt --train-file clm, another --train-file classification",
+    )
     model: str | None = Field(None, description="HF folder or hub id; default: the task's bundled model")
-    output_dir: str = "runs/latest"
-    overwrite: bool = False
+    output_dir: str = Field("runs/latest", description="run folder: config, metrics, checkpoints, model")
+    overwrite: bool = Field(False, description="replace an existing run in output_dir")
 
     # schedule
-    epochs: float = Field(3, gt=0)
-    max_steps: int | None = Field(None, gt=0)
+    epochs: float = Field(3, gt=0, description="passes over the training data")
+    max_steps: int | None = Field(None, gt=0, description="optimizer steps (overrides epochs)")
     batch_size: int = Field(16, gt=0, description="per process")
-    eval_batch_size: int | None = Field(None, gt=0)
-    grad_accum: int = Field(1, gt=0)
-    seed: int = 42
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    gradient_checkpointing: bool = False
+    eval_batch_size: int | None = Field(None, gt=0, description="per process (default: 2 x batch_size)")
+    grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")
+    seed: int = Field(42, description="seed for initialisation and data order")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 where the hardware does it natively, fp16 on older GPUs, else fp32"
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward (less memory)")
     # 0: on CPU dropout's random masks cost ~1/4 of a training step, and short fine-tuning runs did
     # as well or better without it (MRPC, seeds 1-3: benchmarks/README.md)
     dropout: float | None = Field(
@@ -94,39 +122,45 @@ class TrainConfig(_Section):
     )
 
     # evaluation, logging, best model
-    eval_strategy: Literal["epoch", "steps", "no"] = "epoch"
-    eval_steps: int | None = Field(None, gt=0)
-    logging_steps: int = Field(20, gt=0)
-    metric_for_best: str | None = None
-    early_stopping_patience: int | None = Field(None, gt=0)
-    load_best_model_at_end: bool = False
-    num_beams: int = Field(1, gt=0)
-    generation_max_length: int = Field(128, gt=0)
+    eval_strategy: Literal["epoch", "steps", "no"] = Field("epoch", description="when to evaluate")
+    eval_steps: int | None = Field(None, gt=0, description="evaluate every N steps (eval_strategy steps)")
+    logging_steps: int = Field(20, gt=0, description="log the training loss every N steps")
+    metric_for_best: str | None = Field(None, description="metric that picks the best model (default: the task's)")
+    early_stopping_patience: int | None = Field(None, gt=0, description="stop after N evaluations without improvement")
+    load_best_model_at_end: bool = Field(False, description="export the best evaluated model, not the last")
+    num_beams: int = Field(1, gt=0, description="seq2seq evaluation: beam search width")
+    generation_max_length: int = Field(128, gt=0, description="seq2seq evaluation: tokens generated at most")
 
     # checkpoints
-    save_strategy: Literal["epoch", "steps", "no"] = "no"
-    save_steps: int | None = Field(None, gt=0)
-    save_total_limit: int | None = Field(None, gt=0)
-    resume: str | None = Field(None, description="'latest' or a checkpoint path")
+    save_strategy: Literal["epoch", "steps", "no"] = Field("no", description="when to save a checkpoint")
+    save_steps: int | None = Field(None, gt=0, description="save every N steps (alone: implies save_strategy steps)")
+    save_total_limit: int | None = Field(None, gt=0, description="keep only the newest N checkpoints")
+    resume: str | None = Field(
+        None,
+        description="'latest' (the flag alone) or a checkpoint folder",
+        json_schema_extra={"flag_kwargs": {"nargs": "?", "const": "latest"}},
+    )
 
     # backend and launch
-    backend: str = "single"
-    nproc: int = Field(1, gt=0)
-    nnodes: int = Field(1, gt=0)
-    node_rank: int = Field(0, ge=0)
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = Field(None, gt=0, lt=65536)
-    rdzv_endpoint: str | None = None
-    hostfile: str | None = None
-    max_restarts: int = Field(0, ge=0)
-    zero_stage: int = Field(2, ge=0, le=3)
-    offload: Literal["none", "optimizer", "params", "both"] = "none"
-    deepspeed_config: str | None = None
-    tp_size: int | None = Field(None, gt=0)
+    backend: str = Field("single", description="parallelism engine: one of the files in tuneforge/backends/")
+    nproc: int = Field(1, gt=0, description="processes per node (tuneforge launches them)")
+    nnodes: int = Field(1, gt=0, description="nodes of a multi-node run")
+    node_rank: int = Field(0, ge=0, description="this node's rank in a multi-node run")
+    master_addr: str = Field("127.0.0.1", description="address of node 0 (multi-node)")
+    master_port: int | None = Field(None, gt=0, lt=65536, description="port on node 0 (multi-node: the same on all)")
+    rdzv_endpoint: str | None = Field(None, description="HOST:PORT of a c10d rendezvous (elastic multi-node)")
+    hostfile: str | None = Field(None, description="DeepSpeed-style hostfile ('node1 slots=2' per line)")
+    max_restarts: int = Field(0, ge=0, description="restart failed workers up to N times (they resume)")
+    # the chosen backend's own settings (its `Options`); flat keys (zero_stage=3) are moved in here
+    backend_options: SerializeAsAny[BackendOptions] = Field(
+        default_factory=BackendOptions,
+        validate_default=True,
+        description="the backend's own settings (its Options), also accepted as flat keys",
+    )
 
     # output
-    quiet: bool = False
-    report_to: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
+    quiet: bool = Field(False, description="no progress bar or log lines, only errors (and --json)")
+    report_to: list[Literal["jsonl", "tensorboard"]] = Field(["jsonl"], description="where metrics are written")
 
     optim: OptimConfig = OptimConfig()
     data: DataConfig = DataConfig()
@@ -141,6 +175,35 @@ class TrainConfig(_Section):
             raise ValueError(f"unknown backend {value!r}; choose one of: {', '.join(names)}")
         return value
 
+    @field_validator("backend_options", mode="before")
+    @classmethod
+    def _options_of_the_backend(cls, value: Any, info: ValidationInfo) -> Any:
+        from tuneforge.backends import backend_class, option_owners
+
+        backend = info.data.get("backend")
+        if backend is None:  # an unknown backend, reported on its own
+            return BackendOptions()
+        options = backend_class(backend).Options
+        given = value.model_dump() if isinstance(value, BaseModel) else value
+        if not isinstance(given, dict):
+            return given  # pydantic says what is wrong with it
+        for key in list(given):
+            if key in options.model_fields:
+                continue
+            owners = option_owners().get(key)
+            if owners and _is_default(key, given[key], owners):
+                # says nothing (a config saved before options moved here lists every backend's defaults)
+                given = {k: v for k, v in given.items() if k != key}
+                continue
+            if owners:
+                raise PydanticCustomError("backend_option", _foreign_option(key, owners, backend))
+            allowed = ", ".join(sorted(options.model_fields)) or "none"
+            raise PydanticCustomError(
+                "backend_option",
+                f"unknown config key 'backend_options.{key}'; backend {backend!r} has options: {allowed}",
+            )
+        return options.model_validate(given)
+
     @field_validator("eval_strategy", "save_strategy", mode="before")
     @classmethod
     def _yaml_no(cls, value: Any) -> Any:
@@ -153,6 +216,28 @@ class TrainConfig(_Section):
         if isinstance(values, dict) and values.get("save_steps") and "save_strategy" not in values:
             values = {**values, "save_strategy": "steps"}
         return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_from_files(cls, values: Any) -> Any:
+        # no task given: the data files say which (the same for the CLI, YAML and the Python API)
+        if not isinstance(values, dict) or "task" in values:
+            return values
+        data = values.get("data") or {}
+        get = data.get if isinstance(data, dict) else lambda key: getattr(data, key, None)
+        if get("source_file"):
+            return {**values, "task": "seq2seq"}
+        if get("train_file"):
+            return {**values, "task": "clm" if str(get("train_file")).endswith(".txt") else "classification"}
+        return values
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_backend_options(cls, values: Any) -> Any:
+        # `zero_stage: 3` (YAML, API) is backend_options.zero_stage
+        if not isinstance(values, dict):
+            return values
+        return nest_backend_options(values)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -167,6 +252,17 @@ class TrainConfig(_Section):
         return self
 
     # ---- helpers -----------------------------------------------------------------------
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> TrainConfig:
+        """As pydantic's, but an update of the backend or of a backend option (`zero_stage=3`, flat or
+        under backend_options) is validated, so the options stay those of the chosen backend."""
+        backend_keys = set(update or ()) - (set(type(self).model_fields) - {"backend", "backend_options"})
+        if not backend_keys:
+            return super().model_copy(update=update, deep=deep)
+        values = self.model_dump()
+        if update.get("backend", self.backend) != self.backend:
+            values.pop("backend_options")  # the new backend's defaults, not the old one's options
+        return build_config(nest_backend_options({**values, **update}, override=True))
+
     @property
     def run_dir(self) -> Path:
         return Path(self.output_dir)
@@ -185,15 +281,66 @@ _SECTIONS = {"optim": OptimConfig, "data": DataConfig}
 
 
 def _allowed_keys(prefix: str) -> list[str]:
-    model = TrainConfig if not prefix else _SECTIONS.get(prefix.split(".")[0])
+    if not prefix:
+        from tuneforge.backends import option_owners
+
+        return sorted({*TrainConfig.model_fields, *option_owners()})  # backend options are accepted flat too
+    model = _SECTIONS.get(prefix.split(".")[0])
     return sorted(model.model_fields) if model else []
+
+
+def _foreign_option(key: str, owners: list[str], backend: str) -> str:
+    names = " or ".join(repr(name) for name in owners)
+    return (
+        f"{key} (--{key.replace('_', '-')}) is an option of backend {names}, not of backend {backend!r}; "
+        f"add --backend {owners[0]}, or drop it"
+    )
+
+
+def _is_default(key: str, value: Any, owners: list[str]) -> bool:
+    from tuneforge.backends import backend_class
+
+    return all(backend_class(name).Options.model_fields[key].default == value for name in owners)
+
+
+def nest_backend_options(values: dict[str, Any], override: bool = False) -> dict[str, Any]:
+    """Flat backend options (`zero_stage: 3`) moved under `backend_options`; a new dict.
+
+    `override`: a flat value wins over a nested one (a later layer: YAML < key=value < flags);
+    otherwise the two must agree.
+    """
+    flat = [key for key in values if key not in TrainConfig.model_fields]
+    if not flat:
+        return values
+    from tuneforge.backends import option_owners
+
+    owners = option_owners()
+    flat = [key for key in flat if key in owners]
+    if not flat:
+        return values  # unknown keys: pydantic names them
+    out = dict(values)
+    nested = out.get("backend_options")
+    nested = nested.model_dump() if isinstance(nested, BaseModel) else dict(nested or {})
+    for key in flat:
+        value = out.pop(key)
+        if not override and key in nested and nested[key] != value:
+            raise PydanticCustomError(
+                "backend_option",
+                f"{key} is given twice with different values ({key}={value!r}, "
+                f"backend_options.{key}={nested[key]!r}); keep one",
+            )
+        nested[key] = value
+    out["backend_options"] = nested
+    return out
 
 
 def _format_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
-        if e["type"] == "extra_forbidden":
+        if e["type"] == "backend_option":  # already one whole line
+            lines.append(e["msg"])
+        elif e["type"] == "extra_forbidden":
             parent = loc.rsplit(".", 1)[0] if "." in loc else ""
             lines.append(f"unknown config key '{loc}'; allowed: {', '.join(_allowed_keys(parent))}")
         else:
@@ -255,8 +402,8 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 def config_from_sources(yaml_path: str | None, overrides: list[str], flags: dict[str, Any]) -> TrainConfig:
     """YAML file < dotted overrides < explicit CLI flags."""
-    values = load_yaml(yaml_path) if yaml_path else {}
-    values = apply_overrides(values, overrides)
+    values = nest_backend_options(load_yaml(yaml_path)) if yaml_path else {}
+    values = nest_backend_options(apply_overrides(values, overrides), override=True)
     for key, value in flags.items():
         if value is None:
             continue

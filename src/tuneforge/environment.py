@@ -6,7 +6,6 @@ machine can run (each backend's `usable()` says "usable" or "unusable: why").
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import os
 import platform
@@ -25,14 +24,12 @@ def _version(distribution: str) -> str:
 
 def backend_status() -> dict[str, str]:
     """Which backends this machine can run, and why not."""
-    from tuneforge.backends import available_backends
+    from tuneforge.backends import available_backends, backend_class
 
     out = {}
     for name in available_backends():
         try:
-            mod = importlib.import_module(f"tuneforge.backends.{name}")
-            check = getattr(mod.BACKEND, "usable", None)
-            out[name] = check() if check else "usable"
+            out[name] = backend_class(name).usable()
         except Exception as err:  # an engine that fails to import is reported, not fatal
             out[name] = f"unusable: {type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}"
     return out

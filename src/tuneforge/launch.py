@@ -12,7 +12,8 @@
   write nothing there and their parents return {}. Checkpoints are the exception: every rank
   adds its own state file, so saving checkpoints needs an output dir that all nodes share.
 
-This module and config.py are the only places that read the environment.
+This module and config.py are the only places that read the environment: `dist_env()` hands a
+process's place in the world (`DistEnv`) to the backends, which never read it themselves.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
@@ -64,6 +66,36 @@ def _first_slurm_host(nodelist: str) -> str:
 def in_distributed_env() -> bool:
     _adopt_slurm_env()
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in a launched world (torchrun, Slurm, DeepSpeed's launcher, ...).
+
+    `launched=False`: no launcher; a distributed backend then makes a world of one (rank 0 of 1).
+    `missing`: rendezvous variables a launched process lacks (the backend refuses to start).
+    """
+
+    launched: bool = False
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    missing: tuple[str, ...] = ()
+
+
+def dist_env() -> DistEnv:
+    """Where this process stands, read from the launcher's variables (Slurm's mapped onto torchrun's)."""
+    env = os.environ
+    if not in_distributed_env():
+        return DistEnv()
+    rank = int(env["RANK"])
+    return DistEnv(
+        launched=True,
+        rank=rank,
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env.get("LOCAL_RANK", rank)),
+        missing=tuple(key for key in ("MASTER_ADDR", "MASTER_PORT") if key not in env),
+    )
 
 
 def detected_launcher() -> str:
@@ -241,25 +273,6 @@ def procs_on_this_node(config) -> int:
     return config.nproc
 
 
-def check_launchable(config) -> None:
-    """Config errors a launch would only find in every worker: report them once, here."""
-    from tuneforge.backends import get_backend
-
-    backend = get_backend(config)  # unknown backend, backend-specific checks
-    if not backend.distributed:
-        raise ConfigError(
-            f"backend {backend.name!r} runs one process; for several processes use --backend ddp (or fsdp, "
-            "deepspeed, tp)"
-        )
-    usable = getattr(backend, "usable", None)
-    verdict = usable() if usable else "usable"
-    if verdict != "usable":
-        raise ConfigError(
-            f"backend {backend.name!r} cannot run on this machine ({verdict.removeprefix('unusable: ')}); see "
-            "`tuneforge env`"
-        )
-
-
 def hand_back(result: dict, is_main: bool) -> dict:
     """In a worker we launched: the main rank writes its result for the waiting parent.
 
@@ -275,8 +288,10 @@ def hand_back(result: dict, is_main: bool) -> dict:
 
 
 def launch_workers(config) -> dict:
-    """Run the workers to completion; return the main rank's result (on node 0) or {}."""
-    check_launchable(config)
+    """Run the workers to completion; return the main rank's result (on node 0) or {}.
+
+    The caller checks the config first (`backends.check_launchable`): a bad one is one line, not a line per worker.
+    """
     cmd = hostfile_command(config) if config.hostfile else torchrun_command(config)
     threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs_on_this_node(config))))
     with tempfile.TemporaryDirectory(prefix="tuneforge-launch-") as tmp:

@@ -10,7 +10,6 @@ task-specific behind `self.task` (tuneforge/tasks/base.py).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from tuneforge import checkpoint, launch
-from tuneforge.backends import get_backend
+from tuneforge.backends import check_launchable, get_backend
 from tuneforge.config import TrainConfig, build_config
 from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
 from tuneforge.errors import ConfigError
@@ -127,9 +126,12 @@ class Trainer:
             cfg = self.config = cfg.model_copy(update={"resume": "latest"})  # elastic restart: continue
         if not cfg.resume and not launch.launched_by_us() and launch.restart_count() == 0:
             checkpoint.prepare_output_dir(cfg)
+        model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
+            check_launchable(cfg, launch.dist_env(), model_config)
             return launch.launch_workers(cfg)
-        self.backend = get_backend(cfg)
+        self.backend = get_backend(cfg, launch.dist_env())
+        self.backend.check(model_config)
         self.backend.setup()
         try:
             return launch.hand_back(self._fit(model, tokenizer, train_dataset, eval_dataset), self.backend.is_main)
@@ -141,9 +143,12 @@ class Trainer:
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
         """Evaluate a model (the config's, or the task's default) on the validation split."""
         cfg = self.config
+        model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
+            check_launchable(cfg, launch.dist_env(), model_config)
             return launch.launch_workers(cfg)
-        self.backend = get_backend(cfg)
+        self.backend = get_backend(cfg, launch.dist_env())
+        self.backend.check(model_config)
         self.backend.setup()
         t0 = time.perf_counter()
         try:
@@ -269,12 +274,11 @@ class Trainer:
         scale = b.dp_size / global_count.clamp(min=1)
         total = torch.zeros((), device=b.device)
         for i, batch in enumerate(batches):
-            sync = i == len(batches) - 1
-            # DDP decides in the forward whether the backward all-reduces: no_sync spans both
-            with contextlib.nullcontext() if sync else b.no_sync(self.model):
+            # gradients are synchronised across ranks once per step: on the last micro-batch
+            with b.micro_step(self.model, sync=i == len(batches) - 1):
                 outputs = self.forward_step(self.model, batch)
                 loss_sum, _ = self.compute_loss(outputs, batch)
-                b.backward(loss_sum * scale, self.model, sync=sync)
+                b.backward(loss_sum * scale, self.model)
             total += loss_sum.detach().float()
         b.step(self.model, self.optimizer)
         return total, local_count

@@ -17,9 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from tuneforge.backends import backends_reading
 from tuneforge.backends.base import Backend
 from tuneforge.errors import CheckpointError, ConfigError
 
@@ -49,7 +49,10 @@ class ShardedBackend(Backend):
     sharded = True
     supported_precisions = ("fp32", "bf16")  # fp16 needs a sharded grad scaler: use bf16
 
-    def validate(self) -> None:
+    checkpoint_layout = "dcp"  # sharded/: torch.distributed.checkpoint, every rank writes its shards
+    reads_layouts = ("dcp", "full")  # its own, and a single/ddp checkpoint
+
+    def check(self, model_config=None) -> None:
         if self.config.precision == "fp16":
             raise ConfigError(self._no_fp16())
 
@@ -62,15 +65,6 @@ class ShardedBackend(Backend):
 
     def _no_fp16(self) -> str:
         return f"backend {self.name!r} does not support precision fp16; use --precision bf16 (or fp32)"
-
-    def _init_process_group(self) -> None:
-        from tuneforge import launch
-
-        if not dist.is_initialized() and not launch.in_distributed_env():
-            # no launch (nproc 1): a world of one, so a sharded checkpoint still loads here
-            pg = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
-        super()._init_process_group()
 
     # ---- state ----------------------------------------------------------------------------
     def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -110,7 +104,7 @@ class ShardedBackend(Backend):
             raise CheckpointError(
                 f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor "
                 "model.safetensors; "
-                f"backend {self.name!r} resumes from fsdp, tp, ddp or single checkpoints"
+                f"backend {self.name!r} resumes from {backends_reading(self.reads_layouts)} checkpoints"
             )
 
     def _load_sharded(self, folder: Path, model: nn.Module, optimizer) -> None:

@@ -2,30 +2,36 @@
 
 The Trainer names no backend. It calls, in order:
 
+    backend = get_backend(config, launch.dist_env())  # the class named by config.backend
+    backend.check(model_config)                       # config-time checks (also in the launching parent)
     backend.setup()                                   # process group, device
-    model, optimizer = backend.wrap(model, make_optimizer)
-    with backend.autocast(): outputs = ...            # per micro-batch
-    backend.backward(loss, model, sync=is_last_micro) # no grad sync on accumulation steps
+    model, optimizer = backend.wrap(model, make_optimizer)  # make_optimizer None: evaluation only
+    with backend.micro_step(model, sync=is_last_micro):  # the one place gradient sync is decided
+        with backend.autocast(): outputs = ...        # per micro-batch
+        backend.backward(loss, model)
     grad_norm = backend.step(model, optimizer)        # clip, step, zero_grad
     backend.reduce_sum(t) / backend.gather_objects(x) # exact metrics across data-parallel ranks
     backend.save(dir, model, optimizer) / backend.load(dir, model, optimizer)
     backend.full_state_dict(model)                    # consolidated weights for the HF export
     backend.teardown()
 
-A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`.
+A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`. Its own
+settings are its `Options` (a pydantic model): they become `config.backend_options`, flat config
+keys (`zero_stage: 3`) and CLI flags (`--zero-stage`) without naming the backend anywhere else.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel
 
+from tuneforge.backends import BackendOptions
 from tuneforge.errors import ConfigError
 
 MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
@@ -55,16 +61,26 @@ def detect_device(local_rank: int = 0) -> torch.device:
 
 
 class Backend:
-    """Single-process defaults; distributed backends override what differs."""
+    """Single-process defaults; distributed backends override what differs.
+
+    `env` is the process's place in a launched world (`launch.DistEnv`: launched, rank,
+    world_size, local_rank); a backend never reads the environment itself.
+    """
 
     name = "base"
     distributed = False
     sharded = False  # weights/optimizer saved per rank (fsdp, deepspeed zero-3, tp)
     supports_gradient_checkpointing = True
     supported_precisions = ("fp32", "bf16", "fp16")
+    checkpoint_layout = "full"  # model.safetensors + optimizer.pt, written by the main rank
+    Options: type[BackendOptions] = BackendOptions
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, env) -> None:
         self.config = config
+        self.env = env
+        # validated again here: options of a config made for another backend give this one's defaults
+        given = _options_dict(getattr(config, "backend_options", None))
+        self.options = self.Options.model_validate({k: v for k, v in given.items() if k in self.Options.model_fields})
         self.rank = 0
         self.world_size = 1
         self.local_rank = 0
@@ -86,6 +102,10 @@ class Backend:
         return "usable"
 
     # ---- lifecycle ------------------------------------------------------------------------
+    def check(self, model_config=None) -> None:
+        """Config-time checks, before any work (also run once by the launching parent, before any
+        worker starts). `model_config`: the model's HF config where it is cheaply known, else None."""
+
     def setup(self) -> None:
         if self.distributed:
             self._init_process_group()
@@ -108,18 +128,20 @@ class Backend:
 
     def _init_process_group(self) -> None:
         if not dist.is_initialized():
-            required = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-            missing = [k for k in required if k not in os.environ]
-            if missing:
+            pg = "nccl" if torch.cuda.is_available() else "gloo"
+            if not self.env.launched:
+                # no launcher (nproc 1): a world of one, no port needed; a sharded checkpoint still loads
+                dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
+            elif self.env.missing:
                 raise ConfigError(
-                    f"backend {self.name!r} needs a distributed launch ({', '.join(missing)} unset); "
+                    f"backend {self.name!r} needs a distributed launch ({', '.join(self.env.missing)} unset); "
                     "run with --nproc N, or under torchrun/Slurm"
                 )
-            pg = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend=pg)
+            else:
+                dist.init_process_group(backend=pg)  # the launcher's rendezvous (env://)
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        self.local_rank = self.env.local_rank if self.env.launched else 0
 
     def teardown(self) -> None:
         if self.distributed and dist.is_initialized():
@@ -139,9 +161,10 @@ class Backend:
         return self.world_size
 
     # ---- model ----------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
+        """Place (and wrap, shard) the model; returns (model, optimizer), the optimizer None without make_optimizer."""
         model.to(self.device)
-        return model, make_optimizer(model)
+        return model, make_optimizer(model) if make_optimizer else None
 
     def default_attention(self, padded: bool = True) -> str | None:
         """The attention kernel `attn_implementation: auto` trains with (None: the model's own default).
@@ -161,13 +184,14 @@ class Backend:
             return torch.autocast(self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
-    def no_sync(self, model):
+    def micro_step(self, model: torch.nn.Module, sync: bool):
+        """Entered once per micro-batch around forward, loss and backward: the one place that
+        decides whether this micro-batch's gradients are synchronised across ranks (`sync`: the
+        last micro-batch of an optimizer step). One process: nothing to decide."""
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor, model: torch.nn.Module, sync: bool = True) -> None:
-        ctx = contextlib.nullcontext() if sync else self.no_sync(model)
-        with ctx:
-            (self.scaler.scale(loss) if self.scaler else loss).backward()
+    def backward(self, loss: torch.Tensor, model: torch.nn.Module) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -241,3 +265,9 @@ class Backend:
             optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
         if self.scaler and (path / "scaler.pt").exists():
             self.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+
+
+def _options_dict(options) -> dict:
+    if options is None:
+        return {}
+    return options.model_dump() if isinstance(options, BaseModel) else dict(options)

@@ -12,8 +12,9 @@ optimizer.pt (replicas are identical), every rank loads them.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tuneforge.backends.base import Backend, MakeOptimizer
@@ -24,8 +25,7 @@ class DDPBackend(Backend):
     name = "ddp"
     distributed = True
 
-    def validate(self) -> None:
-        """Config-time checks (also run by the launching parent, before any worker starts)."""
+    def check(self, model_config=None) -> None:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus and self.config.nproc > gpus and not self.config.hostfile:
             raise ConfigError(
@@ -33,19 +33,10 @@ class DDPBackend(Backend):
                 f"NCCL needs one GPU per process: use --nproc {gpus} or less"
             )
 
-    def _init_process_group(self) -> None:
-        from tuneforge import launch
-
-        if not dist.is_initialized() and not launch.in_distributed_env():
-            # `--backend ddp` without a launch (nproc 1): a world of one, no port needed
-            pg = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
-        super()._init_process_group()
-
-    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
         model.to(self.device)
         # the optimizer sees the plain module: parameter names and optimizer.pt match `single`
-        optimizer = make_optimizer(model)
+        optimizer = make_optimizer(model) if make_optimizer else None
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp_model = DistributedDataParallel(model, device_ids=device_ids)
         return ddp_model, optimizer
@@ -53,8 +44,9 @@ class DDPBackend(Backend):
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
 
-    def no_sync(self, model: torch.nn.Module):
-        return model.no_sync()
+    def micro_step(self, model: torch.nn.Module, sync: bool):
+        # DDP arms its all-reduce in the forward: no_sync spans forward and backward
+        return contextlib.nullcontext() if sync else model.no_sync()
 
 
 BACKEND = DDPBackend

@@ -15,7 +15,7 @@ How the engine fits the Trainer's loop:
 - Gradient accumulation: the Trainer's loss is already normalised by the global item count
   (and scaled by dp_size, which ZeRO's gradient averaging undoes), so `backward` calls
   `engine.backward(loss, scale_wrt_gas=False)` (no extra 1/gas) and marks the accumulation
-  boundary itself with `set_gradient_accumulation_boundary(sync)` instead of DeepSpeed's
+  boundary itself with `set_gradient_accumulation_boundary(sync)` (in `micro_step`) instead of DeepSpeed's
   micro-step counter: gradients are reduced on the last micro-batch, and the one `step()` per
   optimizer step is a real step. The result equals one process on the global batch.
 - Process group: the Trainer's gloo (CPU) / NCCL (CUDA) group, handed to DeepSpeed; on CPU
@@ -32,11 +32,13 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
 
+from tuneforge.backends import BackendOptions
 from tuneforge.backends.base import Backend, MakeOptimizer
 from tuneforge.errors import CheckpointError, ConfigError
 
@@ -76,15 +78,29 @@ def read_user_config(path: str) -> dict:
     return data
 
 
-def derived_config(config, precision: str | None, world_size: int | None) -> dict:
+class DeepSpeedOptions(BackendOptions):
+    zero_stage: int = Field(
+        2, ge=0, le=3, description="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters sharded"
+    )
+    offload: Literal["none", "optimizer", "params", "both"] = Field(
+        "none", description="move optimizer state and/or parameters (ZeRO-3) to CPU memory"
+    )
+    deepspeed_config: str | None = Field(
+        None,
+        description="a DeepSpeed JSON merged into the derived config (bucket sizes, stage-3 thresholds, ...); "
+        "a value contradicting tuneforge's config is an error",
+    )
+
+
+def derived_config(config, options: DeepSpeedOptions, precision: str | None, world_size: int | None) -> dict:
     """The DeepSpeed settings tuneforge's config implies. `None` = not known yet (left out)."""
-    offload = config.offload
+    offload = options.offload
     ds: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": config.batch_size,
         "gradient_accumulation_steps": config.grad_accum,
         "gradient_clipping": config.optim.max_grad_norm or 0.0,
         "zero_optimization": {
-            "stage": config.zero_stage,
+            "stage": options.zero_stage,
             "offload_optimizer": {"device": "cpu" if offload in ("optimizer", "both") else "none"},
             "offload_param": {"device": "cpu" if offload in ("params", "both") else "none"},
         },
@@ -100,14 +116,16 @@ def derived_config(config, precision: str | None, world_size: int | None) -> dic
     return ds
 
 
-def _tuneforge_value(name: str, config, derived: Any) -> Any:
+def _tuneforge_value(name: str, config, options: DeepSpeedOptions, derived: Any) -> Any:
     """What the user set on tuneforge's side, for the conflict message."""
     if name == "optim.max_grad_norm":
         return config.optim.max_grad_norm
+    if name in DeepSpeedOptions.model_fields:
+        return getattr(options, name)
     return getattr(config, name, derived)  # e.g. train_batch_size: only the product exists
 
 
-def merge_user_config(derived: dict, user: dict, config, source: str) -> dict:
+def merge_user_config(derived: dict, user: dict, config, options: DeepSpeedOptions, source: str) -> dict:
     """`derived` with the user's settings merged in; conflicts with tuneforge's config are errors."""
     for key, flags in NOT_MERGED.items():
         if key in user:
@@ -130,7 +148,7 @@ def merge_user_config(derived: dict, user: dict, config, source: str) -> dict:
                     out[key] = value
                 elif value != "auto" and value != base[key]:
                     name, flag = OWNED[path]
-                    mine = _tuneforge_value(name, config, base[key])
+                    mine = _tuneforge_value(name, config, options, base[key])
                     raise ConfigError(
                         f"deepspeed config {dotted}={_shown(value)} conflicts with {name}={_shown(mine)}; "
                         f"remove it from the JSON or change {flag}"
@@ -150,10 +168,11 @@ def merge_user_config(derived: dict, user: dict, config, source: str) -> dict:
     return merge(derived, user, ())
 
 
-def build_deepspeed_config(config, precision: str | None, world_size: int | None) -> dict:
-    ds = derived_config(config, precision, world_size)
-    if config.deepspeed_config:
-        ds = merge_user_config(ds, read_user_config(config.deepspeed_config), config, config.deepspeed_config)
+def build_deepspeed_config(config, options: DeepSpeedOptions, precision: str | None, world_size: int | None) -> dict:
+    ds = derived_config(config, options, precision, world_size)
+    if options.deepspeed_config:
+        user = read_user_config(options.deepspeed_config)
+        ds = merge_user_config(ds, user, config, options, options.deepspeed_config)
     return ds
 
 
@@ -162,6 +181,8 @@ class DeepSpeedBackend(Backend):
     distributed = True
     sharded = True  # each rank writes its ZeRO shard
     supported_precisions = ("fp32", "bf16", "fp16")
+    checkpoint_layout = "deepspeed"  # checkpoint-STEP/deepspeed/: DeepSpeed's own ZeRO shards
+    Options = DeepSpeedOptions
 
     @classmethod
     def usable(cls) -> str:
@@ -174,37 +195,32 @@ class DeepSpeedBackend(Backend):
             )
         return super().usable()
 
-    def validate(self) -> None:
-        """Config-time checks (also run once by the launching parent, before any worker starts)."""
-        from tuneforge import launch
-
-        cfg = self.config
-        if cfg.zero_stage not in (1, 2, 3):
+    def check(self, model_config=None) -> None:
+        cfg, opts = self.config, self.options
+        if opts.zero_stage not in (1, 2, 3):
             raise ConfigError(
-                f"backend 'deepspeed' needs zero_stage 1, 2 or 3 (got {cfg.zero_stage}); "
+                f"backend 'deepspeed' needs zero_stage 1, 2 or 3 (got {opts.zero_stage}); "
                 "for plain data parallel use --backend ddp"
             )
-        if cfg.offload in ("params", "both") and cfg.zero_stage != 3:
+        if opts.offload in ("params", "both") and opts.zero_stage != 3:
             raise ConfigError(
-                f"offload={cfg.offload} offloads parameters, which needs ZeRO stage 3 (zero_stage is "
-                f"{cfg.zero_stage}); pass --zero-stage 3, or --offload optimizer"
+                f"offload={opts.offload} offloads parameters, which needs ZeRO stage 3 (zero_stage is "
+                f"{opts.zero_stage}); pass --zero-stage 3, or --offload optimizer"
             )
         # the world size is known here only when tuneforge itself is about to launch the workers
-        planned_world = cfg.nproc * cfg.nnodes if launch.needs_launch(cfg) and not cfg.hostfile else None
+        about_to_launch = not self.env.launched and (cfg.nproc > 1 or cfg.nnodes > 1) and not cfg.hostfile
+        planned_world = cfg.nproc * cfg.nnodes if about_to_launch else None
         precision = cfg.precision if cfg.precision != "auto" else None
-        build_deepspeed_config(cfg, precision, planned_world)
+        build_deepspeed_config(cfg, opts, precision, planned_world)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def _init_process_group(self) -> None:
-        from tuneforge import launch
-
-        if not dist.is_initialized() and not launch.in_distributed_env():
-            # `--backend deepspeed` without a launch (nproc 1): a world of one, no port needed
-            pg = "nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
-            # deepspeed.initialize asserts that a launcher set LOCAL_RANK; here we are the launcher
-            os.environ.setdefault("LOCAL_RANK", "0")
         super()._init_process_group()
+        if not self.env.launched:
+            # a world of one: deepspeed.initialize asserts that a launcher set LOCAL_RANK (its engine
+            # reads os.environ; no argument replaces it), and here this process is the launcher. Only
+            # this backend needs it: set anywhere else, it would leak into every run's environment.
+            os.environ.setdefault("LOCAL_RANK", "0")
 
     def setup(self) -> None:
         import deepspeed
@@ -229,12 +245,12 @@ class DeepSpeedBackend(Backend):
         deepspeed.init_distributed(dist_backend=dist.get_backend(), auto_mpi_discovery=False, verbose=False)
 
     # ---- model ----------------------------------------------------------------------------
-    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
         import deepspeed
 
         model.to(self.device)
-        optimizer = make_optimizer(model)
-        ds_config = build_deepspeed_config(self.config, self.precision, self.dp_size)
+        optimizer = make_optimizer(model) if make_optimizer else None
+        ds_config = build_deepspeed_config(self.config, self.options, self.precision, self.dp_size)
         if self.is_main and optimizer is not None:  # what DeepSpeed was really given, for the record
             out = Path(self.config.output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -257,10 +273,14 @@ class DeepSpeedBackend(Backend):
     def autocast(self):
         return contextlib.nullcontext()  # bf16/fp16: DeepSpeed keeps the model in that dtype, fp32 master weights
 
-    def backward(self, loss: torch.Tensor, model, sync: bool = True) -> None:
+    def micro_step(self, model, sync: bool):
         # the boundary decides whether ZeRO reduces this micro-batch's gradients and whether the
-        # next step() steps; the loss is already normalised, so no 1/gradient_accumulation_steps
+        # next step() steps
         model.set_gradient_accumulation_boundary(sync)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, model) -> None:
+        # the loss is already normalised, so no 1/gradient_accumulation_steps
         model.backward(loss, scale_wrt_gas=False)
 
     def step(self, model, optimizer) -> torch.Tensor | None:

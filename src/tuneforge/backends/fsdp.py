@@ -38,7 +38,7 @@ class FSDPBackend(ShardedBackend):
             )
         return super().usable()
 
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -56,13 +56,16 @@ class FSDPBackend(ShardedBackend):
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         # the optimizer holds the sharded parameters: each rank steps its own shard
-        return model, make_optimizer(model)
+        return model, make_optimizer(model) if make_optimizer else None
 
     def autocast(self):
         return contextlib.nullcontext()  # the MixedPrecisionPolicy casts parameters and inputs
 
-    def backward(self, loss: torch.Tensor, model: nn.Module, sync: bool = True) -> None:
+    def micro_step(self, model: nn.Module, sync: bool):
         model.set_requires_gradient_sync(sync)  # no reduce-scatter on accumulation micro-batches
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
         loss.backward()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:

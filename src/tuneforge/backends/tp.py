@@ -14,60 +14,16 @@ metrics are reduced over "dp" only. Checkpoints are per-rank DCP shards (see _sh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.distributed as dist
+from pydantic import Field
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
+from tuneforge.backends import BackendOptions
 from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
-from tuneforge.errors import ConfigError, UserError
-
-
-# ---- styles for GPT-2's Conv1D (a Linear whose weight is stored transposed: (in, out)) --------
-def _shard_conv1d(module: nn.Module, mesh, weight: Placement, bias: Placement) -> None:
-    module.register_parameter("weight", nn.Parameter(distribute_tensor(module.weight, mesh, [weight])))
-    module.register_parameter("bias", nn.Parameter(distribute_tensor(module.bias, mesh, [bias])))
-
-
-class Conv1DColwise(ColwiseParallel):
-    def _apply(self, module, mesh):
-        return distribute_module(
-            module,
-            mesh,
-            lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(1), Shard(0)),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class Conv1DRowwise(RowwiseParallel):
-    def _apply(self, module, mesh):
-        self.desired_input_layouts = (Shard(-1),)
-        return distribute_module(
-            module,
-            mesh,
-            lambda name, mod, mesh: _shard_conv1d(mod, mesh, Shard(0), Replicate()),
-            partial(self._prepare_input_fn, self.input_layouts, self.desired_input_layouts),
-            partial(self._prepare_output_fn, self.output_layouts, self.use_local_output),
-        )
-
-
-class FusedQKVColwise(Conv1DColwise):
-    """GPT-2's c_attn computes [q | k | v] in one matmul. A plain column shard would give rank 0
-    all of q and part of k, so the output is all-gathered and each rank keeps its heads of q, k
-    and v. The weight keeps its HF layout: checkpoints and the export need no conversion and
-    reshard freely (the cost: one activation all-gather per layer)."""
-
-    @staticmethod
-    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, mesh):
-        # backward: each rank's gradient covers only its own heads; Partial sums them (reduce-scatter)
-        full = outputs.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
-        rank, size = mesh.get_local_rank(), mesh.size()
-        return torch.cat([part.chunk(size, dim=-1)[rank] for part in full.chunk(3, dim=-1)], dim=-1)
+from tuneforge.errors import ConfigError
 
 
 # ---- plans (module names inside one transformer block) ------------------------------------------
@@ -80,7 +36,12 @@ class Plan:
     fused_qkv: tuple[str, ...] = ()
     conv1d: bool = False  # transformers' Conv1D (GPT-2) instead of nn.Linear
 
-    def styles(self) -> dict[str, ParallelStyle]:
+    def styles(self) -> dict:
+        """{module name: ParallelStyle}. torch.distributed.tensor is imported here, when tp runs: it takes seconds."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        from tuneforge.backends._tp_styles import Conv1DColwise, Conv1DRowwise, FusedQKVColwise
+
         colwise, rowwise = (Conv1DColwise, Conv1DRowwise) if self.conv1d else (ColwiseParallel, RowwiseParallel)
         return {
             **{name: FusedQKVColwise() for name in self.fused_qkv},
@@ -156,43 +117,37 @@ def check_world(tp_size: int, world_size: int) -> None:
         )
 
 
+class TPOptions(BackendOptions):
+    tp_size: int | None = Field(
+        None, gt=0, description="processes per tensor-parallel group (default: all); the rest is data parallel"
+    )
+
+
 class TPBackend(ShardedBackend):
     name = "tp"
+    Options = TPOptions
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
+    def __init__(self, config, env) -> None:
+        super().__init__(config, env)
         self.mesh = None  # ("dp", "tp") DeviceMesh, built in setup
 
     # ---- checks: in the launching process too, so a bad input is one line before any worker --
-    def validate(self) -> None:
-        from tuneforge import launch
-
-        super().validate()
+    def check(self, model_config=None) -> None:
+        """`model_config`: where known before the model loads; otherwise the checks wait for wrap()."""
+        super().check(model_config)
         world = self.config.nproc * self.config.nnodes
-        tp_size = self.config.tp_size or world
-        if not launch.in_distributed_env() and not self.config.hostfile:
+        tp_size = self.options.tp_size or world
+        if not self.env.launched and not self.config.hostfile:
             check_world(tp_size, world)
-        model_config = self._peek_model_config()
         if model_config is not None:
             plan_for(model_config)
             check_heads(model_config, tp_size)
-
-    def _peek_model_config(self):
-        """The model's config where it can be read cheaply; otherwise the checks wait for wrap()."""
-        from transformers import AutoConfig
-
-        from tuneforge.tasks import get_task
-
-        try:
-            return AutoConfig.from_pretrained(get_task(self.config).model_path())
-        except (OSError, ValueError, UserError):
-            return None  # loading the model reports it
 
     def setup(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         super().setup()
-        tp_size = self.config.tp_size or self.world_size
+        tp_size = self.options.tp_size or self.world_size
         check_world(tp_size, self.world_size)
         self.mesh = init_device_mesh(
             self.device.type, (self.world_size // tp_size, tp_size), mesh_dim_names=("dp", "tp")
@@ -216,7 +171,9 @@ class TPBackend(ShardedBackend):
         return self.mesh.get_group("dp")
 
     # ---- model ----------------------------------------------------------------------------------
-    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer):
+    def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer | None = None):
+        from torch.distributed.tensor.parallel import parallelize_module
+
         plan = plan_for(model.config)
         check_heads(model.config, self.tp_size)
         model.to(self.device)
@@ -234,7 +191,7 @@ class TPBackend(ShardedBackend):
             for attr in HEAD_ATTRS:  # each rank runs num_heads / tp of the heads
                 if isinstance(getattr(attention, attr, None), int):
                     setattr(attention, attr, getattr(attention, attr) // self.tp_size)
-        optimizer = make_optimizer(model)  # None for evaluation only
+        optimizer = make_optimizer(model) if make_optimizer else None  # None for evaluation only
         if optimizer is not None:
             _step_one_by_one(optimizer)
         return model, optimizer
@@ -261,6 +218,8 @@ class TPBackend(ShardedBackend):
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         """Sharded gradients' squared norms are summed over the tp group, replicated ones counted once."""
+        from torch.distributed.tensor import DTensor
+
         sharded, replicated = [], []
         for p in model.parameters():
             if p.grad is None:
@@ -287,7 +246,7 @@ def _step_one_by_one(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's local shard
 
 
 BACKEND = TPBackend

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import ConfigError, DataError, UserError
 
 
 def bundled_minilm() -> str:
@@ -91,6 +91,15 @@ class Task:
 
     def model_path(self) -> str:
         return self.config.model or self.default_model()
+
+    def peek_model_config(self):
+        """The model's HF config where it can be read cheaply (for the backend's config-time checks), else None."""
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(self.model_path())
+        except (OSError, ValueError, UserError):
+            return None  # loading the model reports it
 
     def load_tokenizer(self):
         return load_tokenizer(self.model_path())
