@@ -240,7 +240,7 @@ def test_ddp_resume_is_bitwise_identical(setup, ddp_whole, ddp_cut, tmp_path):
     assert metrics(out) == metrics(ddp_whole)
     assert_bitwise_equal(weights(out), weights(ddp_whole))
 
-    from tuneforge.export_cli import export_checkpoint  # a ddp checkpoint exports the trained model
+    from tuneforge.export import export_checkpoint  # a ddp checkpoint exports the trained model
 
     exported = export_checkpoint(ddp_whole / "checkpoint-12", tmp_path / "exported")
     assert_bitwise_equal(weights(exported.parent, exported.name), weights(ddp_whole))
@@ -298,7 +298,7 @@ def test_fsdp_resumes_a_ddp_checkpoint(setup, ddp_whole, ddp_cut, tmp_path):
     assert [s["indices"] for s in fsdp_steps] == [s["indices"] for s in ddp_steps] and len(fsdp_steps) == 12
     assert fsdp_steps[4]["loss"] == pytest.approx(ddp_steps[4]["loss"], rel=1e-4)  # step 5 ran on the loaded weights
 
-    from tuneforge.export_cli import export_checkpoint  # the fsdp (DCP) checkpoint exports offline
+    from tuneforge.export import export_checkpoint  # the fsdp (DCP) checkpoint exports offline
 
     assert (out / "checkpoint-12" / "sharded" / ".metadata").exists()
     exported = export_checkpoint(out / "checkpoint-12", tmp_path / "exported")

@@ -14,21 +14,9 @@ import numpy as np
 import torch
 
 from tuneforge.errors import ConfigError, DataError
+from tuneforge.export import read_model_info
 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
-
-
-def read_model_info(model_dir: str | Path) -> dict:
-    """tuneforge.json beside an exported model: task, text columns, max_length ({} if absent)."""
-    info_file = Path(model_dir) / "tuneforge.json"
-    if not info_file.exists():
-        return {}
-    try:
-        return json.loads(info_file.read_text())
-    except ValueError as err:
-        raise ConfigError(
-            f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file"
-        ) from None
 
 
 class Predictor:
