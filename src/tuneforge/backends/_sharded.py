@@ -15,6 +15,7 @@ written by every rank, so a multi-node run needs the output dir on a shared file
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -129,7 +130,9 @@ class ShardedBackend(Backend):
             for key, meta in entries.items()
             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
         }
-        dcp.load(state, storage_reader=reader, no_dist=True)
+        with warnings.catch_warnings():  # torch warns that no_dist loads in one process: that is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, no_dist=True)
         return {key.removeprefix("model."): value for key, value in state.items()}
 
     def _load_sharded(self, folder: Path, model: nn.Module, optimizer) -> None:
