@@ -143,7 +143,7 @@ class Trainer:
         t0 = time.perf_counter()
         try:
             model = self._set_up(model, tokenizer, None, eval_dataset, training=False)
-            self.model, _ = self.backend.wrap(model, lambda m: None)
+            self.model, _ = self.backend.wrap(model, None)  # evaluation only: no optimizer
             metrics = self.evaluate()
             metrics["wall_s"] = round(time.perf_counter() - t0, 2)
             return launch.hand_back(metrics, self.backend.is_main)
