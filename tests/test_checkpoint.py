@@ -346,3 +346,24 @@ def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
             AutoModelForCausalLM.from_pretrained(p).eval()(input_ids=ids).logits for p in (exported, out / "model")
         )
     assert torch.equal(got, want)
+
+
+def test_atomic_replace_keeps_the_old_content_when_a_write_fails(tmp_path):
+    from tuneforge.files import replacing, write_text
+
+    target = tmp_path / "latest"
+    write_text(target, "checkpoint-2\n")
+    with pytest.raises(RuntimeError), replacing(target) as tmp:
+        tmp.write_text("checkpoint-")
+        raise RuntimeError("killed half-way")
+    assert target.read_text() == "checkpoint-2\n" and [p.name for p in tmp_path.iterdir()] == ["latest"]
+    folder = tmp_path / "model"  # a folder is replaced whole
+    folder.mkdir()
+    (folder / "old.bin").write_text("1")
+    with replacing(folder) as tmp:
+        tmp.mkdir()
+        (tmp / "new.bin").write_text("2")
+    assert [p.name for p in folder.iterdir()] == ["new.bin"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "latest",
+        "model",
+    ]
