@@ -1,4 +1,4 @@
-"""`tuneforge ...` with checkpoint.save/restore timed (used by checkpoints.py).
+"""`tuneforge ...` with Checkpointer.save/load timed (used by checkpoints.py).
 
 Self-launch re-runs this script in every worker, so the timers are in place on each rank; rank 0
 appends {"save_s"| "load_s": ...} lines to $TUNEFORGE_TIMINGS (read through tuneforge.config.env_flag).
@@ -14,11 +14,11 @@ from tuneforge.config import env_flag
 
 
 def timed(name, fn):
-    def wrapper(trainer, *args, **kwargs):
+    def wrapper(checkpointer, *args, **kwargs):
         t0 = time.perf_counter()
-        out = fn(trainer, *args, **kwargs)
-        trainer.backend.barrier()
-        if trainer.backend.is_main and env_flag("TUNEFORGE_TIMINGS"):
+        out = fn(checkpointer, *args, **kwargs)
+        checkpointer.backend.barrier()
+        if checkpointer.backend.is_main and env_flag("TUNEFORGE_TIMINGS"):
             with open(env_flag("TUNEFORGE_TIMINGS"), "a") as fh:
                 fh.write(json.dumps({name: round(time.perf_counter() - t0, 3)}) + "\n")
         return out
@@ -26,6 +26,6 @@ def timed(name, fn):
     return wrapper
 
 
-checkpoint.save = timed("save_s", checkpoint.save)
-checkpoint.restore = timed("load_s", checkpoint.restore)
+checkpoint.Checkpointer.save = timed("save_s", checkpoint.Checkpointer.save)
+checkpoint.Checkpointer.load = timed("load_s", checkpoint.Checkpointer.load)
 sys.exit(main())

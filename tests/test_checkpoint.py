@@ -16,6 +16,7 @@ import yaml
 from conftest import run_cli, write_sentiment_csv
 from tuneforge import checkpoint
 from tuneforge.config import build_config
+from tuneforge.progress import Progress
 from tuneforge.trainer import Trainer
 
 EPOCHS, BATCH = 2, 16  # 96 rows -> 6 steps per epoch, 12 steps
@@ -144,14 +145,11 @@ def test_checkpoint_holds_everything_and_loads_weights_only(trained):
 
 
 def test_rng_state_round_trips_through_weights_only_file(tmp_path):
-    class Holder:
-        log_window = (torch.tensor(1.5), torch.tensor(4.0))
-
     random.seed(3), np.random.seed(3), torch.manual_seed(3)
     random.gauss(0, 1), np.random.normal()  # leave a cached gaussian in both states
-    torch.save(checkpoint._rank_state(Holder()), tmp_path / "rank0.pt")
+    torch.save(checkpoint.rank_state(Progress(log_loss=1.5, log_count=4.0)), tmp_path / "rank0.pt")
     expected = (random.random(), random.gauss(0, 1), np.random.normal(), torch.rand(3))
-    checkpoint._set_rng_state(torch.load(tmp_path / "rank0.pt", weights_only=True))
+    checkpoint.set_rng_state(torch.load(tmp_path / "rank0.pt", weights_only=True))
     again = (random.random(), random.gauss(0, 1), np.random.normal(), torch.rand(3))
     assert expected[:3] == again[:3] and torch.equal(expected[3], again[3])
 
@@ -322,7 +320,7 @@ def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
     from transformers import AutoModelForCausalLM
 
     from conftest import parallel_pairs
-    from tuneforge.export_cli import export_checkpoint
+    from tuneforge.export import export_checkpoint
 
     text = tmp_path / "train.txt"
     text.write_text("".join(f"{en} {de}\n" for en, de in parallel_pairs(40, seed=1)))
@@ -348,3 +346,24 @@ def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
             AutoModelForCausalLM.from_pretrained(p).eval()(input_ids=ids).logits for p in (exported, out / "model")
         )
     assert torch.equal(got, want)
+
+
+def test_atomic_replace_keeps_the_old_content_when_a_write_fails(tmp_path):
+    from tuneforge.files import replacing, write_text
+
+    target = tmp_path / "latest"
+    write_text(target, "checkpoint-2\n")
+    with pytest.raises(RuntimeError), replacing(target) as tmp:
+        tmp.write_text("checkpoint-")
+        raise RuntimeError("killed half-way")
+    assert target.read_text() == "checkpoint-2\n" and [p.name for p in tmp_path.iterdir()] == ["latest"]
+    folder = tmp_path / "model"  # a folder is replaced whole
+    folder.mkdir()
+    (folder / "old.bin").write_text("1")
+    with replacing(folder) as tmp:
+        tmp.mkdir()
+        (tmp / "new.bin").write_text("2")
+    assert [p.name for p in folder.iterdir()] == ["new.bin"] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "latest",
+        "model",
+    ]

@@ -142,3 +142,19 @@ def test_bad_generation_options(tiny_gpt2, capsys, flags, message):
 def test_missing_model_folder(tmp_path, capsys):
     code, out, err = cli(capsys, "generate", str(tmp_path / "nope"), "--prompt", "A man")
     assert code == 2 and "does not exist" in err
+
+
+@pytest.mark.parametrize(
+    "content, message", [("{not json", "is not valid JSON"), ("[1, 2]", "is not a JSON object (it holds a list)")]
+)
+def test_corrupt_tuneforge_json_is_one_clear_line(tiny_gpt2, tmp_path, capsys, content, message):
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_gpt2, model_dir)
+    (model_dir / "tuneforge.json").write_text(content)
+    code, out, err = cli(capsys, "generate", str(model_dir), "--prompt", "A man")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {str(model_dir / 'tuneforge.json')!r} {message}")
+    assert lines[0].endswith("re-export the model or delete that file")

@@ -240,7 +240,7 @@ def test_ddp_resume_is_bitwise_identical(setup, ddp_whole, ddp_cut, tmp_path):
     assert metrics(out) == metrics(ddp_whole)
     assert_bitwise_equal(weights(out), weights(ddp_whole))
 
-    from tuneforge.export_cli import export_checkpoint  # a ddp checkpoint exports the trained model
+    from tuneforge.export import export_checkpoint  # a ddp checkpoint exports the trained model
 
     exported = export_checkpoint(ddp_whole / "checkpoint-12", tmp_path / "exported")
     assert_bitwise_equal(weights(exported.parent, exported.name), weights(ddp_whole))
@@ -298,7 +298,7 @@ def test_fsdp_resumes_a_ddp_checkpoint(setup, ddp_whole, ddp_cut, tmp_path):
     assert [s["indices"] for s in fsdp_steps] == [s["indices"] for s in ddp_steps] and len(fsdp_steps) == 12
     assert fsdp_steps[4]["loss"] == pytest.approx(ddp_steps[4]["loss"], rel=1e-4)  # step 5 ran on the loaded weights
 
-    from tuneforge.export_cli import export_checkpoint  # the fsdp (DCP) checkpoint exports offline
+    from tuneforge.export import export_checkpoint  # the fsdp (DCP) checkpoint exports offline
 
     assert (out / "checkpoint-12" / "sharded" / ".metadata").exists()
     exported = export_checkpoint(out / "checkpoint-12", tmp_path / "exported")
@@ -320,3 +320,39 @@ def test_worker_death_restarts_from_the_checkpoint_and_finishes(setup, ddp_whole
     for rank in (0, 1):
         assert same_steps(history(out, rank), history(ddp_whole, rank))
     assert_bitwise_equal(weights(out), weights(ddp_whole))
+
+
+# ---- the LR schedule of a re-planned resume -----------------------------------------------------
+@pytest.mark.parametrize("scheduler", ["linear", "cosine", "constant", "constant_with_warmup"])
+def test_lr_schedule_is_remade_at_the_restored_step(scheduler, tmp_path):
+    """After a batch-geometry change the schedule is re-made over the new total at the restored step
+    (torch's public `last_epoch`): its learning rates from there on are bitwise those of a schedule over
+    that total stepped to that step, whatever schedule the optimizer ran under before."""
+    cfg = build_config(
+        task="classification",
+        output_dir=str(tmp_path),
+        optim={"lr": 1e-3, "warmup_steps": 3, "scheduler": scheduler},
+    )
+
+    def run(trainer, schedule, steps):
+        lrs = []
+        for _ in range(steps):
+            trainer.optimizer.step()
+            schedule.step()
+            lrs.append(([g["lr"] for g in trainer.optimizer.param_groups], schedule.get_last_lr()))
+        return lrs
+
+    def trainer_with_optimizer():
+        trainer = Trainer(cfg)
+        trainer.optimizer = trainer.make_optimizer(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)))
+        return trainer
+
+    planned = trainer_with_optimizer()  # a run planned over 20 steps from the start
+    expected = run(planned, planned.make_scheduler(20), 20)
+
+    resumed = trainer_with_optimizer()  # 5 steps of a 12-step plan, then re-planned to 20 steps
+    run(resumed, resumed.make_scheduler(12), 5)
+    schedule = resumed.make_scheduler(20, start_step=5)
+    at_resume = ([g["lr"] for g in resumed.optimizer.param_groups], schedule.get_last_lr())
+    assert at_resume == expected[4] and schedule.last_epoch == 5
+    assert run(resumed, schedule, 15) == expected[5:]

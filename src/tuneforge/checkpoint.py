@@ -1,14 +1,19 @@
-"""Checkpoints: complete, atomic, exact; output-dir safety; export to an HF folder.
+"""Checkpoints: complete, atomic, exact; output-dir safety.
+
+`Checkpointer(output_dir, backend, meta, ...)` writes and reads the checkpoints of one run:
+`save(model, optimizer, scheduler, progress) -> Path` and `load(path, model, optimizer, scheduler)
+-> Progress`. It reads nothing of the Trainer: what it writes comes in as arguments (`progress` is
+the plain `tuneforge.progress.Progress`), and the Trainer fires its callbacks itself.
 
 Layout of `OUTPUT_DIR/checkpoint-STEP/`:
     model + optimizer      written by the backend: model.safetensors + optimizer.pt (+ scaler.pt) for
                            single/ddp, per-rank shards for sharded backends (fsdp, tp, deepspeed)
     scheduler.pt           LR scheduler state
     rank{R}.pt             per rank: python / numpy / torch (/ cuda) RNG states and the logging window
-    trainer_state.json     step, epoch, data position (consumed examples, order batch), best metric,
-                           early-stopping counter
-    meta.json              what the checkpoint is of: task, label set, model architecture, backend,
-                           world size, examples per optimizer step
+    trainer_state.json     the Progress: step, epoch, data position (consumed examples, order batch),
+                           best metric and evaluation, early-stopping counter
+    meta.json              what the checkpoint is of (`describe`): task, label set, model architecture,
+                           backend, world size, examples per optimizer step
     config.yaml            the resolved config of the run that wrote it
     config.json, tokenizer files, tuneforge.json
                            what `tuneforge export` needs to write a standalone HF folder
@@ -30,7 +35,8 @@ without iterating the batches before it. Data-order rule when the world size or 
 the global batch that epoch was started with, and training continues from the consumed example
 count in batches of the new size, so no example of that epoch is skipped or seen twice; later
 epochs use the new global batch. The remaining steps are re-planned to finish the configured
-epochs, and the LR schedule is re-made over that total at the restored step.
+epochs (`planned_steps`), and the Trainer re-makes the LR schedule over that total at the
+restored step.
 """
 
 from __future__ import annotations
@@ -48,10 +54,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
+from tuneforge.progress import Progress
+from tuneforge.weights import share_tied
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "model", "result.json", "latest")
-TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
 
@@ -79,54 +88,22 @@ def prepare_output_dir(config) -> None:
         # the old run is cleared only once this run's inputs have proven good (write_run_files)
 
 
-def write_run_files(trainer) -> None:
-    """Start the run folder: clear a replaced run (--overwrite) and write the resolved config."""
-    from tuneforge.launch import restart_count
+def write_run_files(config, is_main: bool, replace_old: bool) -> None:
+    """Start the run folder: clear a replaced run and write the resolved config (main rank only).
 
-    cfg = trainer.config
-    if trainer.backend.is_main:
-        out = Path(cfg.output_dir)
-        if cfg.overwrite and not cfg.resume and restart_count() == 0 and holds_run(out):
-            for child in out.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        out.mkdir(parents=True, exist_ok=True)
-        cfg.save(out / "config.yaml")
-
-
-# ---- atomic file helpers --------------------------------------------------------------------
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    `replace_old`: the first start of an --overwrite run (not a resume, not an elastic restart).
+    """
+    if not is_main:
+        return
+    out = Path(config.output_dir)
+    if replace_old and holds_run(out):
+        for child in out.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    config.save(out / "config.yaml")
 
 
-def _fsync_tree(path: Path) -> None:
-    for root, _, files in os.walk(path):
-        for f in files:
-            with open(os.path.join(root, f), "rb") as fh:
-                os.fsync(fh.fileno())
-        _fsync_dir(Path(root))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _discard(path: Path) -> None:
-    """Remove a folder so that a crash half-way never leaves a partial `checkpoint-N` behind."""
-    doomed = path.with_name(f"{TMP_PREFIX}deleted-{path.name}-{os.getpid()}-{time.time_ns()}")
-    os.replace(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
+# ---- crash-test hook, manifest ---------------------------------------------------------------
 def _pause_hook(stage: str, step: int) -> None:
     """Crash-test hook: sleep at one point of a save so a test can SIGKILL the run there.
 
@@ -209,27 +186,27 @@ def verify(path: Path) -> str | None:
 
 
 # ---- what a checkpoint is of ------------------------------------------------------------------
-def describe(trainer) -> dict:
-    model = trainer.backend.unwrap(trainer.model)
+def describe(model, backend, *, task: str, labels, step_examples: int) -> dict:
+    """meta.json: what a checkpoint is of. `model` is the unwrapped model, `labels` the task's label
+    names (None for tasks without labels)."""
     mc = model.config
-    task, b, cfg = trainer.task, trainer.backend, trainer.config
     return {
-        "task": cfg.task,
-        "labels": list(getattr(task, "label_names", None) or []) or None,
+        "task": task,
+        "labels": list(labels or []) or None,
         "model_type": getattr(mc, "model_type", None),
         "architecture": type(model).__name__.removeprefix("FSDP"),  # FSDP2 renames the class in place
         "hidden_size": getattr(mc, "hidden_size", getattr(mc, "d_model", None)),
         "num_layers": getattr(mc, "num_hidden_layers", getattr(mc, "num_layers", None)),
         "vocab_size": getattr(mc, "vocab_size", None),
-        "backend": b.name,
-        "world_size": b.world_size,
-        "dp_size": b.dp_size,
-        "step_examples": cfg.batch_size * b.dp_size * cfg.grad_accum,
+        "backend": backend.name,
+        "world_size": backend.world_size,
+        "dp_size": backend.dp_size,
+        "step_examples": step_examples,
     }
 
 
-def _rank_state(trainer) -> dict:
-    """RNG states as plain tensors/numbers (loadable with weights_only=True) + the logging window."""
+def rank_state(progress: Progress) -> dict:
+    """This rank's RNG states as plain tensors/numbers (loadable with weights_only=True) + its logging window."""
     py_version, py_state, py_gauss = random.getstate()
     _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
     state = {
@@ -241,16 +218,15 @@ def _rank_state(trainer) -> dict:
             "cached_gaussian": float(np_gauss),
         },
         "torch": torch.get_rng_state(),
+        "log_window": torch.tensor([progress.log_loss, progress.log_count], dtype=torch.float32),
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    window = getattr(trainer, "log_window", None)
-    if window is not None:
-        state["log_window"] = torch.stack([w.detach().float().cpu() for w in window])
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
+    """Restore the RNG states `rank_state` saved."""
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss_next"]))
     npy = state["numpy"]
@@ -262,45 +238,108 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# ---- save -------------------------------------------------------------------------------------
-def save(trainer) -> Path:
-    b, cfg, st = trainer.backend, trainer.config, trainer.state
-    out = Path(cfg.output_dir)
-    final = out / f"checkpoint-{st.step}"
-    if b.is_main:
-        _pause_hook("start", st.step)
-    tmp = out / b.broadcast_object(f"{TMP_PREFIX}checkpoint-{st.step}-{os.getpid()}-{time.time_ns()}")
-    if b.is_main:
-        tmp.mkdir(parents=True, exist_ok=False)
-    b.barrier()
-    b.save(tmp, trainer.model, trainer.optimizer)
-    torch.save(_rank_state(trainer), tmp / f"rank{b.rank}.pt")
-    if b.is_main:
-        torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
-        _pause_hook("mid-write", st.step)
-        extra = {"best_eval": getattr(trainer, "_best_eval", None), "metrics_records": _count_records(out)}
-        (tmp / "trainer_state.json").write_text(json.dumps({**st.to_dict(), **extra}, indent=2))
-        (tmp / "meta.json").write_text(json.dumps(describe(trainer), indent=2))
-        cfg.save(tmp / "config.yaml")
-        b.unwrap(trainer.model).config.save_pretrained(tmp)  # config.json: `tuneforge export` rebuilds the model
-        if getattr(trainer, "tokenizer", None) is not None:
-            trainer.tokenizer.save_pretrained(tmp)
-        (tmp / "tuneforge.json").write_text(json.dumps(trainer.task.export_info(), indent=2))
-    b.barrier()
-    if b.is_main:
-        _write_manifest(tmp)
-        _fsync_tree(tmp)
-        if final.exists():  # a re-save of the same step (e.g. epoch end == save step)
-            _discard(final)
-        os.replace(tmp, final)
-        _fsync_dir(out)
-        _pause_hook("before-latest", st.step)
-        _write_atomic(out / "latest", final.name + "\n")
-        _apply_retention(out, cfg.save_total_limit, st.best_step, final)
-    b.barrier()
-    for cb in trainer.callbacks:
-        cb.on_save(trainer, final)
-    return final
+# ---- the checkpointer ---------------------------------------------------------------------------
+class Checkpointer:
+    """Writes and reads the checkpoints of one run in `output_dir`.
+
+    `meta` is `describe(...)` of this run (written as meta.json, and compared with a checkpoint's on
+    load); `run_config` (anything with `.save(path)`), `tokenizer` and `model_info` (the task's
+    tuneforge.json) are written beside the weights so that `tuneforge export` needs nothing else.
+    `save_total_limit`: keep the last N checkpoints (plus the best one); None keeps all.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        backend,
+        meta: dict,
+        *,
+        save_total_limit: int | None = None,
+        run_config=None,
+        tokenizer=None,
+        model_info: dict | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.backend = backend
+        self.meta = meta
+        self.save_total_limit = save_total_limit
+        self.run_config = run_config
+        self.tokenizer = tokenizer
+        self.model_info = model_info
+
+    def save(self, model, optimizer, scheduler, progress: Progress) -> Path:
+        """Write `checkpoint-STEP` (a collective: every rank calls it); returns its path."""
+        b, out, step = self.backend, self.output_dir, progress.step
+        final = out / f"checkpoint-{step}"
+        if b.is_main:
+            _pause_hook("start", step)
+        tmp = out / b.broadcast_object(f"{TMP_PREFIX}checkpoint-{step}-{os.getpid()}-{time.time_ns()}")
+        if b.is_main:
+            tmp.mkdir(parents=True, exist_ok=False)
+        b.barrier()
+        b.save(tmp, model, optimizer)
+        torch.save(rank_state(progress), tmp / f"rank{b.rank}.pt")
+        if b.is_main:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            _pause_hook("mid-write", step)
+            state = {**progress.shared_dict(), "metrics_records": _count_records(out)}
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+            (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2))
+            if self.run_config is not None:
+                self.run_config.save(tmp / "config.yaml")
+            b.unwrap(model).config.save_pretrained(tmp)  # config.json: `tuneforge export` rebuilds the model
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            if self.model_info is not None:
+                (tmp / "tuneforge.json").write_text(json.dumps(self.model_info, indent=2))
+        b.barrier()
+        if b.is_main:
+            _write_manifest(tmp)
+            fsync_tree(tmp)
+            if final.exists():  # a re-save of the same step (e.g. epoch end == save step)
+                discard(final)
+            os.replace(tmp, final)
+            fsync_dir(out)
+            _pause_hook("before-latest", step)
+            write_text(out / "latest", final.name + "\n")
+            _apply_retention(out, self.save_total_limit, progress.best_step, final)
+        b.barrier()
+        return final
+
+    def load(self, path: str | os.PathLike, model, optimizer, scheduler) -> Progress:
+        """Restore model, optimizer, scheduler and this rank's RNG states from a checkpoint folder
+        (a collective); returns the Progress it was saved at, with this rank's logging window.
+
+        A damaged or incompatible checkpoint is refused with one line (CheckpointError).
+        """
+        b, path = self.backend, Path(path)
+        problem = b.broadcast_object(verify(path) if b.is_main else None)  # one rank reads every byte
+        if problem:
+            raise CheckpointError(problem)
+        saved_meta = read_meta(path)
+        check_compatible(path, saved_meta, self.meta, b)
+        try:
+            b.load(path, model, optimizer)
+            scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+            saved = json.loads((path / "trainer_state.json").read_text())
+            progress = Progress.from_dict(saved)
+            rank_file = path / f"rank{b.rank}.pt"
+            rank = torch.load(rank_file, weights_only=True) if rank_file.exists() else None
+            same_world = saved_meta.get("world_size") == b.world_size
+            progress.log_loss, progress.log_count = _resumed_window(path, b.rank, rank, same_world)
+        except CheckpointError:
+            raise
+        except Exception as err:  # safetensors/pickle/JSON errors on damaged files
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} is corrupt or truncated ({type(err).__name__}: "
+                f"{str(err).splitlines()[0][:200]}); "
+                "resume from an earlier checkpoint-STEP folder"
+            ) from None
+        if rank is not None:
+            set_rng_state(rank)
+        if b.is_main and saved.get("metrics_records") is not None:
+            _cut_metrics(self.output_dir, saved["metrics_records"])
+        return progress
 
 
 def _step_of(path: Path) -> int:
@@ -328,7 +367,7 @@ def _apply_retention(out: Path, limit: int | None, best_step: int | None, just_s
     keep |= {p for p in ckpts if best_step is not None and p.name == f"checkpoint-{best_step}"}
     for p in ckpts:
         if p not in keep:
-            _discard(p)
+            discard(p)
 
 
 # ---- resume -----------------------------------------------------------------------------------
@@ -369,89 +408,47 @@ def read_meta(path: Path) -> dict:
         ) from None
 
 
-def check_compatible(path: Path, trainer) -> None:
-    saved, now = read_meta(path), describe(trainer)
+def has_full_weights(path: Path) -> bool:
+    """Whether a checkpoint holds the full weights in one file (single/ddp), readable by any backend."""
+    return (Path(path) / "model.safetensors").exists()
+
+
+def full_weights(path: Path, model) -> dict[str, torch.Tensor]:
+    """The full weights of a single/ddp checkpoint (CPU), with every alias of a tied weight filled in."""
+    from safetensors.torch import load_file
+
+    # safetensors stores tied weights once: give every alias of a stored tensor its value
+    return share_tied(load_file(str(Path(path) / "model.safetensors")), model)
+
+
+def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
+    """Refuse a checkpoint (meta.json `saved`) that is not of this run (`now`) or that `backend` cannot read."""
     for key in CHECK_KEYS:
         if saved.get(key) != now.get(key):
             raise CheckpointError(
                 f"checkpoint {str(path)!r} does not match this run: {key} is {saved.get(key)!r} in the checkpoint "
                 f"but {now.get(key)!r} here; resume with the same task, labels and model, or start a new run"
             )
-    if not trainer.backend.sharded and not (Path(path) / "model.safetensors").exists():
+    if not backend.sharded and not has_full_weights(path):
         raise CheckpointError(
             f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which "
             "backend "
-            f"{trainer.backend.name!r} cannot read; resume with --backend {saved.get('backend')}, or `tuneforge "
+            f"{backend.name!r} cannot read; resume with --backend {saved.get('backend')}, or `tuneforge "
             "export` it "
             "and start a new run from the exported model"
         )
 
 
-def restore(trainer, resume: str) -> Path:
-    """Load a checkpoint into a trainer whose model, optimizer and scheduler are built."""
-    from dataclasses import fields
-
-    from tuneforge.trainer import TrainState
-
-    b, cfg = trainer.backend, trainer.config
-    path = find_checkpoint(resume, cfg.output_dir)
-    problem = b.broadcast_object(verify(path) if b.is_main else None)  # one rank reads every byte
-    if problem:
-        raise CheckpointError(problem)
-    check_compatible(path, trainer)
-    meta = read_meta(path)
-    try:
-        b.load(path, trainer.model, trainer.optimizer)
-        trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-        saved = json.loads((path / "trainer_state.json").read_text())
-        same_world = meta.get("world_size") == b.world_size
-        rank_file = path / f"rank{b.rank}.pt"
-        rank_state = torch.load(rank_file, weights_only=True) if rank_file.exists() else None
-        window = _resumed_window(path, b, rank_state, same_world)
-    except CheckpointError:
-        raise
-    except Exception as err:  # safetensors/pickle/JSON errors on damaged files
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt or truncated ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200]}); "
-            "resume from an earlier checkpoint-STEP folder"
-        ) from None
-    known = {f.name for f in fields(TrainState)}
-    trainer.state = TrainState(**{k: v for k, v in saved.items() if k in known})
-    trainer.resumed_from = path
-    trainer._resumed_window = window
-    if rank_state is not None:
-        _set_rng_state(rank_state)
-    if b.is_main and saved.get("metrics_records") is not None:
-        _cut_metrics(Path(cfg.output_dir), saved["metrics_records"])
-    if cfg.load_best_model_at_end and trainer.state.best_step is not None:
-        _restore_best(trainer, path.parent, saved.get("best_eval"))
-    trainer.report.print(
-        f"resumed from {path} at step {trainer.state.step} (epoch {trainer.state.epoch}, example "
-        f"{trainer.state.consumed})"
-    )
-    return path
-
-
-def _resumed_window(path: Path, b, rank_state: dict | None, same_world: bool) -> tuple[float, float] | None:
+def _resumed_window(path: Path, rank: int, state: dict | None, same_world: bool) -> tuple[float, float]:
     """The logging window of this rank; after a world-size change rank 0 takes the whole window."""
     if same_world:
-        return tuple(rank_state["log_window"].tolist()) if rank_state and "log_window" in rank_state else None
-    if b.rank != 0:
-        return None
+        return tuple(state["log_window"].tolist()) if state and "log_window" in state else (0.0, 0.0)
+    if rank != 0:
+        return 0.0, 0.0
     total = torch.zeros(2)
     for f in path.glob("rank*.pt"):
         total += torch.load(f, weights_only=True).get("log_window", torch.zeros(2))
     return tuple(total.tolist())
-
-
-def restored_log_window(trainer) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss sum, item count) since the last log line: zeros, or what the checkpoint held."""
-    saved = getattr(trainer, "_resumed_window", None) or (0.0, 0.0)
-    dev = trainer.backend.device
-    return torch.tensor(saved[0], dtype=torch.float32, device=dev), torch.tensor(
-        saved[1], dtype=torch.float32, device=dev
-    )
 
 
 def _count_records(out: Path) -> int:
@@ -466,58 +463,29 @@ def _cut_metrics(out: Path, records: int) -> None:
         return
     lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
     if len(lines) > records:
-        _write_atomic(f, "".join(ln + "\n" for ln in lines[:records]))
+        write_text(f, "".join(ln + "\n" for ln in lines[:records]))
 
 
-def _restore_best(trainer, folder: Path, best_eval: dict | None) -> None:
-    """load_best_model_at_end across a resume: the best weights come from the best step's checkpoint."""
-    best = folder / f"checkpoint-{trainer.state.best_step}"
-    if (best / "model.safetensors").exists() and best_eval is not None:
-        if trainer.backend.is_main:
-            from safetensors.torch import load_file
-
-            weights = load_file(str(best / "model.safetensors"))
-            # safetensors stores tied weights once: give every alias of a stored tensor its value
-            model = trainer.backend.unwrap(trainer.model)
-            aliases: dict[int, list[str]] = {}
-            for name, param in model.named_parameters(remove_duplicate=False):
-                aliases.setdefault(id(param), []).append(name)
-            for names in aliases.values():
-                stored = [n for n in names if n in weights]
-                weights.update({n: weights[stored[0]] for n in names if stored and n not in weights})
-            trainer._best_weights = weights
-        trainer._best_eval = best_eval
-    else:
-        trainer.report.print(
-            f"note: the best model (step {trainer.state.best_step}) is not in a readable checkpoint; "
-            "load_best_model_at_end will pick among the evaluations after this resume"
-        )
-        trainer.state.best_metric = trainer.state.best_step = None
-
-
-def continue_plan(trainer, total_steps: int, steps_per_epoch: int) -> int:
+def planned_steps(progress: Progress, lengths, config, dp_size: int, steps_per_epoch: int, total_steps: int) -> int:
     """Total steps after a resume: the configured epochs, counted from the restored data position.
 
-    With the same batch geometry this equals the original plan. After a world-size or batch-size
-    change, the rest of the interrupted epoch and the later epochs are counted at the new global
-    batch, and the LR schedule is re-made over the new total at the restored step.
+    With the same batch geometry this equals the original plan (`total_steps`). After a world-size or
+    batch-size change, the rest of the interrupted epoch and the later epochs are counted at the new
+    global batch (`config.batch_size` x `dp_size`).
     """
-    from tuneforge.data.samplers import epoch_order, rank_batches
-
-    cfg, st, b = trainer.config, trainer.state, trainer.backend
+    cfg, st = config, progress
     if cfg.max_steps:
         return total_steps
-    global_batch = cfg.batch_size * b.dp_size
+    global_batch = cfg.batch_size * dp_size
     step_examples = global_batch * cfg.grad_accum
-    lengths = np.asarray(trainer.train_data["length"])
     order = epoch_order(
-        lengths,
+        np.asarray(lengths),
         seed=cfg.seed,
         epoch=st.epoch,
         global_batch=st.order_global_batch,
         group_by_length=cfg.data.group_by_length,
     )
-    batches_left = len(rank_batches(order, start=st.consumed, global_batch=global_batch, dp_rank=0, dp_size=b.dp_size))
+    batches_left = len(rank_batches(order, start=st.consumed, global_batch=global_batch, dp_rank=0, dp_size=dp_size))
     left_in_epoch = math.ceil(batches_left / cfg.grad_accum)
     whole = int(cfg.epochs)
     last_part = math.ceil(cfg.epochs * steps_per_epoch) - whole * steps_per_epoch  # steps of a final partial epoch
@@ -527,43 +495,4 @@ def continue_plan(trainer, total_steps: int, steps_per_epoch: int) -> int:
         left = min(left_in_epoch, math.ceil(max(0, last_part * step_examples - st.consumed) / step_examples))
     else:
         left = 0
-    planned = st.step + left
-    if planned != total_steps:
-        sched_state = trainer.scheduler.state_dict()
-        trainer.scheduler = trainer._make_scheduler(planned)  # resets the optimizer's lr ...
-        trainer.scheduler.load_state_dict(sched_state)
-        s = trainer.scheduler
-        for group, base, fn in zip(trainer.optimizer.param_groups, s.base_lrs, s.lr_lambdas):
-            group["lr"] = base * fn(s.last_epoch)  # ... so set it to the new schedule's value at this step
-        s._last_lr = [g["lr"] for g in trainer.optimizer.param_groups]
-        trainer.report.print(
-            f"batch geometry changed ({read_meta(trainer.resumed_from).get('step_examples')} -> "
-            f"{step_examples} examples per step): {left} steps left to finish {cfg.epochs:g} epochs"
-        )
-    return planned
-
-
-# ---- export ---------------------------------------------------------------------------------
-def export_model(trainer, out_dir: Path, state_dict: dict | None = None, gather: bool = True) -> Path:
-    """Save an HF folder (safetensors, config, tokenizer) that `from_pretrained` loads.
-
-    `gather=False`: use `state_dict` as given (the main rank's copy of the best weights); every
-    rank must pass the same `gather`, since gathering is a collective on sharded backends.
-    """
-    b = trainer.backend
-    if gather and state_dict is None:
-        state_dict = b.full_state_dict(trainer.model)  # collective on sharded backends
-    if b.is_main:
-        model = b.unwrap(trainer.model)
-        out_dir = Path(out_dir)
-        tmp = out_dir.with_name(f"{TMP_PREFIX}{out_dir.name}-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp, state_dict=state_dict)
-        if trainer.tokenizer is not None:
-            trainer.tokenizer.save_pretrained(tmp)
-        (tmp / "tuneforge.json").write_text(json.dumps(trainer.task.export_info(), indent=2))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    b.barrier()
-    return Path(out_dir)
+    return st.step + left

@@ -10,7 +10,6 @@ import json
 import sys
 import types
 import typing
-from collections.abc import Callable
 from typing import Any, Literal
 
 from tuneforge import launch
@@ -237,15 +236,6 @@ def cmd_env(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _optional(module: str, name: str) -> Callable[[argparse.Namespace], int] | None:
-    import importlib
-
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        return None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuneforge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -276,11 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
 
-    # commands contributed by other modules (each registers its own parser)
-    for module in ("tuneforge.export_cli", "tuneforge.generate", "tuneforge.serve", "tuneforge.download"):
-        register = _optional(module, "register_cli")
-        if register:
-            register(sub)
+    # commands contributed by other modules (each registers its own parser); a module that fails to
+    # import fails here, loudly, instead of losing its command
+    from tuneforge import download, export, generate, serve
+
+    for module in (export, generate, serve, download):
+        module.register_cli(sub)
     return parser
 
 

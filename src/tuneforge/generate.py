@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from tuneforge.errors import ConfigError
+from tuneforge.export import read_model_info
 
 NOT_GENERATIVE_HEADS = (
     "ForSequenceClassification",
@@ -59,8 +60,7 @@ class Generator:
 
         model_dir = str(model_dir)
         check_model_path(model_dir)
-        info_file = Path(model_dir) / "tuneforge.json"
-        self.info = json.loads(info_file.read_text()) if info_file.exists() else {}
+        self.info = read_model_info(model_dir)
         model_config = AutoConfig.from_pretrained(model_dir)
         self.family = model_family(model_dir, model_config, self.info)
         auto = AutoModelForSeq2SeqLM if self.family == "seq2seq" else AutoModelForCausalLM

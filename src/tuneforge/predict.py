@@ -6,7 +6,6 @@ Batches are sorted by length (little padding), and results come back in the inpu
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,21 +13,10 @@ import numpy as np
 import torch
 
 from tuneforge.errors import ConfigError, DataError
+from tuneforge.export import read_model_info
+from tuneforge.files import replacing
 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
-
-
-def read_model_info(model_dir: str | Path) -> dict:
-    """tuneforge.json beside an exported model: task, text columns, max_length ({} if absent)."""
-    info_file = Path(model_dir) / "tuneforge.json"
-    if not info_file.exists():
-        return {}
-    try:
-        return json.loads(info_file.read_text())
-    except ValueError as err:
-        raise ConfigError(
-            f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file"
-        ) from None
 
 
 class Predictor:
@@ -158,9 +146,7 @@ def predict_file(
     predictor = Predictor(model_dir, max_length=max_length)
     preds = predictor.predict(texts, batch_size=batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")  # never leave a half-written file
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
         for i, p in enumerate(preds):
             fh.write(json.dumps({"index": i, **p}) + "\n")
-    os.replace(tmp, out)
     return len(preds)

@@ -13,20 +13,23 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tuneforge import checkpoint, launch
+from tuneforge import checkpoint, export, launch
 from tuneforge.backends import check_launchable, get_backend
+from tuneforge.checkpoint import Checkpointer
 from tuneforge.config import TrainConfig, build_config
 from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
 from tuneforge.errors import ConfigError
+from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
 from tuneforge.tasks import get_task
+
+TrainState = Progress  # the name of before: `trainer.state` is a Progress
 
 
 class Callback:
@@ -38,23 +41,6 @@ class Callback:
     def on_save(self, trainer, path: Path) -> None: ...
     def on_epoch_end(self, trainer) -> None: ...
     def on_train_end(self, trainer, result: dict) -> None: ...
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # current epoch
-    consumed: int = 0  # examples of this epoch's order already trained on
-    order_global_batch: int = 0  # examples per step the epoch order was built with (resume rule)
-    best_metric: float | None = None
-    best_step: int | None = None
-    bad_evals: int = 0  # evaluations without improvement (early stopping)
-    stop: bool = False
-    last_eval: dict = field(default_factory=dict)
-    train_loss: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _with_length(ds):
@@ -80,9 +66,18 @@ class Trainer:
         self.config = config
         self.callbacks = list(callbacks or [])
         self.task = get_task(config)
-        self.state = TrainState()
+        self.state = Progress()
+        # built by fit / validate
         self.backend = None
+        self.report: Reporter | None = None
+        self.tokenizer = None
+        self.train_data = self.eval_data = None
         self.model = None
+        self.optimizer = None
+        self.scheduler = None
+        self.checkpointer: Checkpointer | None = None
+        self.resumed_from: Path | None = None  # the checkpoint this run continues
+        self.best_weights: dict | None = None  # load_best_model_at_end: the best evaluation's weights (main rank)
 
     # ---- overridable steps (FlagAI's MyTrainer pattern) ------------------------------------
     def forward_step(self, model, batch: dict[str, torch.Tensor]):
@@ -152,16 +147,8 @@ class Trainer:
         self.backend.setup()
         t0 = time.perf_counter()
         try:
-            seed_everything(cfg.seed)
-            self.report = Reporter(cfg, is_main=self.backend.is_main)
-            self.task.log = self.report.print
-            self.tokenizer = tokenizer or self.task.load_tokenizer()
-            if hasattr(self.task, "adopt_model_labels") and model is None:
-                self.task.adopt_model_labels()
-            _, self.eval_data = self._prepare_data(None, eval_dataset, splits=("validation",))
-            model = model if model is not None else self.task.load_model(self.tokenizer)
-            self._set_attention(model)  # the kernel training evaluates with: the same numbers
-            self.model, _ = self.backend.wrap(model, lambda m: None)
+            model = self._set_up(model, tokenizer, None, eval_dataset, training=False)
+            self.model, _ = self.backend.wrap(model, None)  # evaluation only: no optimizer
             metrics = self.evaluate()
             metrics["wall_s"] = round(time.perf_counter() - t0, 2)
             return launch.hand_back(metrics, self.backend.is_main)
@@ -169,29 +156,10 @@ class Trainer:
             self.backend.teardown()
 
     def _fit(self, model, tokenizer, train_dataset, eval_dataset) -> dict:
-        cfg, b, task = self.config, self.backend, self.task
+        cfg, b = self.config, self.backend
         t0 = time.perf_counter()
-        seed_everything(cfg.seed)  # same seed on every rank: identical head initialisation
-        self.report = Reporter(cfg, is_main=b.is_main)
-        task.log = self.report.print
-        self.tokenizer = tokenizer or task.load_tokenizer()
-        self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset)
-        if self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
-            raise ConfigError(
-                "training needs training data: pass --train-file (seq2seq: --source-file and --target-file)"
-            )
-        model = model if model is not None else task.load_model(self.tokenizer)
-        self._set_attention(model)
-        if cfg.gradient_checkpointing:
-            if not b.supports_gradient_checkpointing:
-                raise ConfigError(
-                    f"backend {b.name!r} does not support gradient checkpointing; drop --gradient-checkpointing"
-                )
-            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model = self._set_up(model, tokenizer, train_dataset, eval_dataset, training=True)
+        self._enable_gradient_checkpointing(model)
         model.train()
         self.model, self.optimizer = b.wrap(model, self.make_optimizer)
 
@@ -200,20 +168,22 @@ class Trainer:
         batches_per_epoch = max(1, n_train // global_batch + (n_train % global_batch >= b.dp_size))
         steps_per_epoch = max(1, math.ceil(batches_per_epoch / cfg.grad_accum))
         total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
-        self.scheduler = self._make_scheduler(total_steps)
+        self.scheduler = self.make_scheduler(total_steps)
+        self.checkpointer = self._make_checkpointer(step_examples=global_batch * cfg.grad_accum)
         # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
-        self.state = TrainState(order_global_batch=global_batch * cfg.grad_accum)
+        self.state = Progress(order_global_batch=global_batch * cfg.grad_accum)
         if cfg.resume:
-            checkpoint.restore(self, cfg.resume)
-            total_steps = checkpoint.continue_plan(self, total_steps, steps_per_epoch)
-        checkpoint.write_run_files(self)
+            total_steps = self._resume(total_steps, steps_per_epoch)
+        replace_old = cfg.overwrite and not cfg.resume and launch.restart_count() == 0
+        checkpoint.write_run_files(cfg, b.is_main, replace_old=replace_old)
         self.report.start(total_steps, self.state.step, n_train, global_batch * cfg.grad_accum, b)
         for cb in self.callbacks:
             cb.on_train_begin(self)
 
         lengths = np.asarray(self.train_data["length"])
-        # loss sum and item count since the last log line; saved per rank, so a resume continues the window
-        win_loss, win_count = self.log_window = checkpoint.restored_log_window(self)
+        # loss sum and item count since the last log line, per rank (a resume continues the saved window)
+        window = (self.state.log_loss, self.state.log_count)
+        win_loss, win_count = (torch.tensor(v, dtype=torch.float32, device=b.device) for v in window)
         while self.state.step < total_steps and not self.state.stop:
             st = self.state
             order = epoch_order(
@@ -241,7 +211,7 @@ class Trainer:
                 if cfg.eval_strategy == "steps" and st.step % cfg.eval_steps == 0:
                     self._evaluate_and_track()
                 if cfg.save_strategy == "steps" and st.step % cfg.save_steps == 0:
-                    checkpoint.save(self)
+                    self._save(win_loss, win_count)
                 if (st.step >= total_steps or st.stop) and gi < len(groups) - 1:
                     break
             else:  # the epoch ran to its end
@@ -251,13 +221,101 @@ class Trainer:
                 if cfg.eval_strategy == "epoch":
                     self._evaluate_and_track()
                 if cfg.save_strategy == "epoch":
-                    checkpoint.save(self)
+                    self._save(win_loss, win_count)
         if win_count.item() > 0:
             self._log_train(win_loss, win_count)
         if cfg.eval_strategy == "no" or not self.state.last_eval:
             self._evaluate_and_track(track=False)
         result = self._finish(t0)
         return result
+
+    def _set_up(self, model, tokenizer, train_dataset, eval_dataset, training: bool):
+        """What fit and validate share: seed, reporter, tokenizer, data, and the model (its attention set)."""
+        cfg, task = self.config, self.task
+        seed_everything(cfg.seed)  # same seed on every rank: identical head initialisation
+        self.report = Reporter(cfg, is_main=self.backend.is_main)
+        task.log = self.report.print
+        self.tokenizer = tokenizer or task.load_tokenizer()
+        if not training and model is None and hasattr(task, "adopt_model_labels"):
+            task.adopt_model_labels()
+        splits = ("train", "validation") if training else ("validation",)
+        self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset, splits=splits)
+        if training and self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
+            raise ConfigError(
+                "training needs training data: pass --train-file (seq2seq: --source-file and --target-file)"
+            )
+        model = model if model is not None else task.load_model(self.tokenizer)
+        self._set_attention(model)  # evaluation runs the kernel training runs: the same numbers
+        return model
+
+    def _enable_gradient_checkpointing(self, model) -> None:
+        if not self.config.gradient_checkpointing:
+            return
+        if not self.backend.supports_gradient_checkpointing:
+            raise ConfigError(
+                f"backend {self.backend.name!r} does not support gradient checkpointing; drop --gradient-checkpointing"
+            )
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    def _make_checkpointer(self, step_examples: int) -> Checkpointer:
+        cfg, b = self.config, self.backend
+        meta = checkpoint.describe(
+            b.unwrap(self.model),
+            b,
+            task=cfg.task,
+            labels=getattr(self.task, "label_names", None),
+            step_examples=step_examples,
+        )
+        return Checkpointer(
+            cfg.output_dir,
+            b,
+            meta,
+            save_total_limit=cfg.save_total_limit,
+            run_config=cfg,
+            tokenizer=self.tokenizer,
+            model_info=self.task.export_info(),
+        )
+
+    def _resume(self, total_steps: int, steps_per_epoch: int) -> int:
+        """Continue from `config.resume`; returns the total steps of the (re-planned) run."""
+        cfg, b = self.config, self.backend
+        path = checkpoint.find_checkpoint(cfg.resume, cfg.output_dir)
+        self.state = st = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler)
+        self.resumed_from = path
+        if cfg.load_best_model_at_end and st.best_step is not None:
+            best = path.parent / f"checkpoint-{st.best_step}"  # the best weights come from the best step's checkpoint
+            if checkpoint.has_full_weights(best) and st.best_eval is not None:
+                if b.is_main:
+                    self.best_weights = checkpoint.full_weights(best, b.unwrap(self.model))
+            else:
+                self.report.print(
+                    f"note: the best model (step {st.best_step}) is not in a readable checkpoint; "
+                    "load_best_model_at_end will pick among the evaluations after this resume"
+                )
+                st.best_metric = st.best_step = st.best_eval = None
+        self.report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
+        lengths = self.train_data["length"]
+        planned = checkpoint.planned_steps(st, lengths, cfg, b.dp_size, steps_per_epoch, total_steps)
+        if planned != total_steps:  # the batch geometry changed: the LR schedule over the new total, at this step
+            self.scheduler = self.make_scheduler(planned, start_step=st.step)
+            self.report.print(
+                f"batch geometry changed ({checkpoint.read_meta(path).get('step_examples')} -> "
+                f"{self.checkpointer.meta['step_examples']} examples per step): {planned - st.step} steps left to "
+                f"finish {cfg.epochs:g} epochs"
+            )
+        return planned
+
+    def _save(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> Path:
+        st = self.state
+        st.log_loss, st.log_count = float(win_loss), float(win_count)  # this rank's logging window
+        path = self.checkpointer.save(self.model, self.optimizer, self.scheduler, st)
+        for cb in self.callbacks:
+            cb.on_save(self, path)
+        return path
 
     # ---- one optimizer step ----------------------------------------------------------------
     def train_step(self, micro_batches: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,8 +381,8 @@ class Trainer:
         if better:
             st.best_metric, st.best_step, st.bad_evals = value, st.step, 0
             if cfg.load_best_model_at_end:
-                self._best_weights = self.backend.full_state_dict(self.model)
-                self._best_eval = metrics
+                self.best_weights = self.backend.full_state_dict(self.model)
+                st.best_eval = metrics
         else:
             st.bad_evals += 1
             if cfg.early_stopping_patience and st.bad_evals >= cfg.early_stopping_patience:
@@ -364,12 +422,19 @@ class Trainer:
         dev = self.backend.device
         return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
-    def _make_scheduler(self, total_steps: int):
+    def make_scheduler(self, total_steps: int, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+        """The LR schedule over `total_steps`, at `start_step` (a resume that re-plans the run).
+
+        Built at a step, torch sets each group's learning rate to the schedule's value there.
+        """
         from transformers import get_scheduler
 
         o = self.config.optim
         warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
-        return get_scheduler(o.scheduler, self.optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+        schedule = get_scheduler(o.scheduler, self.optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+        if start_step:  # transformers' schedules are LambdaLRs; `last_epoch` is the step last taken
+            schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule.lr_lambdas, last_epoch=start_step - 1)
+        return schedule
 
     def _log_train(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> None:
         totals = self.backend.reduce_sum(torch.stack([win_loss.float(), win_count.float()]))  # the true global mean
@@ -388,13 +453,16 @@ class Trainer:
 
     def _finish(self, t0: float) -> dict:
         cfg, st = self.config, self.state
-        # decided on _best_eval (same on every rank), not on the weights (held by the main rank only)
-        use_best = cfg.load_best_model_at_end and getattr(self, "_best_eval", None) is not None
-        final_eval = self._best_eval if use_best else st.last_eval
-        model_dir = checkpoint.export_model(
-            self,
+        # decided on best_eval (same on every rank), not on the weights (held by the main rank only)
+        use_best = cfg.load_best_model_at_end and st.best_eval is not None
+        final_eval = st.best_eval if use_best else st.last_eval
+        model_dir = export.export_live(
+            self.model,
+            self.backend,
             Path(cfg.output_dir) / "model",
-            state_dict=getattr(self, "_best_weights", None) if use_best else None,
+            tokenizer=self.tokenizer,
+            info=self.task.export_info(),
+            state_dict=self.best_weights if use_best else None,
             gather=not use_best,
         )
         result = {k: v for k, v in (final_eval or {}).items()}

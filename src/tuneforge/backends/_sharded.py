@@ -1,5 +1,6 @@
 """What the DTensor backends (fsdp, tp) share: the process group, the transformer blocks,
-consolidated weights for the HF export, and sharded checkpoints.
+consolidated weights for the HF export, and sharded checkpoints (written, resumed, and read
+offline by `read_weights` for `tuneforge export`).
 
 Checkpoint layout (inside the `checkpoint-STEP/` folder the Trainer hands to `save`):
 
@@ -14,6 +15,7 @@ written by every rank, so a multi-node run needs the output dir on a shared file
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from torch import nn
 from tuneforge.backends import backends_reading
 from tuneforge.backends.base import Backend
 from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.weights import share_tied
 
 SHARDED_DIR = "sharded"
 
@@ -81,11 +84,7 @@ class ShardedBackend(Backend):
             return {}
         # each name was gathered on its own: tied weights (lm_head = embeddings) share one tensor
         # again, so save_pretrained writes them once, as it does for an unsharded model
-        for names in _aliases(model):
-            for name in names[1:]:
-                if names[0] in full and name in full:
-                    full[name] = full[names[0]]
-        return {k: v.detach() for k, v in full.items()}
+        return share_tied({k: v.detach() for k, v in full.items()}, model)
 
     def save(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         import torch.distributed.checkpoint as dcp
@@ -106,6 +105,29 @@ class ShardedBackend(Backend):
                 "model.safetensors; "
                 f"backend {self.name!r} resumes from {backends_reading(self.reads_layouts)} checkpoints"
             )
+
+    @classmethod
+    def read_weights(cls, path: Path) -> dict[str, torch.Tensor]:
+        """The "model" entries of the DCP shards (all ranks'), read offline with DCP's public API; the
+        optimizer entries (2x the weights for Adam) stay on disk. A checkpoint holding
+        model.safetensors (resumed from single/ddp, never re-saved) is read as such."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        folder = Path(path) / SHARDED_DIR
+        if not (folder / ".metadata").exists():
+            return super().read_weights(path)
+        reader = dcp.FileSystemReader(str(folder))
+        entries = reader.read_metadata().state_dict_metadata  # every tensor's global shape and dtype
+        state = {
+            key: torch.empty(meta.size, dtype=meta.properties.dtype)
+            for key, meta in entries.items()
+            if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+        }
+        with warnings.catch_warnings():  # torch warns that no_dist loads in one process: that is the intent
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        return {key.removeprefix("model."): value for key, value in state.items()}
 
     def _load_sharded(self, folder: Path, model: nn.Module, optimizer) -> None:
         import torch.distributed.checkpoint as dcp
@@ -132,12 +154,7 @@ class ShardedBackend(Backend):
         )
 
         full = StateDictOptions(full_state_dict=True)
-        weights = load_file(str(path / "model.safetensors"))
-        for names in _aliases(model):  # tied weights may be stored once: fill in the other names
-            present = [n for n in names if n in weights]
-            for name in names:
-                if present and name not in weights:
-                    weights[name] = weights[present[0]]
+        weights = share_tied(load_file(str(path / "model.safetensors")), model)  # tied weights are stored once
         set_model_state_dict(model, weights, options=full)
         if optimizer is None:
             return
@@ -155,11 +172,3 @@ class ShardedBackend(Backend):
             "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]],
         }
         set_optimizer_state_dict(model, optimizer, by_name, options=full)
-
-
-def _aliases(model: nn.Module) -> list[list[str]]:
-    """Groups of parameter names that are one tied parameter (e.g. lm_head.weight, embeddings)."""
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return [group for group in names.values() if len(group) > 1]

@@ -13,6 +13,7 @@ The Trainer names no backend. It calls, in order:
     backend.reduce_sum(t) / backend.gather_objects(x) # exact metrics across data-parallel ranks
     backend.save(dir, model, optimizer) / backend.load(dir, model, optimizer)
     backend.full_state_dict(model)                    # consolidated weights for the HF export
+    Backend.read_weights(checkpoint_dir)              # classmethod: offline, for `tuneforge export`
     backend.teardown()
 
 A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`. Its own
@@ -265,6 +266,22 @@ class Backend:
             optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
         if self.scaler and (path / "scaler.pt").exists():
             self.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+
+    @classmethod
+    def read_weights(cls, path: Path) -> dict[str, torch.Tensor]:
+        """The full model weights (CPU) of a checkpoint folder this backend wrote, read without a
+        process group (`tuneforge export`). Here: model.safetensors (single, ddp)."""
+        from safetensors.torch import load_file
+
+        from tuneforge.errors import CheckpointError
+
+        weights = Path(path) / "model.safetensors"
+        if not weights.is_file():
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} (backend {cls.name!r}) holds no weights tuneforge can read: "
+                "no model.safetensors"
+            )
+        return load_file(str(weights))
 
 
 def _options_dict(options) -> dict:

@@ -41,6 +41,7 @@ from pydantic import Field
 from tuneforge.backends import BackendOptions
 from tuneforge.backends.base import Backend, MakeOptimizer
 from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.weights import parameter_names
 
 CHECKPOINT_TAG = "deepspeed"  # checkpoint-STEP/deepspeed/: DeepSpeed's files
 RESOLVED_CONFIG = "deepspeed_config.json"
@@ -301,18 +302,15 @@ class DeepSpeedBackend(Backend):
 
         module = self.unwrap(model)
         has_optimizer = getattr(model, "optimizer", None) is not None
-        names_of: dict[int, list[str]] = {}  # tied weights: one tensor, several state-dict names
-        for name, param in module.named_parameters(remove_duplicate=False):
-            names_of.setdefault(id(param), []).append(name)
         full: dict[str, torch.Tensor] = {}
-        for param in module.parameters():
+        for param, names in parameter_names(module):  # tied weights: one tensor, several state-dict names
             value = safe_get_full_fp32_param(param) if has_optimizer else None  # collective
             if value is None:  # frozen, or no optimizer (evaluation): the module's own weights
                 with deepspeed.zero.GatheredParameters([param], enabled=hasattr(param, "ds_id")):
                     value = param.detach().clone()
             if self.is_main:
                 value = value.detach().float().cpu().reshape(getattr(param, "ds_shape", param.shape))
-                full.update(dict.fromkeys(names_of[id(param)], value))
+                full.update(dict.fromkeys(names, value))
         if not self.is_main:
             return None
         # buffers are never partitioned; the state dict's order and names are the module's
@@ -346,7 +344,7 @@ class DeepSpeedBackend(Backend):
             )
 
     @classmethod
-    def offline_state_dict(cls, path: Path) -> dict[str, torch.Tensor]:
+    def read_weights(cls, path: Path) -> dict[str, torch.Tensor]:
         """Consolidated fp32 weights of a checkpoint folder, without a process group (`tuneforge export`)."""
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 

@@ -1,0 +1,154 @@
+"""Export: a standalone HF model folder (config, model.safetensors, tokenizer, tuneforge.json).
+
+Online, from a live model (`export_live`): the Trainer's OUTPUT_DIR/model; the backend gathers
+the full weights (a collective on sharded backends). Offline, from any checkpoint folder
+(`export_checkpoint`, `tuneforge export CHECKPOINT OUT_DIR`): no process group, any machine; the
+backend named in the checkpoint's meta.json reads its own layout (`Backend.read_weights(path)`:
+model.safetensors for single/ddp, DCP shards for fsdp/tp, ZeRO shards for deepspeed), and the
+model is rebuilt from the checkpoint's config.json, so the export needs no original model.
+
+tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the model was trained for
+(task, text columns, max_length, source prefix); `read_model_info` is the one reader of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from pathlib import Path
+
+from tuneforge import checkpoint
+from tuneforge.backends import available_backends
+from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.files import replacing
+from tuneforge.weights import share_tied
+
+MODEL_INFO = "tuneforge.json"
+
+
+def read_model_info(model_dir: str | os.PathLike) -> dict:
+    """tuneforge.json beside an exported model: task, text columns, max_length ({} if absent)."""
+    info_file = Path(model_dir) / MODEL_INFO
+    if not info_file.exists():
+        return {}
+    try:
+        info = json.loads(info_file.read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file"
+        ) from None
+    if not isinstance(info, dict):
+        raise ConfigError(
+            f"{str(info_file)!r} is not a JSON object (it holds a {type(info).__name__}); re-export the model or "
+            "delete that file"
+        )
+    return info
+
+
+def write_hf_folder(
+    out_dir: str | os.PathLike, model, state_dict=None, tokenizer=None, info: dict | None = None
+) -> Path:
+    """`model.save_pretrained` (with `state_dict` if given), the tokenizer and tuneforge.json, written
+    to a temporary folder that then replaces `out_dir` in one rename."""
+    out = Path(out_dir)
+    with replacing(out) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if info is not None:
+            (tmp / MODEL_INFO).write_text(json.dumps(info, indent=2))
+    return out
+
+
+# ---- online: a live (possibly sharded) model ---------------------------------------------------
+def export_live(
+    model, backend, out_dir, *, tokenizer=None, info: dict | None = None, state_dict=None, gather: bool = True
+) -> Path:
+    """Save the HF folder of a live model (a collective: every rank calls it).
+
+    `gather=False`: use `state_dict` as given (the main rank's copy of the best weights); every rank
+    must pass the same `gather`, since gathering is a collective on sharded backends.
+    """
+    if gather and state_dict is None:
+        state_dict = backend.full_state_dict(model)  # collective on sharded backends
+    if backend.is_main:
+        write_hf_folder(out_dir, backend.unwrap(model), state_dict, tokenizer, info)
+    backend.barrier()
+    return Path(out_dir)
+
+
+# ---- offline: a checkpoint folder of any backend -----------------------------------------------
+def backend_class(name: str | None):
+    """The class of the backend that wrote a checkpoint (meta.json's `backend`)."""
+    names = available_backends()
+    if name not in names:
+        raise CheckpointError(
+            f"the checkpoint was written by backend {name!r}, which this tuneforge lacks (it has: {', '.join(names)})"
+        )
+    return importlib.import_module(f"tuneforge.backends.{name}").BACKEND
+
+
+def read_weights(path: str | os.PathLike, meta: dict) -> dict:
+    """Full model weights (CPU) of a checkpoint folder, read the way its backend wrote them."""
+    return backend_class(meta.get("backend")).read_weights(Path(path))
+
+
+def _load_weights(model, weights: dict, path: Path) -> None:
+    # tied parameters (lm_head = embeddings) are stored once: fill in the other names first
+    missing, unexpected = model.load_state_dict(share_tied(weights, model), strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} does not fit its own config.json: missing {list(missing)[:3]}, unexpected "
+            f"{list(unexpected)[:3]}"
+        )
+
+
+def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Write `out_dir` as an HF folder (config, safetensors weights, tokenizer, tuneforge.json)."""
+    import transformers
+
+    path, out = Path(checkpoint_dir), Path(out_dir)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist; pass a OUTPUT_DIR/checkpoint-STEP folder")
+    if not (path / checkpoint.MANIFEST).exists():
+        raise CheckpointError(
+            f"{str(path)!r} is not a complete tuneforge checkpoint (no {checkpoint.MANIFEST}); pass a "
+            "checkpoint-STEP folder"
+        )
+    problem = checkpoint.verify(path)
+    if problem:
+        raise CheckpointError(problem)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"export folder {str(out)!r} is a file; choose another folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
+    meta = checkpoint.read_meta(path)
+    config = transformers.AutoConfig.from_pretrained(path)
+    # meta.json names the class that trained (config.json may still name the base model's)
+    arch = meta.get("architecture") or (getattr(config, "architectures", None) or [None])[0]
+    model_cls = getattr(transformers, arch, None) if arch else None
+    if model_cls is None:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is of architecture {arch!r}, which this transformers version lacks"
+        )
+    model = model_cls(config)
+    _load_weights(model, read_weights(path, meta), path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
+    info = read_model_info(path) if (path / MODEL_INFO).exists() else None
+    return write_hf_folder(out, model, tokenizer=tokenizer, info=info)
+
+
+# ---- CLI ---------------------------------------------------------------------------------------
+def cmd_export(ns) -> int:
+    out = export_checkpoint(ns.checkpoint, ns.out_dir, overwrite=ns.overwrite)
+    print(f"exported {ns.checkpoint} to {out}", flush=True)
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("export", help="write a checkpoint as a standalone HF model folder")
+    p.add_argument("checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend)")
+    p.add_argument("out_dir", help="the HF folder to write (config, model.safetensors, tokenizer)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.set_defaults(func=cmd_export)
