@@ -55,7 +55,13 @@ class DataConfig(_Section):
     block_size: int | None = Field(None, gt=0)
     packing: bool = True
     # sampling
-    max_train_samples: int | None = Field(None, gt=0)
+    max_train_samples: int | None = Field(
+        None,
+        gt=0,
+        description="train on the first N training examples the model sees: rows for classification and "
+        "seq2seq, packed blocks for clm (one non-blank text each with --no-packing); the label set still comes "
+        "from the whole training split",
+    )
     max_eval_samples: int | None = Field(None, gt=0)
     group_by_length: bool = True
     cache_dir: str | None = None

@@ -33,6 +33,10 @@ def download(
 
     if local_dir and Path(local_dir).exists() and not Path(local_dir).is_dir():
         raise ConfigError(f"--local-dir {local_dir!r} is a file; pass a folder")
+    if local_dir:
+        from tuneforge.paths import check_output_dir
+
+        check_output_dir(local_dir, "--local-dir", "folder")
     what = f"{repo_type} {repo_id!r}"
     try:
         path = snapshot_download(

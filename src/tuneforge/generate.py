@@ -53,19 +53,19 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
 
 class Generator:
     def __init__(self, model_dir: str | Path, device: str | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-        from tuneforge.tasks.base import check_model_path
+        from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
 
         model_dir = str(model_dir)
         check_model_path(model_dir)
         info_file = Path(model_dir) / "tuneforge.json"
         self.info = json.loads(info_file.read_text()) if info_file.exists() else {}
-        model_config = AutoConfig.from_pretrained(model_dir)
+        model_config = from_pretrained(AutoConfig, model_dir, "the model config")
         self.family = model_family(model_dir, model_config, self.info)
         auto = AutoModelForSeq2SeqLM if self.family == "seq2seq" else AutoModelForCausalLM
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = auto.from_pretrained(model_dir).eval()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = from_pretrained(auto, model_dir, "the model").eval()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:

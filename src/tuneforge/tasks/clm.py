@@ -188,6 +188,7 @@ class CausalLMTask(Task):
         return want
 
     def load_model(self, tokenizer):
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM
 
         path = self.model_path()
@@ -205,7 +206,7 @@ class CausalLMTask(Task):
             model = AutoModelForCausalLM.from_pretrained(
                 path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout)
             )
-        except ValueError as err:  # a config type with no causal-LM head
+        except (ValueError, OSError, SafetensorError) as err:  # no causal-LM head for this config; bad weights
             raise ConfigError(
                 f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}"
             ) from None

@@ -19,7 +19,15 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, bundled_minilm, check_model_path, empty_check, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    Task,
+    bundled_minilm,
+    check_model_path,
+    empty_check,
+    from_pretrained,
+    set_dropout,
+)
 
 NOT_SEQ2SEQ_HEADS = (
     "ForSequenceClassification",
@@ -151,7 +159,9 @@ class Seq2SeqTask(Task):
             return tokenizer.cls_token_id
         from transformers import AutoConfig
 
-        return getattr(AutoConfig.from_pretrained(self.model_path()), "decoder_start_token_id", None)
+        return getattr(
+            from_pretrained(AutoConfig, self.model_path(), "the model config"), "decoder_start_token_id", None
+        )
 
     def tokenize(self, raw, tokenizer, log=print):
         data = self.config.data
@@ -230,7 +240,7 @@ class Seq2SeqTask(Task):
             return self._minilm_encoder_decoder(tokenizer)
         path = self.config.model
         check_model_path(path)
-        model_config = AutoConfig.from_pretrained(path)
+        model_config = from_pretrained(AutoConfig, path, "the model config")
         archs = getattr(model_config, "architectures", None) or []
         if any(a.endswith(NOT_SEQ2SEQ_HEADS) for a in archs) or not getattr(model_config, "is_encoder_decoder", False):
             kind = archs[0] if archs else model_config.model_type
@@ -239,7 +249,12 @@ class Seq2SeqTask(Task):
                 "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)"
             )
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
-        return AutoModelForSeq2SeqLM.from_pretrained(path, config=set_dropout(model_config, self.config.dropout))
+        return from_pretrained(
+            AutoModelForSeq2SeqLM,
+            path,
+            "a sequence-to-sequence model",
+            config=set_dropout(model_config, self.config.dropout),
+        )
 
     def _minilm_encoder_decoder(self, tokenizer):
         """BERT-style encoder and decoder both warm-started from the bundled MiniLM."""
@@ -287,20 +302,12 @@ class Seq2SeqTask(Task):
             "do_sample": False,
         }
 
-    def eval_step(self, trainer, model, batch, valid, stream) -> None:
-        outputs = trainer.forward_step(model, batch)
-        b = trainer.backend
-        # sharded weights (FSDP, ZeRO) are gathered inside each forward: all ranks must take the
-        # same number of decoding steps, so the ones that finish early keep stepping (synced_gpus)
-        synced = b.sharded and b.world_size > 1
-        with b.autocast():
-            generated = b.unwrap(model).generate(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                synced_gpus=synced,
-                **self.generation_kwargs(),
-            )
-        tokenizer = trainer.tokenizer
+    def eval_step(self, batch, valid, stream, tools) -> None:
+        outputs = tools.forward(batch)
+        generated = tools.generate(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **self.generation_kwargs()
+        )
+        tokenizer = tools.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         predictions = [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
         labels = batch["labels"].masked_fill(batch["labels"] == -100, pad_id)
