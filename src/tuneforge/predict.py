@@ -40,6 +40,8 @@ class Predictor:
         from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
 
         model_dir = str(model_dir)
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
         check_model_path(model_dir)
         self.info = read_model_info(model_dir)
         config = from_pretrained(AutoConfig, model_dir, "the model config")
@@ -151,6 +153,8 @@ def predict_file(
 
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
+    if max_length is not None and max_length < 1:
+        raise ConfigError(f"--max-length must be at least 1, got {max_length}")
     check_model_path(model_dir)
     texts = read_inputs(model_dir, input_path, text_columns)
     out = Path(output_path)

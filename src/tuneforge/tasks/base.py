@@ -51,13 +51,26 @@ def check_model_path(model: str, weights: bool = True) -> None:
             f"model {model!r} is not a Hugging Face model folder (no config.json); "
             "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
         )
-    if weights and not any(
-        f.suffix in WEIGHT_SUFFIXES or f.name == "model.ckpt.index" for f in p.iterdir() if f.is_file()
-    ):
+    if not weights:
+        return
+    files = [f for f in p.iterdir() if f.is_file()]
+    if not any(f.suffix in WEIGHT_SUFFIXES or f.name == "model.ckpt.index" for f in files):
         raise ConfigError(
             f"model {model!r} has a config.json but no weights (model.safetensors or pytorch_model.bin); "
             "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
         )
+    from safetensors import SafetensorError, safe_open
+
+    for f in files:
+        if f.suffix == ".safetensors":
+            try:  # reads the header only: a truncated or foreign file fails here, not after tokenizing
+                with safe_open(str(f), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                raise ConfigError(
+                    f"model {model!r}: {f.name} is not a readable safetensors file ({_first_line(err)}); save the "
+                    "model again with save_pretrained"
+                ) from None
 
 
 def set_dropout(model_config, p: float | None):

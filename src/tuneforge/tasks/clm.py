@@ -184,6 +184,11 @@ class CausalLMTask(Task):
             raise ConfigError(
                 f"block size {want} is above the model's context of {limit} tokens; use --block-size {limit} or less"
             )
+        if want < 2:
+            raise ConfigError(
+                f"block size {want} leaves no next-token targets (token t predicts token t+1); use --block-size 2 or "
+                "more"
+            )
         self.block_size = want
         return want
 
