@@ -498,3 +498,50 @@ def test_unexpected_exception_is_one_internal_error_line_with_a_report_file(
     assert f"command: tuneforge predict {tiny_bert} --input {val}" in text
     assert "Traceback (most recent call last)" in text and "KeyError: 'boom inside predict'" in text
     assert 'raise KeyError("boom inside predict")' in text
+
+
+def test_download_malformed_repo_id(capsys):
+    code, _, err = cli_main(capsys, "download", "not/a/valid/id")
+    one_error(
+        code,
+        err,
+        "'not/a/valid/id' is not a hub repo id (Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+        "'not/a/valid/id'. Use `repo_type` argument if needed.); pass one like "
+        "sentence-transformers/all-MiniLM-L6-v2",
+    )
+
+
+def test_seq2seq_source_and_target_the_same_column(tmp_path, capsys):
+    table = tmp_path / "pairs.csv"
+    table.write_text("en,de\na man,ein Mann\n", encoding="utf-8")
+    code, _, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "seq2seq",
+        "--train-file",
+        str(table),
+        "--source-column",
+        "en",
+        "--target-column",
+        "en",
+        "--output-dir",
+        str(tmp_path / "out"),
+    )
+    one_error(
+        code,
+        err,
+        "--source-column and --target-column both name 'en'; pass the column holding the inputs and the one holding "
+        "the outputs",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_serve_without_its_web_packages(run_with_checkpoint, capsys, monkeypatch):
+    import sys
+
+    run, _ = run_with_checkpoint
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` raises ImportError, as when not installed
+    code, _, err = cli_main(capsys, "serve", str(run / "model"), "--port", "0")
+    expected = "`tuneforge serve` needs fastapi and uvicorn (uvicorn is missing): pip install fastapi uvicorn"
+    one_error(code, err, expected)

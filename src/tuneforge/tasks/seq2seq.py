@@ -93,6 +93,11 @@ class Seq2SeqTask(Task):
         data = config.data
         self.source_column = data.source_column or "source"
         self.target_column = data.target_column or "target"
+        if self.source_column == self.target_column:  # the model would learn to copy its input
+            raise ConfigError(
+                f"--source-column and --target-column both name {self.source_column!r}; pass the column holding "
+                "the inputs and the one holding the outputs"
+            )
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
