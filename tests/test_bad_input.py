@@ -545,3 +545,14 @@ def test_serve_without_its_web_packages(run_with_checkpoint, capsys, monkeypatch
     code, _, err = cli_main(capsys, "serve", str(run / "model"), "--port", "0")
     expected = "`tuneforge serve` needs fastapi and uvicorn (uvicorn is missing): pip install fastapi uvicorn"
     one_error(code, err, expected)
+
+
+def test_generate_from_an_empty_prompt(tiny_gpt2, capsys):
+    """GPT-2's tokenizer adds no BOS: an empty prompt was an internal RuntimeError deep inside generate."""
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "")
+    one_error(
+        code,
+        err,
+        "prompt 1 ('') has no tokens; a causal language model continues a text, so give it at least a word",
+    )
+    assert out == ""

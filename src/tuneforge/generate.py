@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from tuneforge.errors import ConfigError
+from tuneforge.errors import ConfigError, DataError
 
 NOT_GENERATIVE_HEADS = (
     "ForSequenceClassification",
@@ -106,6 +106,13 @@ class Generator:
             max_length=max_length,
             return_token_type_ids=False,
         ).to(self.device)
+        if self.family == "clm":
+            empty = [i for i, n in enumerate(enc["attention_mask"].sum(1).tolist()) if n == 0]
+            if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
+                raise DataError(
+                    f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
+                    "a text, so give it at least a word"
+                )
         options = {
             "max_new_tokens": max_new_tokens,
             "num_beams": num_beams,
