@@ -556,3 +556,30 @@ def test_generate_from_an_empty_prompt(tiny_gpt2, capsys):
         "prompt 1 ('') has no tokens; a causal language model continues a text, so give it at least a word",
     )
     assert out == ""
+
+
+@pytest.mark.parametrize("task", ["classification", "clm", "seq2seq"])
+def test_one_training_example_and_no_validation_data(tmp_path, tiny_bert, tiny_gpt2, capsys, task):
+    """10% of one example is no example: sklearn's ValueError escaped as an internal error."""
+    if task == "classification":
+        (tmp_path / "one.csv").write_text("text,label\na film,pos\n", encoding="utf-8")
+        data, model = ["--train-file", str(tmp_path / "one.csv")], tiny_bert
+        expected = "1 row: too few to hold out 10% for validation; add rows or pass --validation-file"
+    elif task == "clm":
+        (tmp_path / "one.txt").write_text("a single line of text\n", encoding="utf-8")
+        data, model = ["--train-file", str(tmp_path / "one.txt")], tiny_gpt2
+        expected = "1 line: too few to hold out 10% for validation; add text or pass --validation-file"
+    else:
+        (tmp_path / "a.en").write_text("a man\n", encoding="utf-8")
+        (tmp_path / "a.de").write_text("ein Mann\n", encoding="utf-8")
+        data = ["--source-file", str(tmp_path / "a.en"), "--target-file", str(tmp_path / "a.de")]
+        model = None
+        expected = (
+            "1 sentence pair: too few to hold out 10% for validation; add pairs or pass --validation-source-file "
+            "and --validation-target-file"
+        )
+    out = tmp_path / "out"
+    args = ["train", "--task", task, *data, "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    code, _, err = cli_main(capsys, *args, *(["--model", model] if model else []))
+    one_error(code, err, f"the training data has only {expected}")
+    assert not out.exists() and not (tmp_path / "cache").exists()

@@ -254,6 +254,16 @@ class Task:
             )
 
 
+def hold_out_validation(train, seed: int, what: str, fix: str) -> dict:
+    """{"train", "validation"}: 10% of `train` held out for validation, fixed by `seed`."""
+    if len(train) < 2:
+        raise DataError(
+            f"the training data has only {len(train)} {what}: too few to hold out 10% for validation; {fix}"
+        )
+    parts = train.train_test_split(test_size=0.1, seed=seed)
+    return {"train": parts["train"], "validation": parts["test"]}
+
+
 def empty_check(ds, split: str) -> None:
     if ds is None or len(ds) == 0:
         raise DataError(f"the {split} split has no examples; give a file with at least one row")

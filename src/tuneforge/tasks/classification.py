@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tuneforge.data.sources import bundled_bbc_news, check_file, read_split, require_columns
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, empty_check, from_pretrained, set_dropout
+from tuneforge.tasks.base import MetricStream, Task, empty_check, from_pretrained, hold_out_validation, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
 
 TEXT_GUESSES = (
@@ -189,8 +189,7 @@ class ClassificationTask(Task):
             splits["validation"] = read_split(data.validation_file)
         else:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training file for validation")
-            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
-            splits = {"train": parts["train"], "validation": parts["test"]}
+            splits = hold_out_validation(splits["train"], data.split_seed, "row", "add rows or pass --validation-file")
         return datasets.DatasetDict(splits)
 
     def _where(self, split: str) -> str:

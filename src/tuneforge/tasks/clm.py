@@ -28,7 +28,14 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import cached_map, default_cache_dir
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    Task,
+    check_model_path,
+    empty_check,
+    hold_out_validation,
+    set_dropout,
+)
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 DEFAULT_BLOCK_SIZE = 1024  # run_clm's cap when --block-size is not given
@@ -238,8 +245,7 @@ class CausalLMTask(Task):
             splits["validation"] = self._read(data.validation_file, "validation")
         elif "train" in splits:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training text for validation")
-            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
-            splits = {"train": parts["train"], "validation": parts["test"]}
+            splits = hold_out_validation(splits["train"], data.split_seed, "line", "add text or pass --validation-file")
         return datasets.DatasetDict(splits)
 
     def _read(self, path: str, split: str) -> datasets.Dataset:

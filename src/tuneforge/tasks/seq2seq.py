@@ -26,6 +26,7 @@ from tuneforge.tasks.base import (
     check_model_path,
     empty_check,
     from_pretrained,
+    hold_out_validation,
     set_dropout,
 )
 
@@ -119,8 +120,12 @@ class Seq2SeqTask(Task):
             splits["validation"] = validation
         elif "train" in splits:  # hold out 10% of train, fixed by split_seed
             self.log("no validation data: holding out 10% of the training pairs for validation")
-            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
-            splits = {"train": parts["train"], "validation": parts["test"]}
+            splits = hold_out_validation(
+                splits["train"],
+                data.split_seed,
+                "sentence pair",
+                "add pairs or pass --validation-source-file and --validation-target-file",
+            )
         if not splits:
             raise ConfigError(
                 "task 'seq2seq' needs data: pass --source-file/--target-file (parallel text, one sentence per "
