@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, write_sentiment_csv
+from conftest import cli_main, run_cli, write_sentiment_csv
 
 
 @pytest.fixture
@@ -212,3 +212,374 @@ def test_download_offline_is_one_clear_line(tmp_path):
     assert lines[0].startswith("error: could not download model 'prajjwal1/bert-tiny'")
     assert "HF_HUB_OFFLINE" in lines[0] and "--model" in lines[0]
     assert not target.exists()
+
+
+# ---- issue #10: input that used to escape as a traceback -------------------------------------
+def one_error(code, err, expected: str) -> None:
+    """In-process CLI run (conftest.cli_main): exit 2 and exactly this one line on stderr."""
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.strip()] == [f"error: {expected}"]
+
+
+def test_text_column_that_is_the_label_column(tmp_path, tiny_bert, files):
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--text-column", "label"))
+    line = assert_refused(proc, tmp_path)
+    assert line == (
+        "error: column 'label' is both the text column and the label column; pass the column holding the text "
+        "with --text-column and the one holding the labels with --label-column"
+    )
+
+
+def test_guessed_text_column_that_is_the_label_column(tmp_path, tiny_bert, files, capsys):
+    """No --text-column: the guessed text column ('text') is also what --label-column names."""
+    code, _, err = cli_main(capsys, *train_args(tmp_path, tiny_bert, *files, "--label-column", "text"))
+    one_error(
+        code,
+        err,
+        "column 'text' is both the text column and the label column; pass the column holding the text with "
+        "--text-column and the one holding the labels with --label-column",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_folder_without_weights(tmp_path, tiny_bert, files):
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    for f in Path(tiny_bert).iterdir():
+        if f.suffix != ".safetensors":
+            (no_weights / f.name).write_bytes(f.read_bytes())
+    proc = run_cli(*train_args(tmp_path, str(no_weights), *files))
+    line = assert_refused(proc, tmp_path)
+    assert line == (
+        f"error: model {str(no_weights)!r} has a config.json but no weights (model.safetensors or "
+        "pytorch_model.bin); pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
+    )
+
+
+def test_model_folder_without_tokenizer_files(tmp_path, tiny_bert, files, capsys):
+    """transformers would build a 5-token tokenizer from config.json alone; training would run on it."""
+    no_tok = tmp_path / "no-tokenizer"
+    no_tok.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (no_tok / name).write_bytes((Path(tiny_bert) / name).read_bytes())
+    code, _, err = cli_main(capsys, *train_args(tmp_path, str(no_tok), *files))
+    one_error(
+        code,
+        err,
+        f"model {str(no_tok)!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); save the tokenizer into "
+        "that folder with tokenizer.save_pretrained",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_model_folder_with_corrupt_weights(tmp_path, tiny_bert, files, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in Path(tiny_bert).iterdir():
+        (broken / f.name).write_bytes(b"not a safetensors file" if f.suffix == ".safetensors" else f.read_bytes())
+    code, _, err = cli_main(capsys, *train_args(tmp_path, str(broken), *files))
+    one_error(
+        code,
+        err,
+        f"model {str(broken)!r}: model.safetensors is not a readable safetensors file (Error while deserializing "
+        "header: header too large); save the model again with save_pretrained",
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_output_dir_that_cannot_be_created(tmp_path, tiny_bert, files):
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files)[:-6], "--output-dir", "/proc/forbidden/run")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == (
+        "error: output dir '/proc/forbidden/run' cannot be created ('/proc' takes no new folders); choose another "
+        "--output-dir"
+    )
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_output_dir_under_a_file(tmp_path, tiny_bert, files, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    args = train_args(tmp_path, tiny_bert, *files)
+    args[args.index("--output-dir") + 1] = str(blocker / "run")
+    code, _, err = cli_main(capsys, *args)
+    one_error(
+        code,
+        err,
+        f"output dir {str(blocker / 'run')!r} cannot be created: {str(blocker)!r} is a file; choose another "
+        "--output-dir",
+    )
+
+
+def test_cache_dir_that_cannot_be_created(tmp_path, tiny_bert, files, capsys):
+    args = train_args(tmp_path, tiny_bert, *files)
+    args[args.index("--cache-dir") + 1] = "/proc/forbidden/cache"
+    code, _, err = cli_main(capsys, *args)
+    one_error(
+        code,
+        err,
+        "cache dir '/proc/forbidden/cache' cannot be created ('/proc' takes no new folders); choose another "
+        "--cache-dir",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_override_without_a_value(tmp_path, tiny_bert, files, capsys):
+    code, _, err = cli_main(capsys, *train_args(tmp_path, tiny_bert, *files, positional=["optim.lr"]))
+    one_error(
+        code,
+        err,
+        "'optim.lr' is neither a config file nor a key=value override; did you mean optim.lr=VALUE? "
+        "(a config file is a YAML file such as configs/glue-mrpc.yaml)",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_single_training_label_is_refused(tmp_path, tiny_bert, files):
+    train, val = files
+    train.write_text("text,label\na fine film,pos\na great film,pos\nlovely,pos\n", encoding="utf-8")
+    val.write_text("text,label\nan ok film,pos\n", encoding="utf-8")
+    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val))
+    line = assert_refused(proc, tmp_path)
+    assert line == (
+        f"error: the train data ({train}) has a single label, 'pos'; a classifier needs examples of at least two "
+        "labels: add rows with another label (or pick the label column with --label-column)"
+    )
+
+
+@pytest.fixture(scope="module")
+def run_with_checkpoint(tmp_path_factory, tiny_bert):
+    """A real 1-step run that saved OUTPUT_DIR/checkpoint-1 and OUTPUT_DIR/model."""
+    from conftest import write_sentiment_csv
+    from tuneforge.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("ckpt-run")
+    train = write_sentiment_csv(root / "train.csv", 16, seed=1)
+    Trainer(
+        task="classification",
+        model=tiny_bert,
+        output_dir=str(root / "run"),
+        max_steps=1,
+        batch_size=8,
+        save_strategy="steps",
+        save_steps=1,
+        quiet=True,
+        data={"train_file": str(train), "validation_file": str(train), "cache_dir": str(root / "cache")},
+    ).fit()
+    assert (root / "run" / "checkpoint-1" / "trainer_state.json").exists()
+    return root / "run", train
+
+
+@pytest.mark.parametrize("command", ["predict", "generate", "serve", "eval"])
+def test_model_commands_on_a_checkpoint_folder(run_with_checkpoint, tmp_path, capsys, command):
+    run, data = run_with_checkpoint
+    ckpt = str(run / "checkpoint-1")
+    extra = {
+        "predict": ["--input", str(data), "--output", str(tmp_path / "p.jsonl")],
+        "generate": ["--prompt", "hello"],
+        "serve": ["--port", "0"],
+        "eval": ["--task", "classification", "--validation-file", str(data)],
+    }[command]
+    code, _, err = cli_main(capsys, command, ckpt, *extra)
+    one_error(
+        code,
+        err,
+        f"model {ckpt!r} is a training checkpoint, not a model folder; pass OUTPUT_DIR/model, or run "
+        f"`tuneforge export {ckpt} OUT_DIR` first and pass OUT_DIR",
+    )
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_predict_on_a_run_output_dir(run_with_checkpoint, tmp_path, capsys):
+    run, data = run_with_checkpoint
+    code, _, err = cli_main(capsys, "predict", str(run), "--input", str(data), "--output", str(tmp_path / "p.jsonl"))
+    one_error(code, err, f"model {str(run)!r} is a run's output dir, not a model folder; pass {str(run / 'model')!r}")
+
+
+def test_predict_output_that_cannot_be_written(run_with_checkpoint, capsys):
+    run, data = run_with_checkpoint
+    model = str(run / "model")
+    code, _, err = cli_main(capsys, "predict", model, "--input", str(data), "--output", "/proc/forbidden/p.jsonl")
+    one_error(
+        code,
+        err,
+        "the folder of --output '/proc/forbidden' cannot be created ('/proc' takes no new folders); choose another "
+        "--output",
+    )
+
+
+@pytest.mark.parametrize("command", ["predict", "serve"])
+def test_negative_max_length_for_predict_and_serve(run_with_checkpoint, tmp_path, capsys, command):
+    """Was an internal OverflowError from the tokenizer."""
+    run, data = run_with_checkpoint
+    extra = ["--input", str(data), "--output", str(tmp_path / "p.jsonl")] if command == "predict" else ["--port", "0"]
+    code, _, err = cli_main(capsys, command, str(run / "model"), *extra, "--max-length", "-5")
+    one_error(code, err, "--max-length must be at least 1, got -5")
+
+
+def test_generate_with_an_unreadable_config(tmp_path, tiny_gpt2, capsys):
+    broken = tmp_path / "broken-gpt2"
+    broken.mkdir()
+    for f in Path(tiny_gpt2).iterdir():
+        if f.is_file():
+            (broken / f.name).write_bytes(b"{not json" if f.name == "config.json" else f.read_bytes())
+    code, _, err = cli_main(capsys, "generate", str(broken), "--prompt", "A man")
+    assert code == 2 and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith(f"error: could not load the model config from {str(broken)!r}: ")
+
+
+def test_clm_block_size_with_no_targets(tmp_path, tiny_gpt2, capsys):
+    """A block of one token has no next-token target: the run trained on nothing and logged a nan loss."""
+    text = tmp_path / "train.txt"
+    text.write_text("a man is riding a red bike.\nthe dog is holding a blue ball.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    code, _, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "clm",
+        "--train-file",
+        str(text),
+        "--validation-file",
+        str(text),
+        "--model",
+        tiny_gpt2,
+        "--block-size",
+        "1",
+        "--output-dir",
+        str(out),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    )
+    one_error(
+        code,
+        err,
+        "block size 1 leaves no next-token targets (token t predicts token t+1); use --block-size 2 or more",
+    )
+    assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+def test_download_local_dir_that_cannot_be_created(capsys):
+    code, _, err = cli_main(capsys, "download", "prajjwal1/bert-tiny", "--local-dir", "/proc/forbidden/tiny")
+    one_error(
+        code,
+        err,
+        "folder '/proc/forbidden/tiny' cannot be created ('/proc' takes no new folders); choose another --local-dir",
+    )
+
+
+def test_unexpected_exception_is_one_internal_error_line_with_a_report_file(
+    tmp_path, tiny_bert, files, capsys, monkeypatch
+):
+    """The handler under test is cli.main's: a bug deep inside a command becomes one line (exit 1, never 2),
+    and the traceback goes to a file that names the command and the exception."""
+    import tempfile
+
+    import tuneforge.predict
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom inside predict")
+
+    monkeypatch.setattr(tuneforge.predict, "predict_file", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _, val = files
+    code, out, err = cli_main(capsys, "predict", tiny_bert, "--input", str(val), "--output", str(tmp_path / "p"))
+    assert code == 1 and out == "" and "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.strip()]
+    [report] = list(tmp_path.glob("tuneforge-error-*.txt"))
+    assert line == (
+        f"internal error (a bug in tuneforge, not in your input): KeyError: 'boom inside predict'; the full "
+        f"traceback is in {report}; please report it to the tuneforge issue tracker with that file and the output "
+        "of `tuneforge env`"
+    )
+    text = report.read_text()
+    assert f"command: tuneforge predict {tiny_bert} --input {val}" in text
+    assert "Traceback (most recent call last)" in text and "KeyError: 'boom inside predict'" in text
+    assert 'raise KeyError("boom inside predict")' in text
+
+
+def test_download_malformed_repo_id(capsys):
+    code, _, err = cli_main(capsys, "download", "not/a/valid/id")
+    one_error(
+        code,
+        err,
+        "'not/a/valid/id' is not a hub repo id (Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+        "'not/a/valid/id'. Use `repo_type` argument if needed.); pass one like "
+        "sentence-transformers/all-MiniLM-L6-v2",
+    )
+
+
+def test_seq2seq_source_and_target_the_same_column(tmp_path, capsys):
+    table = tmp_path / "pairs.csv"
+    table.write_text("en,de\na man,ein Mann\n", encoding="utf-8")
+    code, _, err = cli_main(
+        capsys,
+        "train",
+        "--task",
+        "seq2seq",
+        "--train-file",
+        str(table),
+        "--source-column",
+        "en",
+        "--target-column",
+        "en",
+        "--output-dir",
+        str(tmp_path / "out"),
+    )
+    one_error(
+        code,
+        err,
+        "--source-column and --target-column both name 'en'; pass the column holding the inputs and the one holding "
+        "the outputs",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_serve_without_its_web_packages(run_with_checkpoint, capsys, monkeypatch):
+    import sys
+
+    run, _ = run_with_checkpoint
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` raises ImportError, as when not installed
+    code, _, err = cli_main(capsys, "serve", str(run / "model"), "--port", "0")
+    expected = "`tuneforge serve` needs fastapi and uvicorn (uvicorn is missing): pip install fastapi uvicorn"
+    one_error(code, err, expected)
+
+
+def test_generate_from_an_empty_prompt(tiny_gpt2, capsys):
+    """GPT-2's tokenizer adds no BOS: an empty prompt was an internal RuntimeError deep inside generate."""
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "")
+    one_error(
+        code,
+        err,
+        "prompt 1 ('') has no tokens; a causal language model continues a text, so give it at least a word",
+    )
+    assert out == ""
+
+
+@pytest.mark.parametrize("task", ["classification", "clm", "seq2seq"])
+def test_one_training_example_and_no_validation_data(tmp_path, tiny_bert, tiny_gpt2, capsys, task):
+    """10% of one example is no example: sklearn's ValueError escaped as an internal error."""
+    if task == "classification":
+        (tmp_path / "one.csv").write_text("text,label\na film,pos\n", encoding="utf-8")
+        data, model = ["--train-file", str(tmp_path / "one.csv")], tiny_bert
+        expected = "1 row: too few to hold out 10% for validation; add rows or pass --validation-file"
+    elif task == "clm":
+        (tmp_path / "one.txt").write_text("a single line of text\n", encoding="utf-8")
+        data, model = ["--train-file", str(tmp_path / "one.txt")], tiny_gpt2
+        expected = "1 line: too few to hold out 10% for validation; add text or pass --validation-file"
+    else:
+        (tmp_path / "a.en").write_text("a man\n", encoding="utf-8")
+        (tmp_path / "a.de").write_text("ein Mann\n", encoding="utf-8")
+        data = ["--source-file", str(tmp_path / "a.en"), "--target-file", str(tmp_path / "a.de")]
+        model = None
+        expected = (
+            "1 sentence pair: too few to hold out 10% for validation; add pairs or pass --validation-source-file "
+            "and --validation-target-file"
+        )
+    out = tmp_path / "out"
+    args = ["train", "--task", task, *data, "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    code, _, err = cli_main(capsys, *args, *(["--model", model] if model else []))
+    one_error(code, err, f"the training data has only {expected}")
+    assert not out.exists() and not (tmp_path / "cache").exists()

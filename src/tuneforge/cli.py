@@ -1,12 +1,14 @@
 """`tuneforge` command line: train, eval, predict, export, generate, serve, download, env.
 
-Every user error ends with one line on stderr and exit code 2; a failed worker with exit 1.
+Every user error ends with one line on stderr and exit code 2; a failed worker with exit 1. Anything
+else is a bug in tuneforge: one line on stderr saying so and where its traceback was written, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import types
 import typing
@@ -149,11 +151,25 @@ def _flags(ns: argparse.Namespace, table: dict) -> dict[str, Any]:
     return {key: getattr(ns, key) for key, _ in table.values() if getattr(ns, key, None) is not None}
 
 
+OVERRIDE_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 def _split_positionals(items: list[str]) -> tuple[str | None, list[str]]:
+    from pathlib import Path
+
     yaml_path, overrides = None, []
     for item in items:
         if "=" in item:
             overrides.append(item)
+        elif (
+            OVERRIDE_KEY.fullmatch(item)
+            and not Path(item).exists()
+            and Path(item).suffix.lower() not in (".yaml", ".yml", ".json")
+        ):
+            raise UserError(
+                f"{item!r} is neither a config file nor a key=value override; did you mean {item}=VALUE? "
+                "(a config file is a YAML file such as configs/glue-mrpc.yaml)"
+            )
         elif yaml_path is None:
             yaml_path = item
         else:
@@ -290,11 +306,50 @@ def _quiet_libraries() -> None:
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
 
 
+def _internal_error(err: BaseException, argv: list[str]) -> int:
+    """An unexpected exception: a bug in tuneforge, not the user's input. One line; the traceback to a file."""
+    import datetime
+    import os
+    import platform
+    import tempfile
+    import traceback
+
+    from tuneforge import __version__
+
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    what = f"{type(err).__name__}: {first}" if first else type(err).__name__
+    report = "".join(
+        [
+            f"tuneforge {__version__}, python {platform.python_version()}, {platform.platform()}\n",
+            f"time: {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}\n",
+            f"command: tuneforge {' '.join(argv)}\n\n",
+            *traceback.format_exception(type(err), err, err.__traceback__),
+        ]
+    )
+    try:
+        fd, path = tempfile.mkstemp(prefix="tuneforge-error-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(report)
+        where = f"the full traceback is in {path}"
+    except OSError:  # nowhere to write it: the traceback goes to stderr after the line
+        path, where = None, "the full traceback follows"
+    print(
+        f"internal error (a bug in tuneforge, not in your input): {what}; {where}; please report it to the "
+        "tuneforge issue tracker with that file and the output of `tuneforge env`",
+        file=sys.stderr,
+        flush=True,
+    )
+    if path is None:
+        print(report, file=sys.stderr, flush=True)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     ns = parser.parse_args(argv)
-    _quiet_libraries()
     try:
+        _quiet_libraries()
         return ns.func(ns)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
@@ -302,6 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`tuneforge env | head -1`): not an error of ours
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
+    except Exception as err:  # never a bare traceback; never exit 2 (that is the user's mistake)
+        return _internal_error(err, argv)
 
 
 if __name__ == "__main__":

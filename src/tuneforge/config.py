@@ -77,7 +77,13 @@ class DataConfig(_Section):
     block_size: int | None = Field(None, gt=0, description="causal LM: tokens per training block")
     packing: bool = Field(True, description="causal LM: pack texts into full blocks of block_size tokens")
     # sampling
-    max_train_samples: int | None = Field(None, gt=0, description="train on the first N examples")
+    max_train_samples: int | None = Field(
+        None,
+        gt=0,
+        description="train on the first N training examples the model sees: rows for classification and "
+        "seq2seq, packed blocks for clm (one non-blank text each with --no-packing); the label set still comes "
+        "from the whole training split",
+    )
     max_eval_samples: int | None = Field(None, gt=0, description="evaluate on the first N examples")
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     cache_dir: str | None = Field(None, description="where tokenized datasets are cached")

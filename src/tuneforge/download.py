@@ -26,6 +26,7 @@ def download(
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -33,6 +34,10 @@ def download(
 
     if local_dir and Path(local_dir).exists() and not Path(local_dir).is_dir():
         raise ConfigError(f"--local-dir {local_dir!r} is a file; pass a folder")
+    if local_dir:
+        from tuneforge.paths import check_output_dir
+
+        check_output_dir(local_dir, "--local-dir", "folder")
     what = f"{repo_type} {repo_id!r}"
     try:
         path = snapshot_download(
@@ -57,6 +62,11 @@ def download(
         raise ConfigError(
             f"{what} was not found on the hub (or is private); check the name, "
             "use --repo-type dataset for datasets, or log in with `hf auth login`"
+        ) from None
+    except HFValidationError as err:  # a malformed repo id, checked before any network access
+        reason = str(err).strip().splitlines()[0][:200]
+        raise ConfigError(
+            f"{repo_id!r} is not a hub repo id ({reason}); pass one like sentence-transformers/all-MiniLM-L6-v2"
         ) from None
     except RevisionNotFoundError:
         raise ConfigError(f"{what} has no revision {revision!r}; pass an existing branch, tag or commit") from None

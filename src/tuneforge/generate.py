@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from tuneforge.errors import ConfigError
+from tuneforge.errors import ConfigError, DataError
 from tuneforge.export import read_model_info
 
 NOT_GENERATIVE_HEADS = (
@@ -54,18 +54,18 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
 
 class Generator:
     def __init__(self, model_dir: str | Path, device: str | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-        from tuneforge.tasks.base import check_model_path
+        from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
 
         model_dir = str(model_dir)
         check_model_path(model_dir)
         self.info = read_model_info(model_dir)
-        model_config = AutoConfig.from_pretrained(model_dir)
+        model_config = from_pretrained(AutoConfig, model_dir, "the model config")
         self.family = model_family(model_dir, model_config, self.info)
         auto = AutoModelForSeq2SeqLM if self.family == "seq2seq" else AutoModelForCausalLM
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = auto.from_pretrained(model_dir).eval()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = from_pretrained(auto, model_dir, "the model").eval()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
         if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
@@ -106,6 +106,13 @@ class Generator:
             max_length=max_length,
             return_token_type_ids=False,
         ).to(self.device)
+        if self.family == "clm":
+            empty = [i for i, n in enumerate(enc["attention_mask"].sum(1).tolist()) if n == 0]
+            if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
+                raise DataError(
+                    f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
+                    "a text, so give it at least a word"
+                )
         options = {
             "max_new_tokens": max_new_tokens,
             "num_beams": num_beams,

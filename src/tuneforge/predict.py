@@ -23,14 +23,16 @@ class Predictor:
     """`Predictor("runs/x/model").predict(["a text", ...])` or `.predict([("s1", "s2"), ...])`."""
 
     def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForSequenceClassification
 
-        from tuneforge.tasks.base import check_model_path
+        from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
 
         model_dir = str(model_dir)
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
         check_model_path(model_dir)
         self.info = read_model_info(model_dir)
-        config = AutoConfig.from_pretrained(model_dir)
+        config = from_pretrained(AutoConfig, model_dir, "the model config")
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
             raise ConfigError(
@@ -46,8 +48,8 @@ class Predictor:
                     f"{limit} or less"
                 )
             self.max_length = limit
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = from_pretrained(AutoModelForSequenceClassification, model_dir, "the model").eval()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
         self.regression = config.num_labels == 1
@@ -134,15 +136,19 @@ def predict_file(
     max_length: int | None = None,
 ) -> int:
     """Write one JSON line per input row (in input order); returns the number of rows."""
+    from tuneforge.paths import check_output_dir
     from tuneforge.tasks.base import check_model_path
 
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
+    if max_length is not None and max_length < 1:
+        raise ConfigError(f"--max-length must be at least 1, got {max_length}")
     check_model_path(model_dir)
     texts = read_inputs(model_dir, input_path, text_columns)
     out = Path(output_path)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--output {output_path!r} is a folder; pass a file name such as preds.jsonl")
+    check_output_dir(str(out.parent), "--output", "the folder of --output")
     predictor = Predictor(model_dir, max_length=max_length)
     preds = predictor.predict(texts, batch_size=batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)

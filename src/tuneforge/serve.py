@@ -175,9 +175,17 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         raise ConfigError(f"--max-wait-ms must be zero or more, got {ns.max_wait_ms:g}")
     if not 0 <= ns.port < 65536:
         raise ConfigError(f"--port must be between 0 and 65535, got {ns.port}")
+    if ns.max_length is not None and ns.max_length < 1:
+        raise ConfigError(f"--max-length must be at least 1, got {ns.max_length}")
     check_model_path(ns.model_dir)
+    try:
+        import fastapi  # noqa: F401  (create_app's)
+        import uvicorn
+    except ImportError as err:
+        raise ConfigError(
+            f"`tuneforge serve` needs fastapi and uvicorn ({err.name or err} is missing): pip install fastapi uvicorn"
+        ) from None
     sock = bind_socket(ns.host, ns.port)
-    import uvicorn
 
     predictor = Predictor(ns.model_dir, max_length=ns.max_length)
     app = create_app(predictor, ns.model_dir, ns.max_batch_size, ns.max_wait_ms)

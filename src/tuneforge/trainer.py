@@ -10,6 +10,7 @@ task-specific behind `self.task` (tuneforge/tasks/base.py).
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -25,9 +26,11 @@ from tuneforge.checkpoint import Checkpointer
 from tuneforge.config import TrainConfig, build_config
 from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
 from tuneforge.errors import ConfigError
+from tuneforge.paths import check_output_dir
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
 from tuneforge.tasks import get_task
+from tuneforge.tasks.base import EvalTools
 
 TrainState = Progress  # the name of before: `trainer.state` is a Progress
 
@@ -121,6 +124,7 @@ class Trainer:
             cfg = self.config = cfg.model_copy(update={"resume": "latest"})  # elastic restart: continue
         if not cfg.resume and not launch.launched_by_us() and launch.restart_count() == 0:
             checkpoint.prepare_output_dir(cfg)
+            check_output_dir(cfg.output_dir)  # can be created and written, before any heavy work
         model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
             check_launchable(cfg, launch.dist_env(), model_config)
@@ -350,11 +354,16 @@ class Trainer:
         was_training = model.training
         model.eval()
         stream = self.task.metric_stream()
+        tools = EvalTools(
+            forward=functools.partial(self.forward_step, model),
+            generate=functools.partial(b.generate, model),
+            tokenizer=getattr(self, "tokenizer", None),
+        )
         bs = self.config.eval_batch_size or self.config.batch_size * 2
         for idx in eval_batches(np.asarray(data["length"]), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):
             valid = torch.tensor([i >= 0 for i in idx], device=b.device)
             batch = self._to_device(self._collate(data, [max(i, 0) for i in idx]))
-            self.task.eval_step(self, model, batch, valid, stream)
+            self.task.eval_step(batch, valid, stream, tools)
         metrics = stream.compute(b)
         model.train(was_training)
         return metrics
@@ -404,15 +413,11 @@ class Trainer:
                         raw = task.prepare_raw({"train": train_dataset, "validation": eval_dataset})
                     else:
                         raw = task.load_raw()
-                    raw = {k: v for k, v in raw.items() if k in splits}
+                    task.use_labels(task.label_set(raw))  # the label set, decided from the raw training split
+                    raw = {k: v for k, v in task.encode_labels(raw).items() if k in splits}
                     feats = task.tokenize(raw, self.tokenizer, log=self.report.print)
                 b.barrier()
-        data = self.config.data
-        train, evals = feats.get("train"), feats.get("validation")
-        if train is not None and data.max_train_samples:
-            train = train.select(range(min(data.max_train_samples, len(train))))
-        if evals is not None and data.max_eval_samples:
-            evals = evals.select(range(min(data.max_eval_samples, len(evals))))
+        train, evals = (task.select_examples(split, feats.get(split)) for split in ("train", "validation"))
         return _with_length(train), _with_length(evals)
 
     def _collate(self, data, indices: list[int]) -> dict[str, torch.Tensor]:

@@ -68,7 +68,9 @@ def raw_and_task(tmp_path):
             },
         )
         task = ClassificationTask(config)
-        return task, task.load_raw()
+        raw = task.load_raw()
+        task.use_labels(task.label_set(raw))
+        return task, task.encode_labels(raw)
 
     return make
 

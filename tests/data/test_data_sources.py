@@ -13,6 +13,13 @@ from tuneforge.errors import DataError
 from tuneforge.tasks.classification import ClassificationTask
 
 
+def examples(task: ClassificationTask):
+    """What the Trainer tokenizes: the raw splits, the label set adopted, labels encoded as ids."""
+    raw = task.load_raw()
+    task.use_labels(task.label_set(raw))
+    return task.encode_labels(raw)
+
+
 def glue_task(name: str, data_dir) -> ClassificationTask:
     return ClassificationTask(build_config(task=f"glue/{name}", data={"data_dir": str(data_dir)}))
 
@@ -27,7 +34,7 @@ def data_rows(path, header: bool) -> int:
 def test_glue_mrpc_folder(shared_data):
     folder = shared_data / "glue" / "MRPC"
     task = glue_task("mrpc", folder)
-    raw = task.load_raw()
+    raw = examples(task)
     # this copy of glue_data holds 3,667 training pairs (3,668 lines with the header)
     assert (len(raw["train"]), len(raw["validation"])) == (3667, 408)
     assert len(raw["train"]) == data_rows(folder / "train.tsv", header=True)
@@ -45,7 +52,7 @@ def test_glue_mrpc_folder(shared_data):
 def test_glue_sst2_folder(shared_data):
     folder = shared_data / "glue" / "SST-2"
     task = glue_task("sst2", folder)
-    raw = task.load_raw()
+    raw = examples(task)
     assert len(raw["validation"]) == 872 == data_rows(folder / "dev.tsv", header=True)
     assert len(raw["train"]) == 67349
     assert task.text_columns == ["sentence"] and task.label_names == ["negative", "positive"]
@@ -55,7 +62,7 @@ def test_glue_sst2_folder(shared_data):
 def test_glue_stsb_folder_is_regression(shared_data):
     folder = shared_data / "glue" / "STS-B"
     task = glue_task("stsb", folder)
-    raw = task.load_raw()
+    raw = examples(task)
     assert len(raw["validation"]) == 1500 == data_rows(folder / "dev.tsv", header=True)
     assert len(raw["train"]) == 5749
     assert task.regression and task.num_labels == 1 and task.metrics == ("pearson", "spearman")
@@ -68,7 +75,7 @@ def test_glue_stsb_folder_is_regression(shared_data):
 def test_glue_cola_folder_has_no_header(shared_data):
     folder = shared_data / "glue" / "CoLA"
     task = glue_task("cola", folder)
-    raw = task.load_raw()
+    raw = examples(task)
     assert len(raw["validation"]) == 1043 == data_rows(folder / "dev.tsv", header=False)
     assert len(raw["train"]) == 8551
     assert task.metrics[0] == "mcc" and task.label_names == ["unacceptable", "acceptable"]
@@ -144,7 +151,7 @@ def test_local_file_formats(tmp_path, fmt, int_labels):
         },
     )
     task = ClassificationTask(config)
-    raw = task.load_raw()
+    raw = examples(task)
     assert (len(raw["train"]), len(raw["validation"])) == (4, 3)
     assert raw["train"]["review"] == [r[0] for r in ROWS]
     # string labels sort by name, integer labels by value (whether the file kept ints or not)
@@ -161,7 +168,7 @@ def test_two_text_columns_make_pairs(tmp_path):
         data={"train_file": str(train), "text_columns": ["review", "other"], "label_column": "stars"},
     )
     task = ClassificationTask(config)
-    raw = task.load_raw()  # no validation file: 10% of train is held out
+    raw = examples(task)  # no validation file: 10% of train is held out
     assert task.text_columns == ["review", "other"]
     assert len(raw["train"]) + len(raw["validation"]) == 4 and len(raw["validation"]) >= 1
 
@@ -172,7 +179,7 @@ def test_integer_labels_keep_numeric_order(tmp_path):
     task = ClassificationTask(
         build_config(task="classification", data={"train_file": str(train), "validation_file": str(train)})
     )
-    raw = task.load_raw()
+    raw = examples(task)
     assert task.label_names == ["2", "7", "10"]
     assert raw["train"]["labels"] == [2, 0, 0, 2, 1]
 
@@ -186,7 +193,7 @@ def test_integer_label_outside_training_labels_is_an_error(tmp_path):
         build_config(task="classification", data={"train_file": str(train), "validation_file": str(val)})
     )
     with pytest.raises(DataError, match=r"label 0 in the validation data .*val.jsonl.* not in the label set \[1, 2\]"):
-        task.load_raw()
+        examples(task)
 
 
 def test_mixed_types_and_null_text_are_clear_errors(tmp_path):

@@ -1,8 +1,17 @@
-"""Helpers every task shares (tuneforge/tasks/base.py)."""
+"""Helpers every task shares and the task contract (tuneforge/tasks/base.py)."""
 
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
 from transformers import BartConfig, BertConfig, EncoderDecoderConfig, GPT2Config, LlamaConfig, T5Config
 
-from tuneforge.tasks.base import set_dropout
+from conftest import quiet_task, write_sentiment_csv
+from tuneforge.tasks.base import EvalTools, Task, set_dropout
+from tuneforge.tasks.classification import ClassificationTask
+from tuneforge.tasks.clm import CausalLMTask
+from tuneforge.tasks.seq2seq import Seq2SeqTask
 
 
 def dropouts(config) -> dict:
@@ -35,3 +44,149 @@ def test_set_dropout_recurses_into_encoder_decoder_and_none_keeps_the_model_own(
         "hidden_dropout_prob": 0.1,
         "attention_probs_dropout_prob": 0.1,
     }
+
+
+# ---- the task contract (issue #10) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [Task, ClassificationTask, CausalLMTask, Seq2SeqTask])
+def test_one_signature_for_compute_loss_and_eval_step(cls):
+    loss = inspect.signature(cls.compute_loss)
+    assert list(loss.parameters) == ["self", "outputs", "batch", "row_mask"]
+    assert loss.parameters["row_mask"].default is None
+    assert list(inspect.signature(cls.eval_step).parameters) == ["self", "batch", "valid", "stream", "tools"]
+
+
+def test_classification_row_mask_drops_the_masked_rows_from_the_loss_sum(tmp_path):
+    train = write_sentiment_csv(tmp_path / "train.csv", 8)
+    task = quiet_task("classification", None, train_file=str(train), validation_file=str(train))
+    task.use_labels(["neg", "pos"])
+    outputs = SimpleNamespace(logits=torch.tensor([[2.0, -1.0], [0.5, 0.5], [-3.0, 1.0]]))
+    batch = {"labels": torch.tensor([0, 1, 1])}
+    whole, n = task.compute_loss(outputs, batch)
+    per_row = torch.nn.functional.cross_entropy(outputs.logits, batch["labels"], reduction="none")
+    assert torch.allclose(whole, per_row.sum()) and int(n) == 3
+    masked, _ = task.compute_loss(outputs, batch, row_mask=torch.tensor([True, False, True]))
+    assert torch.allclose(masked, per_row[0] + per_row[2])
+
+
+def test_the_label_set_is_an_explicit_step_not_a_side_effect_of_load_raw(tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\na,10\nb,2\nc,2\nd,7\n", encoding="utf-8")
+    task = quiet_task("classification", None, train_file=str(train), validation_file=str(train))
+    raw = task.load_raw()
+    assert task.label_names is None and task.num_labels is None  # reading data decides nothing
+    assert list(raw["train"]["label"]) == ["10", "2", "2", "7"]  # labels as written (csv: text)
+    names = task.label_set(raw)
+    assert names == ["2", "7", "10"] and task.label_names is None  # label_set is pure
+    task.use_labels(names)
+    assert task.label_names == ["2", "7", "10"] and task.num_labels == 3
+    assert task.encode_labels(raw)["train"]["labels"] == [2, 0, 0, 1]
+
+
+def test_bbc_news_label_set_is_the_sorted_topics():
+    from tuneforge.data.sources import BBC_LABELS
+
+    task = quiet_task("bbc-news", None)
+    raw = task.load_raw()
+    assert task.label_names is None
+    assert task.label_set(raw) == sorted(BBC_LABELS) == BBC_LABELS
+
+
+def test_tasks_without_classes_have_no_label_set(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("one line\nanother line\n", encoding="utf-8")
+    task = quiet_task("clm", None, train_file=str(text), validation_file=str(text))
+    raw = task.load_raw()
+    assert task.label_set(raw) is None and task.encode_labels(raw) is raw
+
+
+def test_eval_step_uses_only_its_tools(tmp_path):
+    """No Trainer, no backend: forward and generate come in as EvalTools."""
+    from tuneforge.tasks.seq2seq import GenerationStream
+
+    task = quiet_task("seq2seq", None, source_file=None)
+    calls = {}
+
+    class Tok:
+        pad_token_id, all_special_ids = 0, [0, 1]
+
+        def batch_decode(self, ids, skip_special_tokens=True):
+            return [" ".join(str(t) for t in row if t not in (0, 1)) for row in ids.tolist()]
+
+    def forward(batch):
+        calls["forward"] = batch
+        return SimpleNamespace(logits=torch.zeros(2, 3, 5))
+
+    def generate(**kwargs):
+        calls["generate"] = kwargs
+        return torch.tensor([[1, 4, 3, 0], [1, 2, 0, 0]])
+
+    batch = {
+        "input_ids": torch.tensor([[5, 6], [7, 0]]),
+        "attention_mask": torch.tensor([[1, 1], [1, 0]]),
+        "labels": torch.tensor([[4, 3, -100], [2, 2, 2]]),
+    }
+    stream = GenerationStream(task)
+    task.eval_step(batch, torch.tensor([True, True]), stream, EvalTools(forward, generate, Tok()))
+    assert calls["forward"] is batch
+    assert calls["generate"]["input_ids"] is batch["input_ids"] and "synced_gpus" not in calls["generate"]
+    assert calls["generate"]["max_new_tokens"] == task.config.generation_max_length
+    assert stream.predictions == ["4 3", "2"] and stream.references == ["4 3", "2 2 2"]
+    assert stream.generated_tokens == 3
+
+
+@pytest.mark.parametrize("sharded, world_size, synced", [(False, 2, False), (True, 1, False), (True, 2, True)])
+def test_backend_generate_unwraps_autocasts_and_syncs_sharded_ranks(sharded, world_size, synced):
+    from tuneforge.backends.base import Backend
+
+    seen = {}
+
+    class Model(torch.nn.Module):
+        def generate(self, **kwargs):
+            seen.update(kwargs, autocast=torch.is_autocast_enabled("cpu"))
+            return torch.ones(1, 2, dtype=torch.long)
+
+    wrapper = torch.nn.Module()
+    wrapper.module = Model()
+    # a bf16 CPU backend of that geometry, without a process group (only generate is under test)
+    probe = type("Probe", (Backend,), {"__init__": lambda self: None, "precision": "bf16", "sharded": sharded})
+    probe.device, probe.world_size = torch.device("cpu"), world_size
+    backend = probe()
+    out = backend.generate(wrapper, input_ids=torch.ones(1, 1, dtype=torch.long), max_new_tokens=1)
+    assert out.tolist() == [[1, 1]]
+    assert seen["synced_gpus"] is synced and seen["max_new_tokens"] == 1 and seen["autocast"]
+
+
+def test_max_train_samples_counts_the_examples_the_model_sees(tmp_path, tiny_bert, tiny_gpt2, cache_dir):
+    """One rule (Task.select_examples): rows for classification, packed blocks for clm."""
+    from tuneforge.trainer import Trainer
+
+    train = write_sentiment_csv(tmp_path / "train.csv", 40)
+    common = {"max_steps": 1, "batch_size": 4, "quiet": True, "eval_strategy": "no"}
+    cls = Trainer(
+        task="classification",
+        model=tiny_bert,
+        output_dir=str(tmp_path / "cls"),
+        data={"train_file": str(train), "validation_file": str(train), "max_train_samples": 7, "cache_dir": cache_dir},
+        **common,
+    )
+    cls.fit()
+    assert len(cls.train_data) == 7 and cls.task.label_names == ["neg", "pos"]
+    text = tmp_path / "train.txt"
+    text.write_text("".join(f"line number {i} of a small text file\n" for i in range(40)), encoding="utf-8")
+    clm = Trainer(
+        task="clm",
+        model=tiny_gpt2,
+        output_dir=str(tmp_path / "clm"),
+        data={
+            "train_file": str(text),
+            "validation_file": str(text),
+            "block_size": 8,
+            "max_train_samples": 5,
+            "cache_dir": cache_dir,
+        },
+        **common,
+    )
+    clm.fit()
+    assert len(clm.train_data) == 5 and all(n == 8 for n in clm.train_data["length"])  # 5 blocks, not 5 lines

@@ -185,6 +185,13 @@ class Backend:
             return torch.autocast(self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
+    def generate(self, model: torch.nn.Module, **kwargs: Any) -> torch.Tensor:
+        """`generate` on the unwrapped model under this run's autocast. Sharded weights (FSDP, ZeRO-3, tp)
+        are gathered inside each forward, so on more than one rank all ranks take the same number of
+        decoding steps (`synced_gpus`: the ones that finish early keep stepping)."""
+        with self.autocast():
+            return self.unwrap(model).generate(synced_gpus=self.sharded and self.world_size > 1, **kwargs)
+
     def micro_step(self, model: torch.nn.Module, sync: bool):
         """Entered once per micro-batch around forward, loss and backward: the one place that
         decides whether this micro-batch's gradients are synchronised across ranks (`sync`: the

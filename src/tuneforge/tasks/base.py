@@ -8,12 +8,15 @@ examples or tokens), and streams metrics exactly across data-parallel ranks.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from tuneforge.errors import ConfigError, DataError, UserError
+from tuneforge.paths import check_output_dir
 
 
 def bundled_minilm() -> str:
@@ -23,20 +26,51 @@ def bundled_minilm() -> str:
     return str(Path(list(spec.submodule_search_locations)[0]) / "model")
 
 
-def check_model_path(model: str) -> None:
-    """A local path must be an HF model folder; anything else is treated as a hub id."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")  # model.safetensors, pytorch_model.bin, shards
+CHECKPOINT_MARKERS = ("trainer_state.json", "manifest.json")  # an OUTPUT_DIR/checkpoint-STEP folder
+
+
+def check_model_path(model: str, weights: bool = True) -> None:
+    """A local path must be an HF model folder (config.json and, unless `weights` is False, weights);
+    anything else is treated as a hub id."""
     p = Path(model)
     looks_local = p.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
-    if looks_local:
-        if not p.is_dir():
-            raise ConfigError(
-                f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased"
-            )
-        if not (p / "config.json").exists():
-            raise ConfigError(
-                f"model {model!r} is not a Hugging Face model folder (no config.json); "
-                "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
-            )
+    if not looks_local:
+        return
+    if not p.is_dir():
+        raise ConfigError(f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased")
+    if any((p / m).is_file() for m in CHECKPOINT_MARKERS):
+        raise ConfigError(
+            f"model {model!r} is a training checkpoint, not a model folder; pass OUTPUT_DIR/model, or run "
+            f"`tuneforge export {model} OUT_DIR` first and pass OUT_DIR"
+        )
+    if not (p / "config.json").exists():
+        if (p / "model" / "config.json").is_file():
+            raise ConfigError(f"model {model!r} is a run's output dir, not a model folder; pass {str(p / 'model')!r}")
+        raise ConfigError(
+            f"model {model!r} is not a Hugging Face model folder (no config.json); "
+            "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
+        )
+    if not weights:
+        return
+    files = [f for f in p.iterdir() if f.is_file()]
+    if not any(f.suffix in WEIGHT_SUFFIXES or f.name == "model.ckpt.index" for f in files):
+        raise ConfigError(
+            f"model {model!r} has a config.json but no weights (model.safetensors or pytorch_model.bin); "
+            "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
+        )
+    from safetensors import SafetensorError, safe_open
+
+    for f in files:
+        if f.suffix == ".safetensors":
+            try:  # reads the header only: a truncated or foreign file fails here, not after tokenizing
+                with safe_open(str(f), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                raise ConfigError(
+                    f"model {model!r}: {f.name} is not a readable safetensors file ({_first_line(err)}); save the "
+                    "model again with save_pretrained"
+                ) from None
 
 
 def set_dropout(model_config, p: float | None):
@@ -54,14 +88,55 @@ def set_dropout(model_config, p: float | None):
     return model_config
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")  # sentencepiece (spiece.model, tokenizer.model), tiktoken
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def from_pretrained(loader, path: str, what: str, **kwargs):
+    """`loader.from_pretrained(path, **kwargs)`; a folder (or hub id) that cannot be loaded is one ConfigError
+    line: unreadable config.json, unknown model type, no head of that kind, corrupt or missing weights."""
+    from safetensors import SafetensorError
+
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, SafetensorError) as err:
+        raise ConfigError(f"could not load {what} from {path!r}: {_first_line(err)}") from None
+
+
 def load_tokenizer(model: str):
     from transformers import AutoTokenizer
 
-    check_model_path(model)
+    check_model_path(model, weights=False)
+    p = Path(model)
+    if p.is_dir() and not any(
+        f.name in TOKENIZER_FILES or f.suffix in TOKENIZER_SUFFIXES for f in p.iterdir() if f.is_file()
+    ):  # transformers would build a near-empty tokenizer from config.json alone, and training would run on it
+        raise ConfigError(
+            f"model {model!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); save the tokenizer into "
+            "that folder with tokenizer.save_pretrained"
+        )
     try:
         return AutoTokenizer.from_pretrained(model)
-    except OSError as err:
-        raise ConfigError(f"could not load a tokenizer from {model!r}: {str(err).splitlines()[0]}") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"could not load a tokenizer from {model!r}: {_first_line(err)}") from None
+
+
+@dataclass(frozen=True)
+class EvalTools:
+    """What a task's `eval_step` may use; it never sees the Trainer or the backend.
+
+    forward(batch) -> model outputs (under the run's autocast); generate(**kwargs) -> token ids from
+    the unwrapped model (`Backend.generate`: autocast, all ranks stepping together when sharded);
+    tokenizer: the run's tokenizer."""
+
+    forward: Callable[[dict[str, torch.Tensor]], Any]
+    generate: Callable[..., torch.Tensor]
+    tokenizer: Any
 
 
 class MetricStream:
@@ -84,6 +159,10 @@ class Task:
     def __init__(self, config) -> None:
         self.config = config
         self.log = print
+        if config.model:  # a typo in --model fails before any tokenizer, data or model work
+            check_model_path(config.model)
+        if config.data.cache_dir:
+            check_output_dir(config.data.cache_dir, "--cache-dir", "cache dir")
 
     # --- model --------------------------------------------------------------------------
     def default_model(self) -> str:
@@ -108,9 +187,34 @@ class Task:
         raise NotImplementedError
 
     # --- data ---------------------------------------------------------------------------
+    # The Trainer calls, in order: load_raw (or prepare_raw), label_set -> use_labels, encode_labels,
+    # tokenize, select_examples. Only use_labels changes what the task knows about the data.
     def load_raw(self):
-        """DatasetDict with train/validation splits of raw (untokenized) examples."""
+        """DatasetDict with train/validation splits of raw (untokenized) examples, labels as written."""
         raise NotImplementedError
+
+    def label_set(self, raw) -> list[str] | None:
+        """The classes a model of this task predicts, in id order, decided from `raw` (None: no classes)."""
+        return None
+
+    def use_labels(self, names: list[str] | None) -> None:
+        """Adopt the label set (from `label_set`): the model head and the label encoding follow it."""
+
+    def encode_labels(self, raw):
+        """`raw` with its labels as ids of the adopted label set (tasks without classes: unchanged)."""
+        return raw
+
+    def select_examples(self, split: str, ds):
+        """--max-train-samples / --max-eval-samples: the one rule for both.
+
+        They count the examples the model sees: the first N features of a split (one feature per row
+        for classification and seq2seq, one packed block for clm). A task whose rows map one to one onto
+        features may apply this to raw rows before tokenizing (the same examples, less work)."""
+        data = self.config.data
+        limit = {"train": data.max_train_samples, "validation": data.max_eval_samples}.get(split)
+        if ds is None or not limit:
+            return ds
+        return ds.select(range(min(limit, len(ds))))
 
     def tokenize(self, raw, tokenizer, log=print):
         """DatasetDict of features, each split with a `length` column."""
@@ -123,8 +227,11 @@ class Task:
         return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
     # --- loss and metrics ---------------------------------------------------------------
-    def compute_loss(self, outputs, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of per-item losses, number of items) for one micro-batch."""
+    def compute_loss(self, outputs, batch, row_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of per-item losses, number of items) for one micro-batch.
+
+        `row_mask` (evaluation): a bool tensor, one entry per row; rows where it is False (padding
+        duplicates added so every rank gets a full batch) add nothing to the loss sum."""
         raise NotImplementedError
 
     def count(self, batch) -> torch.Tensor:
@@ -134,10 +241,9 @@ class Task:
     def metric_stream(self) -> MetricStream:
         raise NotImplementedError
 
-    def eval_step(self, trainer, model, batch, valid, stream) -> None:
+    def eval_step(self, batch, valid, stream: MetricStream, tools: EvalTools) -> None:
         """One evaluation micro-batch (seq2seq overrides this to also `generate`)."""
-        outputs = trainer.forward_step(model, batch)
-        stream.update(outputs, batch, valid)
+        stream.update(tools.forward(batch), batch, valid)
 
     def prepare_raw(self, splits: dict):
         """User-given raw datasets (Python API) -> the same form as `load_raw`."""
@@ -155,6 +261,16 @@ class Task:
             raise ConfigError(
                 f"max_length {want} is above the model's limit of {limit} positions; use --max-length {limit} or less"
             )
+
+
+def hold_out_validation(train, seed: int, what: str, fix: str) -> dict:
+    """{"train", "validation"}: 10% of `train` held out for validation, fixed by `seed`."""
+    if len(train) < 2:
+        raise DataError(
+            f"the training data has only {len(train)} {what}: too few to hold out 10% for validation; {fix}"
+        )
+    parts = train.train_test_split(test_size=0.1, seed=seed)
+    return {"train": parts["train"], "validation": parts["test"]}
 
 
 def empty_check(ds, split: str) -> None:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tuneforge.data.sources import bundled_bbc_news, check_file, read_split, require_columns
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check, set_dropout
+from tuneforge.tasks.base import MetricStream, Task, empty_check, from_pretrained, hold_out_validation, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
 
 TEXT_GUESSES = (
@@ -62,7 +62,7 @@ class ClassificationStream(MetricStream):
         preds = logits.squeeze(-1) if self.task.num_labels == 1 else logits.argmax(-1)
         self.preds.append(preds[valid].detach())
         self.labels.append(batch["labels"][valid].detach())
-        loss, _ = self.task.compute_loss(outputs, batch, reduce_mask=valid)
+        loss, _ = self.task.compute_loss(outputs, batch, row_mask=valid)
         n = valid.sum()
         self.loss_sum = loss.detach() if self.loss_sum is None else self.loss_sum + loss.detach()
         self.count = n if self.count is None else self.count + n
@@ -119,8 +119,6 @@ class ClassificationTask(Task):
     def _check_inputs(self) -> None:
         """Cheap checks of paths and flags, so a typo fails before any tokenizer, data or model work."""
         cfg, data = self.config, self.config.data
-        if cfg.model:
-            check_model_path(cfg.model)
         if data.text_columns is not None and not 1 <= len(data.text_columns) <= 2:
             raise ConfigError(
                 f"--text-column takes one or two columns (a sentence pair), got {len(data.text_columns)}: "
@@ -130,6 +128,8 @@ class ClassificationTask(Task):
             raise ConfigError(
                 f"--text-column names {data.text_columns[0]!r} twice; a sentence pair needs two different columns"
             )
+        if data.text_columns:
+            self._check_label_not_text(self.text_columns)
         for f in (data.train_file, data.validation_file):
             if f:
                 check_file(f)
@@ -163,31 +163,20 @@ class ClassificationTask(Task):
 
             raw = load_glue(self.config.task.split("/", 1)[1], data.data_dir)
         elif cfg.task == "bbc-news" and not data.train_file:
-            raw = bundled_bbc_news(split_seed=data.split_seed)
-            self.label_names = sorted(set(raw["train"]["label"]))
+            raw = bundled_bbc_news(split_seed=data.split_seed)  # its labels: topic names (sorted by label_set)
         else:
             raw = self._load_files()
         for split in raw:
             empty_check(raw[split], split)
         self._resolve_columns(raw)
-        return self._head(self._encode_labels(raw))
-
-    def _head(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
-        """--max-train/eval-samples before tokenizing (the label set still comes from all of train)."""
-        limits = {"train": self.config.data.max_train_samples, "validation": self.config.data.max_eval_samples}
-        return datasets.DatasetDict(
-            {
-                split: ds.select(range(min(limits[split], len(ds)))) if limits.get(split) else ds
-                for split, ds in raw.items()
-            }
-        )
+        return raw
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         raw = datasets.DatasetDict({k: v for k, v in splits.items() if v is not None})
         for split in raw:
             empty_check(raw[split], split)
         self._resolve_columns(raw)
-        return self._encode_labels(raw)
+        return raw
 
     def _load_files(self) -> datasets.DatasetDict:
         data = self.config.data
@@ -200,8 +189,7 @@ class ClassificationTask(Task):
             splits["validation"] = read_split(data.validation_file)
         else:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training file for validation")
-            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
-            splits = {"train": parts["train"], "validation": parts["test"]}
+            splits = hold_out_validation(splits["train"], data.split_seed, "row", "add rows or pass --validation-file")
         return datasets.DatasetDict(splits)
 
     def _where(self, split: str) -> str:
@@ -222,6 +210,7 @@ class ClassificationTask(Task):
                 )
         if len(self.text_columns) > 2:
             raise ConfigError(f"--text-column takes one or two columns, got {len(self.text_columns)}")
+        self._check_label_not_text(self.text_columns)
         for split, ds in raw.items():
             require_columns(ds.column_names, self.text_columns, self._where(split), "--text-column")
             require_columns(ds.column_names, [self.label_column], self._where(split), "--label-column")
@@ -239,7 +228,47 @@ class ClassificationTask(Task):
                         "those rows"
                     )
 
-    def _encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+    def _check_label_not_text(self, text_columns: list[str]) -> None:
+        if self.label_column in text_columns:
+            raise ConfigError(
+                f"column {self.label_column!r} is both the text column and the label column; pass the column "
+                "holding the text with --text-column and the one holding the labels with --label-column"
+            )
+
+    # ---- labels ------------------------------------------------------------------------
+    def label_set(self, raw: datasets.DatasetDict) -> list[str] | None:
+        """The classes, in id order: GLUE's names, a fine-tuned model's (adopt_model_labels), or the
+        training split's distinct labels (integers by value, other labels by name). None: regression."""
+        if self.regression:
+            return None
+        if self.label_names is not None:
+            return list(self.label_names)
+        split = "train" if "train" in raw else next(iter(raw))
+        values = raw[split][self.label_column]
+        self._check_no_empty_labels(values, split)
+        names = sorted(
+            {str(v) for v in values},
+            key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s),
+        )
+        if split == "train" and len(names) < 2:
+            raise DataError(
+                f"{self._where(split)} has a single label, {names[0]!r}; a classifier needs examples of at least "
+                f"two labels: add rows with another label (or pick the label column with --label-column)"
+            )
+        return names
+
+    def use_labels(self, names: list[str] | None) -> None:
+        if names is not None:
+            self.label_names = list(names)
+            self.num_labels = len(self.label_names)
+
+    def _check_no_empty_labels(self, values, split: str) -> None:
+        for i, v in enumerate(values):
+            if v is None or not str(v).strip():
+                raise DataError(f"row {i + 1} of {self._where(split)} has an empty label; fill it in or drop the row")
+
+    def encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
+        """Labels as ids of the adopted label set (a float per row for regression), in a `labels` column."""
         col = self.label_column
         if self.regression:
 
@@ -262,15 +291,9 @@ class ClassificationTask(Task):
                 {s: ds.remove_columns(col).add_column("labels", to_float(ds[col], s)) for s, ds in raw.items()}
             )
 
-        train_values = (raw["train"] if "train" in raw else next(iter(raw.values())))[col]
         if self.label_names is None:
-            uniq = sorted(
-                {str(v) for v in train_values},
-                key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s),
-            )
-            self.label_names = uniq
+            raise RuntimeError("encode_labels needs the label set: call use_labels(label_set(raw)) first")
         index = {name: i for i, name in enumerate(self.label_names)}
-        self.num_labels = len(self.label_names)
 
         ids_allowed = self.glue is not None  # GLUE data (hub or glue_data) already holds label ids
 
@@ -308,7 +331,12 @@ class ClassificationTask(Task):
             return
         from transformers import AutoConfig
 
-        mc = AutoConfig.from_pretrained(self.config.model)
+        try:
+            mc = AutoConfig.from_pretrained(self.config.model)
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                f"could not read the model config of {self.config.model!r}: {str(err).splitlines()[0]}"
+            ) from None
         names = [mc.id2label[i] for i in sorted(mc.id2label)] if getattr(mc, "id2label", None) else []
         if not names or all(str(n).startswith("LABEL_") for n in names):
             return  # a base model: no label set of its own
@@ -322,6 +350,8 @@ class ClassificationTask(Task):
     # ---- features ----------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
         cols, max_length = self.text_columns, self.config.data.max_length
+        # one row is one example: --max-train/eval-samples cut the rows, so a large set is not tokenized in full
+        raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
 
         def fn(batch):
             texts = [batch[c] for c in cols]
@@ -367,19 +397,21 @@ class ClassificationTask(Task):
                 "id2label": dict(enumerate(self.label_names)),
                 "label2id": {n: i for i, n in enumerate(self.label_names)},
             }
-        model_config = set_dropout(AutoConfig.from_pretrained(path, **kwargs), self.config.dropout)
+        model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config", **kwargs), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return AutoModelForSequenceClassification.from_pretrained(path, config=model_config)
+        return from_pretrained(
+            AutoModelForSequenceClassification, path, "a sequence-classification model", config=model_config
+        )
 
-    def compute_loss(self, outputs, batch, reduce_mask=None):
+    def compute_loss(self, outputs, batch, row_mask=None):
         logits = outputs.logits
         labels = batch["labels"]
         if self.regression:
             per = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="none")
         else:
             per = F.cross_entropy(logits.float(), labels, reduction="none")
-        if reduce_mask is not None:
-            per = per * reduce_mask
+        if row_mask is not None:
+            per = per * row_mask
         return per.sum(), torch.tensor(float(labels.shape[0]), device=logits.device)
 
     def metric_stream(self):

@@ -28,7 +28,14 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import cached_map, default_cache_dir
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, check_model_path, empty_check, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    Task,
+    check_model_path,
+    empty_check,
+    hold_out_validation,
+    set_dropout,
+)
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 DEFAULT_BLOCK_SIZE = 1024  # run_clm's cap when --block-size is not given
@@ -184,10 +191,16 @@ class CausalLMTask(Task):
             raise ConfigError(
                 f"block size {want} is above the model's context of {limit} tokens; use --block-size {limit} or less"
             )
+        if want < 2:
+            raise ConfigError(
+                f"block size {want} leaves no next-token targets (token t predicts token t+1); use --block-size 2 or "
+                "more"
+            )
         self.block_size = want
         return want
 
     def load_model(self, tokenizer):
+        from safetensors import SafetensorError
         from transformers import AutoModelForCausalLM
 
         path = self.model_path()
@@ -205,7 +218,7 @@ class CausalLMTask(Task):
             model = AutoModelForCausalLM.from_pretrained(
                 path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout)
             )
-        except ValueError as err:  # a config type with no causal-LM head
+        except (ValueError, OSError, SafetensorError) as err:  # no causal-LM head for this config; bad weights
             raise ConfigError(
                 f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}"
             ) from None
@@ -232,8 +245,7 @@ class CausalLMTask(Task):
             splits["validation"] = self._read(data.validation_file, "validation")
         elif "train" in splits:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training text for validation")
-            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
-            splits = {"train": parts["train"], "validation": parts["test"]}
+            splits = hold_out_validation(splits["train"], data.split_seed, "line", "add text or pass --validation-file")
         return datasets.DatasetDict(splits)
 
     def _read(self, path: str, split: str) -> datasets.Dataset:

@@ -19,7 +19,16 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
 from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, bundled_minilm, check_model_path, empty_check, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    Task,
+    bundled_minilm,
+    check_model_path,
+    empty_check,
+    from_pretrained,
+    hold_out_validation,
+    set_dropout,
+)
 
 NOT_SEQ2SEQ_HEADS = (
     "ForSequenceClassification",
@@ -85,6 +94,11 @@ class Seq2SeqTask(Task):
         data = config.data
         self.source_column = data.source_column or "source"
         self.target_column = data.target_column or "target"
+        if self.source_column == self.target_column:  # the model would learn to copy its input
+            raise ConfigError(
+                f"--source-column and --target-column both name {self.source_column!r}; pass the column holding "
+                "the inputs and the one holding the outputs"
+            )
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
@@ -106,8 +120,12 @@ class Seq2SeqTask(Task):
             splits["validation"] = validation
         elif "train" in splits:  # hold out 10% of train, fixed by split_seed
             self.log("no validation data: holding out 10% of the training pairs for validation")
-            parts = splits["train"].train_test_split(test_size=0.1, seed=data.split_seed)
-            splits = {"train": parts["train"], "validation": parts["test"]}
+            splits = hold_out_validation(
+                splits["train"],
+                data.split_seed,
+                "sentence pair",
+                "add pairs or pass --validation-source-file and --validation-target-file",
+            )
         if not splits:
             raise ConfigError(
                 "task 'seq2seq' needs data: pass --source-file/--target-file (parallel text, one sentence per "
@@ -151,7 +169,9 @@ class Seq2SeqTask(Task):
             return tokenizer.cls_token_id
         from transformers import AutoConfig
 
-        return getattr(AutoConfig.from_pretrained(self.model_path()), "decoder_start_token_id", None)
+        return getattr(
+            from_pretrained(AutoConfig, self.model_path(), "the model config"), "decoder_start_token_id", None
+        )
 
     def tokenize(self, raw, tokenizer, log=print):
         data = self.config.data
@@ -230,7 +250,7 @@ class Seq2SeqTask(Task):
             return self._minilm_encoder_decoder(tokenizer)
         path = self.config.model
         check_model_path(path)
-        model_config = AutoConfig.from_pretrained(path)
+        model_config = from_pretrained(AutoConfig, path, "the model config")
         archs = getattr(model_config, "architectures", None) or []
         if any(a.endswith(NOT_SEQ2SEQ_HEADS) for a in archs) or not getattr(model_config, "is_encoder_decoder", False):
             kind = archs[0] if archs else model_config.model_type
@@ -239,7 +259,12 @@ class Seq2SeqTask(Task):
                 "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)"
             )
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
-        return AutoModelForSeq2SeqLM.from_pretrained(path, config=set_dropout(model_config, self.config.dropout))
+        return from_pretrained(
+            AutoModelForSeq2SeqLM,
+            path,
+            "a sequence-to-sequence model",
+            config=set_dropout(model_config, self.config.dropout),
+        )
 
     def _minilm_encoder_decoder(self, tokenizer):
         """BERT-style encoder and decoder both warm-started from the bundled MiniLM."""
@@ -287,20 +312,12 @@ class Seq2SeqTask(Task):
             "do_sample": False,
         }
 
-    def eval_step(self, trainer, model, batch, valid, stream) -> None:
-        outputs = trainer.forward_step(model, batch)
-        b = trainer.backend
-        # sharded weights (FSDP, ZeRO) are gathered inside each forward: all ranks must take the
-        # same number of decoding steps, so the ones that finish early keep stepping (synced_gpus)
-        synced = b.sharded and b.world_size > 1
-        with b.autocast():
-            generated = b.unwrap(model).generate(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                synced_gpus=synced,
-                **self.generation_kwargs(),
-            )
-        tokenizer = trainer.tokenizer
+    def eval_step(self, batch, valid, stream, tools) -> None:
+        outputs = tools.forward(batch)
+        generated = tools.generate(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **self.generation_kwargs()
+        )
+        tokenizer = tools.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         predictions = [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
         labels = batch["labels"].masked_fill(batch["labels"] == -100, pad_id)
