@@ -28,7 +28,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from tuneforge.backends import BackendOptions
+from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
@@ -396,7 +396,7 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as configs/mrpc.yaml")
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as configs/glue-mrpc.yaml")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
+from tuneforge.files import write_text
 
 LAUNCHED_FLAG = "TUNEFORGE_LAUNCHED"
 RESULT_FILE_VAR = "TUNEFORGE_RESULT_FILE"  # where the main worker hands its result back
@@ -281,9 +282,7 @@ def hand_back(result: dict, is_main: bool) -> dict:
     """
     target = os.environ.get(RESULT_FILE_VAR)
     if target and is_main and not Path(target).exists():
-        tmp = Path(f"{target}.{os.getpid()}")
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, target)
+        write_text(target, json.dumps(result), durable=False)
     return result
 
 

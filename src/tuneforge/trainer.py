@@ -125,22 +125,17 @@ class Trainer:
         if not cfg.resume and not launch.launched_by_us() and launch.restart_count() == 0:
             checkpoint.prepare_output_dir(cfg)
             check_output_dir(cfg.output_dir)  # can be created and written, before any heavy work
-        model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
-        if launch.needs_launch(cfg):
-            check_launchable(cfg, launch.dist_env(), model_config)
-            return launch.launch_workers(cfg)
-        self.backend = get_backend(cfg, launch.dist_env())
-        self.backend.check(model_config)
-        self.backend.setup()
-        try:
-            return launch.hand_back(self._fit(model, tokenizer, train_dataset, eval_dataset), self.backend.is_main)
-        finally:
-            self.backend.teardown()
+        return self._on_backend(model, lambda: self._fit(model, tokenizer, train_dataset, eval_dataset))
 
     train = fit
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
         """Evaluate a model (the config's, or the task's default) on the validation split."""
+        return self._on_backend(model, lambda: self._validate(model, tokenizer, eval_dataset))
+
+    def _on_backend(self, model, run) -> dict:
+        """Launch the workers (nproc > 1 from a plain process), or set this process's backend up, `run()`
+        on it and hand the result back to the launching process."""
         cfg = self.config
         model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
@@ -149,15 +144,18 @@ class Trainer:
         self.backend = get_backend(cfg, launch.dist_env())
         self.backend.check(model_config)
         self.backend.setup()
-        t0 = time.perf_counter()
         try:
-            model = self._set_up(model, tokenizer, None, eval_dataset, training=False)
-            self.model, _ = self.backend.wrap(model, None)  # evaluation only: no optimizer
-            metrics = self.evaluate()
-            metrics["wall_s"] = round(time.perf_counter() - t0, 2)
-            return launch.hand_back(metrics, self.backend.is_main)
+            return launch.hand_back(run(), self.backend.is_main)
         finally:
             self.backend.teardown()
+
+    def _validate(self, model, tokenizer, eval_dataset) -> dict:
+        t0 = time.perf_counter()
+        model = self._set_up(model, tokenizer, None, eval_dataset, training=False)
+        self.model, _ = self.backend.wrap(model, None)  # evaluation only: no optimizer
+        metrics = self.evaluate()
+        metrics["wall_s"] = round(time.perf_counter() - t0, 2)
+        return metrics
 
     def _fit(self, model, tokenizer, train_dataset, eval_dataset) -> dict:
         cfg, b = self.config, self.backend

@@ -63,10 +63,11 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from tuneforge import launch
 from tuneforge.backends.tp import BACKEND
 from tuneforge.config import build_config
 
-backend = BACKEND(build_config(backend="tp", tp_size=2, precision="fp32"))
+backend = BACKEND(build_config(backend="tp", tp_size=2, precision="fp32"), launch.dist_env())
 backend.setup()
 assert (backend.tp_size, backend.dp_size) == (2, 2)
 

@@ -10,18 +10,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from pydantic import BaseModel, ConfigDict
-
+from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
 
-_NOT_BACKENDS = {"base"}
-
-
-class BackendOptions(BaseModel):
-    """A backend's own settings. Subclass it as `Options` in the backend class: each field (with its
-    `description`) becomes a config key under `backend_options` (also accepted flat) and a CLI flag."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+__all__ = ["BackendOptions", "available_backends", "backend_class", "get_backend", "check_launchable"]
+_NOT_BACKENDS = {"base", "options"}
 
 
 def available_backends() -> list[str]:
@@ -44,7 +37,7 @@ def backend_classes() -> dict:
     for name in available_backends():
         try:
             out[name] = backend_class(name)
-        except Exception:  # noqa: BLE001 - an engine that fails to import is reported by `tuneforge env`
+        except ImportError:  # an engine that fails to import is reported by `tuneforge env`
             continue
     return out
 
@@ -63,11 +56,10 @@ def get_backend(config, env):
 
     `env`: this process's place in a launched world (`launch.dist_env()`).
     """
-    return backend_class(config.backend)(config, env)
-
-
-def _listed(names: list[str], last: str = "or") -> str:
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
+    cls = backend_class(config.backend)
+    if not cls.distributed and (config.nproc > 1 or config.nnodes > 1):
+        raise ConfigError(f"backend {cls.name!r} runs one process; for --nproc > 1 use {distributed_hint()}")
+    return cls(config, env)
 
 
 def distributed_hint() -> str:
@@ -76,17 +68,10 @@ def distributed_hint() -> str:
     return f"--backend {names[0]}" + (f" (or {', '.join(names[1:])})" if len(names) > 1 else "")
 
 
-def backends_reading(layouts) -> str:
-    """'ddp, fsdp, single or tp': the backends whose checkpoints are in one of `layouts`."""
-    return _listed([name for name, cls in backend_classes().items() if cls.checkpoint_layout in layouts])
-
-
 def check_launchable(config, env, model_config=None) -> None:
     """Config errors a launch would only find in every worker: report them once, in the launching parent."""
-    backend = get_backend(config, env)  # unknown backend
+    backend = get_backend(config, env)  # unknown backend, or one that runs one process
     backend.check(model_config)  # backend-specific checks
-    if not backend.distributed:
-        raise ConfigError(f"backend {backend.name!r} runs one process; for several processes use {distributed_hint()}")
     verdict = backend.usable()
     if verdict != "usable":
         raise ConfigError(

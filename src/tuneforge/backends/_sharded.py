@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tuneforge.backends import backends_reading
 from tuneforge.backends.base import Backend
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.weights import share_tied
@@ -53,7 +52,6 @@ class ShardedBackend(Backend):
     supported_precisions = ("fp32", "bf16")  # fp16 needs a sharded grad scaler: use bf16
 
     checkpoint_layout = "dcp"  # sharded/: torch.distributed.checkpoint, every rank writes its shards
-    reads_layouts = ("dcp", "full")  # its own, and a single/ddp checkpoint
 
     def check(self, model_config=None) -> None:
         if self.config.precision == "fp16":
@@ -103,7 +101,7 @@ class ShardedBackend(Backend):
             raise CheckpointError(
                 f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor "
                 "model.safetensors; "
-                f"backend {self.name!r} resumes from {backends_reading(self.reads_layouts)} checkpoints"
+                f"backend {self.name!r} resumes from its own sharded checkpoints or a model.safetensors one"
             )
 
     @classmethod

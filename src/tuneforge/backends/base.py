@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from tuneforge.backends import BackendOptions
+from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
 
 MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]

@@ -38,8 +38,8 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
-from tuneforge.backends import BackendOptions
 from tuneforge.backends.base import Backend, MakeOptimizer
+from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.weights import parameter_names
 

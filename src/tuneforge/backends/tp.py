@@ -20,9 +20,9 @@ import torch.distributed as dist
 from pydantic import Field
 from torch import nn
 
-from tuneforge.backends import BackendOptions
 from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
+from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import shutil
 from pathlib import Path
 
 import datasets
@@ -28,6 +26,7 @@ from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import cached_map, default_cache_dir
 from tuneforge.errors import ConfigError, DataError
+from tuneforge.files import replacing
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
@@ -101,13 +100,10 @@ def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) ->
         raise ConfigError(
             f"could not load the bundled SmolLM2 GGUF ({reason}); install gguf and accelerate, or pass --model"
         ) from None
-    tmp = out.with_name(f".tmp-{out.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "tuneforge-source.json").write_text(json.dumps(source))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with replacing(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "tuneforge-source.json").write_text(json.dumps(source))
 
 
 def context_length(model_config) -> int | None:
