@@ -17,60 +17,27 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = {
-    "single (1 process, batch 16)": ["--backend", "single", "--batch-size", "16"],
-    "ddp (2x8)": ["--backend", "ddp", "--nproc", "2", "--batch-size", "8"],
-    "fsdp (2x8)": ["--backend", "fsdp", "--nproc", "2", "--batch-size", "8"],
-    "deepspeed zero-1 (2x8)": ["--backend", "deepspeed", "--zero-stage", "1", "--nproc", "2", "--batch-size", "8"],
-    "deepspeed zero-2 (2x8)": ["--backend", "deepspeed", "--zero-stage", "2", "--nproc", "2", "--batch-size", "8"],
-    "deepspeed zero-3 (2x8)": ["--backend", "deepspeed", "--zero-stage", "3", "--nproc", "2", "--batch-size", "8"],
-    "deepspeed zero-3 + offload optimizer (2x8)": [
-        "--backend",
-        "deepspeed",
-        "--zero-stage",
-        "3",
-        "--offload",
-        "optimizer",
-        "--nproc",
-        "2",
-        "--batch-size",
-        "8",
-    ],
-    "tp (2-way, batch 16)": ["--backend", "tp", "--tp-size", "2", "--nproc", "2", "--batch-size", "16"],
+VARIANTS = {  # flags of each run, split on spaces
+    "single (1 process, batch 16)": "--backend single --batch-size 16",
+    "ddp (2x8)": "--backend ddp --nproc 2 --batch-size 8",
+    "fsdp (2x8)": "--backend fsdp --nproc 2 --batch-size 8",
+    "deepspeed zero-1 (2x8)": "--backend deepspeed --zero-stage 1 --nproc 2 --batch-size 8",
+    "deepspeed zero-2 (2x8)": "--backend deepspeed --zero-stage 2 --nproc 2 --batch-size 8",
+    "deepspeed zero-3 (2x8)": "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 8",
+    "deepspeed zero-3 + offload optimizer (2x8)": "--backend deepspeed --zero-stage 3 --offload optimizer --nproc 2 "
+    "--batch-size 8",
+    "tp (2-way, batch 16)": "--backend tp --tp-size 2 --nproc 2 --batch-size 16",
 }
 
 
 def tuneforge_run(name, extra, args):
     out = Path("/tmp/bench-backends") / name.split()[0].replace("/", "_")
-    cmd = [
-        str(Path(sys.executable).parent / "tuneforge"),
-        "train",
-        "--task",
-        "glue/mrpc",
-        "--data-dir",
-        args.data_dir,
-        "--max-steps",
-        str(args.max_steps),
-        "--logging-steps",
-        "1",
-        "--precision",
-        "fp32",
-        "--no-group-by-length",
-        "--lr",
-        "5e-5",
-        "--eval-strategy",
-        "no",
-        "--max-eval-samples",
-        "16",
-        "--max-length",
-        "128",
-        "--output-dir",
-        str(out) + "-" + "-".join(extra[1:4]),
-        "--overwrite",
-        "--quiet",
-        "--json",
-        *extra,
-    ]
+    extra = extra.split()
+    fixed = "--task glue/mrpc --logging-steps 1 --precision fp32 --no-group-by-length --lr 5e-5 --eval-strategy no "
+    fixed += "--max-eval-samples 16 --max-length 128 --overwrite --quiet --json"
+    output_dir = str(out) + "-" + "-".join(extra[1:4])
+    cmd = [str(Path(sys.executable).parent / "tuneforge"), "train", *fixed.split(), "--output-dir", output_dir]
+    cmd += ["--data-dir", args.data_dir, "--max-steps", str(args.max_steps), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}

@@ -15,38 +15,20 @@ from datetime import date
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BACKENDS = {
-    "single": ["--backend", "single", "--batch-size", "16"],
-    "ddp (2 proc)": ["--backend", "ddp", "--nproc", "2", "--batch-size", "8"],
-    "fsdp (2 proc)": ["--backend", "fsdp", "--nproc", "2", "--batch-size", "8"],
-    "deepspeed zero-3 (2 proc)": ["--backend", "deepspeed", "--zero-stage", "3", "--nproc", "2", "--batch-size", "8"],
-    "tp (2 proc)": ["--backend", "tp", "--tp-size", "2", "--nproc", "2", "--batch-size", "16"],
+BACKENDS = {  # flags of each run, split on spaces
+    "single": "--backend single --batch-size 16",
+    "ddp (2 proc)": "--backend ddp --nproc 2 --batch-size 8",
+    "fsdp (2 proc)": "--backend fsdp --nproc 2 --batch-size 8",
+    "deepspeed zero-3 (2 proc)": "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 8",
+    "tp (2 proc)": "--backend tp --tp-size 2 --nproc 2 --batch-size 16",
 }
 
 
 def tf(args, out, extra, timings):
-    cmd = [
-        sys.executable,
-        str(HERE / "_timed_tuneforge.py"),
-        "train",
-        "--task",
-        "glue/mrpc",
-        "--data-dir",
-        args.data_dir,
-        "--precision",
-        "fp32",
-        "--eval-strategy",
-        "no",
-        "--max-eval-samples",
-        "16",
-        "--logging-steps",
-        "1",
-        "--output-dir",
-        str(out),
-        "--quiet",
-        "--json",
-        *extra,
-    ]
+    fixed = "train --task glue/mrpc --precision fp32 --eval-strategy no --max-eval-samples 16 --logging-steps 1 "
+    fixed += "--quiet --json"
+    cmd = [sys.executable, str(HERE / "_timed_tuneforge.py"), *fixed.split(), "--data-dir", args.data_dir]
+    cmd += ["--output-dir", str(out), *extra]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TUNEFORGE_TIMINGS": str(timings)})
     if proc.returncode != 0:
@@ -67,7 +49,8 @@ def main():
     root = Path("/tmp/bench-ckpt")
     saved = root / "backend-rows.json"
     rows = json.loads(saved.read_text()) if args.resume_only else {}
-    for name, extra in ({} if args.resume_only else BACKENDS).items():
+    for name, flags in ({} if args.resume_only else BACKENDS).items():
+        extra = flags.split()
         out = root / name.split()[0]
         timings = root / f"{name.split()[0]}.jsonl"
         timings.unlink(missing_ok=True)

@@ -82,6 +82,8 @@ def run_hf_trainer(args, model_path: str) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments, default_data_collator
 
+    from _peer import generative_training_args
+
     raw = datasets.load_dataset(
         "text",
         data_files={"train": str(Path(args.data_dir) / "valid.txt"), "test": str(Path(args.data_dir) / "test.txt")},
@@ -102,22 +104,9 @@ def run_hf_trainer(args, model_path: str) -> dict:
     test = lm["test"].select(range(min(args.max_eval_blocks, len(lm["test"])))) if args.max_eval_blocks else lm["test"]
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     training_args = TrainingArguments(
-        output_dir="runs/bench-clm-hf",
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
-        max_steps=args.max_steps,
-        learning_rate=args.lr,
-        warmup_steps=args.warmup_steps,
-        weight_decay=0.0,
-        lr_scheduler_type="linear",
-        logging_steps=10,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        seed=args.seed,
-        bf16=args.precision == "bf16",
-        use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=args.quiet,
+        **generative_training_args(
+            args, "runs/bench-clm-hf", per_device_eval_batch_size=args.batch_size, logging_steps=10
+        )
     )
     trainer = Trainer(
         model=model,

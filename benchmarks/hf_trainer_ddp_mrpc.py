@@ -7,13 +7,10 @@ for tuneforge), from rank 0.
 """
 
 import argparse
-import csv
 import json
 import os
 import time
 
-import pandas as pd
-from datasets import Dataset
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -22,6 +19,8 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
+
+from _peer import read_mrpc
 
 
 class StepClock(TrainerCallback):
@@ -42,22 +41,8 @@ def main():
     from tuneforge.tasks.base import bundled_minilm
 
     model_dir = bundled_minilm()
-    df = pd.read_csv(
-        f"{args.data_dir}/train.tsv",
-        sep="\t",
-        quoting=csv.QUOTE_NONE,
-        encoding="utf-8-sig",
-        dtype=str,
-        keep_default_na=False,
-    )
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ds = Dataset.from_dict(
-        {
-            "sentence1": df["#1 String"].tolist(),
-            "sentence2": df["#2 String"].tolist(),
-            "label": [int(x) for x in df["Quality"]],
-        }
-    )
+    ds = read_mrpc(f"{args.data_dir}/train.tsv")
     ds = ds.map(lambda ex: tok(ex["sentence1"], ex["sentence2"], truncation=True, max_length=128), batched=True)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     clock = StepClock()

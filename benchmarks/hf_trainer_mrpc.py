@@ -8,15 +8,12 @@ as tuneforge. Prints one JSON line: {"accuracy", "f1", "wall_s"}.
 """
 
 import argparse
-import csv
 import json
 import time
 
 T0 = time.perf_counter()
 
 import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from datasets import Dataset  # noqa: E402
 from sklearn.metrics import accuracy_score, f1_score  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForSequenceClassification,
@@ -27,16 +24,7 @@ from transformers import (  # noqa: E402
     set_seed,
 )
 
-
-def read_mrpc(path):
-    df = pd.read_csv(path, sep="\t", quoting=csv.QUOTE_NONE, encoding="utf-8-sig", dtype=str, keep_default_na=False)
-    return Dataset.from_dict(
-        {
-            "sentence1": df["#1 String"].tolist(),
-            "sentence2": df["#2 String"].tolist(),
-            "label": [int(x) for x in df["Quality"]],
-        }
-    )
+from _peer import read_mrpc  # noqa: E402
 
 
 def main():

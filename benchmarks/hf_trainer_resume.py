@@ -3,10 +3,7 @@
 and trains one more step. Used by checkpoints.py."""
 
 import argparse
-import csv
 
-import pandas as pd
-from datasets import Dataset
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -14,6 +11,8 @@ from transformers import (
     Trainer,
     TrainingArguments,
 )
+
+from _peer import read_mrpc
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--data-dir", required=True)
@@ -23,22 +22,8 @@ args = ap.parse_args()
 from tuneforge.tasks.base import bundled_minilm  # noqa: E402
 
 model_dir = bundled_minilm()
-df = pd.read_csv(
-    f"{args.data_dir}/train.tsv",
-    sep="\t",
-    quoting=csv.QUOTE_NONE,
-    encoding="utf-8-sig",
-    dtype=str,
-    keep_default_na=False,
-)
 tok = AutoTokenizer.from_pretrained(model_dir)
-ds = Dataset.from_dict(
-    {
-        "sentence1": df["#1 String"].tolist(),
-        "sentence2": df["#2 String"].tolist(),
-        "label": [int(x) for x in df["Quality"]],
-    }
-)
+ds = read_mrpc(f"{args.data_dir}/train.tsv")
 ds = ds.map(lambda ex: tok(ex["sentence1"], ex["sentence2"], truncation=True), batched=True)
 model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
 steps = args.step if args.phase == "save" else args.step + 1

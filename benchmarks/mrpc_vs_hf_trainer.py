@@ -40,17 +40,8 @@ def main():
     ap.add_argument("--only", default="abc", help="which variants to run, e.g. 'ab'")
     ap.add_argument("--seeds", type=int, nargs="+", default=[42], help="each variant runs once per seed and round")
     args = ap.parse_args()
-    tf = [
-        str(Path(sys.executable).parent / "tuneforge"),
-        "train",
-        "--task",
-        "glue/mrpc",
-        "--data-dir",
-        args.data_dir,
-        "--overwrite",
-        "--json",
-        "--quiet",
-    ]
+    tf = [str(Path(sys.executable).parent / "tuneforge"), *"train --task glue/mrpc --overwrite --json --quiet".split()]
+    tf += ["--data-dir", args.data_dir]
     variants = {
         "a": (
             "transformers.Trainer (HF course recipe)",

@@ -94,6 +94,7 @@ def run_seq2seq_trainer(args) -> dict:
     import torch
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
+    from _peer import generative_training_args
     from tuneforge.config import build_config
     from tuneforge.tasks.seq2seq import Seq2SeqTask, corpus_bleu
 
@@ -117,26 +118,16 @@ def run_seq2seq_trainer(args) -> dict:
         refs = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
         return {"bleu": corpus_bleu(hyps, refs)}
 
-    training_args = Seq2SeqTrainingArguments(
-        output_dir="runs/bench-seq2seq-hf",
-        per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.eval_batch_size or args.batch_size * 2,
-        max_steps=args.max_steps,
-        learning_rate=args.lr,
-        warmup_steps=args.warmup_steps,
-        weight_decay=0.0,
-        lr_scheduler_type="linear",
-        logging_steps=50,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to="none",
-        seed=args.seed,
-        bf16=args.precision == "bf16",
-        use_cpu=not torch.cuda.is_available(),
-        predict_with_generate=True,
-        generation_num_beams=args.num_beams,
-        disable_tqdm=args.quiet,
-    )  # max_new_tokens is given to evaluate(), as tuneforge does
+    training_args = Seq2SeqTrainingArguments(  # max_new_tokens is given to evaluate(), as tuneforge does
+        **generative_training_args(
+            args,
+            "runs/bench-seq2seq-hf",
+            per_device_eval_batch_size=args.eval_batch_size or args.batch_size * 2,
+            logging_steps=50,
+            predict_with_generate=True,
+            generation_num_beams=args.num_beams,
+        )
+    )
     trainer = Seq2SeqTrainer(
         model=model,
         args=training_args,
