@@ -220,6 +220,21 @@ class Task:
         """DatasetDict of features, each split with a `length` column."""
         raise NotImplementedError
 
+    def tokenize_split(self, split: str, ds, columns: list[str], fn, tokenizer, settings: dict, log=print):
+        """`fn` (batched) over `columns` of one raw split, through the tokenization cache: `settings`
+        are what, besides the data and the tokenizer, decides the features."""
+        from tuneforge.data.tokenize import cached_map  # datasets loads here, not at every CLI start
+
+        return cached_map(
+            ds.select_columns(columns),
+            fn,
+            tokenizer=tokenizer,
+            settings=settings,
+            cache_dir=self.config.data.cache_dir,
+            desc=f"tokenize {split}",
+            log=log,
+        )
+
     def collate(self, rows: dict[str, list], tokenizer) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 

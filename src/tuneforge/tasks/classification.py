@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.data.sources import bundled_bbc_news, check_file, read_split, require_columns
-from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import MetricStream, Task, empty_check, from_pretrained, hold_out_validation, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
@@ -363,15 +362,7 @@ class ClassificationTask(Task):
         settings = {"task": "classification", "columns": cols, "max_length": max_length, "truncation": True}
         return datasets.DatasetDict(
             {
-                split: cached_map(
-                    ds.select_columns(cols + ["labels"]),
-                    fn,
-                    tokenizer=tokenizer,
-                    settings=settings,
-                    cache_dir=self.config.data.cache_dir,
-                    desc=f"tokenize {split}",
-                    log=log,
-                )
+                split: self.tokenize_split(split, ds, cols + ["labels"], fn, tokenizer, settings, log)
                 for split, ds in raw.items()
             }
         )

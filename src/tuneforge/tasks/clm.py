@@ -24,7 +24,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
-from tuneforge.data.tokenize import cached_map, default_cache_dir
+from tuneforge.data.tokenize import default_cache_dir
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import replacing
 from tuneforge.tasks.base import (
@@ -282,15 +282,7 @@ class CausalLMTask(Task):
         settings = {"task": "clm", "packing": packing, "max_length": None if packing else block_size}
         out = {}
         for split, ds in raw.items():
-            feats = cached_map(
-                ds.select_columns(["text"]),
-                fn,
-                tokenizer=tokenizer,
-                settings=settings,
-                cache_dir=self.config.data.cache_dir,
-                desc=f"tokenize {split}",
-                log=log,
-            )
+            feats = self.tokenize_split(split, ds, ["text"], fn, tokenizer, settings, log)
             if packing:
                 feats = pack_blocks(feats, block_size)
                 log(f"{split}: {sum(feats['length'])} tokens in {len(feats)} blocks of {block_size}")

@@ -17,7 +17,6 @@ from torch.nn.utils.rnn import pad_sequence
 
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
-from tuneforge.data.tokenize import cached_map
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import (
     MetricStream,
@@ -208,15 +207,7 @@ class Seq2SeqTask(Task):
         }
         out = {}
         for split, ds in raw.items():
-            feats = cached_map(
-                ds.select_columns(["source", "target"]),
-                fn,
-                tokenizer=tokenizer,
-                settings=settings,
-                cache_dir=data.cache_dir,
-                desc=f"tokenize {split}",
-                log=log,
-            )
+            feats = self.tokenize_split(split, ds, ["source", "target"], fn, tokenizer, settings, log)
             if len(feats) == 0:
                 raise DataError(f"the {split} split has no sentence pairs; give files with at least one line")
             out[split] = feats
