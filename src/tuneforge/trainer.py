@@ -238,7 +238,7 @@ class Trainer:
         self.report = Reporter(cfg, is_main=self.backend.is_main)
         task.log = self.report.print
         self.tokenizer = tokenizer or task.load_tokenizer()
-        if not training and model is None and hasattr(task, "adopt_model_labels"):
+        if not training and model is None:
             task.adopt_model_labels()
         splits = ("train", "validation") if training else ("validation",)
         self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset, splits=splits)
@@ -269,7 +269,7 @@ class Trainer:
             b.unwrap(self.model),
             b,
             task=cfg.task,
-            labels=getattr(self.task, "label_names", None),
+            labels=self.task.label_names,
             step_examples=step_examples,
         )
         return Checkpointer(
@@ -355,7 +355,7 @@ class Trainer:
         tools = EvalTools(
             forward=functools.partial(self.forward_step, model),
             generate=functools.partial(b.generate, model),
-            tokenizer=getattr(self, "tokenizer", None),
+            tokenizer=self.tokenizer,
         )
         bs = self.config.eval_batch_size or self.config.batch_size * 2
         for idx in eval_batches(np.asarray(data["length"]), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):

@@ -155,6 +155,7 @@ class Task:
     best_metric = "loss"  # default metric_for_best
     greater_is_better = False
     pads_batches = True  # batches carry padding (an attention mask): picks the CPU attention kernel
+    label_names: list[str] | None = None  # the adopted label set, in id order (tasks without classes: None)
 
     def __init__(self, config) -> None:
         self.config = config
@@ -203,6 +204,9 @@ class Task:
     def encode_labels(self, raw):
         """`raw` with its labels as ids of the adopted label set (tasks without classes: unchanged)."""
         return raw
+
+    def adopt_model_labels(self) -> None:
+        """Evaluating a fine-tuned model without training data: take the label set saved with it."""
 
     def select_examples(self, split: str, ds):
         """--max-train-samples / --max-eval-samples: the one rule for both.
