@@ -42,28 +42,43 @@ def minilm_dir() -> str:
     return bundled_minilm()
 
 
+def tiny_bert_config(dropout: float | None = None, **changes):
+    """The tiny BERT's config (MiniLM vocabulary, 2 layers, 32 wide, 4 heads); `dropout` sets all three dropouts."""
+    from transformers import BertConfig
+
+    sizes = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if dropout is not None:
+        probs = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+        changes = {**dict.fromkeys(probs, dropout), **changes}
+    return BertConfig(**{**sizes, "max_position_embeddings": 128, **changes})
+
+
+def save_tiny_bert(out: Path, minilm_dir: str, model_class=None, **config) -> str:
+    """A random `model_class` (default BertModel) of `tiny_bert_config(**config)` + MiniLM tokenizer, in `out`."""
+    from transformers import AutoTokenizer, BertModel
+
+    (model_class or BertModel)(tiny_bert_config(**config)).save_pretrained(out)
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
+    return str(out)
+
+
+def save_tiny_classifier(out: Path, minilm_dir: str, labels: dict[int, str]) -> str:
+    """A random tiny BERT classifier (seed 0; initializer range 0.3, so scores spread) with `labels`."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    ids = dict(num_labels=len(labels), id2label=labels, label2id={v: k for k, v in labels.items()})
+    return save_tiny_bert(out, minilm_dir, BertForSequenceClassification, initializer_range=0.3, **ids)
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory, minilm_dir) -> str:
     """A 2-layer, 32-wide random BERT with the real MiniLM tokenizer, saved as an HF folder."""
     import torch
-    from transformers import AutoTokenizer, BertConfig, BertModel
 
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert")
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-        classifier_dropout=0.0,
-    )
-    BertModel(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
-    return str(out)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), minilm_dir, dropout=0.0)
 
 
 POSITIVE = [
@@ -112,9 +127,40 @@ def write_sentiment_csv(path: Path, n: int, seed: int = 0) -> Path:
 @pytest.fixture
 def sentiment_files(tmp_path) -> tuple[Path, Path]:
     """(train.csv with 96 rows, validation.csv with 33 rows), labels 'pos'/'neg'."""
-    return write_sentiment_csv(tmp_path / "train.csv", 96, seed=1), write_sentiment_csv(
-        tmp_path / "validation.csv", 33, seed=2
+    return sentiment_split(tmp_path, 96, 33)
+
+
+def sentiment_split(folder: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
+    """(folder/train.csv, folder/validation.csv) with `n_train` and `n_val` rows."""
+    return (
+        write_sentiment_csv(folder / "train.csv", n_train, seed=1),
+        write_sentiment_csv(folder / "validation.csv", n_val, seed=2),
     )
+
+
+def cli_flags(**flags) -> list[str]:
+    """Keywords as CLI flags: batch_size=16 -> --batch-size 16, json=True -> --json, [a, b] repeats; None: no flag."""
+    args = []
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif isinstance(value, (list, tuple)):
+            args += [a for v in value for a in (flag, str(v))]
+        elif value is not None and value is not False:
+            args += [flag, str(value)]
+    return args
+
+
+def train_command(files: tuple[Path, Path], model: str | None = None, **flags) -> list[str]:
+    """`train --train-file TRAIN --validation-file VAL [--model MODEL]`, then `flags` (see cli_flags)."""
+    train, val = files
+    return ["train", *cli_flags(train_file=train, validation_file=val, model=model, **flags)]
+
+
+def cli_command(*args: str) -> list[str]:
+    """The command line of `python -m tuneforge.cli ARGS` with this interpreter."""
+    return [sys.executable, "-m", "tuneforge.cli", *args]
 
 
 def run_cli(
@@ -123,7 +169,7 @@ def run_cli(
     """Run `python -m tuneforge.cli ARGS` in a fresh process; returns the CompletedProcess."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "tuneforge.cli", *args],
+        cli_command(*args),
         capture_output=True,
         text=True,
         env=full_env,
@@ -242,112 +288,67 @@ def t5_tokenizer(out: Path):
     return tok
 
 
+def save_random(out: Path, model_class, config) -> str:
+    """`model_class(config)` with its weights drawn from seed 0, saved into `out`."""
+    import torch
+
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(out)
+    return str(out)
+
+
+def save_tiny_causal_lm(out: Path, model_class, config_class, **config) -> str:
+    """A random causal LM with a byte-level BPE tokenizer (its end-of-text token is bos and eos), saved into `out`."""
+    tok = bpe_tokenizer(out)
+    ends = dict(bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    return save_random(out, model_class, config_class(vocab_size=len(tok), **config, **ends))
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory) -> str:
     """2-layer, 32-wide random GPT-2 (context 64) with a byte-level BPE tokenizer."""
-    import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    out = tmp_path_factory.mktemp("tiny-gpt2")
-    tok = bpe_tokenizer(out)
-    torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=len(tok),
-        n_positions=64,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        bos_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    GPT2LMHeadModel(config).save_pretrained(out)
-    return str(out)
+    sizes = dict(n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-gpt2"), GPT2LMHeadModel, GPT2Config, **sizes)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> str:
     """2-layer, 32-wide random Llama (grouped-query attention, context 64), byte-level BPE tokenizer."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny-llama")
-    tok = bpe_tokenizer(out)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=tok.eos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(out)
-    return str(out)
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64, **heads)
+    return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-llama"), LlamaForCausalLM, LlamaConfig, **sizes)
 
 
 @pytest.fixture(scope="session")
 def tiny_t5(tmp_path_factory) -> str:
     """2+2-layer, 32-wide random T5 with a real SentencePiece T5 tokenizer."""
-    import torch
     from transformers import T5Config, T5ForConditionalGeneration
 
     out = tmp_path_factory.mktemp("tiny-t5")
     tok = t5_tokenizer(out)
-    torch.manual_seed(0)
-    config = T5Config(
-        vocab_size=len(tok),
-        d_model=32,
-        d_kv=8,
-        d_ff=64,
-        num_layers=2,
-        num_decoder_layers=2,
-        num_heads=4,
-        dropout_rate=0.0,
-        pad_token_id=0,
-        eos_token_id=1,
-        decoder_start_token_id=0,
-    )
-    T5ForConditionalGeneration(config).save_pretrained(out)
-    return str(out)
+    sizes = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4, dropout_rate=0.0)
+    config = T5Config(vocab_size=len(tok), **sizes, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    return save_random(out, T5ForConditionalGeneration, config)
 
 
 @pytest.fixture(scope="session")
 def tiny_bart(tmp_path_factory, minilm_dir) -> str:
     """2+2-layer, 32-wide random BART on the MiniLM (BERT) tokenizer: [CLS]=bos, [SEP]=eos=decoder start."""
-    import torch
     from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
 
     out = tmp_path_factory.mktemp("tiny-bart")
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     tok.save_pretrained(out)
-    torch.manual_seed(0)
-    config = BartConfig(
-        vocab_size=len(tok),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
-        decoder_start_token_id=tok.sep_token_id,
-        forced_eos_token_id=None,
-    )
-    BartForConditionalGeneration(config).save_pretrained(out)
-    return str(out)
+    layers = dict(encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4)
+    sizes = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128, **layers)
+    no_dropout = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id)
+    ids.update(decoder_start_token_id=tok.sep_token_id, forced_eos_token_id=None)
+    return save_random(out, BartForConditionalGeneration, BartConfig(vocab_size=len(tok), **sizes, **no_dropout, **ids))
 
 
 # ---- helpers shared by the test files --------------------------------------------------------
@@ -440,14 +441,6 @@ BACKEND_RUNS = {
     ),
 }
 REFERENCE_RUN = {"clip": "single", "zero": "zero-single"}
-
-
-def sentiment_split(folder: Path, n_train: int, n_val: int) -> tuple[Path, Path]:
-    """(folder/train.csv, folder/validation.csv) with `n_train` and `n_val` rows."""
-    return (
-        write_sentiment_csv(folder / "train.csv", n_train, seed=1),
-        write_sentiment_csv(folder / "validation.csv", n_val, seed=2),
-    )
 
 
 def backend_train_args(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_main, run_cli, write_sentiment_csv
+from conftest import cli_flags, cli_main, run_cli, train_command, write_sentiment_csv
 
 
 @pytest.fixture
@@ -20,25 +20,18 @@ def files(tmp_path):
 
 
 def train_args(tmp_path, tiny_bert, train, val, *extra, positional=()):
-    return [
-        "train",
-        *positional,
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--model",
-        tiny_bert,
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-        "--max-steps",
-        "1",
-        "--batch-size",
-        "8",
-        *extra,
-    ]
+    """`train [POSITIONAL]` on these files into tmp_path/out (cache: tmp_path/cache), 1 step of 8, then `extra`."""
+    files = cli_flags(train_file=train, validation_file=val, model=tiny_bert)
+    where = cli_flags(output_dir=tmp_path / "out", cache_dir=tmp_path / "cache", max_steps=1, batch_size=8)
+    return ["train", *positional, *files, *where, *extra]
+
+
+def train_on(tmp_path, tiny_bert, files, *extra, train: str | None = None, val: str | None = None):
+    """run_cli of train_args after writing `train` and/or `val` (UTF-8) over the train and validation files."""
+    for path, text in zip(files, (train, val)):
+        if text is not None:
+            path.write_text(text, encoding="utf-8")
+    return run_cli(*train_args(tmp_path, tiny_bert, *files, *extra))
 
 
 def assert_refused(proc, tmp_path, *needles):
@@ -78,38 +71,29 @@ def test_misspelt_text_column(tmp_path, tiny_bert, files):
 
 
 def test_missing_label_column(tmp_path, tiny_bert, files):
-    train, val = files
-    train.write_text("review,sentiment\ngood film,pos\nbad film,neg\n", encoding="utf-8")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val, "--text-column", "review"))
+    reviews = "review,sentiment\ngood film,pos\nbad film,neg\n"
+    proc = train_on(tmp_path, tiny_bert, files, "--text-column", "review", train=reviews)
     assert_refused(proc, tmp_path, "column 'label' not found", "columns are: review, sentiment", "--label-column")
 
 
 def test_empty_dataset(tmp_path, tiny_bert, files):
-    train, val = files
-    train.write_text("text,label\n", encoding="utf-8")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val))
+    proc = train_on(tmp_path, tiny_bert, files, train="text,label\n")
     assert_refused(proc, tmp_path, "train.csv", "no examples")
 
 
 def test_label_outside_label_set(tmp_path, tiny_bert, files):
-    train, val = files
-    val.write_text("text,label\na fine film,pos\nan odd film,neutral\n", encoding="utf-8")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val))
+    proc = train_on(tmp_path, tiny_bert, files, val="text,label\na fine film,pos\nan odd film,neutral\n")
     assert_refused(proc, tmp_path, "label 'neutral'", "val.csv", "row 2", "[neg, pos]")
 
 
 def test_non_numeric_regression_label(tmp_path, tiny_bert, files):
-    train, val = files
-    train.write_text("text,label\na fine film,4.5\nan odd film,high\n", encoding="utf-8")
-    val.write_text("text,label\na film,1.0\n", encoding="utf-8")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val, "--task", "regression"))
+    scores = dict(train="text,label\na fine film,4.5\nan odd film,high\n", val="text,label\na film,1.0\n")
+    proc = train_on(tmp_path, tiny_bert, files, "--task", "regression", **scores)
     assert_refused(proc, tmp_path, "regression label 'high'", "row 2", "not a number")
 
 
 def test_malformed_csv_row(tmp_path, tiny_bert, files):
-    train, val = files
-    train.write_text("text,label\na fine film,pos\nan odd, long film,neg\n", encoding="utf-8")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val))
+    proc = train_on(tmp_path, tiny_bert, files, train="text,label\na fine film,pos\nan odd, long film,neg\n")
     assert_refused(proc, tmp_path, "malformed row", "Expected 2 fields in line 3, saw 3", "fix that row")
 
 
@@ -215,8 +199,9 @@ def test_download_offline_is_one_clear_line(tmp_path):
 
 
 # ---- issue #10: input that used to escape as a traceback -------------------------------------
-def one_error(code, err, expected: str) -> None:
-    """In-process CLI run (conftest.cli_main): exit 2 and exactly this one line on stderr."""
+def one_error(result: tuple[int, str, str], expected: str) -> None:
+    """A conftest.cli_main (code, stdout, stderr) result: exit 2 and exactly this one line on stderr."""
+    code, _, err = result
     assert code == 2, err
     assert "Traceback" not in err
     assert [line for line in err.splitlines() if line.strip()] == [f"error: {expected}"]
@@ -233,10 +218,8 @@ def test_text_column_that_is_the_label_column(tmp_path, tiny_bert, files):
 
 def test_guessed_text_column_that_is_the_label_column(tmp_path, tiny_bert, files, capsys):
     """No --text-column: the guessed text column ('text') is also what --label-column names."""
-    code, _, err = cli_main(capsys, *train_args(tmp_path, tiny_bert, *files, "--label-column", "text"))
     one_error(
-        code,
-        err,
+        cli_main(capsys, *train_args(tmp_path, tiny_bert, *files, "--label-column", "text")),
         "column 'text' is both the text column and the label column; pass the column holding the text with "
         "--text-column and the one holding the labels with --label-column",
     )
@@ -263,10 +246,8 @@ def test_model_folder_without_tokenizer_files(tmp_path, tiny_bert, files, capsys
     no_tok.mkdir()
     for name in ("config.json", "model.safetensors"):
         (no_tok / name).write_bytes((Path(tiny_bert) / name).read_bytes())
-    code, _, err = cli_main(capsys, *train_args(tmp_path, str(no_tok), *files))
     one_error(
-        code,
-        err,
+        cli_main(capsys, *train_args(tmp_path, str(no_tok), *files)),
         f"model {str(no_tok)!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); save the tokenizer into "
         "that folder with tokenizer.save_pretrained",
     )
@@ -278,10 +259,8 @@ def test_model_folder_with_corrupt_weights(tmp_path, tiny_bert, files, capsys):
     broken.mkdir()
     for f in Path(tiny_bert).iterdir():
         (broken / f.name).write_bytes(b"not a safetensors file" if f.suffix == ".safetensors" else f.read_bytes())
-    code, _, err = cli_main(capsys, *train_args(tmp_path, str(broken), *files))
     one_error(
-        code,
-        err,
+        cli_main(capsys, *train_args(tmp_path, str(broken), *files)),
         f"model {str(broken)!r}: model.safetensors is not a readable safetensors file (Error while deserializing "
         "header: header too large); save the model again with save_pretrained",
     )
@@ -303,10 +282,8 @@ def test_output_dir_under_a_file(tmp_path, tiny_bert, files, capsys):
     blocker.write_text("x")
     args = train_args(tmp_path, tiny_bert, *files)
     args[args.index("--output-dir") + 1] = str(blocker / "run")
-    code, _, err = cli_main(capsys, *args)
     one_error(
-        code,
-        err,
+        cli_main(capsys, *args),
         f"output dir {str(blocker / 'run')!r} cannot be created: {str(blocker)!r} is a file; choose another "
         "--output-dir",
     )
@@ -315,10 +292,8 @@ def test_output_dir_under_a_file(tmp_path, tiny_bert, files, capsys):
 def test_cache_dir_that_cannot_be_created(tmp_path, tiny_bert, files, capsys):
     args = train_args(tmp_path, tiny_bert, *files)
     args[args.index("--cache-dir") + 1] = "/proc/forbidden/cache"
-    code, _, err = cli_main(capsys, *args)
     one_error(
-        code,
-        err,
+        cli_main(capsys, *args),
         "cache dir '/proc/forbidden/cache' cannot be created ('/proc' takes no new folders); choose another "
         "--cache-dir",
     )
@@ -326,10 +301,8 @@ def test_cache_dir_that_cannot_be_created(tmp_path, tiny_bert, files, capsys):
 
 
 def test_override_without_a_value(tmp_path, tiny_bert, files, capsys):
-    code, _, err = cli_main(capsys, *train_args(tmp_path, tiny_bert, *files, positional=["optim.lr"]))
     one_error(
-        code,
-        err,
+        cli_main(capsys, *train_args(tmp_path, tiny_bert, *files, positional=["optim.lr"])),
         "'optim.lr' is neither a config file nor a key=value override; did you mean optim.lr=VALUE? "
         "(a config file is a YAML file such as configs/glue-mrpc.yaml)",
     )
@@ -337,10 +310,9 @@ def test_override_without_a_value(tmp_path, tiny_bert, files, capsys):
 
 
 def test_single_training_label_is_refused(tmp_path, tiny_bert, files):
-    train, val = files
-    train.write_text("text,label\na fine film,pos\na great film,pos\nlovely,pos\n", encoding="utf-8")
-    val.write_text("text,label\nan ok film,pos\n", encoding="utf-8")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val))
+    train, _ = files
+    positives = "text,label\na fine film,pos\na great film,pos\nlovely,pos\n"
+    proc = train_on(tmp_path, tiny_bert, files, train=positives, val="text,label\nan ok film,pos\n")
     line = assert_refused(proc, tmp_path)
     assert line == (
         f"error: the train data ({train}) has a single label, 'pos'; a classifier needs examples of at least two "
@@ -381,10 +353,8 @@ def test_model_commands_on_a_checkpoint_folder(run_with_checkpoint, tmp_path, ca
         "serve": ["--port", "0"],
         "eval": ["--task", "classification", "--validation-file", str(data)],
     }[command]
-    code, _, err = cli_main(capsys, command, ckpt, *extra)
     one_error(
-        code,
-        err,
+        cli_main(capsys, command, ckpt, *extra),
         f"model {ckpt!r} is a training checkpoint, not a model folder; pass OUTPUT_DIR/model, or run "
         f"`tuneforge export {ckpt} OUT_DIR` first and pass OUT_DIR",
     )
@@ -393,17 +363,17 @@ def test_model_commands_on_a_checkpoint_folder(run_with_checkpoint, tmp_path, ca
 
 def test_predict_on_a_run_output_dir(run_with_checkpoint, tmp_path, capsys):
     run, data = run_with_checkpoint
-    code, _, err = cli_main(capsys, "predict", str(run), "--input", str(data), "--output", str(tmp_path / "p.jsonl"))
-    one_error(code, err, f"model {str(run)!r} is a run's output dir, not a model folder; pass {str(run / 'model')!r}")
+    one_error(
+        cli_main(capsys, "predict", str(run), "--input", str(data), "--output", str(tmp_path / "p.jsonl")),
+        f"model {str(run)!r} is a run's output dir, not a model folder; pass {str(run / 'model')!r}",
+    )
 
 
 def test_predict_output_that_cannot_be_written(run_with_checkpoint, capsys):
     run, data = run_with_checkpoint
     model = str(run / "model")
-    code, _, err = cli_main(capsys, "predict", model, "--input", str(data), "--output", "/proc/forbidden/p.jsonl")
     one_error(
-        code,
-        err,
+        cli_main(capsys, "predict", model, "--input", str(data), "--output", "/proc/forbidden/p.jsonl"),
         "the folder of --output '/proc/forbidden' cannot be created ('/proc' takes no new folders); choose another "
         "--output",
     )
@@ -414,8 +384,10 @@ def test_negative_max_length_for_predict_and_serve(run_with_checkpoint, tmp_path
     """Was an internal OverflowError from the tokenizer."""
     run, data = run_with_checkpoint
     extra = ["--input", str(data), "--output", str(tmp_path / "p.jsonl")] if command == "predict" else ["--port", "0"]
-    code, _, err = cli_main(capsys, command, str(run / "model"), *extra, "--max-length", "-5")
-    one_error(code, err, "--max-length must be at least 1, got -5")
+    one_error(
+        cli_main(capsys, command, str(run / "model"), *extra, "--max-length", "-5"),
+        "--max-length must be at least 1, got -5",
+    )
 
 
 def test_generate_with_an_unreadable_config(tmp_path, tiny_gpt2, capsys):
@@ -435,37 +407,18 @@ def test_clm_block_size_with_no_targets(tmp_path, tiny_gpt2, capsys):
     text = tmp_path / "train.txt"
     text.write_text("a man is riding a red bike.\nthe dog is holding a blue ball.\n", encoding="utf-8")
     out = tmp_path / "out"
-    code, _, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "clm",
-        "--train-file",
-        str(text),
-        "--validation-file",
-        str(text),
-        "--model",
-        tiny_gpt2,
-        "--block-size",
-        "1",
-        "--output-dir",
-        str(out),
-        "--cache-dir",
-        str(tmp_path / "cache"),
-    )
+    where = cli_flags(output_dir=out, cache_dir=tmp_path / "cache")
+    args = train_command((text, text), tiny_gpt2, task="clm", block_size=1) + where
     one_error(
-        code,
-        err,
+        cli_main(capsys, *args),
         "block size 1 leaves no next-token targets (token t predicts token t+1); use --block-size 2 or more",
     )
     assert not out.exists() and not (tmp_path / "cache").exists()
 
 
 def test_download_local_dir_that_cannot_be_created(capsys):
-    code, _, err = cli_main(capsys, "download", "prajjwal1/bert-tiny", "--local-dir", "/proc/forbidden/tiny")
     one_error(
-        code,
-        err,
+        cli_main(capsys, "download", "prajjwal1/bert-tiny", "--local-dir", "/proc/forbidden/tiny"),
         "folder '/proc/forbidden/tiny' cannot be created ('/proc' takes no new folders); choose another --local-dir",
     )
 
@@ -501,10 +454,8 @@ def test_unexpected_exception_is_one_internal_error_line_with_a_report_file(
 
 
 def test_download_malformed_repo_id(capsys):
-    code, _, err = cli_main(capsys, "download", "not/a/valid/id")
     one_error(
-        code,
-        err,
+        cli_main(capsys, "download", "not/a/valid/id"),
         "'not/a/valid/id' is not a hub repo id (Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
         "'not/a/valid/id'. Use `repo_type` argument if needed.); pass one like "
         "sentence-transformers/all-MiniLM-L6-v2",
@@ -514,23 +465,9 @@ def test_download_malformed_repo_id(capsys):
 def test_seq2seq_source_and_target_the_same_column(tmp_path, capsys):
     table = tmp_path / "pairs.csv"
     table.write_text("en,de\na man,ein Mann\n", encoding="utf-8")
-    code, _, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "seq2seq",
-        "--train-file",
-        str(table),
-        "--source-column",
-        "en",
-        "--target-column",
-        "en",
-        "--output-dir",
-        str(tmp_path / "out"),
-    )
+    columns = cli_flags(source_column="en", target_column="en", output_dir=tmp_path / "out")
     one_error(
-        code,
-        err,
+        cli_main(capsys, "train", "--task", "seq2seq", "--train-file", str(table), *columns),
         "--source-column and --target-column both name 'en'; pass the column holding the inputs and the one holding "
         "the outputs",
     )
@@ -542,20 +479,17 @@ def test_serve_without_its_web_packages(run_with_checkpoint, capsys, monkeypatch
 
     run, _ = run_with_checkpoint
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # `import uvicorn` raises ImportError, as when not installed
-    code, _, err = cli_main(capsys, "serve", str(run / "model"), "--port", "0")
     expected = "`tuneforge serve` needs fastapi and uvicorn (uvicorn is missing): pip install fastapi uvicorn"
-    one_error(code, err, expected)
+    one_error(cli_main(capsys, "serve", str(run / "model"), "--port", "0"), expected)
 
 
 def test_generate_from_an_empty_prompt(tiny_gpt2, capsys):
     """GPT-2's tokenizer adds no BOS: an empty prompt was an internal RuntimeError deep inside generate."""
-    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "")
+    result = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "")
     one_error(
-        code,
-        err,
-        "prompt 1 ('') has no tokens; a causal language model continues a text, so give it at least a word",
+        result, "prompt 1 ('') has no tokens; a causal language model continues a text, so give it at least a word"
     )
-    assert out == ""
+    assert result[1] == ""  # nothing on stdout
 
 
 @pytest.mark.parametrize("task", ["classification", "clm", "seq2seq"])
@@ -580,6 +514,5 @@ def test_one_training_example_and_no_validation_data(tmp_path, tiny_bert, tiny_g
         )
     out = tmp_path / "out"
     args = ["train", "--task", task, *data, "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
-    code, _, err = cli_main(capsys, *args, *(["--model", model] if model else []))
-    one_error(code, err, f"the training data has only {expected}")
+    one_error(cli_main(capsys, *args, *(["--model", model] if model else [])), f"the training data has only {expected}")
     assert not out.exists() and not (tmp_path / "cache").exists()

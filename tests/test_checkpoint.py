@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import run_cli, write_sentiment_csv
+from conftest import cli_flags, run_cli, save_tiny_bert, sentiment_split, train_command
 from tuneforge import checkpoint
 from tuneforge.config import build_config
 from tuneforge.progress import Progress
@@ -38,39 +38,15 @@ def run_config(out, files, model, cache_dir, **overrides):
     return build_config(values)
 
 
-def cli_flags(out, files, model, cache_dir):
-    """The same run as `run_config` on the command line."""
-    train, val = files
-    return [
-        "train",
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--model",
-        model,
-        "--epochs",
-        str(EPOCHS),
-        "--batch-size",
-        str(BATCH),
-        "--lr",
-        "1e-3",
-        "--output-dir",
-        str(out),
-        "--cache-dir",
-        cache_dir,
-        "--quiet",
-        "--save-strategy",
-        "steps",
-        "--save-steps",
-        "6",
-    ]
+def cli_args(out, files, model, cache_dir):
+    """The same run as `run_config` on the command line, saving a checkpoint every 6 steps."""
+    run = cli_flags(epochs=EPOCHS, batch_size=BATCH, lr="1e-3", output_dir=out, cache_dir=cache_dir, quiet=True)
+    return train_command(files, model, save_strategy="steps", save_steps=6) + run
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    return write_sentiment_csv(d / "train.csv", 96, seed=1), write_sentiment_csv(d / "validation.csv", 33, seed=2)
+    return sentiment_split(tmp_path_factory.mktemp("data"), 96, 33)
 
 
 @pytest.fixture(scope="module")
@@ -219,13 +195,13 @@ def test_damaged_checkpoint_is_refused(kind, run_copy, files, tiny_bert, cache_d
     damage, expected = DAMAGE[kind]
     ckpt = run_copy / "checkpoint-12"
     damage(ckpt)
-    code, line = tuneforge(capsys, *cli_flags(run_copy, files, tiny_bert, cache_dir), "--resume", str(ckpt))
+    code, line = tuneforge(capsys, *cli_args(run_copy, files, tiny_bert, cache_dir), "--resume", str(ckpt))
     assert code == 2 and line.startswith("error: ") and expected in line, line
 
 
 def test_bad_checkpoint_exits_2_from_a_fresh_process(run_copy, files, tiny_bert, cache_dir):
     (run_copy / "checkpoint-12" / "trainer_state.json").write_text("{}")  # edited after the write
-    proc = run_cli(*cli_flags(run_copy, files, tiny_bert, cache_dir), "--resume")
+    proc = run_cli(*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume")
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and "is truncated: trainer_state.json has 2 bytes" in line
@@ -234,37 +210,23 @@ def test_bad_checkpoint_exits_2_from_a_fresh_process(run_copy, files, tiny_bert,
 def test_missing_checkpoint_is_refused(tmp_path, files, tiny_bert, cache_dir, capsys):
     out = tmp_path / "fresh"
     code, line = tuneforge(
-        capsys, *cli_flags(out, files, tiny_bert, cache_dir), "--resume", str(tmp_path / "checkpoint-7")
+        capsys, *cli_args(out, files, tiny_bert, cache_dir), "--resume", str(tmp_path / "checkpoint-7")
     )
     assert code == 2 and "checkpoint-7' does not exist" in line
     out.mkdir()
     (out / ".tmp-checkpoint-6-123-456").mkdir()  # only a crashed write
-    code, line = tuneforge(capsys, *cli_flags(out, files, tiny_bert, cache_dir), "--resume")
+    code, line = tuneforge(capsys, *cli_args(out, files, tiny_bert, cache_dir), "--resume")
     assert code == 2 and "no complete checkpoint in" in line
 
 
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory, minilm_dir):
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    out = tmp_path_factory.mktemp("tiny-bert-48")
-    BertModel(
-        BertConfig(
-            vocab_size=30522,
-            hidden_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-    ).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
-    return str(out)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-48"), minilm_dir, hidden_size=48)
 
 
 def test_incompatible_checkpoints_are_refused(run_copy, files, tiny_bert, other_model, cache_dir, tmp_path, capsys):
     ckpt = str(run_copy / "checkpoint-12")
-    flags = cli_flags(run_copy, files, tiny_bert, cache_dir)
+    flags = cli_args(run_copy, files, tiny_bert, cache_dir)
 
     def refused(*args):
         code, line = tuneforge(capsys, *args, "--resume", ckpt)

@@ -68,6 +68,16 @@ def test_override_types_come_from_yaml_syntax():
     assert config.model == "path/to/model"
 
 
+def assert_one_line_config_error(values: dict, needles: list[str]) -> None:
+    """build_config(values) raises a ConfigError of one line that holds every needle."""
+    with pytest.raises(ConfigError) as err:
+        build_config(values)
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+
+
 @pytest.mark.parametrize(
     "values,needles",
     [
@@ -88,12 +98,7 @@ def test_override_types_come_from_yaml_syntax():
     ],
 )
 def test_unknown_keys_and_bad_values_name_the_key_and_what_is_allowed(values, needles):
-    with pytest.raises(ConfigError) as err:
-        build_config(values)
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, f"{needle!r} not in {message!r}"
+    assert_one_line_config_error(values, needles)
 
 
 def test_yaml_file_problems(tmp_path):
@@ -194,12 +199,7 @@ def test_saved_config_round_trips(tmp_path):
     ],
 )
 def test_bad_backend_options_are_one_line(values, needles):
-    with pytest.raises(ConfigError) as err:
-        build_config(values)
-    message = str(err.value)
-    assert "\n" not in message
-    for needle in needles:
-        assert needle in message, f"{needle!r} not in {message!r}"
+    assert_one_line_config_error(values, needles)
 
 
 def test_a_config_saved_before_backend_options_still_loads():

@@ -10,47 +10,22 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, write_sentiment_csv
+from conftest import REPO, cli_command, cli_flags, sentiment_split, train_command
 from tuneforge import checkpoint
 
 
 @pytest.fixture(scope="module")
 def crash_setup(tmp_path_factory, tiny_bert, cache_dir):
     d = tmp_path_factory.mktemp("crash")
-    train = write_sentiment_csv(d / "train.csv", 96, seed=1)
-    val = write_sentiment_csv(d / "validation.csv", 33, seed=2)
     # 96 rows, batch 16: 6 steps per epoch, 12 steps; checkpoints at 3, 6, 9, 12
-    flags = [
-        "train",
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--model",
-        tiny_bert,
-        "--epochs",
-        "2",
-        "--batch-size",
-        "16",
-        "--lr",
-        "1e-3",
-        "--cache-dir",
-        cache_dir,
-        "--save-strategy",
-        "steps",
-        "--save-steps",
-        "3",
-        "--logging-steps",
-        "1",
-    ]
-    return d, flags
+    run = cli_flags(epochs=2, batch_size=16, lr="1e-3", cache_dir=cache_dir, save_strategy="steps", save_steps=3)
+    return d, train_command(sentiment_split(d, 96, 33), tiny_bert, logging_steps=1) + run
 
 
 def start(flags, out, log, **env):
@@ -58,7 +33,7 @@ def start(flags, out, log, **env):
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
     with open(log.with_suffix(".out"), "w") as stdout, open(log, "w") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-m", "tuneforge.cli", *flags, "--output-dir", str(out)],
+            cli_command(*flags, "--output-dir", str(out)),
             cwd=REPO,
             env=full_env,
             stdout=stdout,

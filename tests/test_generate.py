@@ -7,15 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import last_json
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    from tuneforge.cli import main
-
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+from conftest import cli_flags, cli_main, last_json
 
 
 def test_greedy_continuation_equals_transformers_generate(tiny_gpt2):
@@ -79,30 +71,14 @@ def test_seq2seq_puts_the_trained_prefix_first_and_uses_beams(tiny_t5, tmp_path)
 
 
 def test_cli_prints_prompt_and_continuation(tiny_gpt2, capsys):
-    code, out, err = cli(
-        capsys, "generate", tiny_gpt2, "--prompt", "A man is", "--prompt", "The dog", "--max-new-tokens", "4"
-    )
+    prompts = cli_flags(prompt=["A man is", "The dog"], max_new_tokens=4)
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, *prompts)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("A man is") and any(line.startswith("The dog") for line in lines[1:])
 
-    code, out, err = cli(
-        capsys,
-        "generate",
-        tiny_gpt2,
-        "--prompt",
-        "A man is",
-        "--max-new-tokens",
-        "4",
-        "--do-sample",
-        "--top-p",
-        "0.9",
-        "--temperature",
-        "0.7",
-        "--seed",
-        "0",
-        "--json",
-    )
+    sampling = cli_flags(max_new_tokens=4, do_sample=True, top_p=0.9, temperature=0.7, seed=0, json=True)
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man is", *sampling)
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["prompt"] == "A man is" and isinstance(generation["generated"], str)
@@ -114,7 +90,7 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
     classifier = tmp_path / "classifier"
     AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=2).save_pretrained(classifier)
     AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(classifier)
-    code, out, err = cli(capsys, "generate", str(classifier), "--prompt", "hello")
+    code, out, err = cli_main(capsys, "generate", str(classifier), "--prompt", "hello")
     assert code == 2
     assert err.strip() == (
         f"error: model {str(classifier)!r} is a BertForSequenceClassification, not a text-generation "
@@ -135,12 +111,12 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
     ],
 )
 def test_bad_generation_options(tiny_gpt2, capsys, flags, message):
-    code, out, err = cli(capsys, "generate", tiny_gpt2, "--prompt", "A man", *flags)
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man", *flags)
     assert code == 2 and err.strip() == message
 
 
 def test_missing_model_folder(tmp_path, capsys):
-    code, out, err = cli(capsys, "generate", str(tmp_path / "nope"), "--prompt", "A man")
+    code, out, err = cli_main(capsys, "generate", str(tmp_path / "nope"), "--prompt", "A man")
     assert code == 2 and "does not exist" in err
 
 
@@ -153,7 +129,7 @@ def test_corrupt_tuneforge_json_is_one_clear_line(tiny_gpt2, tmp_path, capsys, c
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_gpt2, model_dir)
     (model_dir / "tuneforge.json").write_text(content)
-    code, out, err = cli(capsys, "generate", str(model_dir), "--prompt", "A man")
+    code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", "A man")
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"error: {str(model_dir / 'tuneforge.json')!r} {message}")

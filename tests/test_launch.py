@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import REPO, last_json, read_jsonl, run_cli, write_sentiment_csv
+from conftest import REPO, cli_command, cli_flags, last_json, read_jsonl, run_cli, sentiment_split, train_command
 from tuneforge import cli, launch
 
 STEPS = 6
@@ -43,46 +43,21 @@ DIST_VARS = (
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("launch-data")
-    return write_sentiment_csv(d / "train.csv", 16 * STEPS, seed=1), write_sentiment_csv(
-        d / "validation.csv", 33, seed=2
-    )
+    return sentiment_split(tmp_path_factory.mktemp("launch-data"), 16 * STEPS, 33)
 
 
-def common_args(tiny_bert, data, cache_dir, out) -> list[str]:
-    train, val = data
-    return [
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--model",
-        tiny_bert,
-        "--max-steps",
-        str(STEPS),
-        "--precision",
-        "fp32",
-        "--logging-steps",
-        "1",
-        "--lr",
-        "1e-2",
-        "--eval-strategy",
-        "no",
-        "--no-group-by-length",
-        "--cache-dir",
-        cache_dir,
-        "--output-dir",
-        str(out),
-        "--json",
-        "--quiet",
-    ]
+def train_args(tiny_bert, data, cache_dir, out, **flags) -> list[str]:
+    """`train` arguments of the STEPS-step run every test here makes, into `out`, with `flags` (conftest.cli_flags)."""
+    run = cli_flags(max_steps=STEPS, precision="fp32", logging_steps=1, lr="1e-2", eval_strategy="no")
+    where = cli_flags(no_group_by_length=True, cache_dir=cache_dir, output_dir=out, json=True, quiet=True)
+    return train_command(data, tiny_bert, **flags) + run + where
 
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory, tiny_bert, data, cache_dir) -> Path:
     """One process, batch 16, in this process (the reference every launch is compared with)."""
     out = tmp_path_factory.mktemp("launch-runs") / "single"
-    assert cli.main(["train", *common_args(tiny_bert, data, cache_dir, out), "--batch-size", "16"]) == 0
+    assert cli.main(train_args(tiny_bert, data, cache_dir, out, batch_size=16)) == 0
     return out
 
 
@@ -238,25 +213,8 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_bert, data, cach
     port = str(launch.free_port())
     procs = []
     for node in (0, 1):
-        cmd = [
-            sys.executable,
-            "-m",
-            "tuneforge.cli",
-            "train",
-            *common_args(tiny_bert, data, cache_dir, tmp_path / f"node{node}"),
-            "--backend",
-            "ddp",
-            "--batch-size",
-            "8",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            str(node),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            port,
-        ]
+        ddp = dict(backend="ddp", batch_size=8, nnodes=2, node_rank=node, master_addr="127.0.0.1", master_port=port)
+        cmd = cli_command(*train_args(tiny_bert, data, cache_dir, tmp_path / f"node{node}", **ddp))
         # two "machines" on 2 cores: one thread per worker, as on real nodes with their own cores
         procs.append(start(cmd, tmp_path / f"node{node}-log", clean_env(OMP_NUM_THREADS="1")))
     (rc0, out0, err0), (rc1, out1, err1) = finish(procs, [tmp_path / f"node{n}-log" for n in (0, 1)])
@@ -282,17 +240,7 @@ def test_slurm_tasks_started_by_hand_train_together(tmp_path, tiny_bert, data, c
             MASTER_PORT=port,
             OMP_NUM_THREADS="1",
         )  # srun binds cores
-        cmd = [
-            sys.executable,
-            "-m",
-            "tuneforge.cli",
-            "train",
-            *common_args(tiny_bert, data, cache_dir, tmp_path / "run"),
-            "--backend",
-            "ddp",
-            "--batch-size",
-            "8",
-        ]
+        cmd = cli_command(*train_args(tiny_bert, data, cache_dir, tmp_path / "run", backend="ddp", batch_size=8))
         procs.append(start(cmd, tmp_path / f"task{rank}-log", env))
     (rc0, out0, err0), (rc1, out1, err1) = finish(procs, [tmp_path / f"task{n}-log" for n in (0, 1)])
     assert rc0 == 0 and rc1 == 0, (err0[-2000:], err1[-2000:])
@@ -304,18 +252,8 @@ def test_deepspeed_hostfile_fans_out_on_this_machine(tmp_path, tiny_bert, data, 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     out = tmp_path / "run"
-    proc = run_cli(
-        "train",
-        *common_args(tiny_bert, data, cache_dir, out),
-        "--backend",
-        "ddp",
-        "--batch-size",
-        "8",
-        "--hostfile",
-        str(hostfile),
-        env=clean_env(),
-        timeout=300,
-    )
+    args = train_args(tiny_bert, data, cache_dir, out, backend="ddp", batch_size=8, hostfile=hostfile)
+    proc = run_cli(*args, env=clean_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert last_json(proc.stdout)["steps"] == STEPS
     assert_matches_baseline(out, baseline)
@@ -325,22 +263,7 @@ def test_multi_host_hostfile_without_pdsh_is_one_clear_error(tmp_path, capsys, m
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-a slots=2\nnode-b slots=2\n")
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no pdsh on this PATH, whatever the machine has
-    train, val = data
-    rc = cli.main(
-        [
-            "train",
-            "--train-file",
-            str(train),
-            "--validation-file",
-            str(val),
-            "--backend",
-            "ddp",
-            "--hostfile",
-            str(hostfile),
-            "--output-dir",
-            str(tmp_path / "run"),
-        ]
-    )
+    rc = cli.main(train_command(data, backend="ddp", hostfile=hostfile, output_dir=tmp_path / "run"))
     err = capsys.readouterr().err.strip().splitlines()[-1]  # (DeepSpeed may log its accelerator first)
     assert rc == 2
     assert (
@@ -363,19 +286,7 @@ def test_multi_host_hostfile_without_pdsh_is_one_clear_error(tmp_path, capsys, m
     ],
 )
 def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, message):
-    train, val = data
-    rc = cli.main(
-        [
-            "train",
-            "--train-file",
-            str(train),
-            "--validation-file",
-            str(val),
-            "--output-dir",
-            str(tmp_path / "run"),
-            *args,
-        ]
-    )
+    rc = cli.main([*train_command(data, output_dir=tmp_path / "run"), *args])
     err = capsys.readouterr().err
     assert rc == 2
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from conftest import last_json, read_jsonl, run_cli
+from conftest import cli_flags, last_json, read_jsonl, run_cli, save_tiny_bert, save_tiny_classifier
 from tuneforge.predict import Predictor, predict_file
 
 TEXTS = [
@@ -28,25 +28,7 @@ LABELS = {0: "neg", 1: "neutral", 2: "pos"}
 @pytest.fixture(scope="module")
 def tiny_classifier(tmp_path_factory, minilm_dir):
     """A tiny 3-class BERT classifier saved as a plain HF folder (no tuneforge.json)."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-classifier")
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=0.3,
-        num_labels=3,
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
-    )
-    BertForSequenceClassification(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
-    return str(out)
+    return save_tiny_classifier(tmp_path_factory.mktemp("tiny-classifier"), minilm_dir, LABELS)
 
 
 def reference(model_dir, firsts, seconds=None, max_length=128):
@@ -114,21 +96,11 @@ def test_predict_sentence_pairs(tmp_path, tiny_classifier):
 
 
 def test_predictor_regression_returns_the_score(tmp_path, minilm_dir):
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     torch.manual_seed(1)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=1,
-        problem_type="regression",
-    )
-    BertForSequenceClassification(config).save_pretrained(tmp_path / "reg")
-    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(tmp_path / "reg")
+    regression = dict(num_labels=1, problem_type="regression")
+    save_tiny_bert(tmp_path / "reg", minilm_dir, BertForSequenceClassification, num_hidden_layers=1, **regression)
     preds = Predictor(tmp_path / "reg").predict(TEXTS[:8], batch_size=3)
     ref = reference(tmp_path / "reg", TEXTS[:8])
     assert [p["score"] for p in preds] == pytest.approx([r[2][0] for r in ref], abs=1e-4)
@@ -139,31 +111,11 @@ def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert,
     """Train a tiny model a few steps on MRPC, then predict all of dev.tsv (BOM, quote characters)."""
     folder = shared_data / "glue" / "MRPC"
     run_dir = tmp_path / "mrpc"
-    proc = run_cli(
-        "train",
-        "--task",
-        "glue/mrpc",
-        "--data-dir",
-        str(folder),
-        "--model",
-        tiny_bert,
-        "--max-steps",
-        "4",
-        "--max-train-samples",
-        "128",
-        "--max-eval-samples",
-        "64",
-        "--batch-size",
-        "16",
-        "--lr",
-        "1e-3",
-        "--output-dir",
-        str(run_dir),
-        "--cache-dir",
-        cache_dir,
-        "--json",
-        "--quiet",
+    data = cli_flags(task="glue/mrpc", data_dir=folder, max_train_samples=128, max_eval_samples=64)
+    run = cli_flags(
+        max_steps=4, batch_size=16, lr="1e-3", output_dir=run_dir, cache_dir=cache_dir, json=True, quiet=True
     )
+    proc = run_cli("train", *data, "--model", tiny_bert, *run)
     assert proc.returncode == 0, proc.stderr
     result = last_json(proc.stdout)
     assert {"accuracy", "f1", "loss", "train_loss"} <= set(result) and result["num_examples"] == 64

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import write_sentiment_csv
+from conftest import save_tiny_bert, sentiment_split
 from tuneforge.config import build_config
 from tuneforge.trainer import Trainer
 
@@ -85,8 +85,7 @@ if __name__ == "__main__":
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_bert, cache_dir):
     d = tmp_path_factory.mktemp("resume")
-    train = write_sentiment_csv(d / "train.csv", 96, seed=1)
-    val = write_sentiment_csv(d / "validation.csv", 33, seed=2)
+    train, val = sentiment_split(d, 96, 33)
     (d / "script.py").write_text(SCRIPT)
     data = {"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir}
     return d, {**BASE, "model": tiny_bert, "data": data}
@@ -159,25 +158,8 @@ class RecordingTrainer(Trainer):
 @pytest.fixture(scope="module")
 def tiny_bert_dropout(tmp_path_factory, minilm_dir):
     """Like conftest's tiny BERT, with dropout: a resume is exact only if the RNG states are restored."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
     torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-bert-dropout")
-    BertModel(
-        BertConfig(
-            vocab_size=30522,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=128,
-            hidden_dropout_prob=0.1,
-            attention_probs_dropout_prob=0.1,
-            classifier_dropout=0.1,
-        )
-    ).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
-    return str(out)
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-dropout"), minilm_dir, dropout=0.1)
 
 
 def test_single_process_resume_is_bitwise_identical(setup, tiny_bert_dropout, tmp_path):

@@ -3,15 +3,13 @@ batched together, and every caller gets the same answers as `Predictor`."""
 
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-import torch
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli_command, cli_flags, run_cli, save_tiny_classifier
 from tuneforge.predict import Predictor
 
 LABELS = {0: "neg", 1: "pos"}
@@ -29,25 +27,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory, minilm_dir):
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("serve-classifier")
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        initializer_range=0.3,
-        num_labels=2,
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
-    )
-    BertForSequenceClassification(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(out)
-    return str(out)
+    return save_tiny_classifier(tmp_path_factory.mktemp("serve-classifier"), minilm_dir, LABELS)
 
 
 def free_port() -> int:
@@ -61,19 +41,7 @@ def server(classifier):
     """The server in its own process; stopped (SIGTERM, then kill) at the end of the module."""
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tuneforge.cli",
-            "serve",
-            classifier,
-            "--port",
-            str(port),
-            "--max-batch-size",
-            "64",
-            "--max-wait-ms",
-            "400",
-        ],
+        cli_command("serve", classifier, *cli_flags(port=port, max_batch_size=64, max_wait_ms=400)),
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,32 +1,12 @@
 """End-to-end: a tiny run through the CLI writes a run folder that transformers loads."""
 
-from conftest import last_json, read_jsonl, run_cli
+from conftest import cli_flags, last_json, read_jsonl, run_cli, train_command
 
 
 def test_train_tiny_csv_end_to_end(tmp_path, tiny_bert, sentiment_files, cache_dir):
-    train, val = sentiment_files
     out = tmp_path / "run"
-    proc = run_cli(
-        "train",
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--model",
-        tiny_bert,
-        "--epochs",
-        "2",
-        "--batch-size",
-        "16",
-        "--lr",
-        "1e-3",
-        "--output-dir",
-        str(out),
-        "--cache-dir",
-        cache_dir,
-        "--json",
-        "--quiet",
-    )
+    run = cli_flags(epochs=2, batch_size=16, lr="1e-3", output_dir=out, cache_dir=cache_dir, json=True, quiet=True)
+    proc = run_cli(*train_command(sentiment_files, tiny_bert), *run)
     assert proc.returncode == 0, proc.stderr
     result = last_json(proc.stdout)
     assert result["num_examples"] == 33

@@ -3,7 +3,7 @@ max_length, column choice or data never does."""
 
 import pytest
 
-from conftest import run_cli, write_sentiment_csv
+from conftest import cli_flags, run_cli, train_command, write_sentiment_csv
 from tuneforge.config import build_config
 from tuneforge.tasks.classification import ClassificationTask
 
@@ -18,23 +18,8 @@ def test_second_identical_run_reuses_the_cache(tmp_path, tiny_bert):
     cache = tmp_path / "fresh-cache"
 
     def run(out):
-        proc = run_cli(
-            "train",
-            "--train-file",
-            str(train),
-            "--validation-file",
-            str(val),
-            "--model",
-            tiny_bert,
-            "--max-steps",
-            "1",
-            "--batch-size",
-            "8",
-            "--output-dir",
-            str(tmp_path / out),
-            "--cache-dir",
-            str(cache),
-        )
+        flags = cli_flags(max_steps=1, batch_size=8, output_dir=tmp_path / out, cache_dir=cache)
+        proc = run_cli(*train_command((train, val), tiny_bert), *flags)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
 

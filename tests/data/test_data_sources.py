@@ -31,13 +31,19 @@ def data_rows(path, header: bool) -> int:
     return len(lines) - (1 if header else 0)
 
 
-def test_glue_mrpc_folder(shared_data):
-    folder = shared_data / "glue" / "MRPC"
-    task = glue_task("mrpc", folder)
+def glue_folder(shared_data, name: str, folder: str, sizes: tuple[int, int], header: bool = True):
+    """(task, examples) of a glue_data folder; asserts the (train, validation) sizes, validation also by dev.tsv."""
+    task = glue_task(name, shared_data / "glue" / folder)
     raw = examples(task)
+    assert (len(raw["train"]), len(raw["validation"])) == sizes
+    assert len(raw["validation"]) == data_rows(shared_data / "glue" / folder / "dev.tsv", header=header)
+    return task, raw
+
+
+def test_glue_mrpc_folder(shared_data):
     # this copy of glue_data holds 3,667 training pairs (3,668 lines with the header)
-    assert (len(raw["train"]), len(raw["validation"])) == (3667, 408)
-    assert len(raw["train"]) == data_rows(folder / "train.tsv", header=True)
+    task, raw = glue_folder(shared_data, "mrpc", "MRPC", (3667, 408))
+    assert len(raw["train"]) == data_rows(shared_data / "glue" / "MRPC" / "train.tsv", header=True)
     assert raw["validation"].column_names == ["sentence1", "sentence2", "labels"]
     assert task.text_columns == ["sentence1", "sentence2"]
     assert task.label_names == ["not_equivalent", "equivalent"] and task.metrics == ("accuracy", "f1")
@@ -50,21 +56,13 @@ def test_glue_mrpc_folder(shared_data):
 
 
 def test_glue_sst2_folder(shared_data):
-    folder = shared_data / "glue" / "SST-2"
-    task = glue_task("sst2", folder)
-    raw = examples(task)
-    assert len(raw["validation"]) == 872 == data_rows(folder / "dev.tsv", header=True)
-    assert len(raw["train"]) == 67349
+    task, raw = glue_folder(shared_data, "sst2", "SST-2", (67349, 872))
     assert task.text_columns == ["sentence"] and task.label_names == ["negative", "positive"]
     assert sum(raw["validation"]["labels"]) == 444
 
 
 def test_glue_stsb_folder_is_regression(shared_data):
-    folder = shared_data / "glue" / "STS-B"
-    task = glue_task("stsb", folder)
-    raw = examples(task)
-    assert len(raw["validation"]) == 1500 == data_rows(folder / "dev.tsv", header=True)
-    assert len(raw["train"]) == 5749
+    task, raw = glue_folder(shared_data, "stsb", "STS-B", (5749, 1500))
     assert task.regression and task.num_labels == 1 and task.metrics == ("pearson", "spearman")
     scores = raw["validation"]["labels"]
     assert all(isinstance(s, float) and 0.0 <= s <= 5.0 for s in scores)
@@ -73,11 +71,7 @@ def test_glue_stsb_folder_is_regression(shared_data):
 
 
 def test_glue_cola_folder_has_no_header(shared_data):
-    folder = shared_data / "glue" / "CoLA"
-    task = glue_task("cola", folder)
-    raw = examples(task)
-    assert len(raw["validation"]) == 1043 == data_rows(folder / "dev.tsv", header=False)
-    assert len(raw["train"]) == 8551
+    task, raw = glue_folder(shared_data, "cola", "CoLA", (8551, 1043), header=False)
     assert task.metrics[0] == "mcc" and task.label_names == ["unacceptable", "acceptable"]
     # the first line is an example, not a header
     assert raw["validation"][0]["sentence"] == "The sailors rode the breeze clear of the rocks."

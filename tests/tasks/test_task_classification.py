@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import last_json, run_cli
+from conftest import cli_flags, last_json, run_cli, train_command
 from tuneforge.config import TrainConfig
 from tuneforge.tasks.classification import classification_metrics
 from tuneforge.trainer import Trainer
@@ -70,29 +70,9 @@ def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, 
     val = tmp_path / "val.jsonl"
     val.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "run"
-    proc = run_cli(
-        "train",
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(val),
-        "--text-column",
-        "premise",
-        "--text-column",
-        "hypothesis",
-        "--model",
-        tiny_bert,
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "16",
-        "--output-dir",
-        str(out),
-        "--cache-dir",
-        cache_dir,
-        "--json",
-        "--quiet",
-    )
+    columns = cli_flags(text_column=["premise", "hypothesis"])
+    run = cli_flags(max_steps=2, batch_size=16, output_dir=out, cache_dir=cache_dir, json=True, quiet=True)
+    proc = run_cli(*train_command((train, val), tiny_bert), *columns, *run)
     assert proc.returncode == 0, proc.stderr
     result = last_json(proc.stdout)
     assert result["num_examples"] == 16 and {"accuracy", "f1", "train_loss", "wall_s"} <= set(result)
@@ -102,24 +82,10 @@ def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, 
     assert info["text_columns"] == ["premise", "hypothesis"] and info["regression"] is False
 
     # evaluating the fine-tuned model needs only a validation file: its labels come from the model
-    proc = run_cli(
-        "eval",
-        str(out / "model"),
-        "--task",
-        "classification",
-        "--validation-file",
-        str(val),
-        "--text-column",
-        "premise",
-        "--text-column",
-        "hypothesis",
-        "--output-dir",
-        str(tmp_path / "eval"),
-        "--cache-dir",
-        cache_dir,
-        "--json",
-        "--quiet",
+    evaluation = cli_flags(
+        validation_file=val, output_dir=tmp_path / "eval", cache_dir=cache_dir, json=True, quiet=True
     )
+    proc = run_cli("eval", str(out / "model"), "--task", "classification", *columns, *evaluation)
     assert proc.returncode == 0, proc.stderr
     metrics = last_json(proc.stdout)
     assert metrics["num_examples"] == 16

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_main, last_json, model_spy, parallel_pairs, quiet_task, run_cli
+from conftest import cli_flags, cli_main, last_json, model_spy, parallel_pairs, quiet_task, run_cli, train_command
 
 BLOCK = 16
 
@@ -30,6 +30,11 @@ def write_text(path: Path, n: int, seed: int) -> Path:
 @pytest.fixture
 def text_files(tmp_path) -> tuple[Path, Path]:
     return write_text(tmp_path / "train.txt", 60, seed=1), write_text(tmp_path / "valid.txt", 23, seed=2)
+
+
+def clm_train(model: str, files: tuple[Path, Path], cache_dir: str, **flags) -> list[str]:
+    """`train --task clm` arguments on these (train, validation) text files in BLOCK-token blocks, then `flags`."""
+    return train_command(files, model, task="clm", block_size=BLOCK, cache_dir=cache_dir, **flags)
 
 
 def clm_task(model: str, train: Path | None, valid: Path, cache_dir: str, **data):
@@ -85,20 +90,7 @@ def test_jsonl_with_a_text_column(tiny_gpt2, tmp_path, cache_dir, capsys):
     raw = task.load_raw()
     assert raw["train"]["text"] == [r["body"] for r in rows]
 
-    code, out, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "clm",
-        "--model",
-        tiny_gpt2,
-        "--train-file",
-        str(data),
-        "--validation-file",
-        str(data),
-        "--output-dir",
-        str(tmp_path / "r"),
-    )
+    code, out, err = cli_main(capsys, *train_command((data, data), tiny_gpt2, task="clm", output_dir=tmp_path / "r"))
     assert code == 2  # the default column is `text`
     assert err.strip() == (
         f"error: column 'text' not found in the train data ({data}); columns are: id, body; pass --text-column"
@@ -161,35 +153,11 @@ def test_perplexity_is_over_exactly_the_eval_tokens(tiny_gpt2, text_files, cache
 
 # ---- end to end ------------------------------------------------------------------------------
 def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files, tmp_path, cache_dir, capsys):
-    train, valid = text_files
-    common = [
-        "--task",
-        "clm",
-        "--model",
-        tiny_gpt2,
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(valid),
-        "--block-size",
-        str(BLOCK),
-        "--batch-size",
-        "4",
-        "--max-steps",
-        "6",
-        "--lr",
-        "3e-3",
-        "--eval-strategy",
-        "no",
-        "--cache-dir",
-        cache_dir,
-        "--quiet",
-        "--json",
-    ]
+    _, valid = text_files
+    flags = dict(batch_size=4, max_steps=6, lr="3e-3", eval_strategy="no", quiet=True, json=True)
+    common = clm_train(tiny_gpt2, text_files, cache_dir, **flags)
     run = tmp_path / "run"
-    code, out, err = cli_main(
-        capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run)
-    )
+    code, out, err = cli_main(capsys, *common, *cli_flags(save_strategy="steps", save_steps=3, output_dir=run))
     assert code == 0, err
     first = last_json(out)
     assert first["steps"] == 6 and first["perplexity"] == pytest.approx(math.exp(first["loss"]))
@@ -197,39 +165,22 @@ def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files
     assert json.loads((run / "model" / "tuneforge.json").read_text())["block_size"] == BLOCK
 
     # resume from step 3 in a new folder: the same steps 4-6 give the same final model
-    code, out, err = cli_main(
-        capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed")
-    )
+    resume = cli_flags(resume=run / "checkpoint-3", output_dir=tmp_path / "resumed")
+    code, out, err = cli_main(capsys, *common, *resume)
     assert code == 0, err
     resumed = last_json(out)
     assert resumed["steps"] == 6
     assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
-    code, out, err = cli_main(
-        capsys,
-        "eval",
-        str(run / "model"),
-        "--task",
-        "clm",
-        "--validation-file",
-        str(valid),
-        "--block-size",
-        str(BLOCK),
-        "--cache-dir",
-        cache_dir,
-        "--output-dir",
-        str(tmp_path / "eval"),
-        "--quiet",
-        "--json",
-    )
+    data = cli_flags(task="clm", validation_file=valid, block_size=BLOCK, cache_dir=cache_dir, quiet=True, json=True)
+    code, out, err = cli_main(capsys, "eval", str(run / "model"), *data, "--output-dir", str(tmp_path / "eval"))
     assert code == 0, err
     evaluated = last_json(out)
     assert {"loss", "perplexity"} <= set(evaluated)
     assert evaluated["loss"] == pytest.approx(first["loss"], rel=1e-5)
 
-    code, out, err = cli_main(
-        capsys, "generate", str(run / "model"), "--prompt", "A man is", "--max-new-tokens", "5", "--json"
-    )
+    prompt = cli_flags(prompt="A man is", max_new_tokens=5, json=True)
+    code, out, err = cli_main(capsys, "generate", str(run / "model"), *prompt)
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["prompt"] == "A man is" and generation["generated"]
@@ -247,17 +198,10 @@ def test_llama_trains_with_no_packing_through_the_python_api(tiny_llama, text_fi
     # user-given datasets with another column name: --text-column
     train_ds = datasets.Dataset.from_dict({"body": texts[:40]})
     eval_ds = datasets.Dataset.from_dict({"body": texts[40:]})
-    result = Trainer(
-        task="clm",
-        model=tiny_llama,
-        output_dir=str(tmp_path / "llama"),
-        quiet=True,
-        max_steps=4,
-        batch_size=4,
-        optim={"lr": 3e-3},
-        eval_strategy="no",
-        data={"packing": False, "block_size": 32, "text_columns": ["body"], "cache_dir": cache_dir},
-    ).fit(train_dataset=train_ds, eval_dataset=eval_ds)
+    data = {"packing": False, "block_size": 32, "text_columns": ["body"], "cache_dir": cache_dir}
+    steps = dict(max_steps=4, batch_size=4, optim={"lr": 3e-3}, eval_strategy="no", data=data)
+    trainer = Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "llama"), quiet=True, **steps)
+    result = trainer.fit(train_dataset=train_ds, eval_dataset=eval_ds)
     tokenizer = AutoTokenizer.from_pretrained(result["model_dir"])
     targets = sum(len(tokenizer(t)["input_ids"][:32]) - 1 for t in texts[40:])
     assert result["num_tokens"] == targets and result["train_loss"] > 0
@@ -269,36 +213,9 @@ def test_llama_trains_with_no_packing_through_the_python_api(tiny_llama, text_fi
 def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_files, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
-    train, valid = text_files
-    common = [
-        "train",
-        "--task",
-        "clm",
-        "--model",
-        tiny_gpt2,
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(valid),
-        "--block-size",
-        str(BLOCK),
-        "--batch-size",
-        "2",
-        "--max-steps",
-        "4",
-        "--lr",
-        "3e-3",
-        "--eval-strategy",
-        "no",
-        "--backend",
-        "ddp",
-        "--nproc",
-        "2",
-        "--cache-dir",
-        cache_dir,
-        "--quiet",
-        "--json",
-    ]
+    _, valid = text_files
+    flags = dict(batch_size=2, max_steps=4, lr="3e-3", eval_strategy="no", quiet=True, json=True)
+    common = clm_train(tiny_gpt2, text_files, cache_dir, backend="ddp", nproc=2, **flags)
     run = tmp_path / "ddp"
     proc = run_cli(*common, "--save-strategy", "steps", "--save-steps", "2", "--output-dir", str(run))
     assert proc.returncode == 0, proc.stderr
@@ -321,23 +238,8 @@ def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_fil
 
 # ---- bad input: one line, exit code 2 --------------------------------------------------------
 def test_block_size_above_the_models_context(tiny_gpt2, text_files, tmp_path, capsys):
-    train, valid = text_files
-    code, out, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "clm",
-        "--model",
-        tiny_gpt2,
-        "--train-file",
-        str(train),
-        "--validation-file",
-        str(valid),
-        "--block-size",
-        "128",
-        "--output-dir",
-        str(tmp_path / "r"),
-    )
+    args = train_command(text_files, tiny_gpt2, task="clm", block_size=128, output_dir=tmp_path / "r")
+    code, out, err = cli_main(capsys, *args)
     assert code == 2
     assert err.strip() == "error: block size 128 is above the model's context of 64 tokens; use --block-size 64 or less"
 
@@ -346,20 +248,8 @@ def test_empty_text_file(tiny_gpt2, text_files, tmp_path, capsys):
     train, valid = text_files
     empty = tmp_path / "empty.txt"
     empty.write_text("\n  \n")
-    code, out, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "clm",
-        "--model",
-        tiny_gpt2,
-        "--train-file",
-        str(empty),
-        "--validation-file",
-        str(valid),
-        "--output-dir",
-        str(tmp_path / "r"),
-    )
+    args = train_command((empty, valid), tiny_gpt2, task="clm", output_dir=tmp_path / "r")
+    code, out, err = cli_main(capsys, *args)
     assert code == 2
     assert err.strip() == f"error: train text file {str(empty)!r} is empty; give a file with at least one line of text"
 
@@ -380,22 +270,8 @@ def test_bf16_cpu_attention_is_sdpa_for_packed_blocks_and_eager_for_padded_texts
 
     train, valid = text_files
     spy = model_spy()
-    Trainer(
-        task="clm",
-        model=tiny_llama,
-        output_dir=str(tmp_path / "run"),
-        quiet=True,
-        max_steps=1,
-        batch_size=4,
-        precision="bf16",
-        eval_strategy="no",
-        callbacks=[spy],
-        data={
-            "train_file": str(train),
-            "validation_file": str(valid),
-            "packing": packing,
-            "block_size": BLOCK,
-            "cache_dir": cache_dir,
-        },
-    ).fit()
+    files = {"train_file": str(train), "validation_file": str(valid)}
+    data = {**files, "packing": packing, "block_size": BLOCK, "cache_dir": cache_dir}
+    one_step = dict(max_steps=1, batch_size=4, precision="bf16", eval_strategy="no", callbacks=[spy], data=data)
+    Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "run"), quiet=True, **one_step).fit()
     assert spy.attention == expected

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import cli_main, last_json, parallel_pairs, quiet_task, run_cli, write_parallel
+from conftest import cli_flags, cli_main, last_json, parallel_pairs, quiet_task, run_cli, train_command, write_parallel
 
 PREFIX = "translate English to German: "
 
@@ -25,8 +25,9 @@ def parallel_files(tmp_path) -> dict[str, str]:
     }
 
 
-def file_flags(files: dict[str, str]) -> list[str]:
-    return [arg for key, value in files.items() for arg in ("--" + key.replace("_", "-"), value)]
+def seq2seq_train(model: str, files: dict[str, str], **flags) -> list[str]:
+    """`train --task seq2seq` arguments on `files` (parallel_files' keys are flag names), then `flags`."""
+    return ["train", *cli_flags(task="seq2seq", model=model, **files, **flags)]
 
 
 def seq2seq_task(model: str | None, cache_dir: str, **data):
@@ -95,35 +96,11 @@ def test_table_columns_and_bert_style_targets_for_the_minilm_default(tmp_path, c
 
 # ---- end to end ------------------------------------------------------------------------------
 def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files, tmp_path, cache_dir, capsys):
-    common = [
-        "--task",
-        "seq2seq",
-        "--model",
-        tiny_t5,
-        *file_flags(parallel_files),
-        "--source-prefix",
-        PREFIX,
-        "--batch-size",
-        "8",
-        "--max-steps",
-        "6",
-        "--lr",
-        "3e-3",
-        "--eval-strategy",
-        "no",
-        "--num-beams",
-        "2",
-        "--generation-max-length",
-        "24",
-        "--cache-dir",
-        cache_dir,
-        "--quiet",
-        "--json",
-    ]
+    beams = dict(source_prefix=PREFIX, num_beams=2, generation_max_length=24, cache_dir=cache_dir, quiet=True)
+    steps = dict(batch_size=8, max_steps=6, lr="3e-3", eval_strategy="no", json=True)
+    common = seq2seq_train(tiny_t5, parallel_files, **steps, **beams)
     run = tmp_path / "run"
-    code, out, err = cli_main(
-        capsys, "train", *common, "--save-strategy", "steps", "--save-steps", "3", "--output-dir", str(run)
-    )
+    code, out, err = cli_main(capsys, *common, *cli_flags(save_strategy="steps", save_steps=3, output_dir=run))
     assert code == 0, err
     first = last_json(out)
     assert first["num_examples"] == 10 and 0 <= first["bleu"] <= 100
@@ -131,49 +108,21 @@ def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files
     info = json.loads((run / "model" / "tuneforge.json").read_text())
     assert info["source_prefix"] == PREFIX and info["generation_max_length"] == 24
 
-    code, out, err = cli_main(
-        capsys, "train", *common, "--resume", str(run / "checkpoint-3"), "--output-dir", str(tmp_path / "resumed")
-    )
+    resume = cli_flags(resume=run / "checkpoint-3", output_dir=tmp_path / "resumed")
+    code, out, err = cli_main(capsys, *common, *resume)
     assert code == 0, err
     resumed = last_json(out)
     assert resumed["loss"] == pytest.approx(first["loss"], rel=1e-5) and resumed["bleu"] == pytest.approx(first["bleu"])
 
-    code, out, err = cli_main(
-        capsys,
-        "eval",
-        str(run / "model"),
-        "--task",
-        "seq2seq",
-        *file_flags(parallel_files)[4:],
-        "--source-prefix",
-        PREFIX,
-        "--num-beams",
-        "2",
-        "--generation-max-length",
-        "24",
-        "--cache-dir",
-        cache_dir,
-        "--output-dir",
-        str(tmp_path / "eval"),
-        "--quiet",
-        "--json",
-    )
+    validation = {key: value for key, value in parallel_files.items() if key.startswith("validation_")}
+    evaluation = cli_flags(task="seq2seq", **validation, **beams, output_dir=tmp_path / "eval", json=True)
+    code, out, err = cli_main(capsys, "eval", str(run / "model"), *evaluation)
     assert code == 0, err
     evaluated = last_json(out)
     assert {"bleu", "loss"} <= set(evaluated) and evaluated["bleu"] == pytest.approx(first["bleu"])
 
-    code, out, err = cli_main(
-        capsys,
-        "generate",
-        str(run / "model"),
-        "--prompt",
-        "A man is riding a red bike.",
-        "--num-beams",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--json",
-    )
+    prompt = cli_flags(prompt="A man is riding a red bike.", num_beams=2, max_new_tokens=6, json=True)
+    code, out, err = cli_main(capsys, "generate", str(run / "model"), *prompt)
     assert code == 0, err
     [generation] = last_json(out)["generations"]
     assert generation["generated"]
@@ -189,18 +138,10 @@ def test_bart_trains_on_datasets_through_the_python_api(tiny_bart, tmp_path, cac
         pairs = parallel_pairs(n, seed)
         return datasets.Dataset.from_dict({"en": [e for e, _ in pairs], "de": [d for _, d in pairs]})
 
-    result = Trainer(
-        task="seq2seq",
-        model=tiny_bart,
-        output_dir=str(tmp_path / "bart"),
-        quiet=True,
-        max_steps=3,
-        batch_size=8,
-        optim={"lr": 3e-3},
-        eval_strategy="no",
-        generation_max_length=8,
-        data={"source_column": "en", "target_column": "de", "cache_dir": cache_dir},
-    ).fit(train_dataset=as_dataset(24, 4), eval_dataset=as_dataset(6, 5))
+    steps = dict(max_steps=3, batch_size=8, optim={"lr": 3e-3}, eval_strategy="no", generation_max_length=8, quiet=True)
+    data = {"source_column": "en", "target_column": "de", "cache_dir": cache_dir}
+    trainer = Trainer(task="seq2seq", model=tiny_bart, output_dir=str(tmp_path / "bart"), data=data, **steps)
+    result = trainer.fit(train_dataset=as_dataset(24, 4), eval_dataset=as_dataset(6, 5))
     assert result["num_examples"] == 6 and result["gen_len"] <= 8 and result["train_loss"] > 0
     generator = Generator(result["model_dir"])
     assert generator.family == "seq2seq"
@@ -210,31 +151,10 @@ def test_bart_trains_on_datasets_through_the_python_api(tiny_bart, tmp_path, cac
 def test_ddp_two_processes_train_save_and_exact_bleu(tiny_t5, parallel_files, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
-    flags = [
-        "--task",
-        "seq2seq",
-        "--model",
-        tiny_t5,
-        *file_flags(parallel_files),
-        "--max-steps",
-        "4",
-        "--lr",
-        "3e-3",
-        "--eval-strategy",
-        "no",
-        "--generation-max-length",
-        "24",
-        "--save-strategy",
-        "steps",
-        "--save-steps",
-        "2",
-        "--cache-dir",
-        cache_dir,
-        "--quiet",
-        "--json",
-    ]
+    steps = dict(max_steps=4, lr="3e-3", eval_strategy="no", generation_max_length=24, cache_dir=cache_dir)
+    flags = seq2seq_train(tiny_t5, parallel_files, save_strategy="steps", save_steps=2, quiet=True, json=True, **steps)
     run = tmp_path / "ddp"
-    proc = run_cli("train", *flags, "--backend", "ddp", "--nproc", "2", "--batch-size", "4", "--output-dir", str(run))
+    proc = run_cli(*flags, *cli_flags(backend="ddp", nproc=2, batch_size=4, output_dir=run))
     assert proc.returncode == 0, proc.stderr
     ddp = last_json(proc.stdout)
 
@@ -265,17 +185,7 @@ def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, t
     short = tmp_path / "short.de"
     short.write_text("Ein Mann.\nEine Frau.\n")
     files = {**parallel_files, "target_file": str(short)}
-    code, out, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "seq2seq",
-        "--model",
-        tiny_t5,
-        *file_flags(files),
-        "--output-dir",
-        str(tmp_path / "r"),
-    )
+    code, out, err = cli_main(capsys, *seq2seq_train(tiny_t5, files, output_dir=tmp_path / "r"))
     assert code == 2
     assert err.strip() == (
         f"error: train source file {parallel_files['source_file']!r} has 48 lines but target file "
@@ -286,20 +196,7 @@ def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, t
 def test_missing_target_column(tiny_t5, tmp_path, capsys):
     data = tmp_path / "pairs.csv"
     data.write_text("source,text\nA man.,Ein Mann.\n")
-    code, out, err = cli_main(
-        capsys,
-        "train",
-        "--task",
-        "seq2seq",
-        "--model",
-        tiny_t5,
-        "--train-file",
-        str(data),
-        "--validation-file",
-        str(data),
-        "--output-dir",
-        str(tmp_path / "r"),
-    )
+    code, out, err = cli_main(capsys, *train_command((data, data), tiny_t5, task="seq2seq", output_dir=tmp_path / "r"))
     assert code == 2
     assert err.strip() == (
         f"error: column 'target' not found in the train data ({data}); columns are: source, text; pass --target-column"
