@@ -166,8 +166,9 @@ def cli_command(*args: str) -> list[str]:
 def run_cli(
     *args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `python -m tuneforge.cli ARGS` in a fresh process; returns the CompletedProcess."""
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    """Run `python -m tuneforge.cli ARGS` in a fresh process; returns the CompletedProcess. `env`: variables
+    to set, or to remove (None)."""
+    full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
     return subprocess.run(
         cli_command(*args),
         capture_output=True,

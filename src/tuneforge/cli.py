@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from tuneforge import launch
 from tuneforge.errors import UserError
+from tuneforge.reporting import hide_deepspeed_cpu_notice
 
 
 # ---- flags, generated from the config models --------------------------------------------------
@@ -291,10 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_libraries() -> None:
+def _quiet_libraries(command: str) -> None:
     """Library chatter (load reports, per-file progress bars) would drown our own lines."""
-    import logging
-
     import datasets
     import huggingface_hub
     import transformers
@@ -303,7 +302,8 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     huggingface_hub.utils.logging.set_verbosity_error()
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    if command not in ("train", "eval"):  # a run hides DeepSpeed's CPU notice unless it is the backend
+        hide_deepspeed_cpu_notice()
 
 
 def _internal_error(err: BaseException, argv: list[str]) -> int:
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = parser.parse_args(argv)
     try:
-        _quiet_libraries()
+        _quiet_libraries(ns.command)
         return ns.func(ns)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)

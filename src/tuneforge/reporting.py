@@ -7,14 +7,31 @@ Only the main rank writes. Human-readable lines go to stderr so that stdout stay
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
 from pathlib import Path
 
 
+class _DropDeepSpeedCpuNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Setting accelerator to CPU" not in record.getMessage()
+
+
+def hide_deepspeed_cpu_notice() -> None:
+    """Drop DeepSpeed's "Setting accelerator to CPU" warning. transformers' save_pretrained imports
+    DeepSpeed whenever it is installed, and DeepSpeed logs that line (to stdout, inside --json output)
+    on import: noise on a run that does not use it. The filter outlives DeepSpeed's own logger set-up."""
+    logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _DropDeepSpeedCpuNotice) for f in logger.filters):
+        logger.addFilter(_DropDeepSpeedCpuNotice())
+
+
 class Reporter:
     def __init__(self, config, is_main: bool = True) -> None:
+        if config.backend != "deepspeed":
+            hide_deepspeed_cpu_notice()
         self.config = config
         self.is_main = is_main
         self.quiet = config.quiet or not is_main
