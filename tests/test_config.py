@@ -223,10 +223,10 @@ def test_another_backends_flag_is_one_clear_line(capsys):
 # ---- the CLI's flags are generated from the config models ------------------------------------------
 def test_every_config_field_and_backend_option_has_a_flag():
     from tuneforge.backends import backend_classes
-    from tuneforge.cli import EVAL_FLAGS, EVAL_KEYS, TRAIN_FLAGS
+    from tuneforge.cli import EVAL_KEYS, eval_flags, train_flags
     from tuneforge.config import DataConfig, OptimConfig
 
-    keys = {key for key, _ in TRAIN_FLAGS.values()}
+    keys = {key for key, _ in train_flags().values()}
     assert {name for name in TrainConfig.model_fields if name not in ("optim", "data", "backend_options")} <= keys
     for name, cls in backend_classes().items():
         assert {f"backend_options.{option}" for option in cls.Options.model_fields} <= keys, name
@@ -234,18 +234,18 @@ def test_every_config_field_and_backend_option_has_a_flag():
         for name, field in model.model_fields.items():
             no_flag = (field.json_schema_extra or {}).get("flag", "") is None
             assert (prefix + name in keys) != no_flag, prefix + name
-    assert {key for key, _ in EVAL_FLAGS.values()} == set(EVAL_KEYS)
+    assert {key for key, _ in eval_flags().values()} == set(EVAL_KEYS)
     # the names and behaviours users know
-    assert TRAIN_FLAGS["--lr"][0] == "optim.lr" and TRAIN_FLAGS["--data-dir"][0] == "data.data_dir"
-    assert TRAIN_FLAGS["--text-column"] == (
+    assert train_flags()["--lr"][0] == "optim.lr" and train_flags()["--data-dir"][0] == "data.data_dir"
+    assert train_flags()["--text-column"] == (
         "data.text_columns",
-        {**TRAIN_FLAGS["--text-column"][1], "action": "append"},
+        {**train_flags()["--text-column"][1], "action": "append"},
     )
-    assert TRAIN_FLAGS["--no-packing"][1]["const"] is False and TRAIN_FLAGS["--overwrite"][1]["const"] is True
-    assert TRAIN_FLAGS["--resume"][1]["nargs"] == "?" and TRAIN_FLAGS["--resume"][1]["const"] == "latest"
-    assert TRAIN_FLAGS["--precision"][1]["choices"] == ["auto", "fp32", "bf16", "fp16"]
-    assert TRAIN_FLAGS["--offload"][1]["choices"] == ["none", "optimizer", "params", "both"]
-    assert TRAIN_FLAGS["--report-to"][1]["nargs"] == "+"
+    assert train_flags()["--no-packing"][1]["const"] is False and train_flags()["--overwrite"][1]["const"] is True
+    assert train_flags()["--resume"][1]["nargs"] == "?" and train_flags()["--resume"][1]["const"] == "latest"
+    assert train_flags()["--precision"][1]["choices"] == ["auto", "fp32", "bf16", "fp16"]
+    assert train_flags()["--offload"][1]["choices"] == ["none", "optimizer", "params", "both"]
+    assert train_flags()["--report-to"][1]["nargs"] == "+"
 
 
 def test_train_help_shows_each_fields_description():
@@ -269,13 +269,13 @@ def test_train_help_shows_each_fields_description():
 
 
 def test_flags_reach_the_config():
-    from tuneforge.cli import TRAIN_FLAGS, _flags, build_parser
+    from tuneforge.cli import _flags, build_parser, train_flags
 
     ns = build_parser().parse_args(
         ["train", "--backend", "deepspeed", "--zero-stage", "3", "--offload", "both", "--lr", "1e-4", "--resume"]
         + ["--text-column", "a", "--text-column", "b", "--no-packing", "--report-to", "jsonl", "tensorboard"]
     )
-    config = config_from_sources(None, [], _flags(ns, TRAIN_FLAGS))
+    config = config_from_sources(None, [], _flags(ns, train_flags()))
     assert config.backend_options.zero_stage == 3 and config.backend_options.offload == "both"
     assert config.optim.lr == 1e-4 and config.resume == "latest" and config.data.text_columns == ["a", "b"]
     assert config.data.packing is False and config.report_to == ["jsonl", "tensorboard"]
@@ -306,7 +306,7 @@ def test_task_inferred_from_a_data_section_object():
 
 
 def test_task_inferred_the_same_from_the_cli():
-    from tuneforge.cli import TRAIN_FLAGS, _flags, build_parser
+    from tuneforge.cli import _flags, build_parser, train_flags
 
     for args, task in (
         (["--train-file", "a.txt"], "clm"),
@@ -315,7 +315,7 @@ def test_task_inferred_the_same_from_the_cli():
         (["--train-file", "a.txt", "--task", "classification"], "classification"),
     ):
         ns = build_parser().parse_args(["train", *args])
-        assert config_from_sources(None, [], _flags(ns, TRAIN_FLAGS)).task == task, args
+        assert config_from_sources(None, [], _flags(ns, train_flags())).task == task, args
     assert config_from_sources(None, ["task=clm"], {"data.train_file": "a.csv"}).task == "clm"
 
 

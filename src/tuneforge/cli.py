@@ -7,11 +7,13 @@ else is a bug in tuneforge: one line on stderr saying so and where its traceback
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, Literal
 
 from tuneforge import launch
@@ -86,7 +88,9 @@ def _backend_option_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict
     return flags, groups
 
 
+@functools.cache
 def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
+    """(flag table, help group of each config key). Built on first use: it imports every backend."""
     from tuneforge.config import DataConfig, OptimConfig, TrainConfig
 
     option_flags, groups = _backend_option_flags()
@@ -103,7 +107,10 @@ def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str
     return flags, groups
 
 
-TRAIN_FLAGS, FLAG_GROUPS = _train_flags()
+def train_flags() -> dict[str, tuple[str, dict[str, Any]]]:
+    """`tuneforge train`'s flags: flag -> (config key, argparse kwargs)."""
+    return _train_flags()[0]
+
 
 # `tuneforge eval`: the config keys that matter for evaluating a model
 EVAL_KEYS = (
@@ -136,13 +143,17 @@ EVAL_KEYS = (
     "quiet",
     "data.cache_dir",
 )
-EVAL_FLAGS = {flag: spec for key in EVAL_KEYS for flag, spec in TRAIN_FLAGS.items() if spec[0] == key}
+
+
+def eval_flags() -> dict[str, tuple[str, dict[str, Any]]]:
+    """`tuneforge eval`'s flags: those of train whose config key is in EVAL_KEYS, in EVAL_KEYS' order."""
+    return {flag: spec for key in EVAL_KEYS for flag, spec in train_flags().items() if spec[0] == key}
 
 
 def _add_flags(parser: argparse.ArgumentParser, table: dict) -> None:
     groups: dict[str, Any] = {}
     for flag, (key, kwargs) in table.items():
-        title = FLAG_GROUPS.get(key, "run options")
+        title = _train_flags()[1].get(key, "run options")
         if title not in groups:
             groups[title] = parser.add_argument_group(title)
         groups[title].add_argument(flag, dest=key, default=None, **kwargs)
@@ -192,7 +203,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
     yaml_path, overrides = _split_positionals(ns.config)
     # no --task: the config infers it from the data files (TrainConfig._task_from_files)
-    config = config_from_sources(yaml_path, overrides, _flags(ns, TRAIN_FLAGS))
+    config = config_from_sources(yaml_path, overrides, _flags(ns, train_flags()))
     result = Trainer(config).fit()
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0
@@ -212,7 +223,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     from tuneforge.config import build_config
     from tuneforge.trainer import Trainer
 
-    flags = _flags(ns, EVAL_FLAGS)
+    flags = _flags(ns, eval_flags())
     flags["quiet"] = flags.get("quiet", False)
     values: dict[str, Any] = {}
     for key, value in flags.items():
@@ -253,24 +264,23 @@ def cmd_env(ns: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tuneforge", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("train", help="fine-tune a model (config file, key=value overrides, flags)")
+# ---- the parser: each command's arguments, built only for the command that runs ------------------
+def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="*", help="optional YAML config, then key=value overrides (optim.lr=3e-5)")
-    _add_flags(p, TRAIN_FLAGS)
+    _add_flags(p, train_flags())
     p.add_argument("--json", action="store_true", help="last stdout line: the final metrics as JSON")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a model on a task's validation data")
+
+def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir", nargs="?", default=None, help="HF model folder (default: the task's bundled model)")
-    _add_flags(p, EVAL_FLAGS)
+    _add_flags(p, eval_flags())
     p.add_argument("--output-dir", default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("predict", help="predict labels for a csv/tsv/jsonl file")
+
+def _predict_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_dir")
     p.add_argument("--input", required=True)
     p.add_argument("--output", required=True)
@@ -279,16 +289,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=None)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("env", help="versions, devices, launcher and usable backends (for bug reports)")
+
+def _env_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
 
-    # commands contributed by other modules (each registers its own parser); a module that fails to
-    # import fails here, loudly, instead of losing its command
-    from tuneforge import download, export, generate, serve
 
-    for module in (export, generate, serve, download):
-        module.register_cli(sub)
+# commands whose module owns its arguments: imported only when that command runs (they import torch);
+# a module that fails to import fails its command loudly, never silently drops it
+def _export_arguments(p: argparse.ArgumentParser) -> None:
+    from tuneforge.export import add_arguments
+
+    add_arguments(p)
+
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    from tuneforge.generate import add_arguments
+
+    add_arguments(p)
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    from tuneforge.serve import add_arguments
+
+    add_arguments(p)
+
+
+def _download_arguments(p: argparse.ArgumentParser) -> None:
+    from tuneforge.download import add_arguments
+
+    add_arguments(p)
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "train": ("fine-tune a model (config file, key=value overrides, flags)", _train_arguments),
+    "eval": ("evaluate a model on a task's validation data", _eval_arguments),
+    "predict": ("predict labels for a csv/tsv/jsonl file", _predict_arguments),
+    "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
+    "export": ("write a checkpoint as a standalone HF model folder", _export_arguments),
+    "generate": ("generate text with a causal LM or seq2seq model", _generate_arguments),
+    "serve": ("serve a fine-tuned classifier over HTTP with dynamic batching", _serve_arguments),
+    "download": ("download a model or dataset repo from the Hugging Face hub", _download_arguments),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `tuneforge` parser. `command`: the one command whose arguments are built (the others are
+    listed with their help: `tuneforge --help` stays instant); None: every command's."""
+    parser = argparse.ArgumentParser(prog="tuneforge", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, add_arguments) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if command is None or command == name:
+            add_arguments(p)
     return parser
 
 
@@ -345,8 +398,8 @@ def _internal_error(err: BaseException, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
     ns = parser.parse_args(argv)
     try:
         _quiet_libraries(ns.command)

@@ -83,8 +83,8 @@ def cmd_download(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("download", help="download a model or dataset repo from the Hugging Face hub")
+def add_arguments(p) -> None:
+    """`tuneforge download`'s arguments (the CLI lists the command and its help)."""
     p.add_argument("repo_id", help="e.g. sentence-transformers/all-MiniLM-L6-v2")
     p.add_argument("--local-dir", default=None, help="folder to download into (default: the hub cache)")
     p.add_argument(

@@ -146,8 +146,8 @@ def cmd_export(ns) -> int:
     return 0
 
 
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("export", help="write a checkpoint as a standalone HF model folder")
+def add_arguments(p) -> None:
+    """`tuneforge export`'s arguments (the CLI lists the command and its help)."""
     p.add_argument("checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend)")
     p.add_argument("out_dir", help="the HF folder to write (config, model.safetensors, tokenizer)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")

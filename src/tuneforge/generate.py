@@ -167,8 +167,8 @@ def cmd_generate(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="generate text with a causal LM or seq2seq model")
+def add_arguments(p) -> None:
+    """`tuneforge generate`'s arguments (the CLI lists the command and its help)."""
     p.add_argument("model_dir", help="HF model folder (e.g. OUTPUT_DIR/model of a clm or seq2seq run)")
     p.add_argument("--prompt", action="append", required=True, help="input text; repeat for several")
     p.add_argument("--max-new-tokens", type=int, default=50)

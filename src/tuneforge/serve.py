@@ -201,8 +201,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve a fine-tuned classifier over HTTP with dynamic batching")
+def add_arguments(p) -> None:
+    """`tuneforge serve`'s arguments (the CLI lists the command and its help)."""
     p.add_argument("model_dir", help="HF model folder (e.g. OUTPUT_DIR/model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)

@@ -1,0 +1,40 @@
+"""The command line's own behaviour: what `tuneforge --help` costs, and each command's parser."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+# a fresh interpreter: what `tuneforge --help` imports (the suite's process has torch loaded already)
+PROBE = """
+import contextlib, io, sys
+from tuneforge.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+    main(sys.argv[1:])
+heavy = sorted(m for m in ("torch", "transformers", "datasets", "deepspeed") if m in sys.modules)
+print(" ".join(heavy) or "-", "train" in out.getvalue() and "download" in out.getvalue())
+"""
+
+
+def imported_by(*argv: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_top_level_help_lists_every_command_without_importing_torch():
+    # the flag tables import every backend (torch): they are built only for the command that runs
+    assert imported_by("--help") == "- True"
+
+
+@pytest.mark.parametrize("command", ["export", "generate", "serve", "download", "predict", "env"])
+def test_each_command_builds_its_own_arguments(command):
+    from tuneforge.cli import build_parser
+
+    sub = build_parser(command)._subparsers._group_actions[0].choices
+    own = [a.dest for a in sub[command]._actions if a.dest != "help"]
+    assert own, f"{command} has no arguments"
+    assert not [a for a in sub["train"]._actions if a.dest != "help"]  # train's flags not built
+    assert sub[command].get_default("func") is not None
