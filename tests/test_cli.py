@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, cli_flags, cli_main, train_command
 
 # a fresh interpreter: what `tuneforge --help` imports (the suite's process has torch loaded already)
 PROBE = """
@@ -38,3 +38,13 @@ def test_each_command_builds_its_own_arguments(command):
     assert own, f"{command} has no arguments"
     assert not [a for a in sub["train"]._actions if a.dest != "help"]  # train's flags not built
     assert sub[command].get_default("func") is not None
+
+
+def test_train_ends_with_its_time_and_machine(tmp_path, capsys, tiny_bert, sentiment_files, cache_dir):
+    from tuneforge.cli import machine
+
+    flags = cli_flags(max_steps=1, output_dir=tmp_path / "run", cache_dir=cache_dir, quiet=True)
+    code, out, err = cli_main(capsys, *train_command(sentiment_files, tiny_bert), *flags)
+    assert code == 0, err
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("took ") and last.endswith(f" s on {machine()}"), last

@@ -27,6 +27,11 @@ def test_env_json_reports_versions_devices_launcher_and_backends():
     assert info["devices"]["cpu_cores"] == os.cpu_count()
     assert info["devices"]["cuda"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     assert info["devices"]["auto_precision"] in ("fp32", "bf16", "fp16")
+    # the CPU class a speed figure belongs to, and the precision `auto` picks from it
+    cpu = info["devices"]["cpu"]
+    assert torch.backends.cpu.get_cpu_capability() in cpu and ("native bf16" in cpu or "no native bf16" in cpu)
+    if not torch.cuda.is_available():
+        assert (info["devices"]["auto_precision"] == "bf16") == cpu.endswith(", native bf16)")
     assert info["process_groups"]["gloo"] is True
     assert info["launch"] == {"launcher": "none"}
     assert info["backends"]["single"] == "usable" and info["backends"]["ddp"] == "usable"

@@ -197,6 +197,15 @@ def _emit(result: dict, as_json: bool, headline: str | None = None) -> None:
 
 
 # ---- commands ------------------------------------------------------------------------------
+def machine() -> str:
+    """Where a run ran, for its last line: the GPU's name, or the CPU and its class."""
+    import torch
+
+    from tuneforge.environment import cpu_class
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else cpu_class()
+
+
 def cmd_train(ns: argparse.Namespace) -> int:
     from tuneforge.config import config_from_sources
     from tuneforge.trainer import Trainer
@@ -212,7 +221,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
         None
         if config.quiet and ns.json
         else (
-            "final: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()) + f"\nmodel saved to {result['model_dir']}"
+            "final: "
+            + ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
+            + f"\nmodel saved to {result['model_dir']}\ntook {result['wall_s']:.0f} s on {machine()}"
         )
     )
     _emit(result, ns.json, headline)

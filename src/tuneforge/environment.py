@@ -35,6 +35,23 @@ def backend_status() -> dict[str, str]:
     return out
 
 
+def cpu_class() -> str:
+    """'AMD EPYC (AVX512, native bf16)': the CPU's name, its widest vector ISA torch uses, and whether
+    it does bf16 natively (what `--precision auto` decides on) — the class a speed figure belongs to."""
+    import torch
+
+    from tuneforge.backends.base import cpu_has_native_bf16
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            name = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
+    return f"{name} ({torch.backends.cpu.get_cpu_capability()}, {bf16})"
+
+
 def device_info() -> dict:
     import torch
 
@@ -42,6 +59,7 @@ def device_info() -> dict:
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     devices: dict = {
+        "cpu": cpu_class(),
         "cpu_cores": os.cpu_count(),
         "cuda": cuda,
         "mps": bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()),
