@@ -57,6 +57,7 @@ import torch
 from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
+from tuneforge.paths import check_output_dir
 from tuneforge.progress import Progress
 from tuneforge.weights import share_tied
 
@@ -77,8 +78,7 @@ def prepare_output_dir(config) -> None:
     if process_rank() != 0 or config.node_rank != 0:  # other nodes' launchers leave the output dir alone
         return
     out = Path(config.output_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output dir {str(out)!r} is a file; choose another --output-dir")
+    check_output_dir(str(out))  # a file, or a folder that cannot be created or written: one line, before any work
     if holds_run(out):
         if not config.overwrite:
             raise ConfigError(

@@ -13,13 +13,12 @@ tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the mo
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 from pathlib import Path
 
 from tuneforge import checkpoint
-from tuneforge.backends import available_backends
+from tuneforge.backends import available_backends, backend_class
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
 from tuneforge.weights import share_tied
@@ -79,19 +78,17 @@ def export_live(
 
 
 # ---- offline: a checkpoint folder of any backend -----------------------------------------------
-def backend_class(name: str | None):
-    """The class of the backend that wrote a checkpoint (meta.json's `backend`)."""
-    names = available_backends()
-    if name not in names:
-        raise CheckpointError(
-            f"the checkpoint was written by backend {name!r}, which this tuneforge lacks (it has: {', '.join(names)})"
-        )
-    return importlib.import_module(f"tuneforge.backends.{name}").BACKEND
-
-
 def read_weights(path: str | os.PathLike, meta: dict) -> dict:
-    """Full model weights (CPU) of a checkpoint folder, read the way its backend wrote them."""
-    return backend_class(meta.get("backend")).read_weights(Path(path))
+    """Full model weights (CPU) of a checkpoint folder, read the way its backend (meta.json's) wrote them."""
+    name = meta.get("backend")
+    try:
+        writer = backend_class(name)
+    except ConfigError:
+        raise CheckpointError(
+            f"the checkpoint was written by backend {name!r}, which this tuneforge lacks (it has: "
+            f"{', '.join(available_backends())})"
+        ) from None
+    return writer.read_weights(Path(path))
 
 
 def _load_weights(model, weights: dict, path: Path) -> None:

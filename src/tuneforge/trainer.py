@@ -26,7 +26,6 @@ from tuneforge.checkpoint import Checkpointer
 from tuneforge.config import TrainConfig, build_config
 from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
 from tuneforge.errors import ConfigError
-from tuneforge.paths import check_output_dir
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
 from tuneforge.tasks import get_task
@@ -123,8 +122,7 @@ class Trainer:
         if launch.restart_count() > 0 and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
             cfg = self.config = cfg.model_copy(update={"resume": "latest"})  # elastic restart: continue
         if not cfg.resume and not launch.launched_by_us() and launch.restart_count() == 0:
-            checkpoint.prepare_output_dir(cfg)
-            check_output_dir(cfg.output_dir)  # can be created and written, before any heavy work
+            checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
         return self._on_backend(model, lambda: self._fit(model, tokenizer, train_dataset, eval_dataset))
 
     train = fit

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel
 
 from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
@@ -83,9 +82,9 @@ class Backend:
     def __init__(self, config, env) -> None:
         self.config = config
         self.env = env
-        # validated again here: options of a config made for another backend give this one's defaults
-        given = _options_dict(getattr(config, "backend_options", None))
-        self.options = self.Options.model_validate({k: v for k, v in given.items() if k in self.Options.model_fields})
+        # the config validated them for its backend; a config made for another backend gives the defaults
+        options = config.backend_options
+        self.options = options if isinstance(options, self.Options) else self.Options()
         self.rank = 0
         self.world_size = 1
         self.local_rank = 0
@@ -293,9 +292,3 @@ class Backend:
                 "no model.safetensors"
             )
         return load_file(str(weights))
-
-
-def _options_dict(options) -> dict:
-    if options is None:
-        return {}
-    return options.model_dump() if isinstance(options, BaseModel) else dict(options)

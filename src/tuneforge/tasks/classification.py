@@ -145,12 +145,7 @@ class ClassificationTask(Task):
         from transformers import AutoConfig
 
         tokenizer = super().load_tokenizer()
-        try:
-            model_config = AutoConfig.from_pretrained(self.model_path())
-        except (OSError, ValueError) as err:
-            raise ConfigError(
-                f"could not read the model config of {self.model_path()!r}: {str(err).splitlines()[0]}"
-            ) from None
+        model_config = from_pretrained(AutoConfig, self.model_path(), "the model config")
         self.check_max_length(tokenizer, model_config)
         return tokenizer
 
@@ -330,12 +325,7 @@ class ClassificationTask(Task):
             return
         from transformers import AutoConfig
 
-        try:
-            mc = AutoConfig.from_pretrained(self.config.model)
-        except (OSError, ValueError) as err:
-            raise ConfigError(
-                f"could not read the model config of {self.config.model!r}: {str(err).splitlines()[0]}"
-            ) from None
+        mc = from_pretrained(AutoConfig, self.config.model, "the model config")
         names = [mc.id2label[i] for i in sorted(mc.id2label)] if getattr(mc, "id2label", None) else []
         if not names or all(str(n).startswith("LABEL_") for n in names):
             return  # a base model: no label set of its own

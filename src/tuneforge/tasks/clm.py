@@ -32,6 +32,7 @@ from tuneforge.tasks.base import (
     Task,
     check_model_path,
     empty_check,
+    from_pretrained,
     hold_out_validation,
     set_dropout,
 )
@@ -171,10 +172,7 @@ class CausalLMTask(Task):
         if self._model_config_cache is None:
             path = self.model_path()
             check_model_path(path)
-            try:
-                self._model_config_cache = AutoConfig.from_pretrained(path)
-            except (OSError, ValueError) as err:
-                raise ConfigError(f"could not read the model config of {path!r}: {str(err).splitlines()[0]}") from None
+            self._model_config_cache = from_pretrained(AutoConfig, path, "the model config")
         return self._model_config_cache
 
     def resolve_block_size(self) -> int:
