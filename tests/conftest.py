@@ -395,6 +395,7 @@ class BackendSetup:
     max_grad_norm: str
     flags: tuple[str, ...] = ()
     learns_by: float = 0.01  # the reference's loss moves by more than this: the comparison means something
+    frozen_layers: int = 0  # --freeze-layers: the embeddings and this many bottom layers stay as loaded
 
 
 BACKEND_SETUPS = {
@@ -405,8 +406,8 @@ BACKEND_SETUPS = {
     # global batch size, so a 2 x 4 x 2 step sees exactly the examples of the single run's step of 16.
     # A clip norm inside the range of the gradient norms (0.03-0.3 here) clips some steps and not
     # others: Adam hides a constant gradient scale (e.g. an extra 1/grad_accum), this makes it change
-    # the losses.
-    "zero": BackendSetup(96, 33, "5e-3", "0.1", ("--no-group-by-length",), learns_by=0.02),
+    # the losses. The embeddings and layer 0 stay fixed: frozen parameters on the sharding engines.
+    "zero": BackendSetup(96, 33, "5e-3", "0.1", ("--no-group-by-length",), learns_by=0.02, frozen_layers=1),
 }
 
 # "auto" takes tuneforge's value; threshold 0 partitions even the small tensors, so the final
@@ -440,6 +441,7 @@ BACKEND_RUNS = {
         "zero",
         "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --offload both --deepspeed-config {json}",
     ),
+    "fsdp-frozen": ("zero", "--backend fsdp --nproc 2 --batch-size 8"),
 }
 REFERENCE_RUN = {"clip": "single", "zero": "zero-single"}
 
@@ -532,6 +534,7 @@ class BackendRuns:
             self.cache_dir,
             out,
             *s.flags,
+            *("--freeze-layers", str(s.frozen_layers)),
             *flags,
             lr=s.lr,
             precision=precision,
@@ -607,11 +610,11 @@ def classify_reviews(*model_dirs: Path, texts: list[str] = REVIEWS) -> list[tupl
     return predicted
 
 
-def first_query_weights(base_model: str, trained_dir: Path) -> tuple:
-    """The first attention query matrix of a base BERT folder and of a classifier trained from it."""
+def query_weights(base_model: str, trained_dir: Path, layer: int = 0) -> tuple:
+    """A layer's attention query matrix in a base BERT folder and in a classifier trained from it."""
     from safetensors.torch import load_file
 
-    name = "encoder.layer.0.attention.self.query.weight"
+    name = f"encoder.layer.{layer}.attention.self.query.weight"
     start = load_file(Path(base_model) / "model.safetensors")[name]
     return start, load_file(Path(trained_dir) / "model.safetensors")["bert." + name]
 

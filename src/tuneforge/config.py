@@ -120,6 +120,14 @@ class TrainConfig(_Section):
         description="every dropout probability in the model's config (hidden, attention, "
         "classifier) set to this while training; null keeps the model's own",
     )
+    # off by default: on MRPC (seeds 1-3) freezing the embeddings and 2 of MiniLM's 6 layers made an fp32
+    # step 1.4x faster but lost dev F1 (benchmarks/README.md); a lever for larger models and data
+    freeze_layers: int = Field(
+        0,
+        ge=0,
+        description="keep the embeddings and the bottom N transformer layers fixed while training (their "
+        "backward is skipped: faster, fewer weights to update); 0 trains every weight",
+    )
     attn_implementation: str = Field(
         "auto",
         description="attention kernel for training and evaluation: auto (eager under bf16 on CPU when batches "

@@ -19,15 +19,15 @@ from conftest import (
     REVIEWS,
     classify_reviews,
     cli_main,
-    first_query_weights,
     last_json,
     max_weight_diff,
     parity_loss_gap,
+    query_weights,
     run_cli,
 )
 from conftest import PARITY_STEPS as STEPS
 
-PARALLEL = ["ddp", "fsdp", "tp", "zero1", "zero2", "zero3", "zero3-offload"]
+PARALLEL = ["ddp", "fsdp", "tp", "zero1", "zero2", "zero3", "zero3-offload", "fsdp-frozen"]
 
 
 @pytest.mark.parametrize("run", PARALLEL)
@@ -43,12 +43,28 @@ def test_final_weights_match_one_process(backend_runs, run, tiny_bert):
     a, b = load_file(single / "model.safetensors"), load_file(other / "model.safetensors")
     for k in a:  # full shapes (not per-rank ones) and fp32: never ZeRO-3's empty placeholders
         assert b[k].shape == a[k].shape and b[k].dtype == torch.float32, k
-    start, trained = first_query_weights(tiny_bert, other)
+    start, trained = query_weights(tiny_bert, other, layer=backend_runs.setup(run).frozen_layers)  # lowest trained
     assert trained.shape == start.shape  # gathered to the full (not per-rank) shape
     assert (trained - start).abs().max() > 1e-3  # the sharded weights were trained and gathered
     # the launching parent prints the result once; the workers print nothing
     assert sum(line.startswith("{") for line in backend_runs.stdout[run].splitlines()) == 1
     assert last_json(backend_runs.stdout[run])["steps"] == STEPS
+
+
+@pytest.mark.parametrize("run", ["zero-single", *(r for r in PARALLEL if BACKEND_RUNS[r][0] == "zero")])
+def test_frozen_layers_stay_as_loaded(backend_runs, run, tiny_bert):
+    """--freeze-layers 1: the embeddings and layer 0 come out bit for bit as loaded, layer 1 trained."""
+    assert backend_runs.setup(run).frozen_layers == 1
+    start, trained = (
+        load_file(f"{tiny_bert}/model.safetensors"),
+        load_file(backend_runs[run] / "model/model.safetensors"),
+    )
+    frozen = [k for k in start if k.startswith(("embeddings.", "encoder.layer.0."))]
+    assert len(frozen) > 10
+    for k in frozen:
+        assert torch.equal(trained["bert." + k], start[k]), k
+    first, last = query_weights(tiny_bert, backend_runs[run] / "model", layer=1)
+    assert (last - first).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("run", PARALLEL)

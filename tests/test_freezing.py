@@ -1,0 +1,75 @@
+"""Frozen embeddings and bottom layers (--freeze-layers): what stays fixed, and that their backward is skipped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import cli_flags, cli_main, last_json, save_tiny_bert, tiny_bert_config, train_command
+from tuneforge.freezing import freeze_bottom, transformer_layers
+
+
+def classifier(layers: int = 3):
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    return BertForSequenceClassification(tiny_bert_config(num_hidden_layers=layers, num_labels=2))
+
+
+def test_frozen_bottom_gets_no_gradient_and_the_rest_does():
+    model = classifier(3)
+    assert freeze_bottom(model, 2) == 2
+    loss = model(input_ids=torch.randint(1000, 2000, (2, 7)), labels=torch.tensor([0, 1])).loss
+    loss.backward()
+    for name, p in model.named_parameters():
+        frozen = name.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))
+        assert p.requires_grad is not frozen, name
+        assert (p.grad is None) is frozen, name  # autograd computed nothing below layer 2
+
+
+def test_zero_freezes_nothing_and_too_many_freezes_every_layer():
+    model = classifier(2)
+    assert freeze_bottom(model, 0) == 0
+    assert all(p.requires_grad for p in model.parameters())
+    assert freeze_bottom(model, 5) == 2  # all there are
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+        "bert.pooler.dense.weight",
+        "bert.pooler.dense.bias",
+        "classifier.weight",
+        "classifier.bias",
+    ]
+
+
+def test_layer_stacks_of_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=3, n_embd=32, n_head=4, vocab_size=100))
+    assert transformer_layers(gpt2) is gpt2.transformer.h
+    t5 = T5ForConditionalGeneration(
+        T5Config(num_layers=2, num_decoder_layers=3, d_model=32, d_ff=64, num_heads=4, d_kv=8, vocab_size=100)
+    )
+    assert transformer_layers(t5) is t5.decoder.block  # the longest stack
+    freeze_bottom(t5, 1)
+    assert not t5.get_input_embeddings().weight.requires_grad  # T5's 'shared', found without 'embed' in its name
+
+
+@pytest.mark.parametrize(("flags", "frozen"), [({}, 0), ({"freeze_layers": 2}, 2)])
+def test_train_keeps_the_frozen_layers_as_loaded(
+    capsys, tmp_path, minilm_dir, sentiment_files, cache_dir, flags, frozen
+):
+    base = save_tiny_bert(tmp_path / "base", minilm_dir, num_hidden_layers=3)
+    out = tmp_path / "run"
+    cmd = train_command(
+        sentiment_files, base, max_steps=3, lr=1e-2, precision="fp32", output_dir=out, cache_dir=cache_dir, json=True
+    )
+    code, stdout, stderr = cli_main(capsys, *cmd, *cli_flags(**flags))
+    assert code == 0, stderr[-3000:]
+    assert last_json(stdout)["steps"] == 3
+    assert (f"the bottom {frozen} of 3 layers stay fixed" in stderr) is (frozen > 0)
+    start, trained = load_file(f"{base}/model.safetensors"), load_file(out / "model/model.safetensors")
+    for layer in range(3):
+        name = f"encoder.layer.{layer}.output.dense.weight"
+        assert torch.equal(trained["bert." + name], start[name]) is (layer < frozen), name
+    embeddings = "embeddings.word_embeddings.weight"
+    assert torch.equal(trained["bert." + embeddings], start[embeddings]) is (frozen > 0)
