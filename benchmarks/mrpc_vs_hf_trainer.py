@@ -2,10 +2,12 @@
 
 (a) transformers.Trainer, HF course recipe (benchmarks/hf_trainer_mrpc.py)
 (b) `tuneforge train --task glue/mrpc` with tuneforge's defaults
+(f) the same defaults with `--precision fp32` forced: how (b) runs on a CPU without native bf16
+    (where `auto` picks fp32); (a) is fp32 on every machine
 (c) tuneforge set to recipe (a) exactly: batch 8, lr 5e-5, 3 epochs, linear, no warmup, no weight
     decay, fp32, plain shuffling, eval batch 8, max length 512
 
-    python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --only abc --seeds 1 2 3  # README table
+    python benchmarks/mrpc_vs_hf_trainer.py --data-dir ../shared/data/glue/MRPC --only abf --seeds 1 2 3  # README table
     python benchmarks/mrpc_vs_hf_trainer.py --only b --seeds 1 2 3   # dev scores of the defaults, seed mean
 Writes benchmarks/results/mrpc_vs_hf_trainer[-ONLY-seeds-S-rounds-R].json and prints a markdown table.
 """
@@ -56,6 +58,10 @@ def main():
             ],
         ),
         "b": ("tuneforge defaults", tf + ["--output-dir", "/tmp/bench-tf-mrpc-default"]),
+        "f": (
+            "tuneforge defaults, fp32 forced",
+            tf + ["--output-dir", "/tmp/bench-tf-mrpc-fp32", "--precision", "fp32"],
+        ),
         # dropout=null: the model's own dropout (0.1), as in (a)
         "c": (
             "tuneforge set to recipe (a)",
@@ -106,9 +112,12 @@ def main():
             "f1": round(sum(x["f1"] for x in runs) / len(runs), 4),
             "command": " ".join(variants[key][1]) + " --seed SEED",
         }
+    from tuneforge.environment import cpu_class
+
     meta = {
         "date": str(date.today()),
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "cpu_class": cpu_class(),
         "seeds": args.seeds,
         "rounds": args.rounds,
     }
