@@ -406,8 +406,10 @@ BACKEND_SETUPS = {
     # global batch size, so a 2 x 4 x 2 step sees exactly the examples of the single run's step of 16.
     # A clip norm inside the range of the gradient norms (0.03-0.3 here) clips some steps and not
     # others: Adam hides a constant gradient scale (e.g. an extra 1/grad_accum), this makes it change
-    # the losses. The embeddings and layer 0 stay fixed: frozen parameters on the sharding engines.
-    "zero": BackendSetup(96, 33, "5e-3", "0.1", ("--no-group-by-length",), learns_by=0.02, frozen_layers=1),
+    # the losses.
+    "zero": BackendSetup(96, 33, "5e-3", "0.1", ("--no-group-by-length",), learns_by=0.02),
+    # "zero" with the embeddings and layer 0 frozen (--freeze-layers 1): frozen parameters on the sharding engines
+    "frozen": BackendSetup(96, 33, "5e-3", "0.1", ("--no-group-by-length",), learns_by=0.02, frozen_layers=1),
 }
 
 # "auto" takes tuneforge's value; threshold 0 partitions even the small tensors, so the final
@@ -441,9 +443,11 @@ BACKEND_RUNS = {
         "zero",
         "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --offload both --deepspeed-config {json}",
     ),
-    "fsdp-frozen": ("zero", "--backend fsdp --nproc 2 --batch-size 8"),
+    "frozen-single": ("frozen", "--batch-size 16"),
+    "zero3-frozen": ("frozen", "--backend deepspeed --nproc 2 --zero-stage 3 --batch-size 8 --deepspeed-config {json}"),
+    "fsdp-frozen": ("frozen", "--backend fsdp --nproc 2 --batch-size 8"),
 }
-REFERENCE_RUN = {"clip": "single", "zero": "zero-single"}
+REFERENCE_RUN = {"clip": "single", "zero": "zero-single", "frozen": "frozen-single"}
 
 
 def backend_train_args(
