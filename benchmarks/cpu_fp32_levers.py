@@ -17,16 +17,14 @@ Prints markdown tables for benchmarks/README.md; writes benchmarks/results/cpu_f
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import time
 from collections import defaultdict
-from datetime import date
 from pathlib import Path
 
 import torch
+
+from _machine import cpu_step_args, cpu_step_meta
 
 HERE = Path(__file__).resolve().parent
 BATCH, LENGTH = 16, 53
@@ -125,13 +123,7 @@ def profile(steps: int) -> list[tuple[str, float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--steps", type=int, default=10)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    from tuneforge.environment import cpu_class
-
+    args = cpu_step_args(__doc__)
     breakdown = profile(4)
     for kind, share in breakdown:
         print(f"{kind}: {share:.1%}", flush=True)
@@ -170,14 +162,7 @@ def main() -> None:
         (time.perf_counter() - start) * 1000,
     )
 
-    meta = {
-        "date": str(date.today()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "cpu_class": cpu_class(),
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "command": f"python benchmarks/cpu_fp32_levers.py --threads {args.threads} --steps {args.steps}",
-    }
+    meta = cpu_step_meta(args, "cpu_fp32_levers.py")
     out = HERE / "results" / "cpu_fp32_levers.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "breakdown": breakdown, "rows": rows}, indent=2))

@@ -11,16 +11,14 @@ Prints a markdown table for benchmarks/README.md and writes benchmarks/results/c
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
-import platform
 import time
-from datetime import date
 from pathlib import Path
 
 import torch
+
+from _machine import cpu_step_args, cpu_step_meta
 
 HERE = Path(__file__).resolve().parent
 
@@ -64,11 +62,7 @@ def step_ms(attention: str, dropout: float, bf16: bool, batch: int, length: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--steps", type=int, default=10)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = cpu_step_args(__doc__)
     shapes = [(32, 64), (16, 64), (8, 128)]  # MRPC pairs are ~50-100 tokens
     rows = []
     for bf16 in (True, False):
@@ -87,13 +81,7 @@ def main() -> None:
                         }
                     )
                     print(rows[-1], flush=True)
-    meta = {
-        "date": str(date.today()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "threads": args.threads,
-        "torch": torch.__version__,
-        "command": f"python benchmarks/cpu_step_kernels.py --threads {args.threads} --steps {args.steps}",
-    }
+    meta = cpu_step_meta(args, "cpu_step_kernels.py")
     out = HERE / "results" / "cpu_step_kernels.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

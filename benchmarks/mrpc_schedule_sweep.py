@@ -19,8 +19,9 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import date
 from pathlib import Path
+
+from _machine import machine_meta
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,8 +51,6 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = list(pool.map(lambda job: one_run(args.data_dir, job[0], job[1], args.precision), jobs))
 
-    from tuneforge.environment import cpu_class
-
     out = HERE / "results" / "mrpc_schedule_sweep.json"
     saved = json.loads(out.read_text()) if out.exists() else {"points": []}
     print(f"| point ({args.precision}) | seeds | dev accuracy (mean) | dev F1 (mean) | per seed (acc / F1) |")
@@ -65,8 +64,7 @@ def main() -> None:
             {
                 "point": point,
                 "precision": args.precision,
-                "date": str(date.today()),
-                "cpu_class": cpu_class(),
+                **machine_meta(),
                 "runs": mine,
                 "accuracy": round(acc, 4),
                 "f1": round(f1, 4),

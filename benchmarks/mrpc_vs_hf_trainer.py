@@ -14,12 +14,12 @@ Writes benchmarks/results/mrpc_vs_hf_trainer[-ONLY-seeds-S-rounds-R].json and pr
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import time
-from datetime import date
 from pathlib import Path
+
+from _machine import machine_meta
 
 HERE = Path(__file__).resolve().parent
 
@@ -112,15 +112,7 @@ def main():
             "f1": round(sum(x["f1"] for x in runs) / len(runs), 4),
             "command": " ".join(variants[key][1]) + " --seed SEED",
         }
-    from tuneforge.environment import cpu_class
-
-    meta = {
-        "date": str(date.today()),
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-        "cpu_class": cpu_class(),
-        "seeds": args.seeds,
-        "rounds": args.rounds,
-    }
+    meta = machine_meta(seeds=args.seeds, rounds=args.rounds)
     name = "mrpc_vs_hf_trainer"
     if (args.only, args.seeds, args.rounds) != ("abc", [42], 1):  # keep the main table's file
         name += f"-{args.only}-seeds-{'-'.join(map(str, args.seeds))}-rounds-{args.rounds}"

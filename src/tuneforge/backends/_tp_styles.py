@@ -13,8 +13,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 # ---- styles for GPT-2's Conv1D (a Linear whose weight is stored transposed: (in, out)) --------
 def _shard_conv1d(module: nn.Module, mesh, weight: Placement, bias: Placement) -> None:
-    module.register_parameter("weight", nn.Parameter(distribute_tensor(module.weight, mesh, [weight])))
-    module.register_parameter("bias", nn.Parameter(distribute_tensor(module.bias, mesh, [bias])))
+    for name, placement in (("weight", weight), ("bias", bias)):
+        param = getattr(module, name)  # a frozen weight (--freeze-layers) stays frozen
+        sharded = nn.Parameter(distribute_tensor(param, mesh, [placement]), requires_grad=param.requires_grad)
+        module.register_parameter(name, sharded)
 
 
 class Conv1DColwise(ColwiseParallel):
