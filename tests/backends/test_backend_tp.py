@@ -55,7 +55,8 @@ def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_be
 
 WORKER = '''
 """4 processes: a ("dp", "tp") = 2 x 2 mesh. Each causal LM: loss, gradients, grad norm, one
-AdamW step, the gathered weights and a DCP save/load round trip, all against one process."""
+AdamW step, the gathered weights and a DCP save/load round trip, all against one process; and
+that sharding keeps frozen weights frozen."""
 import copy
 import sys
 from pathlib import Path
@@ -66,6 +67,7 @@ from transformers import AutoModelForCausalLM
 from tuneforge import launch
 from tuneforge.backends.tp import BACKEND
 from tuneforge.config import build_config
+from tuneforge.freezing import freeze_bottom
 
 backend = BACKEND(build_config(backend="tp", tp_size=2, precision="fp32"), launch.dist_env())
 backend.setup()
@@ -122,6 +124,13 @@ for folder in sys.argv[2:]:
     for p, q in zip(model.parameters(), fresh.parameters()):
         assert torch.equal(local(p), local(q)), kind
         assert torch.equal(local(optimizer.state[p]["exp_avg_sq"]), local(fresh_optimizer.state[q]["exp_avg_sq"])), kind
+
+    frozen = AutoModelForCausalLM.from_pretrained(folder)
+    freeze_bottom(frozen, 1)  # --freeze-layers 1: sharding keeps a frozen weight frozen
+    wanted = {name: p.requires_grad for name, p in frozen.named_parameters()}
+    assert 0 < sum(wanted.values()) < len(wanted), kind
+    frozen, _ = backend.wrap(frozen, make_optimizer)
+    assert {name: p.requires_grad for name, p in frozen.named_parameters()} == wanted, kind
     print(f"ok {kind}", flush=True)
 backend.teardown()
 '''
