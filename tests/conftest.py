@@ -538,7 +538,7 @@ class BackendRuns:
             self.cache_dir,
             out,
             *s.flags,
-            *("--freeze-layers", str(s.frozen_layers)),
+            *(("--freeze-layers", str(s.frozen_layers)) if s.frozen_layers else ()),
             *flags,
             lr=s.lr,
             precision=precision,

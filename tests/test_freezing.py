@@ -19,7 +19,7 @@ def classifier(layers: int = 3):
 
 def test_frozen_bottom_gets_no_gradient_and_the_rest_does():
     model = classifier(3)
-    assert freeze_bottom(model, 2) == 2
+    assert freeze_bottom(model, 2) == (2, 3)  # 2 of the 3 layers
     loss = model(input_ids=torch.randint(1000, 2000, (2, 7)), labels=torch.tensor([0, 1])).loss
     loss.backward()
     for name, p in model.named_parameters():
@@ -30,9 +30,9 @@ def test_frozen_bottom_gets_no_gradient_and_the_rest_does():
 
 def test_zero_freezes_nothing_and_too_many_freezes_every_layer():
     model = classifier(2)
-    assert freeze_bottom(model, 0) == 0
+    assert freeze_bottom(model, 0).layers == 0
     assert all(p.requires_grad for p in model.parameters())
-    assert freeze_bottom(model, 5) == 2  # all there are
+    assert freeze_bottom(model, 5) == (2, 2)  # all there are
     assert [n for n, p in model.named_parameters() if p.requires_grad] == [
         "bert.pooler.dense.weight",
         "bert.pooler.dense.bias",

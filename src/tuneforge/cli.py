@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import re
 import sys
@@ -306,30 +307,14 @@ def _env_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_env)
 
 
-# commands whose module owns its arguments: imported only when that command runs (they import torch);
-# a module that fails to import fails its command loudly, never silently drops it
-def _export_arguments(p: argparse.ArgumentParser) -> None:
-    from tuneforge.export import add_arguments
+def _module_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
+    """A command whose module owns its arguments (`add_arguments`): imported only when that command
+    runs (it imports torch); a module that fails to import fails its command loudly, never drops it."""
 
-    add_arguments(p)
+    def add(p: argparse.ArgumentParser) -> None:
+        importlib.import_module(module).add_arguments(p)
 
-
-def _generate_arguments(p: argparse.ArgumentParser) -> None:
-    from tuneforge.generate import add_arguments
-
-    add_arguments(p)
-
-
-def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    from tuneforge.serve import add_arguments
-
-    add_arguments(p)
-
-
-def _download_arguments(p: argparse.ArgumentParser) -> None:
-    from tuneforge.download import add_arguments
-
-    add_arguments(p)
+    return add
 
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
@@ -337,10 +322,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "eval": ("evaluate a model on a task's validation data", _eval_arguments),
     "predict": ("predict labels for a csv/tsv/jsonl file", _predict_arguments),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
-    "export": ("write a checkpoint as a standalone HF model folder", _export_arguments),
-    "generate": ("generate text with a causal LM or seq2seq model", _generate_arguments),
-    "serve": ("serve a fine-tuned classifier over HTTP with dynamic batching", _serve_arguments),
-    "download": ("download a model or dataset repo from the Hugging Face hub", _download_arguments),
+    "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),
+    "generate": ("generate text with a causal LM or seq2seq model", _module_arguments("tuneforge.generate")),
+    "serve": ("serve a fine-tuned classifier over HTTP with dynamic batching", _module_arguments("tuneforge.serve")),
+    "download": ("download a model or dataset repo from the Hugging Face hub", _module_arguments("tuneforge.download")),
 }
 
 

@@ -7,12 +7,19 @@ benchmarks/README.md), and the optimizer has fewer parameters to update.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from torch import nn
+
+
+class Frozen(NamedTuple):
+    layers: int  # bottom blocks kept fixed
+    of: int | None  # blocks in the model's stack (None: no stack found)
 
 
 def transformer_layers(model: nn.Module) -> nn.ModuleList | None:
     """The model's stack of transformer blocks, bottom first: the longest ModuleList of blocks of
-    one class (an encoder-decoder's first such stack, the encoder's). None when there is none."""
+    one class (of equally long ones the first: an encoder-decoder's encoder). None when there is none."""
     best = None
     for module in model.modules():
         if isinstance(module, nn.ModuleList) and len(module) > 1 and len({type(m) for m in module}) == 1:
@@ -21,20 +28,21 @@ def transformer_layers(model: nn.Module) -> nn.ModuleList | None:
     return best
 
 
-def freeze_bottom(model: nn.Module, n_layers: int) -> int:
+def freeze_bottom(model: nn.Module, n_layers: int) -> Frozen:
     """Keep the embeddings (every parameter with 'embed' in its name) and the bottom `n_layers`
     transformer blocks fixed; 0 leaves everything trainable. Returns how many layers were frozen
-    (at most all of them; a model without a block stack freezes its embeddings only)."""
+    (at most all of them; a model without a block stack freezes its embeddings only) and of how many."""
+    layers = transformer_layers(model)
+    of = len(layers) if layers is not None else None
     if n_layers <= 0:
-        return 0
+        return Frozen(0, of)
     for name, param in model.named_parameters():
         if "embed" in name.lower():
             param.requires_grad_(False)
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     if embeddings is not None:  # named otherwise in some models (T5: shared)
         embeddings.requires_grad_(False)
-    layers = transformer_layers(model)
     frozen = list(layers)[:n_layers] if layers is not None else []
     for block in frozen:
         block.requires_grad_(False)
-    return len(frozen)
+    return Frozen(len(frozen), of)

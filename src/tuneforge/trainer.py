@@ -26,7 +26,7 @@ from tuneforge.checkpoint import Checkpointer
 from tuneforge.config import TrainConfig, build_config
 from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
 from tuneforge.errors import ConfigError
-from tuneforge.freezing import freeze_bottom, transformer_layers
+from tuneforge.freezing import freeze_bottom
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
 from tuneforge.tasks import get_task
@@ -253,17 +253,16 @@ class Trainer:
 
     def _freeze(self, model) -> None:
         """Keep the embeddings and the bottom config.freeze_layers layers fixed."""
-        wanted = self.config.freeze_layers
-        frozen = freeze_bottom(model, wanted)
-        if wanted:
-            total = sum(p.numel() for p in model.parameters())
-            trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-            layers = transformer_layers(model)
-            of = f" of {len(layers)}" if layers is not None else ""
-            self.report.print(
-                f"training {trained / 1e6:.1f}M of {total / 1e6:.1f}M parameters: the embeddings and the bottom "
-                f"{frozen}{of} layers stay fixed"
-            )
+        if not self.config.freeze_layers:
+            return
+        frozen = freeze_bottom(model, self.config.freeze_layers)
+        total = sum(p.numel() for p in model.parameters())
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        of = f" of {frozen.of}" if frozen.of is not None else ""
+        self.report.print(
+            f"training {trained / 1e6:.1f}M of {total / 1e6:.1f}M parameters: the embeddings and the bottom "
+            f"{frozen.layers}{of} layers stay fixed"
+        )
 
     def _enable_gradient_checkpointing(self, model) -> None:
         if not self.config.gradient_checkpointing:
