@@ -395,7 +395,9 @@ class BackendSetup:
     max_grad_norm: str
     flags: tuple[str, ...] = ()
     learns_by: float = 0.01  # the reference's loss moves by more than this: the comparison means something
-    frozen_layers: int = 0  # --freeze-layers: the embeddings and this many bottom layers stay as loaded
+    # --freeze-layers: the embeddings and this many bottom layers stay as loaded; 0 trains every weight (not
+    # the classifier default, which freezes the embeddings and layer 0): the engines shard and update them all
+    frozen_layers: int = 0
 
 
 BACKEND_SETUPS = {
@@ -538,7 +540,9 @@ class BackendRuns:
             self.cache_dir,
             out,
             *s.flags,
-            *(("--freeze-layers", str(s.frozen_layers)) if s.frozen_layers else ()),
+            "--freeze-layers",
+            str(s.frozen_layers),
+            *(() if s.frozen_layers else ("--freeze-embeddings", "off")),
             *flags,
             lr=s.lr,
             precision=precision,

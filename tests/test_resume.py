@@ -31,6 +31,8 @@ BASE = {
     "logging_steps": 3,
     "quiet": True,
     "optim": {"lr": 1e-3, "warmup_steps": 3},
+    "freeze_layers": 0,  # every weight trains (not a classifier's default): each has optimizer state to carry
+    "freeze_embeddings": "off",
 }
 
 SCRIPT = '''

@@ -52,7 +52,7 @@ def _field_flag(name: str, field, key: str) -> tuple[str, tuple[str, dict[str, A
             kwargs = {"action": "append"}
     elif kind in (int, float):
         kwargs = {"type": kind}
-    elif kind is not str:
+    elif kind is not str and "flag_kwargs" not in extra:  # e.g. int | Literal["auto"]: pydantic reads the string
         raise TypeError(f"config field {key!r} ({field.annotation}) needs json_schema_extra flag settings")
     if "choices" not in kwargs and kind is not bool:
         kwargs["metavar"] = name.upper()

@@ -121,13 +121,20 @@ class TrainConfig(_Section):
         description="every dropout probability in the model's config (hidden, attention, "
         "classifier) set to this while training; null keeps the model's own",
     )
-    # off by default: on MRPC (seeds 1-3) freezing the embeddings and 2 of MiniLM's 6 layers made an fp32
-    # step 1.4x faster but lost dev F1 (benchmarks/README.md); a lever for larger models and data
-    freeze_layers: int = Field(
-        0,
-        ge=0,
-        description="keep the embeddings and the bottom N transformer layers fixed while training (their "
-        "backward is skipped: faster, fewer weights to update); 0 trains every weight",
+    # auto: a classifier keeps its embeddings and bottom layer fixed. On MRPC (seeds 1-3) that made an fp32 step
+    # ~1.3x faster at the dev F1 of training every weight; 2 layers lost F1 (benchmarks/README.md). A generating
+    # model trains every weight: its embeddings are usually its output layer too.
+    freeze_embeddings: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="keep the embeddings fixed while training (no gradient or optimizer update for the "
+        "vocabulary's rows: faster); auto: on for models that predict no tokens (classifiers), off for "
+        "generating ones",
+    )
+    freeze_layers: int | Literal["auto"] = Field(
+        "auto",
+        description="keep the bottom N transformer layers (and the embeddings) fixed while training: their "
+        "backward is skipped; auto: 1 where the embeddings are frozen by auto (classifiers), else 0",
+        json_schema_extra={"flag_kwargs": {"metavar": "N"}},
     )
     attn_implementation: str = Field(
         "auto",
@@ -223,6 +230,24 @@ class TrainConfig(_Section):
     @classmethod
     def _yaml_no(cls, value: Any) -> Any:
         return "no" if value is False else value  # YAML reads a bare `no` as false
+
+    @field_validator("freeze_layers", mode="before")
+    @classmethod
+    def _layers_or_auto(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        try:
+            layers = int(value)
+        except (TypeError, ValueError):
+            layers = -1
+        if layers < 0 or isinstance(value, (bool, float)) and value != layers:
+            raise PydanticCustomError("freeze_layers", "needs a number of layers (0 or more) or auto")
+        return layers
+
+    @field_validator("freeze_embeddings", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value  # YAML: on/off/true
 
     @model_validator(mode="before")
     @classmethod

@@ -252,16 +252,24 @@ class Trainer:
         return model
 
     def _freeze(self, model) -> None:
-        """Keep the embeddings and the bottom config.freeze_layers layers fixed."""
-        if not self.config.freeze_layers:
+        """Keep the embeddings and the bottom layers fixed: config.freeze_embeddings and freeze_layers, whose
+        `auto` freezes a classifier's embeddings and bottom layer (a generating model's embeddings are
+        usually its output layer too)."""
+        config = self.config
+        classifier = not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None
+        embeddings = classifier if config.freeze_embeddings == "auto" else config.freeze_embeddings == "on"
+        layers = int(classifier and embeddings) if config.freeze_layers == "auto" else config.freeze_layers
+        if not (layers or embeddings):
             return
-        frozen = freeze_bottom(model, self.config.freeze_layers)
+        frozen = freeze_bottom(model, layers, embeddings=embeddings)
         total = sum(p.numel() for p in model.parameters())
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
         of = f" of {frozen.of}" if frozen.of is not None else ""
+        fixed = f"the embeddings and the bottom {frozen.layers}{of} layers" if frozen.layers else "the embeddings"
+        chosen = "auto" in (config.freeze_embeddings, config.freeze_layers)
+        how = " (a classifier's default; --freeze-layers 0 --freeze-embeddings off trains every weight)"
         self.report.print(
-            f"training {trained / 1e6:.1f}M of {total / 1e6:.1f}M parameters: the embeddings and the bottom "
-            f"{frozen.layers}{of} layers stay fixed"
+            f"training {trained / 1e6:.1f}M of {total / 1e6:.1f}M parameters: {fixed} stay fixed{how if chosen else ''}"
         )
 
     def _enable_gradient_checkpointing(self, model) -> None:
