@@ -35,6 +35,7 @@ def tuneforge_run(name, extra, args):
     extra = extra.split()
     fixed = "--task glue/mrpc --logging-steps 1 --precision fp32 --no-group-by-length --lr 5e-5 --eval-strategy no "
     fixed += "--max-eval-samples 16 --max-length 128 --overwrite --quiet --json"
+    fixed += " --freeze-layers 0 --freeze-embeddings off"  # every weight trains, as under the peer
     output_dir = str(out) + "-" + "-".join(extra[1:4])
     cmd = [str(Path(sys.executable).parent / "tuneforge"), "train", *fixed.split(), "--output-dir", output_dir]
     cmd += ["--data-dir", args.data_dir, "--max-steps", str(args.max_steps), *extra]

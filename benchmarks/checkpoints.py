@@ -26,7 +26,7 @@ BACKENDS = {  # flags of each run, split on spaces
 
 def tf(args, out, extra, timings):
     fixed = "train --task glue/mrpc --precision fp32 --eval-strategy no --max-eval-samples 16 --logging-steps 1 "
-    fixed += "--quiet --json"
+    fixed += "--quiet --json --freeze-layers 0 --freeze-embeddings off"  # every weight trains, as under the peer
     cmd = [sys.executable, str(HERE / "_timed_tuneforge.py"), *fixed.split(), "--data-dir", args.data_dir]
     cmd += ["--output-dir", str(out), *extra]
     t0 = time.perf_counter()
