@@ -6,8 +6,8 @@ dropout, SDPA attention (tuneforge's fp32 settings), on batches of 16 MRPC pairs
 
 - all weights trained (tuneforge's defaults before issue 11)
 - word embeddings frozen (no dense 30522 x 384 gradient, no AdamW over it)
-- the embeddings frozen (`--freeze-embeddings on`: word, position and type embeddings and their layer norm)
-- embeddings + bottom 1 / 2 of 6 layers frozen (`--freeze-layers 1` / `2`)
+- the embeddings frozen (`--freeze-layers 0 --freeze-embeddings on`: word, position, type embeddings, layer norm)
+- embeddings + bottom 1 / 2 of 6 layers frozen (`--freeze-layers 1`, a classifier's default, / `2`)
 - padded to a multiple of 8 / 16 tokens (fewer distinct shapes)
 - `torch.compile(dynamic=True)` of the model (compile time reported separately)
 

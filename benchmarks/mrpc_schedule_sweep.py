@@ -5,7 +5,8 @@ time on one thread each (a 2-core machine), so the wall times here are for compa
 for end-to-end claims (mrpc_vs_hf_trainer.py makes those).
 
     python benchmarks/mrpc_schedule_sweep.py --data-dir ../shared/data/glue/MRPC --seeds 1 2 3 \\
-        --point "--epochs 2 --lr 8e-5" --point "--epochs 2 --lr 8e-5 --freeze-layers 2" --precision bf16
+        --point "--epochs 2 --lr 8e-5 --freeze-layers 0 --freeze-embeddings off" --point "--epochs 2 --lr 8e-5" \\
+        --point "--epochs 2 --lr 8e-5 --freeze-layers 2" --precision fp32
 
 Writes benchmarks/results/mrpc_schedule_sweep.json (appending to the points already there).
 """
