@@ -249,6 +249,12 @@ def test_incompatible_checkpoints_are_refused(run_copy, files, tiny_bert, other_
     swapped = {str(files[0]): str(numeric), str(files[1]): str(numeric_val)}
     line = refused(*[swapped.get(a, a) for a in flags], "--task", "regression")
     assert "task is 'classification' in the checkpoint but 'regression' here" in line
+    # other weights trained (the run kept the classifier's embeddings and bottom layer fixed)
+    line = refused(*flags, "--freeze-layers", "0", "--freeze-embeddings", "off")
+    assert line.endswith(
+        "trained 20 weight tensors but this run trains 41: resume with the --freeze-layers and "
+        "--freeze-embeddings it was saved with (its config.yaml has them)"
+    ), line
 
 
 # ---- export ------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ Layout of `OUTPUT_DIR/checkpoint-STEP/`:
     trainer_state.json     the Progress: step, epoch, data position (consumed examples, order batch),
                            best metric and evaluation, early-stopping counter
     meta.json              what the checkpoint is of (`describe`): task, label set, model architecture,
-                           backend, world size, examples per optimizer step
+                           backend, world size, examples per optimizer step, weight tensors trained
     config.yaml            the resolved config of the run that wrote it
     config.json, tokenizer files, tuneforge.json
                            what `tuneforge export` needs to write a standalone HF folder
@@ -202,6 +202,8 @@ def describe(model, backend, *, task: str, labels, step_examples: int) -> dict:
         "world_size": backend.world_size,
         "dp_size": backend.dp_size,
         "step_examples": step_examples,
+        # which weights train (--freeze-layers, --freeze-embeddings) decides what the optimizer state holds
+        "trained_tensors": sum(1 for p in model.parameters() if p.requires_grad),
     }
 
 
@@ -429,6 +431,12 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
                 f"checkpoint {str(path)!r} does not match this run: {key} is {saved.get(key)!r} in the checkpoint "
                 f"but {now.get(key)!r} here; resume with the same task, labels and model, or start a new run"
             )
+    trained, trains = saved.get("trained_tensors"), now.get("trained_tensors")
+    if trained is not None and trained != trains:  # checkpoints before this key: not checked
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} trained {trained} weight tensors but this run trains {trains}: resume "
+            "with the --freeze-layers and --freeze-embeddings it was saved with (its config.yaml has them)"
+        )
     if not backend.sharded and not has_full_weights(path):
         raise CheckpointError(
             f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which "
