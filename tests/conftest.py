@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,6 +353,75 @@ def tiny_bart(tmp_path_factory, minilm_dir) -> str:
     return save_random(out, BartForConditionalGeneration, BartConfig(vocab_size=len(tok), **sizes, **no_dropout, **ids))
 
 
+# ---- tagged sentences (NER) -------------------------------------------------------------------
+# Sentences built from fixed names, places, organisations and adjectives, tagged as CoNLL-2003 is:
+# PER, LOC, ORG, MISC. Deterministic for a seed.
+PEOPLE = [["John", "Smith"], ["Maria", "Garcia"], ["Zbigniew", "Brzezinski"], ["Anna"], ["Li", "Wei"], ["Omar"]]
+PLACES = [["Paris"], ["Berlin"], ["New", "York"], ["Tokyo"], ["Cairo"], ["Buenos", "Aires"]]
+ORGS = [["Reuters"], ["United", "Nations"], ["Siemens"], ["European", "Commission"], ["FIFA"]]
+MISC = [["German"], ["British"], ["French"], ["Japanese"]]
+TEMPLATES = [
+    ["PER", "visited", "LOC", "on", "Monday", "."],
+    ["ORG", "said", "PER", "will", "travel", "to", "LOC", "."],
+    ["MISC", "officials", "met", "PER", "in", "LOC", "."],
+    ["PER", "joined", "ORG", "last", "year", "."],
+    ["the", "MISC", "team", "beat", "ORG", "in", "LOC", "."],
+]
+
+
+def tagged_sentences(n: int, seed: int = 0) -> list[tuple[list[str], list[str]]]:
+    """`n` (words, IOB2 tags) sentences."""
+    import random
+
+    rng = random.Random(seed)
+    pools = {"PER": PEOPLE, "LOC": PLACES, "ORG": ORGS, "MISC": MISC}
+    out = []
+    for _ in range(n):
+        words, tags = [], []
+        for slot in rng.choice(TEMPLATES):
+            if slot in pools:
+                name = rng.choice(pools[slot])
+                words += name
+                tags += [f"B-{slot}"] + [f"I-{slot}"] * (len(name) - 1)
+            else:
+                words.append(slot)
+                tags.append("O")
+        out.append((words, tags))
+    return out
+
+
+def iob1(tags: list[str]) -> list[str]:
+    """IOB2 tags as CoNLL-2003 writes them (IOB1): B- only where an entity follows one of its own type."""
+    out = []
+    for i, tag in enumerate(tags):
+        follows_same = i > 0 and tags[i - 1] != "O" and tags[i - 1][2:] == tag[2:]
+        out.append("I-" + tag[2:] if tag.startswith("B-") and not follows_same else tag)
+    return out
+
+
+def write_conll(path: Path, n: int, seed: int = 0, scheme: str = "iob1") -> Path:
+    """A CoNLL-2003 style file: `word POS chunk tag` lines, -DOCSTART- every 8 sentences, blank lines between."""
+    lines = []
+    for i, (words, tags) in enumerate(tagged_sentences(n, seed)):
+        if i % 8 == 0:
+            lines += ["-DOCSTART- -X- -X- O", ""]
+        tags = iob1(tags) if scheme == "iob1" else tags
+        lines += [f"{w} NNP I-NP {t}" for w, t in zip(words, tags)] + [""]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def conll_dir(tmp_path) -> Path:
+    """A folder of CoNLL files: train.txt (64 sentences), valid.txt (21), test.txt (10); IOB1 tags."""
+    folder = tmp_path / "conll"
+    folder.mkdir()
+    write_conll(folder / "train.txt", 64, seed=1)
+    write_conll(folder / "valid.txt", 21, seed=2)
+    write_conll(folder / "test.txt", 10, seed=3)
+    return folder
+
+
 # ---- helpers shared by the test files --------------------------------------------------------
 def train_ok(*args: str) -> dict:
     """Run `tuneforge ARGS` in a fresh process, assert it succeeded; its final JSON line."""
@@ -377,6 +447,54 @@ def quiet_task(task: str, model: str | None, **data):
     built = get_task(build_config(task=task, model=model, data=data))
     built.log = lambda msg: None
     return built
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(model_dir: str, **flags):
+    """`tuneforge serve MODEL_DIR` (flags as cli_flags) in its own process on a free port; yields its URL once
+    /health answers, and stops it (SIGTERM, then kill) afterwards."""
+    import time
+
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen(
+        cli_command("serve", model_dir, *cli_flags(port=port, **flags)),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("server did not come up within 120 s")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # ---- backend conformance (tests/backends) ----------------------------------------------------

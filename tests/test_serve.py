@@ -2,14 +2,12 @@
 batched together, and every caller gets the same answers as `Predictor`."""
 
 import socket
-import subprocess
 import threading
-import time
 
 import httpx
 import pytest
 
-from conftest import REPO, cli_command, cli_flags, run_cli, save_tiny_classifier
+from conftest import run_cli, save_tiny_classifier, serving
 from tuneforge.predict import Predictor
 
 LABELS = {0: "neg", 1: "pos"}
@@ -30,45 +28,11 @@ def classifier(tmp_path_factory, minilm_dir):
     return save_tiny_classifier(tmp_path_factory.mktemp("serve-classifier"), minilm_dir, LABELS)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(classifier):
     """The server in its own process; stopped (SIGTERM, then kill) at the end of the module."""
-    port = free_port()
-    proc = subprocess.Popen(
-        cli_command("serve", classifier, *cli_flags(port=port, max_batch_size=64, max_wait_ms=400)),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("server did not come up within 120 s")
-            time.sleep(0.3)
+    with serving(classifier, max_batch_size=64, max_wait_ms=400) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def post(url, body):

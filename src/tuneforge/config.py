@@ -54,7 +54,11 @@ class OptimConfig(_Section):
 
 class DataConfig(_Section):
     # sources
-    data_dir: str | None = Field(None, description="a folder with train and validation files (GLUE: the task folder)")
+    data_dir: str | None = Field(
+        None,
+        description="a folder with train and validation files (GLUE: the task folder; ner: CoNLL train.txt, "
+        "valid.txt; qa: SQuAD JSON files; multiple-choice: train and dev files)",
+    )
     train_file: str | None = Field(
         None, description="csv/tsv/jsonl (classification) or .txt (causal LM); without --task it picks the task"
     )
@@ -71,6 +75,21 @@ class DataConfig(_Section):
     source_column: str | None = Field(None, description="seq2seq from csv/jsonl: the source column")
     target_column: str | None = Field(None, description="seq2seq from csv/jsonl: the target column")
     source_prefix: str = Field("", description="text put before every source (e.g. 'translate German to English: ')")
+    # multiple choice
+    data_format: Literal["auto", "codah"] = Field(
+        "auto",
+        description="multiple-choice: auto reads SWAG columns (sent1, sent2, ending0..) or question + choices; "
+        "codah reads CODAH's headerless TSV (category, question, 4 endings, answer index)",
+    )
+    # extractive question answering
+    doc_stride: int | None = Field(
+        None, gt=0, description="qa: tokens that consecutive windows of a long context share (default: max_length // 3)"
+    )
+    max_answer_length: int = Field(30, gt=0, description="qa: longest answer, in tokens")
+    n_best_size: int = Field(20, gt=0, description="qa: start and end candidates scored per window")
+    null_score_diff_threshold: float = Field(
+        0.0, description="qa (SQuAD v2): answer nothing when the null score beats the best span by more than this"
+    )
     # tokenization
     max_length: int | None = Field(128, gt=0, description="tokens per example (seq2seq: per source)")
     max_target_length: int = Field(128, gt=0, description="seq2seq: tokens per target")
@@ -93,7 +112,7 @@ class DataConfig(_Section):
 class TrainConfig(_Section):
     task: str = Field(
         "bbc-news",
-        description="task: classification, regression, clm, seq2seq, glue/NAME, bbc-news; "
+        description="task: classification, regression, clm, seq2seq, ner, qa, multiple-choice, glue/NAME, bbc-news; "
         "default from the files: --source-file seq2seq, a .txt --train-file clm, another --train-file classification",
     )
     model: str | None = Field(None, description="HF folder or hub id; default: the task's bundled model")

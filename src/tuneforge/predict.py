@@ -1,93 +1,38 @@
-"""Prediction: a Python API and `tuneforge predict` on files.
+"""Prediction: `load_predictor(MODEL_DIR)` and `tuneforge predict` on files.
 
-Batches are sorted by length (little padding), and results come back in the input's order.
+The model folder's tuneforge.json names the task that exported it; that task's predictor runs
+(tasks/classification.py, ner.py, qa.py, multiple_choice.py). Batches are sorted by length (little
+padding), and results come back in the input's order.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.export import read_model_info
 from tuneforge.files import replacing
+from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
 
 
-class Predictor:
-    """`Predictor("runs/x/model").predict(["a text", ...])` or `.predict([("s1", "s2"), ...])`."""
+def _task_class_of(model_dir: str | Path):
+    """The Task class that exported `model_dir` (its tuneforge.json), or None (a plain HF folder)."""
+    from tuneforge.tasks import TASKS, task_class
 
-    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForSequenceClassification
+    task = str(read_model_info(str(model_dir)).get("task") or "")
+    known = task in TASKS or any(k.endswith("/") and task.startswith(k) for k in TASKS)
+    return task_class(task) if known else None
 
-        from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
 
-        model_dir = str(model_dir)
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
-        check_model_path(model_dir)
-        self.info = read_model_info(model_dir)
-        config = from_pretrained(AutoConfig, model_dir, "the model config")
-        archs = getattr(config, "architectures", None) or []
-        if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
-            raise ConfigError(
-                f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge "
-                "generate` for language models"
-            )
-        self.max_length = max_length or self.info.get("max_length") or 512
-        limit = getattr(config, "max_position_embeddings", None)
-        if limit and self.max_length > limit:
-            if max_length:
-                raise ConfigError(
-                    f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
-                    f"{limit} or less"
-                )
-            self.max_length = limit
-        self.tokenizer = load_tokenizer(model_dir)
-        self.model = from_pretrained(AutoModelForSequenceClassification, model_dir, "the model").eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device)
-        self.regression = config.num_labels == 1
-        self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
-        self.text_columns = self.info.get("text_columns")
-
-    @torch.inference_mode()
-    def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
-        """One dict per input, in input order: label, label_id, score, scores (or score for regression)."""
-        pairs = [tuple(x) if isinstance(x, (tuple, list)) else (x,) for x in inputs]
-        if not pairs:
-            return []
-        widths = {len(p) for p in pairs}
-        if len(widths) != 1 or not widths <= {1, 2}:
-            raise DataError("inputs must be all single texts or all (text, text) pairs")
-        enc = self.tokenizer(*[list(col) for col in zip(*pairs)], truncation=True, max_length=self.max_length)
-        lengths = np.array([len(ids) for ids in enc["input_ids"]])
-        order = np.argsort(-lengths, kind="stable")  # longest first: similar lengths share a batch
-        results: list[dict | None] = [None] * len(pairs)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            rows = {k: [enc[k][i] for i in idx] for k in enc.keys()}
-            batch = self.tokenizer.pad(rows, return_tensors="pt").to(self.device)
-            logits = self.model(**batch).logits.float()
-            if self.regression:
-                for i, v in zip(idx, logits.squeeze(-1).tolist()):
-                    results[i] = {"score": v}
-                continue
-            probs = logits.softmax(-1)
-            top = probs.argmax(-1).tolist()
-            for i, t, p in zip(idx, top, probs.tolist()):
-                results[i] = {
-                    "label": self.labels[t],
-                    "label_id": t,
-                    "score": p[t],
-                    "scores": {name: s for name, s in zip(self.labels, p)},
-                }
-        return results  # type: ignore[return-value]
+def load_predictor(model_dir: str | Path, **kwargs):
+    """The predictor of the task that exported `model_dir`; a plain HF folder: a classifier's."""
+    cls = _task_class_of(model_dir)
+    return cls.make_predictor(str(model_dir), **kwargs) if cls else Predictor(model_dir, **kwargs)
 
 
 def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None = None) -> list[tuple[str, ...]]:
@@ -144,13 +89,15 @@ def predict_file(
     if max_length is not None and max_length < 1:
         raise ConfigError(f"--max-length must be at least 1, got {max_length}")
     check_model_path(model_dir)
-    texts = read_inputs(model_dir, input_path, text_columns)
+    reader = getattr(_task_class_of(model_dir), "read_predict_inputs", None)  # a task with its own input rows
+    texts = reader(input_path, text_columns) if reader else read_inputs(model_dir, input_path, text_columns)
     out = Path(output_path)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--output {output_path!r} is a folder; pass a file name such as preds.jsonl")
     check_output_dir(str(out.parent), "--output", "the folder of --output")
-    predictor = Predictor(model_dir, max_length=max_length)
-    preds = predictor.predict(texts, batch_size=batch_size)
+    predictor = load_predictor(model_dir, max_length=max_length)
+    items = [t[0] if isinstance(t, tuple) and len(t) == 1 else t for t in texts]
+    preds = predictor.predict(items, batch_size=batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
         for i, p in enumerate(preds):

@@ -1,4 +1,4 @@
-"""`tuneforge serve MODEL_DIR`: an HTTP server for a fine-tuned classifier, with dynamic batching.
+"""`tuneforge serve MODEL_DIR`: an HTTP server for a fine-tuned classifier or tagger, with dynamic batching.
 
 Requests are queued; a single worker takes the first waiting request, then keeps collecting
 more until the batch holds `max_batch_size` texts or `max_wait_ms` has passed, and runs them
@@ -8,6 +8,9 @@ requests while a batch computes; those form the next batch.
 
     POST /predict  {"texts": ["a text", ...]}  or  {"pairs": [["s1", "s2"], ...]}
                    -> {"predictions": [{"label", "label_id", "score", "scores"} | {"score"}, ...]}
+                   NER: texts -> [{"entities": [{"entity", "text", "start", "end", "score"}]}, ...]
+                   qa: pairs of (question, context) -> [{"answer", "start", "end", "score"}, ...]
+                   multiple choice: {"inputs": [{"question", "choices"}]} -> [{"label", "choice", "score", "scores"}]
     GET  /health   -> {"status": "ok", "model", "labels", counters of requests and batches}
 
 No `from __future__ import annotations` here: FastAPI reads the request model from the endpoint's
@@ -106,18 +109,26 @@ def create_app(
 
     batcher = DynamicBatcher(predictor, max_batch_size, max_wait_ms)
 
+    accepts = getattr(predictor, "accepts", ("texts", "pairs"))  # the request kinds this model's task takes
+
     class PredictRequest(BaseModel):
         texts: list[str] | None = Field(None, description="single texts")
-        pairs: list[tuple[str, str]] | None = Field(None, description="sentence pairs")
+        pairs: list[tuple[str, str]] | None = Field(None, description="sentence pairs (qa: question, context)")
+        inputs: list[dict[str, Any]] | None = Field(None, description='multiple choice: {"question", "choices"}')
 
         @model_validator(mode="after")
         def _one_kind(self):
-            given = [x for x in (self.texts, self.pairs) if x is not None]
+            kinds = (("texts", self.texts), ("pairs", self.pairs), ("inputs", self.inputs))
+            given = {k: v for k, v in kinds if v is not None}
+            names = " or ".join(f'"{k}"' for k in accepts)
             if len(given) != 1:
-                raise ValueError('give exactly one of "texts" or "pairs"')
-            if not given[0]:
+                raise ValueError(f"give exactly one of {names}")
+            (kind, items), *_ = given.items()
+            if kind not in accepts:
+                raise ValueError(f'this model takes {names}, not "{kind}"')
+            if not items:
                 raise ValueError("the list of inputs is empty; send at least one")
-            if len(given[0]) > max_request_items:
+            if len(items) > max_request_items:
                 raise ValueError(f"at most {max_request_items} inputs per request; split the request")
             return self
 
@@ -132,7 +143,10 @@ def create_app(
 
     @app.post("/predict")
     async def predict(request: PredictRequest) -> dict[str, Any]:
-        items = request.texts if request.texts is not None else [tuple(p) for p in request.pairs]
+        if request.inputs is not None:
+            items = request.inputs
+        else:
+            items = request.texts if request.texts is not None else [tuple(p) for p in request.pairs]
         return {"predictions": await batcher.submit(items)}
 
     @app.get("/health")
@@ -140,6 +154,7 @@ def create_app(
         return {
             "status": "ok",
             "model": model_dir,
+            "task": getattr(predictor, "task", None),
             "labels": predictor.labels,
             "regression": predictor.regression,
             "max_batch_size": batcher.max_batch_size,
@@ -166,7 +181,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
-    from tuneforge.predict import Predictor
+    from tuneforge.predict import load_predictor
     from tuneforge.tasks.base import check_model_path
 
     if ns.max_batch_size <= 0:
@@ -187,7 +202,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         ) from None
     sock = bind_socket(ns.host, ns.port)
 
-    predictor = Predictor(ns.model_dir, max_length=ns.max_length)
+    predictor = load_predictor(ns.model_dir, max_length=ns.max_length)
     app = create_app(predictor, ns.model_dir, ns.max_batch_size, ns.max_wait_ms)
     host, port = sock.getsockname()[:2]
     print(

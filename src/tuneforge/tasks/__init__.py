@@ -1,4 +1,5 @@
-"""Task families: classification (GLUE, BBC News, files), causal LM, sequence-to-sequence."""
+"""Task families: classification (GLUE, BBC News, files), causal LM, sequence-to-sequence,
+NER, extractive question answering, multiple choice."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ TASKS = {
     "glue/": "tuneforge.tasks.classification:ClassificationTask",
     "clm": "tuneforge.tasks.clm:CausalLMTask",
     "seq2seq": "tuneforge.tasks.seq2seq:Seq2SeqTask",
+    "ner": "tuneforge.tasks.ner:TokenClassificationTask",
+    "qa": "tuneforge.tasks.qa:QuestionAnsweringTask",
+    "multiple-choice": "tuneforge.tasks.multiple_choice:MultipleChoiceTask",
 }
 
 
@@ -23,8 +27,8 @@ def task_names() -> list[str]:
     return [k for k in TASKS if not k.endswith("/")] + [f"glue/{g}" for g in GLUE]
 
 
-def get_task(config):
-    name = config.task
+def task_class(name: str):
+    """The Task class of a task name (`glue/mrpc`, `ner`, ...), imported on demand."""
     target = TASKS.get(name) or next((v for k, v in TASKS.items() if k.endswith("/") and name.startswith(k)), None)
     if target is None:
         raise ConfigError(f"unknown task {name!r}; choose one of: {', '.join(task_names())}")
@@ -35,4 +39,8 @@ def get_task(config):
         if err.name == module:
             raise ConfigError(f"task {name!r} is not available in this build of tuneforge") from None
         raise
-    return getattr(mod, cls)(config)
+    return getattr(mod, cls)
+
+
+def get_task(config):
+    return task_class(config.task)(config)

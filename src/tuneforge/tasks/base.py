@@ -272,6 +272,16 @@ class Task:
         """Written as tuneforge.json beside an exported model: how to feed it at predict time."""
         return {"task": self.config.task, "max_length": self.config.data.max_length}
 
+    @staticmethod
+    def make_predictor(model_dir: str, **kwargs):
+        """What `tuneforge predict` and `serve` run for a model this task exported: an object with
+        `predict(inputs, batch_size)`, `accepts` (the request kinds serve takes: texts, pairs, inputs), `task`,
+        `labels` and `regression`."""
+        raise ConfigError(
+            f"model {model_dir!r} generates text: `tuneforge predict` and `serve` take classifiers, taggers, qa and "
+            "multiple-choice models; use `tuneforge generate` for it"
+        )
+
     # --- saving -------------------------------------------------------------------------
     def check_max_length(self, tokenizer, model_config) -> None:
         limit = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)

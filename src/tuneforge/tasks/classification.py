@@ -1,8 +1,11 @@
-"""Sequence classification: single sentences, sentence pairs and regression (GLUE, BBC, files)."""
+"""Sequence classification: single sentences, sentence pairs and regression (GLUE, BBC, files), and
+the predictor of the models it exports."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -400,3 +403,82 @@ class ClassificationTask(Task):
 
     def export_info(self) -> dict:
         return {**super().export_info(), "text_columns": self.text_columns, "regression": self.regression}
+
+    @staticmethod
+    def make_predictor(model_dir: str, **kwargs):
+        return ClassificationPredictor(model_dir, **kwargs)
+
+
+class ClassificationPredictor:
+    """`ClassificationPredictor("runs/x/model").predict(["a text", ...])` or `.predict([("s1", "s2"), ...])`."""
+
+    accepts = ("texts", "pairs")  # what `tuneforge serve` takes for it
+
+    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
+        from transformers import AutoConfig, AutoModelForSequenceClassification
+
+        from tuneforge.export import read_model_info
+        from tuneforge.tasks.base import check_model_path, load_tokenizer
+
+        model_dir = str(model_dir)
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
+        check_model_path(model_dir)
+        self.info = read_model_info(model_dir)
+        self.task = self.info.get("task") or "classification"
+        config = from_pretrained(AutoConfig, model_dir, "the model config")
+        archs = getattr(config, "architectures", None) or []
+        if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+            raise ConfigError(
+                f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge "
+                "generate` for language models"
+            )
+        self.max_length = max_length or self.info.get("max_length") or 512
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit and self.max_length > limit:
+            if max_length:
+                raise ConfigError(
+                    f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
+                    f"{limit} or less"
+                )
+            self.max_length = limit
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = from_pretrained(AutoModelForSequenceClassification, model_dir, "the model").eval()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+        self.regression = config.num_labels == 1
+        self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
+        self.text_columns = self.info.get("text_columns")
+
+    @torch.inference_mode()
+    def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
+        """One dict per input, in input order: label, label_id, score, scores (or score for regression)."""
+        pairs = [tuple(x) if isinstance(x, (tuple, list)) else (x,) for x in inputs]
+        if not pairs:
+            return []
+        widths = {len(p) for p in pairs}
+        if len(widths) != 1 or not widths <= {1, 2}:
+            raise DataError("inputs must be all single texts or all (text, text) pairs")
+        enc = self.tokenizer(*[list(col) for col in zip(*pairs)], truncation=True, max_length=self.max_length)
+        lengths = np.array([len(ids) for ids in enc["input_ids"]])
+        order = np.argsort(-lengths, kind="stable")  # longest first: similar lengths share a batch
+        results: list[dict | None] = [None] * len(pairs)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            rows = {k: [enc[k][i] for i in idx] for k in enc.keys()}
+            batch = self.tokenizer.pad(rows, return_tensors="pt").to(self.device)
+            logits = self.model(**batch).logits.float()
+            if self.regression:
+                for i, v in zip(idx, logits.squeeze(-1).tolist()):
+                    results[i] = {"score": v}
+                continue
+            probs = logits.softmax(-1)
+            top = probs.argmax(-1).tolist()
+            for i, t, p in zip(idx, top, probs.tolist()):
+                results[i] = {
+                    "label": self.labels[t],
+                    "label_id": t,
+                    "score": p[t],
+                    "scores": {name: s for name, s in zip(self.labels, p)},
+                }
+        return results  # type: ignore[return-value]

@@ -1,0 +1,120 @@
+"""Multiple-choice rows: SWAG's csv layout, question + choices tables, CODAH's headerless TSV.
+
+Every reader returns a `datasets.Dataset` with `context` (the question or first sentence),
+`prefix` (the start shared by every ending, SWAG's sent2; "" where there is none), `choices`
+(the endings, as many in every row), `label` (the index of the right choice) and `row` (the row
+number in the file, for errors).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import datasets
+
+from tuneforge.errors import DataError
+
+FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+SPLIT_NAMES = {"train": ("train",), "validation": ("dev", "val", "valid", "validation"), "test": ("test",)}
+ENDING = re.compile(r"ending(\d+)$")
+
+
+def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool = True) -> datasets.Dataset:
+    """One file of multiple-choice rows; checks that every row has the same number of choices and a label among
+    them (`need_labels` False: rows to predict, whose labels may be missing: -1 then)."""
+    from tuneforge.data.sources import check_file, read_table
+
+    p = check_file(path)
+    if p.suffix.lower() not in FORMATS:
+        raise DataError(
+            f"file {str(p)!r}: multiple choice reads {', '.join(FORMATS)} files; convert it to one of those"
+        )
+    if data_format == "codah":
+        df = read_table(p, quoting_off=True, header=None)
+        if df.shape[1] != 7:
+            raise DataError(
+                f"file {str(p)!r} has {df.shape[1]} columns; CODAH rows are category, question, 4 endings and the "
+                "answer index (7 tab-separated columns); drop --data-format codah for other layouts"
+            )
+        rows = {"context": df[1].tolist(), "prefix": [""] * len(df), "choices": df[[2, 3, 4, 5]].values.tolist()}
+        labels = df[6].tolist()
+    else:
+        df = read_table(p)
+        cols = list(map(str, df.columns))
+        endings = sorted((int(m.group(1)), c) for c in cols if (m := ENDING.match(c)))
+        if {"sent1", "ending0"} <= set(cols):  # SWAG: sent1, sent2, ending0..ending3, label
+            prefix = df["sent2"].tolist() if "sent2" in cols else [""] * len(df)
+            choices = [[str(e) for e in r if str(e).strip()] for r in df[[c for _, c in endings]].values.tolist()]
+            rows = {"context": df["sent1"].tolist(), "prefix": prefix, "choices": choices}
+        elif {"question", "choices"} <= set(cols):
+            bad = next((i for i, c in enumerate(df["choices"], 1) if not isinstance(c, list)), None)
+            if bad:
+                raise DataError(
+                    f"file {str(p)!r}, row {bad}: 'choices' must be a list of texts (jsonl/json), got "
+                    f"{type(df['choices'][bad - 1]).__name__}"
+                )
+            rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
+        else:
+            raise DataError(
+                f"file {str(p)!r} has columns {', '.join(cols)}; multiple choice reads SWAG columns (sent1, sent2, "
+                "ending0, ending1, ..., label) or question, choices (a list) and label; for CODAH's TSV pass "
+                "--data-format codah"
+            )
+        if "label" in cols:
+            labels = df["label"].tolist()
+        elif need_labels:
+            raise DataError(f"file {str(p)!r} has no 'label' column (the index of the right choice); add it")
+        else:
+            labels = [-1] * len(df)
+    rows["choices"] = [[str(c) for c in cs] for cs in rows["choices"]]
+    rows["context"] = [str(c) for c in rows["context"]]
+    rows["prefix"] = [str(c) for c in rows["prefix"]]
+    rows["label"] = [
+        _label(v, i, p, len(cs)) if need_labels else -1 for i, (v, cs) in enumerate(zip(labels, rows["choices"]), 1)
+    ]
+    rows["row"] = list(range(1, len(labels) + 1))
+    if need_labels:  # to predict, rows may differ
+        check_choice_counts(rows["choices"], lambda r: f"{p}, row {r}")
+    return datasets.Dataset.from_dict(rows)
+
+
+def _label(value, row: int, path: Path, n: int) -> int:
+    try:
+        label = int(str(value).strip())
+    except ValueError:
+        raise DataError(f"{path}, row {row}: label {value!r} is not a choice index (0 to {n - 1})") from None
+    if not 0 <= label < n:
+        raise DataError(f"{path}, row {row}: label {label} is not a choice index (0 to {n - 1}); fix that row")
+    return label
+
+
+def check_choice_counts(choices: list[list[str]], place) -> int:
+    """The number of choices, the same in every row (and at least 2); `place(row)` names a row in an error."""
+    want = len(choices[0]) if choices else 0
+    for row, cs in enumerate(choices, 1):
+        if len(cs) != want:
+            raise DataError(
+                f"{place(row)}: {len(cs)} choices where the first row has {want}; every row needs the same number"
+            )
+    if want < 2:
+        raise DataError(f"{place(1)}: {want} choice; a multiple-choice row needs at least 2")
+    return want
+
+
+def find_split_files(folder: str | Path) -> dict[str, Path]:
+    """{split: file} in a folder: train.*, dev.* / val.* / validation.*, test.* (csv, tsv, jsonl, json, parquet)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise DataError(f"--data-dir {str(d)!r} is not a folder; pass the folder holding train and dev files")
+    found = {}
+    for split, stems in SPLIT_NAMES.items():
+        hit = next((d / f"{s}{x}" for s in stems for x in FORMATS if (d / f"{s}{x}").is_file()), None)
+        if hit:
+            found[split] = hit
+    if "train" not in found and "validation" not in found:
+        raise DataError(
+            f"--data-dir {str(d)!r} holds no train or dev file (train.csv, dev.tsv, ...); files there: "
+            f"{', '.join(sorted(f.name for f in d.iterdir())[:8]) or 'none'}"
+        )
+    return found

@@ -1,0 +1,284 @@
+"""Multiple choice (SWAG, CODAH, question + choices): one score per choice, softmax over the choices.
+
+Each choice is encoded as the pair (context, prefix + ending), as transformers' run_swag.py does,
+and the model (`AutoModelForMultipleChoice`) scores every choice of a row together. The loss is
+the cross-entropy over a row's choices, summed over rows; the metric is accuracy, gathered from
+every rank (each row once).
+"""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tuneforge.data.choices import check_choice_counts, find_split_files, read_choices
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.tasks.base import (
+    MetricStream,
+    Task,
+    empty_check,
+    from_pretrained,
+    hold_out_validation,
+    load_tokenizer,
+    set_dropout,
+)
+
+
+def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
+    """The (first, second) texts of each choice: the context, and the prefix followed by the ending."""
+    return [context] * len(choices), [f"{prefix} {c}".strip() for c in choices]
+
+
+class ChoiceStream(MetricStream):
+    def __init__(self, task: MultipleChoiceTask) -> None:
+        self.task = task
+        self.preds: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.count = torch.zeros((), dtype=torch.float64)
+
+    def update(self, outputs, batch, valid) -> None:
+        keep = valid.cpu()
+        self.preds.append(outputs.logits.argmax(-1).cpu()[keep].numpy())
+        self.labels.append(batch["labels"].cpu()[keep].numpy())
+        loss, _ = self.task.compute_loss(outputs, batch, row_mask=valid)
+        self.loss_sum += loss.detach().double().cpu()
+        self.count += keep.sum()
+
+    def compute(self, backend) -> dict[str, float]:
+        mine = (np.concatenate(self.preds or [np.zeros(0)]), np.concatenate(self.labels or [np.zeros(0)]))
+        gathered = backend.gather_objects(mine)
+        preds = np.concatenate([g[0] for g in gathered])
+        labels = np.concatenate([g[1] for g in gathered])
+        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.count]).float().to(backend.device))
+        return {
+            "accuracy": float((preds == labels).mean()) if len(labels) else float("nan"),
+            "loss": float(totals[0] / totals[1]) if totals[1] > 0 else float("nan"),
+            "num_examples": int(len(labels)),
+        }
+
+
+class MultipleChoiceTask(Task):
+    model_kind = "a multiple-choice model"
+    best_metric = "accuracy"
+    greater_is_better = True
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        data = config.data
+        self.files: dict[str, str] = {}
+        if data.train_file or data.validation_file:
+            from tuneforge.data.sources import check_file
+
+            for f in (data.train_file, data.validation_file):
+                if f:
+                    check_file(f)
+        elif data.data_dir:
+            find_split_files(data.data_dir)
+
+    # ---- model -------------------------------------------------------------------------
+    def load_tokenizer(self):
+        from transformers import AutoConfig
+
+        tokenizer = load_tokenizer(self.model_path())
+        self.check_max_length(tokenizer, from_pretrained(AutoConfig, self.model_path(), "the model config"))
+        return tokenizer
+
+    def load_model(self, tokenizer):
+        from transformers import AutoConfig, AutoModelForMultipleChoice
+
+        path = self.model_path()
+        model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config"), self.config.dropout)
+        self.check_max_length(tokenizer, model_config)
+        return from_pretrained(AutoModelForMultipleChoice, path, self.model_kind, config=model_config)
+
+    # ---- raw data ----------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        data = self.config.data
+        if data.train_file or data.validation_file:
+            files = {"train": data.train_file, "validation": data.validation_file}
+        elif data.data_dir:
+            files = find_split_files(data.data_dir)
+        else:
+            return self._from_hub()
+        splits = {}
+        for split in ("train", "validation"):
+            if files.get(split):
+                self.files[split] = str(files[split])
+                splits[split] = read_choices(files[split], data.data_format)
+                empty_check(splits[split], split)
+        if not splits:
+            raise ConfigError(
+                "--task multiple-choice needs data: pass --data-dir or --train-file/--validation-file (SWAG csv, "
+                "question + choices jsonl, or CODAH's TSV with --data-format codah)"
+            )
+        self._check_same_width(splits)
+        if "validation" not in splits:
+            self.log("no validation file: holding out 10% of the training rows for validation")
+            splits = hold_out_validation(splits["train"], data.split_seed, "row", "add a validation file")
+        return datasets.DatasetDict(splits)
+
+    def _from_hub(self) -> datasets.DatasetDict:
+        from tuneforge.data.sources import from_hub
+
+        hub = from_hub("swag", "regular", "pass --data-dir or --train-file/--validation-file with SWAG-style rows")
+        raw = {}
+        for split in ("train", "validation"):
+            ds = hub[split]
+            choices = [list(c) for c in zip(*(ds[f"ending{i}"] for i in range(4)))]
+            raw[split] = datasets.Dataset.from_dict(
+                {
+                    "context": ds["sent1"],
+                    "prefix": ds["sent2"],
+                    "choices": choices,
+                    "label": ds["label"],
+                    "row": list(range(1, len(ds) + 1)),
+                }
+            )
+        return datasets.DatasetDict(raw)
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        raw = {}
+        for split, ds in splits.items():
+            if ds is None:
+                continue
+            cols = ds.column_names
+            if not {"question", "choices", "label"} <= set(cols):
+                raise DataError(
+                    f"the {split} dataset has columns {', '.join(cols)}; multiple choice takes question, choices "
+                    "(a list of texts) and label (the right choice's index)"
+                )
+            n = len(ds)
+            for row, (cs, label) in enumerate(zip(ds["choices"], ds["label"]), 1):
+                if not 0 <= int(label) < len(cs):
+                    raise DataError(f"the {split} dataset, row {row}: label {label} is not a choice index")
+            raw[split] = datasets.Dataset.from_dict(
+                {
+                    "context": [str(q) for q in ds["question"]],
+                    "prefix": [""] * n,
+                    "choices": [[str(c) for c in cs] for cs in ds["choices"]],
+                    "label": [int(v) for v in ds["label"]],
+                    "row": list(range(1, n + 1)),
+                }
+            )
+            empty_check(raw[split], split)
+        self._check_same_width(raw)
+        return datasets.DatasetDict(raw)
+
+    def _check_same_width(self, splits: dict) -> None:
+        """Every split has as many choices per row as the first (a model's head is not tied to it, but the
+        batches are rows x choices)."""
+        widths = {}
+        for split, ds in splits.items():
+            where = self.files.get(split, f"the {split} data")
+            widths[split] = check_choice_counts(ds["choices"], lambda row, where=where: f"{where}, row {row}")
+        if len(set(widths.values())) > 1:
+            shown = ", ".join(f"{s}: {w}" for s, w in widths.items())
+            raise DataError(f"the splits have different numbers of choices per row ({shown}); give every row the same")
+
+    # ---- features ----------------------------------------------------------------------
+    def tokenize(self, raw, tokenizer, log=print):
+        max_length = self.config.data.max_length
+        raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
+
+        def fn(batch):
+            out = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "labels": [], "length": []}
+            for context, prefix, choices, label in zip(
+                batch["context"], batch["prefix"], batch["choices"], batch["label"]
+            ):
+                enc = tokenizer(*choice_pairs(context, prefix, choices), truncation=True, max_length=max_length)
+                for key in ("input_ids", "attention_mask", "token_type_ids"):
+                    if key in enc:
+                        out[key].append(enc[key])
+                out["labels"].append(label)
+                out["length"].append(max(len(x) for x in enc["input_ids"]))
+            return {k: v for k, v in out.items() if v}
+
+        settings = {"task": "multiple-choice", "max_length": max_length, "pairs": "context, prefix + ending"}
+        cols = ["context", "prefix", "choices", "label"]
+        return datasets.DatasetDict(
+            {split: self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log) for split, ds in raw.items()}
+        )
+
+    def collate(self, rows, tokenizer):
+        labels = rows.pop("labels", None)
+        rows.pop("length", None)
+        n_rows, n_choices = len(rows["input_ids"]), len(rows["input_ids"][0])
+        flat = {k: [c for row in v for c in row] for k, v in rows.items()}
+        batch = {k: v.view(n_rows, n_choices, -1) for k, v in tokenizer.pad(flat, return_tensors="pt").items()}
+        if labels is not None:
+            batch["labels"] = torch.tensor(labels, dtype=torch.long)
+        return batch
+
+    # ---- loss and metrics --------------------------------------------------------------
+    def compute_loss(self, outputs, batch, row_mask=None):
+        per = F.cross_entropy(outputs.logits.float(), batch["labels"], reduction="none")
+        if row_mask is not None:
+            per = per * row_mask
+        return per.sum(), torch.tensor(float(per.shape[0]), device=per.device)
+
+    def metric_stream(self):
+        return ChoiceStream(self)
+
+    @staticmethod
+    def make_predictor(model_dir: str, **kwargs):
+        return ChoicePredictor(model_dir, **kwargs)
+
+    @staticmethod
+    def read_predict_inputs(path: str, text_columns=None) -> list[dict]:
+        """`tuneforge predict` input: rows of a SWAG csv or a question + choices jsonl (a label, if any, unused)."""
+        ds = read_choices(path, need_labels=False)
+        return [
+            {"question": c, "prefix": p, "choices": cs} for c, p, cs in zip(ds["context"], ds["prefix"], ds["choices"])
+        ]
+
+
+class ChoicePredictor:
+    """`ChoicePredictor(model_dir).predict([{"question": ..., "choices": [...]}, ...])` -> per row the chosen
+    index (`label`), its text (`choice`), its probability (`score`) and every choice's (`scores`)."""
+
+    regression = False
+    accepts = ("inputs",)
+    task = "multiple-choice"
+    labels: list[str] = []
+
+    def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
+        from transformers import AutoModelForMultipleChoice
+
+        from tuneforge.export import read_model_info
+
+        self.max_length = max_length or read_model_info(model_dir).get("max_length") or 512
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = from_pretrained(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+
+    @torch.inference_mode()
+    def predict(self, rows: list[dict], batch_size: int = 16) -> list[dict]:
+        for row in rows:
+            if not isinstance(row, dict) or not isinstance(row.get("choices"), list) or len(row["choices"]) < 2:
+                raise DataError('each input is {"question": text, "choices": [at least 2 texts]}')
+        out: list[dict | None] = [None] * len(rows)
+        by_width: dict[int, list[int]] = {}  # rows with as many choices share batches
+        for i, row in enumerate(rows):
+            by_width.setdefault(len(row["choices"]), []).append(i)
+        for width, members in by_width.items():
+            for start in range(0, len(members), batch_size):
+                idx = members[start : start + batch_size]
+                first, second = [], []
+                for i in idx:
+                    row = rows[i]
+                    a, b = choice_pairs(str(row.get("question", "")), str(row.get("prefix", "")), row["choices"])
+                    first += a
+                    second += b
+                enc = self.tokenizer(
+                    first, second, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt"
+                )
+                inputs = {k: v.view(len(idx), width, -1).to(self.device) for k, v in enc.items()}
+                probs = self.model(**inputs).logits.float().softmax(-1).cpu()
+                for i, p in zip(idx, probs.tolist()):
+                    best = int(np.argmax(p))
+                    out[i] = {"label": best, "choice": rows[i]["choices"][best], "score": p[best], "scores": p}
+        return out  # type: ignore[return-value]

@@ -1,0 +1,406 @@
+"""Token classification (named entities): CoNLL files, jsonl with tokens and tags, the hub's conll2003.
+
+Tags are read as IOB1 or IOB2 and trained as IOB2 (data/conll.py). Each word's tag is predicted at
+its first sub-token; the other sub-tokens are left out of the loss (-100), as in transformers'
+run_ner.py. The loss is summed over those first sub-tokens and normalised by their count across
+accumulation and ranks. Evaluation is entity-level precision/recall/F1 with `seqeval` (overall and
+per type) over whole sentences, every sentence once across ranks: words cut off by --max-length
+count as predicted O, so a truncated entity is a miss, not left out.
+"""
+
+from __future__ import annotations
+
+import re
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tuneforge.data.conll import (
+    check_lengths,
+    check_tagged_file,
+    entities,
+    entity_type,
+    find_split_files,
+    iob_label_set,
+    is_conll,
+    read_tagged,
+    to_iob2,
+)
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.tasks.base import (
+    MetricStream,
+    Task,
+    empty_check,
+    from_pretrained,
+    hold_out_validation,
+    load_tokenizer,
+    set_dropout,
+)
+
+IGNORE = -100
+WORD = re.compile(r"\w+|[^\w\s]")  # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation
+
+
+def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
+    """seqeval's entity-level scores (conlleval rules): micro precision/recall/F1, F1 per type, word accuracy."""
+    from seqeval.metrics import accuracy_score, classification_report
+
+    report = classification_report(gold, pred, output_dict=True, zero_division=0)
+    micro = report.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0})
+    out = {"precision": float(micro["precision"]), "recall": float(micro["recall"]), "f1": float(micro["f1-score"])}
+    out["accuracy"] = float(accuracy_score(gold, pred)) if gold else float("nan")
+    for kind, scores in sorted(report.items()):
+        if kind not in ("micro avg", "macro avg", "weighted avg"):
+            out[f"f1_{kind}"] = float(scores["f1-score"])
+    return out
+
+
+class EntityStream(MetricStream):
+    """Per sentence: the gold tags of every word and the predicted tag of each word the model saw."""
+
+    def __init__(self, task: TokenClassificationTask) -> None:
+        self.task = task
+        self.gold: list[list[int]] = []
+        self.pred: list[list[int]] = []
+        self.loss_sum = torch.zeros((), dtype=torch.float64)
+        self.count = torch.zeros((), dtype=torch.float64)
+        self.outside = task.label_names.index("O")
+
+    def update(self, outputs, batch, valid) -> None:
+        labels = batch["labels"]
+        picked = outputs.logits.argmax(-1)
+        for row in torch.nonzero(valid).flatten().tolist():
+            seen = picked[row][labels[row] != IGNORE].tolist()
+            gold = list(batch["word_tags"][row])
+            self.gold.append(gold)
+            self.pred.append(seen + [self.outside] * (len(gold) - len(seen)))  # words past --max-length: O
+        loss, n = self.task.compute_loss(outputs, batch, row_mask=valid)
+        self.loss_sum += loss.detach().double().cpu()
+        self.count += n.detach().double().cpu()
+
+    def compute(self, backend) -> dict[str, float]:
+        gathered = backend.gather_objects((self.gold, self.pred))
+        names = self.task.label_names
+        gold = [[names[i] for i in s] for g in gathered for s in g[0]]
+        pred = [[names[i] for i in s] for g in gathered for s in g[1]]
+        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.count]).float().to(backend.device))
+        out = entity_metrics(gold, pred)
+        out["loss"] = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        out["num_examples"] = len(gold)
+        return out
+
+
+class TokenClassificationTask(Task):
+    model_kind = "a token-classification model"
+    best_metric = "f1"
+    greater_is_better = True
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        data = config.data
+        if data.text_columns and len(data.text_columns) != 1:
+            raise ConfigError(f"--task ner takes one --text-column (the tokens), got {len(data.text_columns)}")
+        self.tokens_column = data.text_columns[0] if data.text_columns else "tokens"
+        self.tags_column = data.label_column or "tags"
+        self.label_names = None
+        for f in (data.train_file, data.validation_file):
+            if f:
+                check_tagged_file(f)
+        if data.data_dir and not (data.train_file or data.validation_file):
+            find_split_files(data.data_dir)
+
+    # ---- model -------------------------------------------------------------------------
+    def load_tokenizer(self):
+        from transformers import AutoConfig
+
+        path = self.model_path()
+        tokenizer = load_tokenizer(path)
+        if not tokenizer.is_fast:
+            raise ConfigError(
+                f"model {path!r} has a slow (Python) tokenizer; NER needs a fast one to map sub-tokens to words: "
+                "save a tokenizer.json with the model (AutoTokenizer.from_pretrained(..., use_fast=True))"
+            )
+        if getattr(tokenizer, "add_prefix_space", None) is False:  # byte-level BPE: words need their space
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)
+        self.check_max_length(tokenizer, from_pretrained(AutoConfig, path, "the model config"))
+        return tokenizer
+
+    def load_model(self, tokenizer):
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        path = self.model_path()
+        model_config = from_pretrained(
+            AutoConfig,
+            path,
+            "the model config",
+            num_labels=len(self.label_names),
+            id2label=dict(enumerate(self.label_names)),
+            label2id={n: i for i, n in enumerate(self.label_names)},
+        )
+        set_dropout(model_config, self.config.dropout)
+        self.check_max_length(tokenizer, model_config)
+        return from_pretrained(AutoModelForTokenClassification, path, self.model_kind, config=model_config)
+
+    # ---- raw data ----------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        data = self.config.data
+        self.files: dict[str, str] = {}
+        if data.train_file or data.validation_file:
+            files = {"train": data.train_file, "validation": data.validation_file}
+        elif data.data_dir:
+            files = find_split_files(data.data_dir)
+        else:
+            return self._from_hub()
+        splits = {}
+        for split in ("train", "validation"):
+            if files.get(split):
+                self.files[split] = str(files[split])
+                splits[split] = read_tagged(files[split], self.tokens_column, self.tags_column)
+        if not splits:
+            raise ConfigError("--task ner needs data: pass --data-dir (CoNLL files) or --train-file/--validation-file")
+        splits = self._check(splits)  # before a hold-out, so errors name the file's own lines and rows
+        if "validation" not in splits:
+            self.log("no validation file: holding out 10% of the training sentences for validation")
+            splits = hold_out_validation(splits["train"], data.split_seed, "sentence", "add a validation file")
+            self.files["validation"] = self.files["train"]
+        return datasets.DatasetDict(splits)
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        self.files = {}
+        raw = {}
+        for split, ds in splits.items():
+            if ds is None:
+                continue
+            ds = ds.rename_columns({self.tokens_column: "tokens", self.tags_column: "tags"})
+            if "line" not in ds.column_names:
+                ds = ds.add_column("line", list(range(1, len(ds) + 1)))
+            raw[split] = ds.select_columns(["tokens", "tags", "line"])
+        return datasets.DatasetDict(self._check(raw))
+
+    def _from_hub(self) -> datasets.DatasetDict:
+        from tuneforge.data.sources import from_hub
+
+        hub = from_hub("conll2003", None, "pass --data-dir with the CoNLL-2003 files (train.txt, valid.txt)")
+        names = hub["train"].features["ner_tags"].feature.names
+        raw = {}
+        for split in ("train", "validation"):
+            ds = hub[split]
+            raw[split] = datasets.Dataset.from_dict(
+                {
+                    "tokens": ds["tokens"],
+                    "tags": [[names[i] for i in tags] for tags in ds["ner_tags"]],
+                    "line": list(range(1, len(ds) + 1)),
+                }
+            )
+        return datasets.DatasetDict(self._check(raw))
+
+    def _check(self, raw: dict) -> dict:
+        """Lengths and tags checked, tags brought to IOB2 (encode_labels says so when they were IOB1)."""
+        out, converted = {}, 0
+        for split, ds in raw.items():
+            empty_check(ds, split)
+            place = self._place(split)
+            check_lengths(ds, place)
+            fixed = []
+            for tags, line in zip(ds["tags"], ds["line"]):
+                try:
+                    iob2 = to_iob2(tags)
+                except ValueError as err:
+                    raise DataError(
+                        f"{place(line)}: tag {err.args[0]!r} is not IOB; NER tags are O, B-TYPE or I-TYPE (e.g. B-PER)"
+                    ) from None
+                converted += sum(a != b for a, b in zip(tags, iob2))
+                fixed.append(iob2)
+            out[split] = ds.remove_columns("tags").add_column("tags", fixed)
+        self.converted = converted
+        return out
+
+    def _place(self, split: str):
+        """line -> where a sentence of `split` is, for errors: 'FILE, sentence at line N' (CoNLL) or '..., row N'."""
+        path = getattr(self, "files", {}).get(split)
+        if path and is_conll(path):
+            return lambda line: f"{path}, sentence at line {line}"
+        where = path or f"the {split} data"
+        return lambda line: f"{where}, row {line}"
+
+    # ---- labels ------------------------------------------------------------------------
+    def label_set(self, raw) -> list[str]:
+        if self.label_names is not None:
+            return list(self.label_names)
+        return iob_label_set(raw["train"]["tags"] if "train" in raw else next(iter(raw.values()))["tags"])
+
+    def use_labels(self, names) -> None:
+        self.label_names = list(names)
+
+    def adopt_model_labels(self) -> None:
+        if not self.config.model:
+            return
+        from transformers import AutoConfig
+
+        mc = from_pretrained(AutoConfig, self.config.model, "the model config")
+        names = [mc.id2label[i] for i in sorted(mc.id2label)] if getattr(mc, "id2label", None) else []
+        try:
+            if names and all(n == "O" or entity_type(n) for n in names):
+                self.label_names = names
+        except ValueError:
+            return  # not a tagger's label set: train one
+
+    def encode_labels(self, raw) -> datasets.DatasetDict:
+        index = {n: i for i, n in enumerate(self.label_names)}
+        out = {}
+        for split, ds in raw.items():
+            place = self._place(split)
+            ids = []
+            for tags, line in zip(ds["tags"], ds["line"]):
+                missing = next((t for t in tags if t not in index), None)
+                if missing is not None:
+                    raise DataError(
+                        f"{place(line)}: tag {missing!r} is not in the label set seen in "
+                        f"training [{', '.join(self.label_names)}]; fix the tag or add sentences with it to the "
+                        "training data"
+                    )
+                ids.append([index[t] for t in tags])
+            out[split] = ds.remove_columns("tags").add_column("tag_ids", ids)
+        if getattr(self, "converted", 0):  # said once the data has passed its checks: an error stays one line
+            self.log(f"tags read as IOB1: {self.converted} entity starts tagged I- are trained as B- (IOB2)")
+        return datasets.DatasetDict(out)
+
+    # ---- features ----------------------------------------------------------------------
+    def tokenize(self, raw, tokenizer, log=print):
+        max_length = self.config.data.max_length
+        raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
+
+        def fn(batch):
+            enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
+            labels = []
+            for i, tag_ids in enumerate(batch["tag_ids"]):
+                row, previous = [], None
+                for word in enc.word_ids(i):
+                    row.append(IGNORE if word is None or word == previous else tag_ids[word])
+                    previous = word
+                labels.append(row)
+            enc["labels"] = labels
+            enc["word_tags"] = batch["tag_ids"]
+            enc["length"] = [len(x) for x in enc["input_ids"]]
+            return enc
+
+        settings = {"task": "ner", "max_length": max_length, "labels": self.label_names, "first_subtoken": True}
+        cols = ["tokens", "tag_ids"]
+        return datasets.DatasetDict(
+            {split: self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log) for split, ds in raw.items()}
+        )
+
+    def collate(self, rows, tokenizer):
+        labels = rows.pop("labels", None)
+        word_tags = rows.pop("word_tags", None)
+        rows.pop("length", None)
+        batch = dict(tokenizer.pad(rows, return_tensors="pt"))
+        if labels is not None:
+            width = batch["input_ids"].shape[1]
+            padded = torch.full((len(labels), width), IGNORE, dtype=torch.long)
+            for i, row in enumerate(labels):
+                padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            batch["labels"] = padded
+        if word_tags is not None:
+            batch["word_tags"] = word_tags
+        return batch
+
+    # ---- loss and metrics --------------------------------------------------------------
+    def compute_loss(self, outputs, batch, row_mask=None):
+        logits, labels = outputs.logits, batch["labels"]
+        per = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="none")
+        counted = labels != IGNORE
+        if row_mask is not None:  # padded duplicate rows (evaluation) add neither loss nor words
+            counted = counted & row_mask[:, None]
+            per = per * counted.flatten()
+        return per.sum(), counted.sum().float()
+
+    def count(self, batch) -> torch.Tensor:
+        return (batch["labels"] != IGNORE).sum().float()
+
+    def metric_stream(self):
+        return EntityStream(self)
+
+    def export_info(self) -> dict:
+        return {**super().export_info(), "tag_scheme": "IOB2"}
+
+    @staticmethod
+    def make_predictor(model_dir: str, **kwargs):
+        return EntityPredictor(model_dir, **kwargs)
+
+
+class EntityPredictor:
+    """`EntityPredictor("runs/ner/model").predict(["Peter lives in Berlin."])` -> per text, its entities:
+    {"entity": type, "text", "start", "end" (character offsets), "score" (mean of its words' tag
+    probabilities)}. Words are split as CoNLL splits them; each word's tag is read at its first sub-token."""
+
+    regression = False
+    accepts = ("texts",)  # what `tuneforge serve` takes for it
+    task = "ner"
+
+    def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
+        from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+        from tuneforge.export import read_model_info
+
+        info = read_model_info(model_dir)
+        self.max_length = max_length or info.get("max_length") or 512
+        self.tokenizer = load_tokenizer(model_dir)
+        if getattr(self.tokenizer, "add_prefix_space", None) is False:
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, add_prefix_space=True)
+        self.model = from_pretrained(AutoModelForTokenClassification, model_dir, "a token-classification model")
+        self.model.eval()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model.to(self.device)
+        self.labels = [self.model.config.id2label[i] for i in sorted(self.model.config.id2label)]
+
+    @torch.inference_mode()
+    def predict(self, texts: list[str], batch_size: int = 32) -> list[dict]:
+        if any(not isinstance(t, str) for t in texts):
+            raise DataError("NER predicts on plain texts (strings), one per input")
+        spans = [[(m.group(), m.start(), m.end()) for m in WORD.finditer(t)] for t in texts]
+        results: list[dict] = [{"entities": []} for _ in texts]
+        todo = [i for i, s in enumerate(spans) if s]
+        order = sorted(todo, key=lambda i: -len(spans[i]))
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            enc = self.tokenizer(
+                [[w for w, _, _ in spans[i]] for i in idx],
+                is_split_into_words=True,
+                truncation=True,
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
+            word_ids = [enc.word_ids(j) for j in range(len(idx))]
+            probs = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits.float().softmax(-1).cpu()
+            for j, i in enumerate(idx):
+                tags, scores, previous = [], [], None
+                for pos, word in enumerate(word_ids[j]):
+                    if word is not None and word != previous:
+                        p = probs[j, pos]
+                        tags.append(self.labels[int(p.argmax())])
+                        scores.append(float(p.max()))
+                    previous = word
+                results[i] = {"entities": self._entities(texts[i], spans[i], tags, scores)}
+        return results
+
+    @staticmethod
+    def _entities(text, words, tags, scores) -> list[dict]:
+        out = []
+        for kind, first, end in entities(tags):
+            begin, stop = words[first][1], words[end - 1][2]
+            out.append(
+                {
+                    "entity": kind,
+                    "text": text[begin:stop],
+                    "start": begin,
+                    "end": stop,
+                    "score": float(np.mean(scores[first:end])),
+                }
+            )
+        return out

@@ -1,0 +1,221 @@
+"""Multiple choice: SWAG csv, question + choices jsonl and CODAH's TSV; choices encoded as run_swag.py does;
+accuracy exact across ranks; train / eval / predict / serve / resume end to end; one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import cli_flags, cli_main, max_weight_diff, quiet_task, run_cli, serving, train_losses
+
+COLORS = ["red", "blue", "green", "black", "white", "yellow"]
+THINGS = ["car", "house", "ball", "coat", "door", "boat"]
+
+
+def choice_rows(n: int, seed: int = 0, width: int = 4) -> list[dict]:
+    """Rows whose right ending names the colour its question names (learnable in a few steps)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        thing, colors = rng.choice(THINGS), rng.sample(COLORS, width)
+        label = rng.randrange(width)
+        question = f"The {thing} is painted {colors[label]}. Its colour is"
+        rows.append({"question": question, "choices": [f"{c}." for c in colors], "label": label})
+    return rows
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_swag(path, rows):
+    """SWAG's csv layout: sent1, sent2 (the ending's start), ending0..N, label."""
+    width = len(rows[0]["choices"])
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["video-id", "sent1", "sent2", *[f"ending{i}" for i in range(width)], "label"])
+        for i, r in enumerate(rows):
+            w.writerow([f"v{i}", r["question"], "It is", *r["choices"], r["label"]])
+    return path
+
+
+@pytest.fixture
+def choice_dir(tmp_path):
+    folder = tmp_path / "mc"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", choice_rows(64, seed=1))
+    write_jsonl(folder / "dev.jsonl", choice_rows(21, seed=2))
+    return folder
+
+
+def mc_train(model, data_dir, out, **flags) -> list[str]:
+    return ["train", *cli_flags(task="multiple-choice", model=model, data_dir=data_dir, output_dir=out, **flags)]
+
+
+# ---- reading and features -------------------------------------------------------------------
+def test_swag_csv_question_jsonl_and_codah_tsv_read_alike(tmp_path):
+    from tuneforge.data.choices import read_choices
+
+    rows = choice_rows(5, seed=3)
+    swag = read_choices(write_swag(tmp_path / "swag.csv", rows))
+    assert swag["context"] == [r["question"] for r in rows] and swag["prefix"] == ["It is"] * 5
+    assert swag["choices"] == [r["choices"] for r in rows] and swag["label"] == [r["label"] for r in rows]
+    jsonl = read_choices(write_jsonl(tmp_path / "q.jsonl", rows))
+    assert jsonl["choices"] == swag["choices"] and jsonl["prefix"] == [""] * 5
+    codah = tmp_path / "codah.tsv"
+    codah.write_text("".join("\t".join(["o", r["question"], *r["choices"], str(r["label"])]) + "\n" for r in rows[:4]))
+    read = read_choices(codah, data_format="codah")
+    assert read["context"] == jsonl["context"][:4] and read["label"] == jsonl["label"][:4]
+
+
+def test_the_shared_codah_fold_reads(shared_data):
+    from tuneforge.data.choices import read_choices
+
+    dev = read_choices(shared_data / "codah" / "cv_split" / "fold_0" / "dev.tsv", data_format="codah")
+    assert len(dev) == 556 and {len(c) for c in dev["choices"]} == {4} and set(dev["label"]) <= {0, 1, 2, 3}
+
+
+def test_each_choice_is_the_pair_context_and_prefixed_ending(tiny_bert, tmp_path, cache_dir):
+    from transformers import AutoModelForMultipleChoice
+
+    rows = choice_rows(6, seed=4)
+    folder = tmp_path / "swag"
+    folder.mkdir()
+    write_swag(folder / "train.csv", rows)
+    write_swag(folder / "dev.csv", rows)
+    task = quiet_task("multiple-choice", tiny_bert, data_dir=str(folder), cache_dir=cache_dir)
+    tokenizer = task.load_tokenizer()
+    feats = task.tokenize(task.load_raw(), tokenizer, log=lambda m: None)["validation"]
+    for feat, row in zip(feats, rows):
+        for ids, ending in zip(feat["input_ids"], row["choices"]):
+            assert ids == tokenizer(row["question"], f"It is {ending}")["input_ids"]
+    batch = task.collate(feats[:3], tokenizer)
+    assert batch["input_ids"].shape[:2] == (3, 4) and batch["labels"].tolist() == [r["label"] for r in rows[:3]]
+    model = AutoModelForMultipleChoice.from_pretrained(tiny_bert).eval()
+    outputs = model(**task.model_inputs(batch), labels=batch["labels"])
+    loss, n = task.compute_loss(outputs, batch)
+    assert int(n) == 3 and torch.allclose(loss / n, outputs.loss, atol=1e-6)  # transformers' mean over rows
+
+
+# ---- train, eval, predict, serve ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, minilm_dir):
+    root = tmp_path_factory.mktemp("mc")
+    data = root / "data"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", choice_rows(96, seed=1))
+    write_jsonl(data / "dev.jsonl", choice_rows(21, seed=2))
+    write_jsonl(data / "test.jsonl", choice_rows(10, seed=3))
+    run = root / "run"
+    proc = run_cli(*mc_train(minilm_dir, data, run, max_steps=40, lr="2e-4", json=True, quiet=True))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run, data, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_training_learns_to_choose_and_exports_a_multiple_choice_model(trained, capsys):
+    from transformers import AutoModelForMultipleChoice
+
+    run, data, result = trained
+    assert result["num_examples"] == 21 and result["accuracy"] >= 0.9
+    AutoModelForMultipleChoice.from_pretrained(run / "model")
+    code, out, err = cli_main(
+        capsys, "eval", str(run / "model"), "--task", "multiple-choice", "--validation-file", str(data / "test.jsonl")
+    )
+    assert code == 0, err
+
+
+def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    rows = choice_rows(6, seed=7)
+    three = [{"question": "The ball is painted green. Its colour is", "choices": ["red.", "green.", "white."]}]
+    predictor = load_predictor(run / "model")
+    got = predictor.predict([{"question": r["question"], "choices": r["choices"]} for r in rows] + three)
+    assert [g["label"] for g in got[:6]] == [r["label"] for r in rows]
+    assert got[6]["choice"] == "green." and len(got[6]["scores"]) == 3 and sum(got[6]["scores"]) == pytest.approx(1)
+
+    unlabelled = write_jsonl(
+        tmp_path / "in.jsonl", [{"question": r["question"], "choices": r["choices"]} for r in rows]
+    )
+    code, out, err = cli_main(
+        capsys, "predict", str(run / "model"), "--input", str(unlabelled), "--output", str(tmp_path / "p")
+    )
+    assert code == 0, err
+    assert [json.loads(line)["label"] for line in (tmp_path / "p").read_text().splitlines()] == [
+        r["label"] for r in rows
+    ]
+
+    with serving(str(run / "model")) as url:
+        r = httpx.post(f"{url}/predict", json={"inputs": three}, timeout=60)
+        assert r.status_code == 200 and r.json()["predictions"][0]["choice"] == "green."
+        assert httpx.post(f"{url}/predict", json={"texts": ["a"]}, timeout=60).status_code == 422
+
+
+# ---- backends and resume -------------------------------------------------------------------------
+def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, choice_dir, tmp_path, cache_dir):
+    from tuneforge.trainer import Trainer
+
+    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
+    common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
+    one = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "one", batch_size=8, **common))
+    two = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    a, b = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert a.keys() == b.keys() == {1, 2, 3, 4} and max(abs(a[s] - b[s]) for s in a) < 1e-5
+    # every weight but classifier.bias: softmax over a row's choices ignores a shift shared by all of them, so
+    # that bias's gradient is zero up to rounding, and Adam turns rounding noise into steps of the size of lr
+    one_w, two_w = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k != "classifier.bias") < 1e-4
+    ddp = json.loads(two.stdout.strip().splitlines()[-1])
+    again = Trainer(
+        task="multiple-choice", model=str(tmp_path / "two" / "model"), quiet=True, data={"data_dir": str(choice_dir)}
+    ).validate()
+    assert ddp["num_examples"] == again["num_examples"] == 21  # odd: one rank's share is padded
+    assert ddp["accuracy"] == again["accuracy"] and ddp["loss"] == pytest.approx(again["loss"], abs=1e-6)
+
+
+def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, choice_dir, tmp_path, cache_dir):
+    common = dict(max_steps=6, batch_size=8, lr="3e-3", eval_strategy="no", quiet=True, cache_dir=cache_dir)
+    whole = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "whole", **common))
+    cut = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "cut", save_steps=3, **common))
+    assert whole.returncode == 0 and cut.returncode == 0, (whole.stderr[-2000:], cut.stderr[-2000:])
+    checkpoint = str(tmp_path / "cut" / "checkpoint-3")
+    resumed = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "resumed", resume=checkpoint, **common))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert max_weight_diff(tmp_path / "whole" / "model", tmp_path / "resumed" / "model") == 0.0
+
+
+# ---- bad input: one line, exit 2, nothing written -------------------------------------------------
+def refused(capsys, tmp_path, model, data_dir) -> str:
+    out = tmp_path / "run"
+    code, _, err = cli_main(capsys, *mc_train(model, data_dir, out))
+    assert code == 2 and not out.exists() and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_a_row_with_another_number_of_choices(tiny_bert, choice_dir, tmp_path, capsys):
+    rows = choice_rows(8, seed=1)
+    rows[5]["choices"] = rows[5]["choices"][:3]
+    rows[5]["label"] = 0
+    write_jsonl(choice_dir / "train.jsonl", rows)
+    assert refused(capsys, tmp_path, tiny_bert, choice_dir) == (
+        f"error: {choice_dir / 'train.jsonl'}, row 6: 3 choices where the first row has 4; every row needs the same "
+        "number"
+    )
+
+
+def test_a_label_outside_the_choices(tiny_bert, choice_dir, tmp_path, capsys):
+    rows = choice_rows(8, seed=2)
+    rows[2]["label"] = 4
+    write_jsonl(choice_dir / "dev.jsonl", rows)
+    assert refused(capsys, tmp_path, tiny_bert, choice_dir) == (
+        f"error: {choice_dir / 'dev.jsonl'}, row 3: label 4 is not a choice index (0 to 3); fix that row"
+    )

@@ -1,0 +1,314 @@
+"""NER (token classification): CoNLL files as published and jsonl, IOB1 -> IOB2, labels on first sub-tokens,
+seqeval entity scores exact across ranks, and train / eval / predict / serve / resume / ddp end to end."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+
+from conftest import (
+    cli_flags,
+    cli_main,
+    max_weight_diff,
+    quiet_task,
+    run_cli,
+    serving,
+    tagged_sentences,
+    train_losses,
+    write_conll,
+)
+
+
+def ner_train(model: str, data_dir, out, **flags) -> list[str]:
+    return ["train", *cli_flags(task="ner", model=model, data_dir=data_dir, output_dir=out, **flags)]
+
+
+# ---- reading -------------------------------------------------------------------------------
+def test_the_published_conll2003_files_read_to_the_standard_counts(shared_data):
+    from tuneforge.data.conll import read_conll
+
+    valid = read_conll(shared_data / "conll2003" / "valid.txt")
+    assert len(valid) == 3250 and sum(len(t) for t in valid["tokens"]) == 51362  # conll2003/SOURCE.md
+    assert valid[0]["tokens"] == ["CRICKET", "-", "LEICESTERSHIRE", "TAKE", "OVER", "AT", "TOP", "AFTER", "INNINGS"] + [
+        "VICTORY",
+        ".",
+    ]
+    # this copy is IOB2 already (its SOURCE.md says IOB1, but no entity starts with I-): read as written
+    assert valid[0]["tags"][:3] == ["O", "O", "B-ORG"]
+    assert valid[0]["line"] == 3  # after the -DOCSTART- line and its blank line
+
+
+def test_conll_columns_docstart_tabs_and_line_numbers(tmp_path):
+    from tuneforge.data.conll import read_tagged
+
+    f = tmp_path / "x.conll"
+    f.write_text("-DOCSTART- O\n\nEU\tB-ORG\nrejects\tO\n\n\n-DOCSTART- O\nPeter B-PER\nBlackburn I-PER\n")
+    ds = read_tagged(f)
+    assert ds["tokens"] == [["EU", "rejects"], ["Peter", "Blackburn"]]
+    assert ds["tags"] == [["B-ORG", "O"], ["B-PER", "I-PER"]] and ds["line"] == [3, 8]
+
+
+def test_iob1_is_trained_as_iob2_and_entities_read_as_conlleval():
+    from tuneforge.data.conll import entities, iob_label_set, to_iob2
+
+    assert to_iob2(["I-ORG", "O", "I-PER", "I-PER", "B-PER", "I-LOC"]) == ["B-ORG", "O", "B-PER", "I-PER"] + [
+        "B-PER",
+        "B-LOC",
+    ]
+    iob2 = ["B-PER", "I-PER", "O", "B-LOC"]
+    assert to_iob2(iob2) == iob2
+    # a stray I- starts an entity; a change of type ends one
+    assert entities(["I-PER", "I-PER", "O", "B-LOC", "I-ORG", "B-ORG", "I-ORG"]) == [
+        ("PER", 0, 2),
+        ("LOC", 3, 4),
+        ("ORG", 4, 5),
+        ("ORG", 5, 7),
+    ]
+    assert iob_label_set([["B-PER", "O"], ["B-LOC", "I-LOC"]]) == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+
+
+def test_labels_sit_on_the_first_sub_token_of_each_word(minilm_dir, conll_dir, cache_dir):
+    task = quiet_task("ner", minilm_dir, data_dir=str(conll_dir), cache_dir=cache_dir)
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    assert raw["train"][0]["tags"][0].startswith("B-")  # the file's IOB1 I- read as IOB2 B-
+    task.use_labels(task.label_set(raw))
+    assert task.label_names == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
+    feats = task.tokenize(task.encode_labels(raw), tokenizer, log=lambda m: None)["train"]
+    split_words = 0
+    for row, (words, tags) in enumerate(tagged_sentences(64, seed=1)):
+        enc = tokenizer(words, is_split_into_words=True)
+        word_ids = enc.word_ids()
+        want = [
+            -100 if w is None or w == word_ids[i - 1] else task.label_names.index(tags[w])
+            for i, w in enumerate(word_ids)
+        ]
+        assert feats[row]["labels"] == want
+        split_words += sum(1 for i, w in enumerate(word_ids) if w is not None and i > 0 and w == word_ids[i - 1])
+    assert split_words > 0  # some words are several sub-tokens here, so the rule was exercised
+
+    batch = task.collate(feats[:4], tokenizer)
+    assert batch["labels"].shape == batch["input_ids"].shape
+    assert int(task.count(batch)) == sum(len(w) for w, _ in tagged_sentences(4, seed=1))  # one per word
+
+
+def test_entity_scores_are_seqeval_and_truncated_words_are_misses(tiny_bert, tmp_path, cache_dir):
+    from tuneforge.tasks.ner import entity_metrics
+
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
+    pred = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "O"]]
+    scores = entity_metrics(gold, pred)
+    assert scores["precision"] == scores["recall"] == pytest.approx(2 / 3)
+    assert scores["f1_PER"] == 1.0 and scores["f1_LOC"] == 0.0 and scores["accuracy"] == pytest.approx(5 / 6)
+
+    # a sentence longer than --max-length: the words cut off count as predicted O
+    long = tmp_path / "long"
+    long.mkdir()
+    words = ["Paris"] + ["and"] * 20 + ["Berlin"]
+    lines = [f"{w} {'B-LOC' if w != 'and' else 'O'}" for w in words]
+    for name in ("train.txt", "valid.txt"):
+        (long / name).write_text("\n".join(lines) + "\n")
+    task = quiet_task("ner", tiny_bert, data_dir=str(long), max_length=8, cache_dir=cache_dir)
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    task.use_labels(task.label_set(raw))
+    feats = task.tokenize(task.encode_labels(raw), tokenizer, log=lambda m: None)
+    batch = task.collate(feats["validation"][:1], tokenizer)
+    seen = batch["labels"] != -100
+    assert int(seen.sum()) == 6  # [CLS] + 6 words + [SEP]
+    perfect = torch.full((*batch["labels"].shape, len(task.label_names)), -10.0)
+    perfect.scatter_(-1, batch["labels"].clamp(min=0)[..., None], 10.0)  # the gold tag wherever a word is seen
+    stream = task.metric_stream()
+    stream.update(SimpleNamespace(logits=perfect), batch, torch.tensor([True]))
+    scores = stream.compute(SimpleNamespace(gather_objects=lambda x: [x], reduce_sum=lambda t: t, device="cpu"))
+    assert scores["precision"] == 1.0 and scores["recall"] == 0.5  # Berlin, past the window, is missed
+
+
+# ---- train, eval, predict, serve --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, minilm_dir):
+    """MiniLM fine-tuned on the synthetic CoNLL files: 30 steps (its run folder and data folder)."""
+    root = tmp_path_factory.mktemp("ner")
+    data = root / "conll"
+    data.mkdir()
+    write_conll(data / "train.txt", 64, seed=1)
+    write_conll(data / "valid.txt", 21, seed=2)
+    write_conll(data / "test.txt", 10, seed=3)
+    run = root / "run"
+    proc = run_cli(*ner_train(minilm_dir, data, run, max_steps=30, lr="3e-4", json=True, quiet=True))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run, data, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_training_learns_the_entities_and_exports_a_token_classifier(trained):
+    from transformers import AutoModelForTokenClassification
+
+    run, _, result = trained
+    assert result["num_examples"] == 21 and result["f1"] > 0.9
+    assert {"precision", "recall", "accuracy", "f1_PER", "f1_LOC", "f1_ORG", "f1_MISC"} <= set(result)
+    model = AutoModelForTokenClassification.from_pretrained(run / "model")
+    assert model.config.id2label[0] == "O" and "B-PER" in model.config.label2id
+    assert json.loads((run / "model" / "tuneforge.json").read_text())["task"] == "ner"
+
+
+def test_eval_on_the_test_file(trained, capsys):
+    run, data, _ = trained
+    code, out, err = cli_main(
+        capsys, "eval", str(run / "model"), "--task", "ner", "--validation-file", str(data / "test.txt"), "--json"
+    )
+    assert code == 0, err
+    scores = json.loads(out.strip().splitlines()[-1])
+    assert scores["num_examples"] == 10 and scores["f1"] > 0.9
+
+
+def test_predict_finds_entities_with_character_offsets(trained, tmp_path, capsys):
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    texts = ["John Smith visited New York on Monday.", "Reuters said Anna will travel to Cairo.", "nothing here"]
+    predictor = load_predictor(run / "model")
+    got = predictor.predict(texts)
+    first = [(e["entity"], e["text"]) for e in got[0]["entities"]]
+    assert first == [("PER", "John Smith"), ("LOC", "New York")]
+    assert [(e["entity"], e["text"]) for e in got[1]["entities"]] == [("ORG", "Reuters"), ("PER", "Anna")] + [
+        ("LOC", "Cairo")
+    ]
+    for text, result in zip(texts, got):
+        for e in result["entities"]:
+            assert text[e["start"] : e["end"]] == e["text"] and 0 < e["score"] <= 1
+
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    code, out, err = cli_main(
+        capsys, "predict", str(run / "model"), "--input", str(inputs), "--output", str(tmp_path / "p")
+    )
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "p").read_text().splitlines()]
+    assert [r["entities"] for r in rows] == [g["entities"] for g in got]
+
+
+def test_serve_answers_entities(trained):
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    texts = ["Maria Garcia joined Siemens last year.", "Omar visited Tokyo on Monday."]
+    with serving(str(run / "model")) as url:
+        r = httpx.post(f"{url}/predict", json={"texts": texts}, timeout=60)
+        assert r.status_code == 200
+        want = load_predictor(run / "model").predict(texts)
+        got = r.json()["predictions"]
+        for g, w in zip(got, want, strict=True):
+            assert [{**e, "score": None} for e in g["entities"]] == [{**e, "score": None} for e in w["entities"]]
+            assert [e["score"] for e in g["entities"]] == pytest.approx([e["score"] for e in w["entities"]], abs=1e-4)
+        refused = httpx.post(f"{url}/predict", json={"pairs": [["a", "b"]]}, timeout=60)
+        assert (
+            refused.status_code == 422 and 'this model takes "texts", not "pairs"' in refused.json()["detail"][0]["msg"]
+        )
+        assert httpx.get(f"{url}/health", timeout=10).json()["task"] == "ner"
+
+
+# ---- other data forms and the Python API ------------------------------------------------------
+def test_jsonl_tokens_and_tags_through_the_python_api(tiny_bert, tmp_path, cache_dir):
+    import datasets
+
+    from tuneforge.trainer import Trainer
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"words": w, "ner": t}) + "\n" for w, t in tagged_sentences(24, seed=4)))
+    steps = dict(max_steps=2, batch_size=8, eval_strategy="no", quiet=True)
+    data = {"train_file": str(train), "text_columns": ["words"], "label_column": "ner", "cache_dir": cache_dir}
+    result = Trainer(task="ner", model=tiny_bert, output_dir=str(tmp_path / "a"), data=data, **steps).fit()
+    assert result["num_examples"] == 3  # 10% of 24 held out
+    sentences = tagged_sentences(12, seed=5)
+    given = datasets.Dataset.from_dict({"tokens": [w for w, _ in sentences], "tags": [t for _, t in sentences]})
+    trainer = Trainer(
+        task="ner", model=tiny_bert, output_dir=str(tmp_path / "b"), data={"cache_dir": cache_dir}, **steps
+    )
+    assert trainer.fit(train_dataset=given, eval_dataset=given.select(range(5)))["num_examples"] == 5
+
+
+# ---- backends and resume -------------------------------------------------------------------------
+def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, tmp_path, cache_dir):
+    from tuneforge.trainer import Trainer
+
+    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
+    common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
+    single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
+    ddp = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
+    assert single.returncode == 0 and ddp.returncode == 0, (single.stderr[-2000:], ddp.stderr[-2000:])
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert one.keys() == two.keys() == {1, 2, 3, 4}
+    assert max(abs(one[s] - two[s]) for s in one) < 1e-5  # loss normalised by the global count of words
+    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-5
+    # 21 validation sentences on 2 ranks (one padded slot): every sentence scored once, as one process does
+    ddp_scores = json.loads(ddp.stdout.strip().splitlines()[-1])
+    again = Trainer(
+        task="ner", model=str(tmp_path / "two" / "model"), quiet=True, data={"data_dir": str(conll_dir)}
+    ).validate()
+    assert ddp_scores["num_examples"] == again["num_examples"] == 21
+    for key in ("f1", "precision", "recall", "accuracy", "loss"):
+        assert ddp_scores[key] == pytest.approx(again[key], abs=1e-6), key
+
+
+def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, conll_dir, tmp_path, cache_dir):
+    common = dict(max_steps=6, batch_size=8, lr="3e-3", eval_strategy="no", quiet=True, cache_dir=cache_dir)
+    whole = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "whole", **common))
+    cut = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "cut", save_steps=3, **common))
+    assert whole.returncode == 0 and cut.returncode == 0, (whole.stderr[-2000:], cut.stderr[-2000:])
+    resumed = run_cli(
+        *ner_train(tiny_bert, conll_dir, tmp_path / "resumed", resume=str(tmp_path / "cut" / "checkpoint-3"), **common)
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert max_weight_diff(tmp_path / "whole" / "model", tmp_path / "resumed" / "model") == 0.0
+
+
+# ---- bad input: one line, exit 2, nothing written -------------------------------------------------
+def bad_run(capsys, tmp_path, model, data_dir, **flags) -> str:
+    out = tmp_path / "run"
+    code, _, err = cli_main(capsys, *ner_train(model, data_dir, out, **flags))
+    assert code == 2 and not out.exists(), err
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_a_conll_line_with_the_wrong_number_of_columns(tiny_bert, conll_dir, tmp_path, capsys):
+    train = conll_dir / "train.txt"
+    lines = train.read_text().splitlines()
+    lines[5] = "Paris NNP B-LOC"
+    train.write_text("\n".join(lines) + "\n")
+    err = bad_run(capsys, tmp_path, tiny_bert, conll_dir)
+    assert err == (
+        f"error: {train}, line 6: 3 columns where the file's first token line has 4 ('Paris NNP B-LOC'); every "
+        "token line needs a word and a tag in the same columns"
+    )
+
+
+def test_a_validation_tag_outside_the_training_label_set(tiny_bert, conll_dir, tmp_path, capsys):
+    valid = conll_dir / "valid.txt"
+    valid.write_text(valid.read_text().replace("I-MISC", "I-EVENT", 1))
+    err = bad_run(capsys, tmp_path, tiny_bert, conll_dir)
+    assert err.startswith(f"error: {valid}, sentence at line ") and "tag 'B-EVENT' is not in the label set" in err
+    assert err.endswith("fix the tag or add sentences with it to the training data")
+
+
+def test_tokens_and_tags_of_different_lengths(tiny_bert, tmp_path, capsys):
+    train = tmp_path / "train.jsonl"
+    rows = [{"tokens": w, "tags": t} for w, t in tagged_sentences(6, seed=1)]
+    rows[3]["tags"] = rows[3]["tags"][:-1]
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    code, _, err = cli_main(capsys, "train", *cli_flags(task="ner", model=tiny_bert, train_file=train, output_dir=out))
+    n = len(rows[3]["tokens"])
+    assert code == 2 and not out.exists()
+    assert err.strip() == f"error: {train}, row 4: {n} tokens but {n - 1} tags; give one tag per token"
+
+
+def test_a_tag_that_is_not_iob(tiny_bert, conll_dir, tmp_path, capsys):
+    train = conll_dir / "train.txt"
+    train.write_text(train.read_text().replace("I-PER", "PERSON", 1))
+    err = bad_run(capsys, tmp_path, tiny_bert, conll_dir)
+    assert "tag 'PERSON' is not IOB; NER tags are O, B-TYPE or I-TYPE (e.g. B-PER)" in err
