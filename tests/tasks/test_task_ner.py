@@ -254,6 +254,21 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, 
         assert ddp_scores[key] == pytest.approx(again[key], abs=1e-6), key
 
 
+@pytest.mark.parametrize(
+    "engine", ["--backend fsdp --nproc 2 --batch-size 4", "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 4"]
+)
+def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, conll_dir, tmp_path, cache_dir):
+    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
+    common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
+    single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
+    sharded = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", **common), *engine.split())
+    assert single.returncode == 0 and sharded.returncode == 0, (single.stderr[-2000:], sharded.stderr[-2000:])
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert one.keys() == two.keys() == {1, 2, 3, 4} and max(abs(one[s] - two[s]) for s in one) < 1e-4
+    assert one[1] - one[4] > 0.05  # it learns: the comparison means something
+    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-4
+
+
 def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, conll_dir, tmp_path, cache_dir):
     common = dict(max_steps=6, batch_size=8, lr="3e-3", eval_strategy="no", quiet=True, cache_dir=cache_dir)
     whole = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "whole", **common))
