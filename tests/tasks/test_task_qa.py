@@ -332,7 +332,7 @@ def test_predict_answers_pairs_with_character_spans(trained, tmp_path, capsys):
     rows = rows_of(data / "test.json")
     pairs = [(r["question"], r["context"]) for r in rows]
     predictor = load_predictor(run / "model")
-    assert predictor.task == "qa" and predictor.accepts_pairs and predictor.labels == []
+    assert predictor.task == "qa" and predictor.accepts == ("pairs",) and predictor.labels == []
     got = predictor.predict(pairs, batch_size=4)
     for (_, context), answer in zip(pairs, got):
         assert context[answer["start"] : answer["end"]] == answer["answer"] and 0 < answer["score"] <= 1
