@@ -516,3 +516,24 @@ def test_one_training_example_and_no_validation_data(tmp_path, tiny_bert, tiny_g
     args = ["train", "--task", task, *data, "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache"), "--quiet"]
     one_error(cli_main(capsys, *args, *(["--model", model] if model else [])), f"the training data has only {expected}")
     assert not out.exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    "task,dataset",
+    [("ner", "conll2003"), ("qa", "squad"), ("multiple-choice", "swag/regular")],
+)
+def test_the_token_and_span_tasks_without_data_load_the_hub_and_say_so_offline(task, dataset, tiny_bert, tmp_path):
+    proc = run_cli(
+        "train",
+        "--task",
+        task,
+        "--model",
+        tiny_bert,
+        "--output-dir",
+        str(tmp_path / "out"),
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: could not load {dataset} from the Hugging Face hub") and "pass --data-dir" in line
+    assert not (tmp_path / "out").exists()
