@@ -255,7 +255,12 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, 
 
 
 @pytest.mark.parametrize(
-    "engine", ["--backend fsdp --nproc 2 --batch-size 4", "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 4"]
+    "engine",
+    [
+        "--backend fsdp --nproc 2 --batch-size 4",
+        "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 4",
+        "--backend tp --tp-size 2 --nproc 2 --batch-size 8",  # both ranks see the whole batch
+    ],
 )
 def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, conll_dir, tmp_path, cache_dir):
     common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
