@@ -160,6 +160,7 @@ class Task:
     def __init__(self, config) -> None:
         self.config = config
         self.log = print
+        self.files: dict[str, str] = {}  # split -> the file it was read from (errors name it)
         if config.model:  # a typo in --model fails before any tokenizer, data or model work
             check_model_path(config.model)
         if config.data.cache_dir:
@@ -219,6 +220,37 @@ class Task:
         if ds is None or not limit:
             return ds
         return ds.select(range(min(limit, len(ds))))
+
+    def read_local_splits(self, find_in_dir, read) -> dict | None:
+        """{split: raw Dataset} of train/validation from --train-file/--validation-file, or from --data-dir (its
+        files found by `find_in_dir(folder)`), each read by `read(path)`; each split's file is kept in
+        `self.files` for error messages. None: no local data given (the task's hub default applies)."""
+        data = self.config.data
+        self.files = {}
+        if data.train_file or data.validation_file:
+            files = {"train": data.train_file, "validation": data.validation_file}
+        elif data.data_dir:
+            files = find_in_dir(data.data_dir)
+        else:
+            return None
+        splits = {}
+        for split in ("train", "validation"):
+            if files.get(split):
+                self.files[split] = str(files[split])
+                splits[split] = read(files[split])
+        if not splits:
+            raise ConfigError(f"--data-dir {data.data_dir!r} holds no train or validation file for {self.config.task}")
+        return splits
+
+    def hold_out_if_needed(self, splits: dict, unit: str) -> dict:
+        """`splits` with 10% of train held out for validation where no validation file was given (fixed by
+        split_seed); `unit` names what a row is (sentence, question, row)."""
+        if "validation" in splits:
+            return splits
+        self.log(f"no validation file: holding out 10% of the training {unit}s for validation")
+        splits = hold_out_validation(splits["train"], self.config.data.split_seed, unit, "add a validation file")
+        self.files["validation"] = self.files["train"]
+        return splits
 
     def tokenize(self, raw, tokenizer, log=print):
         """DatasetDict of features, each split with a `length` column."""
@@ -290,6 +322,12 @@ class Task:
             raise ConfigError(
                 f"max_length {want} is above the model's limit of {limit} positions; use --max-length {limit} or less"
             )
+
+
+def mean_over_ranks(backend, loss_sum: torch.Tensor, count: torch.Tensor) -> float:
+    """The loss summed on every rank over the items counted on every rank (nan: no items)."""
+    totals = backend.reduce_sum(torch.stack([loss_sum, count]).float().to(backend.device))
+    return float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
 
 
 def hold_out_validation(train, seed: int, what: str, fix: str) -> dict:

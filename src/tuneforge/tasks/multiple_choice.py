@@ -14,14 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.data.choices import check_choice_counts, find_split_files, read_choices
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import DataError
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
     empty_check,
     from_pretrained,
-    hold_out_validation,
     load_tokenizer,
+    mean_over_ranks,
     set_dropout,
 )
 
@@ -52,10 +52,9 @@ class ChoiceStream(MetricStream):
         gathered = backend.gather_objects(mine)
         preds = np.concatenate([g[0] for g in gathered])
         labels = np.concatenate([g[1] for g in gathered])
-        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.count]).float().to(backend.device))
         return {
             "accuracy": float((preds == labels).mean()) if len(labels) else float("nan"),
-            "loss": float(totals[0] / totals[1]) if totals[1] > 0 else float("nan"),
+            "loss": mean_over_ranks(backend, self.loss_sum, self.count),
             "num_examples": int(len(labels)),
         }
 
@@ -68,7 +67,6 @@ class MultipleChoiceTask(Task):
     def __init__(self, config) -> None:
         super().__init__(config)
         data = config.data
-        self.files: dict[str, str] = {}
         if data.train_file or data.validation_file:
             from tuneforge.data.sources import check_file
 
@@ -96,29 +94,13 @@ class MultipleChoiceTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        data = self.config.data
-        if data.train_file or data.validation_file:
-            files = {"train": data.train_file, "validation": data.validation_file}
-        elif data.data_dir:
-            files = find_split_files(data.data_dir)
-        else:
+        splits = self.read_local_splits(find_split_files, lambda path: read_choices(path, self.config.data.data_format))
+        if splits is None:
             return self._from_hub()
-        splits = {}
-        for split in ("train", "validation"):
-            if files.get(split):
-                self.files[split] = str(files[split])
-                splits[split] = read_choices(files[split], data.data_format)
-                empty_check(splits[split], split)
-        if not splits:
-            raise ConfigError(
-                "--task multiple-choice needs data: pass --data-dir or --train-file/--validation-file (SWAG csv, "
-                "question + choices jsonl, or CODAH's TSV with --data-format codah)"
-            )
+        for split, ds in splits.items():
+            empty_check(ds, split)
         self._check_same_width(splits)
-        if "validation" not in splits:
-            self.log("no validation file: holding out 10% of the training rows for validation")
-            splits = hold_out_validation(splits["train"], data.split_seed, "row", "add a validation file")
-        return datasets.DatasetDict(splits)
+        return datasets.DatasetDict(self.hold_out_if_needed(splits, "row"))
 
     def _from_hub(self) -> datasets.DatasetDict:
         from tuneforge.data.sources import from_hub

@@ -34,8 +34,8 @@ from tuneforge.tasks.base import (
     Task,
     empty_check,
     from_pretrained,
-    hold_out_validation,
     load_tokenizer,
+    mean_over_ranks,
     set_dropout,
 )
 
@@ -85,9 +85,8 @@ class EntityStream(MetricStream):
         names = self.task.label_names
         gold = [[names[i] for i in s] for g in gathered for s in g[0]]
         pred = [[names[i] for i in s] for g in gathered for s in g[1]]
-        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.count]).float().to(backend.device))
         out = entity_metrics(gold, pred)
-        out["loss"] = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        out["loss"] = mean_over_ranks(backend, self.loss_sum, self.count)
         out["num_examples"] = len(gold)
         return out
 
@@ -147,27 +146,14 @@ class TokenClassificationTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        data = self.config.data
-        self.files: dict[str, str] = {}
-        if data.train_file or data.validation_file:
-            files = {"train": data.train_file, "validation": data.validation_file}
-        elif data.data_dir:
-            files = find_split_files(data.data_dir)
-        else:
+        splits = self.read_local_splits(find_split_files, self._read)
+        if splits is None:
             return self._from_hub()
-        splits = {}
-        for split in ("train", "validation"):
-            if files.get(split):
-                self.files[split] = str(files[split])
-                splits[split] = read_tagged(files[split], self.tokens_column, self.tags_column)
-        if not splits:
-            raise ConfigError("--task ner needs data: pass --data-dir (CoNLL files) or --train-file/--validation-file")
         splits = self._check(splits)  # before a hold-out, so errors name the file's own lines and rows
-        if "validation" not in splits:
-            self.log("no validation file: holding out 10% of the training sentences for validation")
-            splits = hold_out_validation(splits["train"], data.split_seed, "sentence", "add a validation file")
-            self.files["validation"] = self.files["train"]
-        return datasets.DatasetDict(splits)
+        return datasets.DatasetDict(self.hold_out_if_needed(splits, "sentence"))
+
+    def _read(self, path) -> datasets.Dataset:
+        return read_tagged(path, self.tokens_column, self.tags_column)
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         self.files = {}
@@ -221,7 +207,7 @@ class TokenClassificationTask(Task):
 
     def _place(self, split: str):
         """line -> where a sentence of `split` is, for errors: 'FILE, sentence at line N' (CoNLL) or '..., row N'."""
-        path = getattr(self, "files", {}).get(split)
+        path = self.files.get(split)
         if path and is_conll(path):
             return lambda line: f"{path}, sentence at line {line}"
         where = path or f"the {split} data"

@@ -38,8 +38,8 @@ from tuneforge.tasks.base import (
     Task,
     empty_check,
     from_pretrained,
-    hold_out_validation,
     load_tokenizer,
+    mean_over_ranks,
     set_dropout,
 )
 
@@ -266,8 +266,7 @@ class AnswerStream(MetricStream):
             chosen = pick(spans[example], nulls[example], self.task.version_2, data.null_score_diff_threshold)
             predictions.append("" if chosen is None else examples["context"][example][chosen[1] : chosen[2]])
         out = squad_metrics(predictions, [examples["answers"][i] for i in order], self.task.version_2)
-        totals = backend.reduce_sum(torch.stack([self.loss_sum, self.count]).float().to(backend.device))
-        out["loss"] = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        out["loss"] = mean_over_ranks(backend, self.loss_sum, self.count)
         out["num_examples"] = len(order)
         return out
 
@@ -290,7 +289,6 @@ class QuestionAnsweringTask(Task):
         self.doc_stride = self._stride()
         self.version_2 = False  # set from the data: some question without answers
         self.eval_examples: dict[str, list] | None = None  # the validation questions' ids, contexts, answers
-        self.files: dict[str, str] = {}
         for f in (data.train_file, data.validation_file):
             if f:
                 check_squad_file(f)
@@ -349,29 +347,11 @@ class QuestionAnsweringTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        data = self.config.data
-        self.files = {}
-        if data.train_file or data.validation_file:
-            files = {"train": data.train_file, "validation": data.validation_file}
-        elif data.data_dir:
-            files = find_split_files(data.data_dir)
-        else:
+        splits = self.read_local_splits(find_split_files, read_squad)
+        if splits is None:
             return self._from_hub()
-        splits = {}
-        for split in ("train", "validation"):
-            if files.get(split):
-                self.files[split] = str(files[split])
-                splits[split] = read_squad(files[split])
-        if not splits:
-            raise ConfigError(
-                "--task qa needs data: pass --data-dir (SQuAD JSON files) or --train-file/--validation-file"
-            )
         splits = self._check(splits)  # before a hold-out, so errors name the file's own rows
-        if "validation" not in splits:
-            self.log("no validation file: holding out 10% of the training questions for validation")
-            splits = hold_out_validation(splits["train"], data.split_seed, "question", "add a validation file")
-            self.files["validation"] = self.files["train"]
-        return datasets.DatasetDict(splits)
+        return datasets.DatasetDict(self.hold_out_if_needed(splits, "question"))
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         """Datasets in the hub's squad form: question, context, answers {"text", "answer_start"}, optional id."""
