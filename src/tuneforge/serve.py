@@ -109,7 +109,7 @@ def create_app(
 
     batcher = DynamicBatcher(predictor, max_batch_size, max_wait_ms)
 
-    accepts = getattr(predictor, "accepts", ("texts", "pairs"))  # the request kinds this model's task takes
+    accepts = predictor.accepts  # the request kinds this model's task takes
 
     class PredictRequest(BaseModel):
         texts: list[str] | None = Field(None, description="single texts")
@@ -154,7 +154,7 @@ def create_app(
         return {
             "status": "ok",
             "model": model_dir,
-            "task": getattr(predictor, "task", None),
+            "task": predictor.task,
             "labels": predictor.labels,
             "regression": predictor.regression,
             "max_batch_size": batcher.max_batch_size,

@@ -43,6 +43,22 @@ IGNORE = -100
 WORD = re.compile(r"\w+|[^\w\s]")  # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation
 
 
+def word_tokenizer(path: str):
+    """The model's tokenizer, set up for words given one by one: fast (it maps sub-tokens to words), and with
+    byte-level BPE a space before each word, as the words had in running text."""
+    tokenizer = load_tokenizer(path)
+    if not tokenizer.is_fast:
+        raise ConfigError(
+            f"model {path!r} has a slow (Python) tokenizer; NER needs a fast one to map sub-tokens to words: "
+            "save a tokenizer.json with the model (AutoTokenizer.from_pretrained(..., use_fast=True))"
+        )
+    if getattr(tokenizer, "add_prefix_space", None) is False:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)
+    return tokenizer
+
+
 def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, float]:
     """seqeval's entity-level scores (conlleval rules): micro precision/recall/F1, F1 per type, word accuracy."""
     from seqeval.metrics import accuracy_score, classification_report
@@ -98,6 +114,7 @@ class TokenClassificationTask(Task):
 
     def __init__(self, config) -> None:
         super().__init__(config)
+        self.converted = 0  # IOB1 entity starts brought to IOB2 in the data read (said once it passes its checks)
         data = config.data
         if data.text_columns and len(data.text_columns) != 1:
             raise ConfigError(f"--task ner takes one --text-column (the tokens), got {len(data.text_columns)}")
@@ -115,16 +132,7 @@ class TokenClassificationTask(Task):
         from transformers import AutoConfig
 
         path = self.model_path()
-        tokenizer = load_tokenizer(path)
-        if not tokenizer.is_fast:
-            raise ConfigError(
-                f"model {path!r} has a slow (Python) tokenizer; NER needs a fast one to map sub-tokens to words: "
-                "save a tokenizer.json with the model (AutoTokenizer.from_pretrained(..., use_fast=True))"
-            )
-        if getattr(tokenizer, "add_prefix_space", None) is False:  # byte-level BPE: words need their space
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)
+        tokenizer = word_tokenizer(path)
         self.check_max_length(tokenizer, from_pretrained(AutoConfig, path, "the model config"))
         return tokenizer
 
@@ -251,7 +259,7 @@ class TokenClassificationTask(Task):
                     )
                 ids.append([index[t] for t in tags])
             out[split] = ds.remove_columns("tags").add_column("tag_ids", ids)
-        if getattr(self, "converted", 0):  # said once the data has passed its checks: an error stays one line
+        if self.converted:  # said once the data has passed its checks: an error stays one line
             self.log(f"tags read as IOB1: {self.converted} entity starts tagged I- are trained as B- (IOB2)")
         return datasets.DatasetDict(out)
 
@@ -329,15 +337,13 @@ class EntityPredictor:
     task = "ner"
 
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoModelForTokenClassification
 
         from tuneforge.export import read_model_info
 
         info = read_model_info(model_dir)
         self.max_length = max_length or info.get("max_length") or 512
-        self.tokenizer = load_tokenizer(model_dir)
-        if getattr(self.tokenizer, "add_prefix_space", None) is False:
-            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, add_prefix_space=True)
+        self.tokenizer = word_tokenizer(model_dir)
         self.model = from_pretrained(AutoModelForTokenClassification, model_dir, "a token-classification model")
         self.model.eval()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
