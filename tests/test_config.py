@@ -331,3 +331,44 @@ def test_trainer_overrides_of_backend_options():
     assert Trainer(config, backend="tp", tp_size=2).config.backend_options.model_dump() == {"tp_size": 2}
     with pytest.raises(ConfigError, match="option of backend 'tp'"):
         Trainer(config, tp_size=2)
+
+
+def _get(config, key):
+    section, _, field = key.rpartition(".")
+    return getattr(getattr(config, section) if section else config, field)
+
+
+def test_a_tasks_own_defaults_fill_only_what_the_user_left_unset(tmp_path):
+    from tuneforge.config import DataConfig, OptimConfig
+    from tuneforge.tasks import task_class
+
+    defaults = task_class("ner").defaults
+    assert defaults, "ner declares its own schedule (benchmarks/README.md, NER)"
+    for key, value in defaults.items():
+        assert _get(TrainConfig(task="ner"), key) == value, key
+        assert _get(build_config({"task": "ner"}), key) == value, key
+        assert _get(TrainConfig(task="ner", optim=OptimConfig(), data=DataConfig()), key) == value, key
+        assert _get(TrainConfig(), key) == _get(TrainConfig(task="classification"), key), key  # others: the field's
+        assert _get(TrainConfig(), key) != value, f"{key}: the test needs a default that differs from the field's"
+
+        # what the user gives wins, however it is given
+        mine = value * 2
+        section, _, field = key.rpartition(".")
+        given = {section: {field: mine}} if section else {field: mine}
+        assert _get(build_config({"task": "ner", **given}), key) == mine, key
+        if section:
+            objects = {"optim": OptimConfig, "data": DataConfig}
+            assert _get(TrainConfig(task="ner", **{section: objects[section](**{field: mine})}), key) == mine, key
+        yaml_file = tmp_path / "ner.yaml"
+        yaml_file.write_text(yaml.safe_dump({"task": "ner", **given}))
+        assert _get(config_from_sources(str(yaml_file), [], {}), key) == mine, key
+        assert _get(config_from_sources(None, [f"{key}={mine}"], {"task": "ner"}), key) == mine, key
+        assert _get(config_from_sources(None, [], {"task": "ner", key: mine}), key) == mine, key
+
+    # the saved config records what ran, and reloading it keeps it (now set by the file)
+    config = TrainConfig(task="ner")
+    config.save(tmp_path / "config.yaml")
+    reloaded = config_from_sources(str(tmp_path / "config.yaml"), [], {})
+    assert all(_get(reloaded, key) == value for key, value in defaults.items())
+    # a task without defaults of its own, or an unknown one, leaves the fields' defaults (the latter fails later)
+    assert TrainConfig(task="no-such-task").epochs == TrainConfig().epochs

@@ -217,7 +217,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from tuneforge.trainer import Trainer
 
     yaml_path, overrides = _split_positionals(ns.config)
-    # no --task: the config infers it from the data files (TrainConfig._task_from_files)
+    # no --task: the config infers it from the data files (config._task_from_files)
     config = config_from_sources(yaml_path, overrides, _flags(ns, train_flags()))
     result = Trainer(config).fit()
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)

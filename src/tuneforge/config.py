@@ -278,17 +278,11 @@ class TrainConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _task_from_files(cls, values: Any) -> Any:
-        # no task given: the data files say which (the same for the CLI, YAML and the Python API)
-        if not isinstance(values, dict) or "task" in values:
+    def _task_and_its_defaults(cls, values: Any) -> Any:
+        # the same for the CLI, YAML and the Python API: one place decides the task, then its defaults fill in
+        if not isinstance(values, dict):
             return values
-        data = values.get("data") or {}
-        get = data.get if isinstance(data, dict) else lambda key: getattr(data, key, None)
-        if get("source_file"):
-            return {**values, "task": "seq2seq"}
-        if get("train_file"):
-            return {**values, "task": "clm" if str(get("train_file")).endswith(".txt") else "classification"}
-        return values
+        return _with_task_defaults(_task_from_files(values))
 
     @model_validator(mode="before")
     @classmethod
@@ -331,6 +325,43 @@ class TrainConfig(_Section):
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _task_from_files(values: dict[str, Any]) -> dict[str, Any]:
+    """No task given: the data files say which."""
+    if "task" in values:
+        return values
+    data = values.get("data") or {}
+    get = data.get if isinstance(data, dict) else lambda key: getattr(data, key, None)
+    if get("source_file"):
+        return {**values, "task": "seq2seq"}
+    if get("train_file"):
+        return {**values, "task": "clm" if str(get("train_file")).endswith(".txt") else "classification"}
+    return values
+
+
+def _with_task_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """The task's own defaults (`Task.defaults`: "epochs", "optim.lr", ...) for the keys `values` leaves unset."""
+    from tuneforge.tasks import task_class
+
+    name = values.get("task", TrainConfig.model_fields["task"].default)
+    try:
+        defaults = task_class(name).defaults if isinstance(name, str) else {}
+    except ConfigError:
+        return values  # an unknown task is reported where the task is built, with the list of tasks
+    out = dict(values)
+    for key, value in defaults.items():
+        section, _, field = key.rpartition(".")
+        if not section:
+            out.setdefault(field, value)
+            continue
+        given = out.get(section)
+        if isinstance(given, BaseModel):  # a section built in Python: what it was given is its fields_set
+            if field not in given.model_fields_set:
+                out[section] = given.model_copy(update={field: value})
+        else:
+            out[section] = {field: value, **(given or {})}
+    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -156,6 +156,9 @@ class Task:
     greater_is_better = False
     pads_batches = True  # batches carry padding (an attention mask): picks the CPU attention kernel
     label_names: list[str] | None = None  # the adopted label set, in id order (tasks without classes: None)
+    # The task's own defaults for config keys ("epochs", "optim.lr", ...): applied where the user (YAML, flags,
+    # Python) did not set the key, before validation, so the saved config.yaml records what ran.
+    defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config) -> None:
         self.config = config
