@@ -125,10 +125,13 @@ def test_training_learns_to_choose_and_exports_a_multiple_choice_model(trained, 
     run, data, result = trained
     assert result["num_examples"] == 21 and result["accuracy"] >= 0.9
     AutoModelForMultipleChoice.from_pretrained(run / "model")
+    test = str(data / "test.jsonl")
     code, out, err = cli_main(
-        capsys, "eval", str(run / "model"), "--task", "multiple-choice", "--validation-file", str(data / "test.jsonl")
+        capsys, "eval", str(run / "model"), "--task", "multiple-choice", "--validation-file", test, "--json"
     )
     assert code == 0, err
+    scores = json.loads(out.strip().splitlines()[-1])
+    assert scores["num_examples"] == 10 and scores["accuracy"] >= 0.9
 
 
 def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
@@ -163,7 +166,7 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
 def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, choice_dir, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
-    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
+    common = dict(max_steps=4, lr="3e-3", precision="fp32", logging_steps=1, eval_strategy="no", json=True, quiet=True)
     common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
     one = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "one", batch_size=8, **common))
     two = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
@@ -176,14 +179,20 @@ def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, choice_dir, tm
     assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k != "classifier.bias") < 1e-4
     ddp = json.loads(two.stdout.strip().splitlines()[-1])
     again = Trainer(
-        task="multiple-choice", model=str(tmp_path / "two" / "model"), quiet=True, data={"data_dir": str(choice_dir)}
+        task="multiple-choice",
+        model=str(tmp_path / "two" / "model"),
+        quiet=True,
+        precision="fp32",
+        data={"data_dir": str(choice_dir)},
     ).validate()
     assert ddp["num_examples"] == again["num_examples"] == 21  # odd: one rank's share is padded
     assert ddp["accuracy"] == again["accuracy"] and ddp["loss"] == pytest.approx(again["loss"], abs=1e-6)
 
 
 def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, choice_dir, tmp_path, cache_dir):
-    common = dict(max_steps=6, batch_size=8, lr="3e-3", eval_strategy="no", quiet=True, cache_dir=cache_dir)
+    common = dict(
+        max_steps=6, batch_size=8, lr="3e-3", precision="fp32", eval_strategy="no", quiet=True, cache_dir=cache_dir
+    )
     whole = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "whole", **common))
     cut = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "cut", save_steps=3, **common))
     assert whole.returncode == 0 and cut.returncode == 0, (whole.stderr[-2000:], cut.stderr[-2000:])

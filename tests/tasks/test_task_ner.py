@@ -235,7 +235,7 @@ def test_jsonl_tokens_and_tags_through_the_python_api(tiny_bert, tmp_path, cache
 def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
-    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
+    common = dict(max_steps=4, lr="3e-3", precision="fp32", logging_steps=1, eval_strategy="no", json=True, quiet=True)
     common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
     single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
     ddp = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
@@ -247,7 +247,11 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, 
     # 21 validation sentences on 2 ranks (one padded slot): every sentence scored once, as one process does
     ddp_scores = json.loads(ddp.stdout.strip().splitlines()[-1])
     again = Trainer(
-        task="ner", model=str(tmp_path / "two" / "model"), quiet=True, data={"data_dir": str(conll_dir)}
+        task="ner",
+        model=str(tmp_path / "two" / "model"),
+        quiet=True,
+        precision="fp32",
+        data={"data_dir": str(conll_dir)},
     ).validate()
     assert ddp_scores["num_examples"] == again["num_examples"] == 21
     for key in ("f1", "precision", "recall", "accuracy", "loss"):
@@ -263,7 +267,7 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, 
     ],
 )
 def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, conll_dir, tmp_path, cache_dir):
-    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True)
+    common = dict(max_steps=4, lr="3e-3", precision="fp32", logging_steps=1, eval_strategy="no", json=True, quiet=True)
     common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
     single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
     sharded = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", **common), *engine.split())
@@ -275,7 +279,9 @@ def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, c
 
 
 def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, conll_dir, tmp_path, cache_dir):
-    common = dict(max_steps=6, batch_size=8, lr="3e-3", eval_strategy="no", quiet=True, cache_dir=cache_dir)
+    common = dict(
+        max_steps=6, batch_size=8, lr="3e-3", precision="fp32", eval_strategy="no", quiet=True, cache_dir=cache_dir
+    )
     whole = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "whole", **common))
     cut = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "cut", save_steps=3, **common))
     assert whole.returncode == 0 and cut.returncode == 0, (whole.stderr[-2000:], cut.stderr[-2000:])

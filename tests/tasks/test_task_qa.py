@@ -423,7 +423,16 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, c
     from tuneforge.trainer import Trainer
 
     data = squad_dir(tmp_path)
-    common = dict(max_steps=4, lr="3e-3", logging_steps=1, eval_strategy="no", json=True, quiet=True, data_dir=data)
+    common = dict(
+        max_steps=4,
+        lr="3e-3",
+        precision="fp32",
+        logging_steps=1,
+        eval_strategy="no",
+        json=True,
+        quiet=True,
+        data_dir=data,
+    )
     common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
     common.update(eval_batch_size=2, **ONE_WINDOW)
     single = run_cli(*qa_train(tiny_bert, tmp_path / "one", batch_size=8, **common))
@@ -450,7 +459,9 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, c
     # every question scored once, as one process scores it
     ddp_scores = json.loads(ddp.stdout.strip().splitlines()[-1])
     data_cfg = {"data_dir": str(data), "cache_dir": cache_dir, **ONE_WINDOW}
-    again = Trainer(task="qa", model=str(tmp_path / "two" / "model"), quiet=True, data=data_cfg).validate()
+    again = Trainer(
+        task="qa", model=str(tmp_path / "two" / "model"), quiet=True, precision="fp32", data=data_cfg
+    ).validate()
     assert ddp_scores["num_examples"] == again["num_examples"] == 24
     for key in ("exact_match", "f1", "loss"):
         assert ddp_scores[key] == pytest.approx(again[key], abs=1e-6), key
@@ -458,7 +469,9 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, c
 
 def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, tmp_path, cache_dir, capsys):
     data = squad_dir(tmp_path)
-    common = dict(max_steps=6, batch_size=8, lr="3e-3", eval_strategy="no", quiet=True, cache_dir=cache_dir)
+    common = dict(
+        max_steps=6, batch_size=8, lr="3e-3", precision="fp32", eval_strategy="no", quiet=True, cache_dir=cache_dir
+    )
     common.update(data_dir=data, **ONE_WINDOW)
     for name, extra in (("whole", {}), ("cut", {"save_steps": 3})):
         code, _, err = cli_main(capsys, *qa_train(tiny_bert, tmp_path / name, **common, **extra))
