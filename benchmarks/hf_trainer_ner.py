@@ -5,13 +5,13 @@ AutoModelForTokenClassification; label_all_tokens False: each word's tag on its 
 the other sub-tokens -100; DataCollatorForTokenClassification (dynamic padding); per-device batch 8
 (train and eval), lr 5e-5, 3 epochs, linear schedule, no warmup, no weight decay, fp32, the model's
 own dropout, every weight trained, `set_seed` before the model is built (as run_ner.py: the head's
-initialisation is seeded). Evaluation each epoch on the validation file, scored as run_ner.py's
+initialisation is seeded). One evaluation on the validation file after training (the README's
+--do_eval; tuneforge evaluates after each epoch by default, so it pays two more), scored as run_ner.py's
 compute_metrics does through `evaluate`'s seqeval (overall precision, recall, F1 and accuracy over
 the first sub-tokens, return_entity_level_metrics False; computed here with seqeval itself, which
 is what `evaluate` calls). The label list is the sorted tags of the whole training file, as
 run_ner.py builds it from files. Differences from the script, all for timing: no checkpoint every
-500 steps (save_strategy no; the final model is saved), loss logged every 50 steps, no tqdm, and
-the last epoch's evaluation is the validation score (no second, identical evaluate() after training).
+500 steps (save_strategy no; the final model is saved), loss logged every 50 steps, no tqdm.
 
 Same model (the bundled MiniLM) and the same CoNLL-2003 column files as tuneforge (read with
 tuneforge's parser, tuneforge.data.conll.read_conll: word first, tag last, -DOCSTART- skipped;
@@ -122,7 +122,7 @@ def main():
 
     training_args = TrainingArguments(
         args.output_dir,
-        eval_strategy="epoch",
+        eval_strategy="no",  # the README's --do_eval: one evaluation, after training
         per_device_train_batch_size=8,
         per_device_eval_batch_size=8,
         learning_rate=5e-5,
@@ -147,8 +147,8 @@ def main():
         compute_metrics=compute_metrics,
     )
     trainer.train()
-    last = [h for h in trainer.state.log_history if "eval_f1" in h][-1]  # the last epoch's evaluation
     trainer.save_model(f"{args.output_dir}/model")  # tuneforge saves its final model too
+    last = trainer.evaluate()  # do_eval, after saving as the script does
     result = {k: last[f"eval_{k}"] for k in ("f1", "precision", "recall", "accuracy")}
     result["train_s"] = round(time.perf_counter() - T0, 2)
     if "test" in tok:
