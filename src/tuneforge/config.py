@@ -39,7 +39,7 @@ class _Section(BaseModel):
 
 
 class OptimConfig(_Section):
-    lr: float = Field(8e-5, gt=0, description="peak learning rate")
+    lr: float = Field(8e-5, gt=0, description="peak learning rate (a task may have its own default: ner 1.5e-4)")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and norms)")
     betas: tuple[float, float] = Field((0.9, 0.999), json_schema_extra=NO_FLAG)
     eps: float = Field(1e-8, gt=0, json_schema_extra=NO_FLAG)
@@ -121,7 +121,7 @@ class TrainConfig(_Section):
 
     # schedule
     # 2 epochs at lr 8e-5: MRPC dev F1 0.005-0.008 below 3 at 5e-5 (seeds 1-3) in two thirds of the time (benchmarks/)
-    epochs: float = Field(2, gt=0, description="passes over the training data")
+    epochs: float = Field(2, gt=0, description="passes over the training data (a task may have its own default: ner 3)")
     max_steps: int | None = Field(None, gt=0, description="optimizer steps (overrides epochs)")
     batch_size: int = Field(16, gt=0, description="per process")
     eval_batch_size: int | None = Field(None, gt=0, description="per process (default: 2 x batch_size)")
