@@ -1,21 +1,36 @@
-"""NER and multiple choice side by side with transformers.Trainer (issue 12): whole processes timed,
-runs alternated (the machine is noisy). Same model (the bundled MiniLM), same data, same machine.
+"""NER, multiple choice and extractive QA side by side with transformers.Trainer (issue 12): whole processes
+timed, runs alternated (the machine is noisy). Same model (the bundled MiniLM), same data, same machine.
 
-(a) transformers.Trainer as the example recipe does it: run_ner.py (benchmarks/hf_trainer_ner.py) or
-    run_swag.py (benchmarks/hf_trainer_swag.py), their READMEs' settings, fp32, eval each epoch
-(b) `tuneforge train --task ner` / `--task multiple-choice --data-format codah` with tuneforge's defaults
+(a) transformers.Trainer as the example recipe does it: run_ner.py (benchmarks/hf_trainer_ner.py),
+    run_swag.py (benchmarks/hf_trainer_swag.py) or run_qa.py (benchmarks/hf_trainer_qa.py), their READMEs'
+    settings, fp32, one evaluation after training (the READMEs' --do_eval)
+(b) `tuneforge train --task ner` / `--task multiple-choice --data-format codah` / `--task qa` with
+    tuneforge's defaults
 (f) the same defaults with `--precision fp32` forced: how (b) runs on a CPU without native bf16
     (where `auto` picks fp32 and (f) is (b)); (a) is fp32 on every machine
 
 Data. ner: CoNLL-2003 (../shared/data/conll2003), trained on the first 2,500 of its 14,041 training
 sentences (`--ner-train-samples`: a full epoch does not fit a 2-core machine; the peer's three
-epochs take some 5-8 minutes on a subset that size), evaluated each epoch on the whole valid.txt
+epochs take some 5-8 minutes on a subset that size), evaluated on the whole valid.txt
 (3,250 sentences), scored on the whole test.txt (3,453). mc: CODAH, the authors' cross-validation
-fold 0 (../shared/data/codah/cv_split/fold_0) whole: train 1,665 rows, dev 556, test 555. The
-metric: seqeval's entity-level micro F1 (ner), accuracy (mc).
+fold 0 (../shared/data/codah/cv_split/fold_0) whole: train 1,665 rows, dev 556, test 555. qa: SQuAD
+v1.1 (../shared/data/squad), trained on the first 600 questions (`--qa-train-samples`; both sides
+count questions, each with all its context windows) of train-v1.1-subset-du2017.json (11,877 questions
+of 44 whole training articles; a 2-core machine runs the peer's recipe at about 4 s a step of 12
+windows padded to 384 tokens, so 600 questions already take it some 7 minutes). SQuAD v1.1 has no
+public test split, so the official dev-v1.1.json (10,570 questions, in its published order) gives
+two disjoint parts: validation, its first 400 questions (of the Super_Bowl_50 article), and test, the
+next 800 (the other 410 of Super_Bowl_50, Warsaw, Normans, the start of Nikola_Tesla). The harness
+writes them once per invocation as SQuAD JSON into a temporary folder, beside a copy of the training
+file: train-v1.1-subset-du2017.json, dev-validation.json and test.json, given to both sides as
+--data-dir (tuneforge finds train* and dev* there; test.json goes to `tuneforge eval
+--validation-file`); the split is recorded in the result file (meta.qa_split). The metric:
+seqeval's entity-level micro F1 (ner), accuracy (mc), the official SQuAD v1.1 script's exact match
+and token F1, x100 (qa: F1 decides; each side computes them with its own code).
 
 Timing. The end-to-end figure (wall_s) is the training process: start-up, reading and tokenizing,
-training, each epoch's evaluation, saving the model. The test score is taken apart: tuneforge's in a
+training, the evaluations (tuneforge's defaults: after each epoch; the peers: once, after training),
+saving the model. The test score is taken apart: tuneforge's in a
 second process, `tuneforge eval OUT/model --validation-file TEST` (test_wall_s); the peer's in its
 own process after the model is saved (its test_s, by its own perf_counter), which is taken off its
 process time (process_s) to give its wall_s. tuneforge gets a fresh, empty --cache-dir per run, so
@@ -23,6 +38,7 @@ its tokenization is paid every time, as the peer's is.
 
     python benchmarks/tasks_vs_hf_trainer.py --task ner --seeds 1 2 3
     python benchmarks/tasks_vs_hf_trainer.py --task mc --seeds 1 2 3
+    python benchmarks/tasks_vs_hf_trainer.py --task qa --seeds 1 2 3
 Writes benchmarks/results/tasks_vs_hf_trainer-TASK[-ONLY]-seeds-S[-...].json (one file per task) and
 prints a markdown table per task.
 """
@@ -41,6 +57,9 @@ from _machine import machine_meta
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared/data"
 NER_TRAIN_SAMPLES = 2500
+QA_TRAIN_SAMPLES = 600
+QA_VALIDATION_QUESTIONS, QA_TEST_QUESTIONS = 400, 800  # the dev file's first questions, then the next ones
+QA_FILES = {"train": "train-v1.1-subset-du2017.json", "validation": "dev-validation.json", "test": "test.json"}
 
 TASKS = {
     "ner": {
@@ -61,7 +80,56 @@ TASKS = {
         "metric": "accuracy",
         "dev_metrics": ["accuracy"],
     },
+    "qa": {
+        "title": "extractive QA, SQuAD v1.1",
+        "peer": ("transformers.Trainer (run_qa.py recipe)", "hf_trainer_qa.py"),
+        "tuneforge": ["--task", "qa"],
+        "data_dir": SHARED / "squad",  # the source; both sides read the split that write_qa_split makes of it
+        "test_file": QA_FILES["test"],
+        "metric": "f1",
+        "dev_metrics": ["exact_match", "f1"],
+        "test_metrics": ["exact_match", "f1"],  # default: [metric]
+        "digits": 2,  # the table's decimals (default 4)
+    },
 }
+LABELS = {"f1": "F1", "accuracy": "accuracy", "exact_match": "EM"}
+
+
+def write_qa_split(source: Path, folder: Path) -> dict:
+    """The qa data in `folder`: a copy of the training file, and the official dev file's questions, in its order,
+    cut into a validation part (the first QA_VALIDATION_QUESTIONS) and a test part (the next QA_TEST_QUESTIONS),
+    each as SQuAD JSON holding only its questions' paragraphs; returns what went where."""
+    shutil.copyfile(source / QA_FILES["train"], folder / QA_FILES["train"])
+    dev = json.loads((source / "dev-v1.1.json").read_text(encoding="utf-8"))
+    questions = [
+        (article["title"], paragraph["context"], qa)
+        for article in dev["data"]
+        for paragraph in article["paragraphs"]
+        for qa in paragraph["qas"]
+    ]
+    meta = {"source": str(source), "train": QA_FILES["train"]}
+    cuts = {"validation": (0, QA_VALIDATION_QUESTIONS)}
+    cuts["test"] = (QA_VALIDATION_QUESTIONS, QA_VALIDATION_QUESTIONS + QA_TEST_QUESTIONS)
+    for split, (lo, hi) in cuts.items():
+        articles: dict[str, dict[str, list]] = {}  # title -> context -> its questions, in file order
+        for title, context, qa in questions[lo:hi]:
+            articles.setdefault(title, {}).setdefault(context, []).append(qa)
+        data = [
+            {"title": title, "paragraphs": [{"context": c, "qas": qas} for c, qas in paragraphs.items()]}
+            for title, paragraphs in articles.items()
+        ]
+        doc = {"data": data, "version": dev.get("version", "1.1")}
+        (folder / QA_FILES[split]).write_text(json.dumps(doc), encoding="utf-8")
+        meta[split] = {"file": QA_FILES[split], "articles": list(articles), "questions": hi - lo}
+    return meta
+
+
+def data_dir(task, args) -> str:
+    return str({"ner": args.ner_data_dir, "mc": args.mc_data_dir, "qa": args.qa_split_dir}[task])
+
+
+def train_samples(task, args):
+    return {"ner": args.ner_train_samples, "mc": args.mc_train_samples, "qa": args.qa_train_samples}[task]
 
 
 def run(cmd):
@@ -79,7 +147,7 @@ def run_peer(cmd, spec):
     wall, out = run(cmd)
     res = {"wall_s": round(wall - out.get("test_s", 0.0), 1), "process_s": round(wall, 1)}
     res.update({k: out[k] for k in spec["dev_metrics"]})
-    res[f"test_{spec['metric']}"] = out.get(f"test_{spec['metric']}")
+    res.update({f"test_{k}": out.get(f"test_{k}") for k in spec.get("test_metrics", [spec["metric"]])})
     res["test_s"] = out.get("test_s")
     return res
 
@@ -92,7 +160,7 @@ def run_tuneforge(train_cmd, eval_cmd, spec):
         res.update({k: out[k] for k in spec["dev_metrics"]})
         if eval_cmd:
             test_wall, test = run(eval_cmd + ["--cache-dir", cache])
-            res[f"test_{spec['metric']}"] = test[spec["metric"]]
+            res.update({f"test_{k}": test[k] for k in spec.get("test_metrics", [spec["metric"]])})
             res["test_wall_s"] = round(test_wall, 1)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -103,14 +171,13 @@ def variants(task, args):
     """{key: (name, commands)}: the peer's command, or tuneforge's train and test-eval commands (--seed SEED
     goes at the end of the peer's and the train command)."""
     spec = TASKS[task]
-    data_dir = str(args.ner_data_dir if task == "ner" else args.mc_data_dir)
-    train_samples = args.ner_train_samples if task == "ner" else args.mc_train_samples
-    test_file = str(Path(data_dir) / spec["test_file"]) if not args.no_test else None
+    folder, samples = data_dir(task, args), train_samples(task, args)
+    test_file = str(Path(folder) / spec["test_file"]) if not args.no_test else None
 
     peer_name, peer_script = spec["peer"]
-    peer = [sys.executable, str(HERE / peer_script), "--data-dir", data_dir, "--output-dir", f"/tmp/bench-hf-{task}"]
-    if train_samples:
-        peer += ["--max-train-samples", str(train_samples)]
+    peer = [sys.executable, str(HERE / peer_script), "--data-dir", folder, "--output-dir", f"/tmp/bench-hf-{task}"]
+    if samples:
+        peer += ["--max-train-samples", str(samples)]
     if args.max_eval_samples:
         peer += ["--max-eval-samples", str(args.max_eval_samples)]
     if args.max_test_samples:
@@ -119,9 +186,9 @@ def variants(task, args):
         peer += ["--test-file", ""]
 
     exe = str(Path(sys.executable).parent / "tuneforge")
-    tf = [exe, "train", *spec["tuneforge"], "--data-dir", data_dir, "--overwrite", "--json", "--quiet"]
-    if train_samples:
-        tf += ["--max-train-samples", str(train_samples)]
+    tf = [exe, "train", *spec["tuneforge"], "--data-dir", folder, "--overwrite", "--json", "--quiet"]
+    if samples:
+        tf += ["--max-train-samples", str(samples)]
     if args.max_eval_samples:
         tf += ["--max-eval-samples", str(args.max_eval_samples)]
 
@@ -173,7 +240,7 @@ def bench(task, args):
                 res = {"seed": seed, **run_variant(key, table[key][1], seed, spec)}
                 results[key].append(res)
                 print(f"{task} round {r + 1} seed {seed} ({key}) {table[key][0]}: {res}", file=sys.stderr, flush=True)
-    metric = spec["metric"]
+    tests = spec.get("test_metrics", [spec["metric"]])
     summary = {}
     for key, runs in results.items():
         summary[key] = {
@@ -181,20 +248,22 @@ def bench(task, args):
             "runs": runs,
             "wall_s": mean(runs, "wall_s", 1),
             **{k: mean(runs, k, 4) for k in spec["dev_metrics"]},
-            f"test_{metric}": mean(runs, f"test_{metric}", 4),
+            **{f"test_{k}": mean(runs, f"test_{k}", 4) for k in tests},
             **{k: mean(runs, k, 1) for k in ("process_s", "test_s", "test_wall_s") if k in runs[0]},
             "command": command(key, table[key][1]),
         }
-    train_samples = args.ner_train_samples if task == "ner" else args.mc_train_samples
+    samples = train_samples(task, args)
+    extra = {"qa_split": args.qa_split} if task == "qa" else {}
     meta = machine_meta(
         task=task,
         seeds=args.seeds,
         rounds=args.rounds,
-        data_dir=str(args.ner_data_dir if task == "ner" else args.mc_data_dir),
-        max_train_samples=train_samples,
+        data_dir=str(args.qa_data_dir) if task == "qa" else data_dir(task, args),
+        max_train_samples=samples,
         max_eval_samples=args.max_eval_samples,
         max_test_samples=args.max_test_samples,
         timing="wall_s: the training process (test scoring taken apart: test_s in the peer, test_wall_s a process)",
+        **extra,
     )
     name = f"tasks_vs_hf_trainer-{task}"
     if args.only != "ab":
@@ -202,8 +271,12 @@ def bench(task, args):
     name += f"-seeds-{'-'.join(map(str, args.seeds))}"
     if args.rounds != 1:
         name += f"-rounds-{args.rounds}"
-    if (task == "ner" and train_samples != NER_TRAIN_SAMPLES) or (task == "mc" and train_samples):
-        name += f"-train-{train_samples}"
+    if (
+        (task == "ner" and samples != NER_TRAIN_SAMPLES)
+        or (task == "mc" and samples)
+        or (task == "qa" and samples != QA_TRAIN_SAMPLES)
+    ):
+        name += f"-train-{samples}"
     if args.max_eval_samples or args.max_test_samples:
         name += f"-eval-{args.max_eval_samples or 'all'}-test-{args.max_test_samples or 'all'}"
     out = Path(args.results_dir) / f"{name}.json"
@@ -211,35 +284,51 @@ def bench(task, args):
     out.write_text(json.dumps({"meta": meta, "summary": summary}, indent=2))
 
     base = summary.get("a", {}).get("wall_s")
-    label = {"f1": "F1", "accuracy": "accuracy"}[metric]
+    shown = tests  # the table's dev and test columns: the task's test metrics ([metric] unless it says)
+
+    def fmt(value) -> str:
+        return f"{value:.{spec.get('digits', 4)}f}"
+
+    def cols(prefix) -> str:
+        return " | ".join(f"{prefix} {LABELS[k]}" for k in shown)
+
     print(f"\n{spec['title']}: seeds {args.seeds}, means over {args.rounds} round(s); results in {out}")
-    print(f"| variant | wall s | speed-up vs (a) | dev {label} | test {label} |\n|---|---|---|---|---|")
+    print(f"| variant | wall s | speed-up vs (a) | {cols('dev')} | {cols('test')} |")
+    print(f"|---|---|---|{'---|' * 2 * len(shown)}")
     for key, s in summary.items():
         speed = f"{base / s['wall_s']:.2f}x" if base else "-"
-        test = f"{s[f'test_{metric}']:.4f}" if s[f"test_{metric}"] is not None else "-"
-        print(f"| ({key}) {s['name']} | {s['wall_s']} | {speed} | {s[metric]:.4f} | {test} |")
+        dev = " | ".join(fmt(s[k]) for k in shown)
+        test = " | ".join(fmt(s[f"test_{k}"]) if s[f"test_{k}"] is not None else "-" for k in shown)
+        print(f"| ({key}) {s['name']} | {s['wall_s']} | {speed} | {dev} | {test} |")
+    if len(shown) > 1:
+        print(f"\nPer seed: wall s, dev {' / '.join(LABELS[k] for k in shown)} / test the same")
     print(f"\n| seed | {' | '.join(f'({k})' for k in summary)} |\n|---|{'---|' * len(summary)}")
     for i, seed in enumerate(args.seeds * args.rounds):
         cells = []
         for s in summary.values():
             x = s["runs"][i]
-            test = f" / {x[f'test_{metric}']:.4f}" if x.get(f"test_{metric}") is not None else ""
-            cells.append(f"{x['wall_s']} s, {x[metric]:.4f}{test}")
+            dev = " / ".join(fmt(x[k]) for k in shown)
+            test = "".join(f" / {fmt(x[f'test_{k}'])}" for k in shown if x.get(f"test_{k}") is not None)
+            cells.append(f"{x['wall_s']} s, {dev}{test}")
         print(f"| {seed} | {' | '.join(cells)} |")
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--task", nargs="+", choices=sorted(TASKS), required=True, help="ner and/or mc")
+    ap.add_argument("--task", nargs="+", choices=sorted(TASKS), required=True, help="ner, mc and/or qa")
     ap.add_argument("--only", default="ab", help="which variants to run, e.g. 'abf'")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1], help="each variant runs once per seed and round")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--ner-data-dir", default=str(TASKS["ner"]["data_dir"]))
     ap.add_argument("--mc-data-dir", default=str(TASKS["mc"]["data_dir"]))
     ap.add_argument(
+        "--qa-data-dir", default=str(TASKS["qa"]["data_dir"]), help="qa: train-v1.1-subset-du2017.json, dev-v1.1.json"
+    )
+    ap.add_argument(
         "--ner-train-samples", type=int, default=NER_TRAIN_SAMPLES, help="ner: the first N training sentences"
     )
     ap.add_argument("--mc-train-samples", type=int, default=None, help="mc: the first N training rows (default: all)")
+    ap.add_argument("--qa-train-samples", type=int, default=QA_TRAIN_SAMPLES, help="qa: the first N training questions")
     ap.add_argument("--max-eval-samples", type=int, default=None, help="smoke runs: the first N validation examples")
     ap.add_argument("--max-test-samples", type=int, default=None, help="smoke runs: the first N test examples")
     ap.add_argument("--no-test", action="store_true", help="skip the test-split scores")
@@ -247,8 +336,15 @@ def main():
     args = ap.parse_args()
     if set(args.only) - {"a", "b", "f"}:
         raise SystemExit(f"--only takes letters of a, b, f; got {args.only!r}")
-    for task in args.task:
-        bench(task, args)
+    args.qa_split_dir = tempfile.mkdtemp(prefix="bench-qa-split-") if "qa" in args.task else None
+    try:
+        if args.qa_split_dir:  # once per invocation: every run of both sides reads these files
+            args.qa_split = write_qa_split(Path(args.qa_data_dir), Path(args.qa_split_dir))
+        for task in args.task:
+            bench(task, args)
+    finally:
+        if args.qa_split_dir:
+            shutil.rmtree(args.qa_split_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
