@@ -1,7 +1,7 @@
 """`tuneforge ...` with Checkpointer.save/load timed (used by checkpoints.py).
 
 Self-launch re-runs this script in every worker, so the timers are in place on each rank; rank 0
-appends {"save_s"| "load_s": ...} lines to $TUNEFORGE_TIMINGS (read through tuneforge.config.env_flag).
+appends {"save_s"| "load_s": ...} lines to $TUNEFORGE_TIMINGS (read through tuneforge.launch.env_flag).
 """
 
 import json
@@ -10,7 +10,7 @@ import time
 
 from tuneforge import checkpoint
 from tuneforge.cli import main
-from tuneforge.config import env_flag
+from tuneforge.launch import env_flag
 
 
 def timed(name, fn):

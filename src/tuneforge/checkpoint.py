@@ -112,7 +112,7 @@ def _pause_hook(stage: str, step: int) -> None:
     pointer not yet updated); TUNEFORGE_PAUSE_STEP limits it to one step's save;
     TUNEFORGE_PAUSE_MARKER is a file written when the pause begins.
     """
-    from tuneforge.config import env_flag
+    from tuneforge.launch import env_flag
 
     delay = env_flag("TUNEFORGE_PAUSE_IN_SAVE")
     if not delay or stage != (env_flag("TUNEFORGE_PAUSE_STAGE") or "mid-write"):

@@ -503,8 +503,3 @@ def config_from_sources(yaml_path: str | None, overrides: list[str], flags: dict
         else:
             values[key] = value
     return build_config(values)
-
-
-def env_flag(name: str) -> str | None:
-    """The one sanctioned place (with launch.py) that reads the environment."""
-    return os.environ.get(name)

@@ -128,6 +128,14 @@ def launch_environment() -> dict:
     return info
 
 
+def env_flag(name: str) -> str | None:
+    """A TUNEFORGE_* setting from the environment (the cache folder, the crash-test hooks).
+
+    launch.py is the one module that reads the environment, so every other module asks here.
+    """
+    return os.environ.get(name)
+
+
 def process_rank() -> int:
     _adopt_slurm_env()
     return int(os.environ.get("RANK", "0"))

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 
 def default_cache_dir() -> Path:
-    from tuneforge.config import env_flag
+    from tuneforge.launch import env_flag
 
     root = env_flag("TUNEFORGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "tuneforge")
     return Path(root) / "tokenized"
