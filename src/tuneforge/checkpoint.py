@@ -7,7 +7,9 @@ the plain `tuneforge.progress.Progress`), and the Trainer fires its callbacks it
 
 Layout of `OUTPUT_DIR/checkpoint-STEP/`:
     model + optimizer      written by the backend: model.safetensors + optimizer.pt (+ scaler.pt) for
-                           single/ddp, per-rank shards for sharded backends (fsdp, tp, deepspeed)
+                           single/ddp, per-rank shards for sharded backends (fsdp, tp, deepspeed); an
+                           adapter run (--adapter lora) holds only the weights that train (single/ddp:
+                           trainable.safetensors) and their optimizer state
     scheduler.pt           LR scheduler state
     rank{R}.pt             per rank: python / numpy / torch (/ cuda) RNG states and the logging window
     trainer_state.json     the Progress: step, epoch, data position (consumed examples, order batch),
@@ -54,6 +56,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tuneforge.adapters import TRAINABLE_FILE
 from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
@@ -186,9 +189,9 @@ def verify(path: Path) -> str | None:
 
 
 # ---- what a checkpoint is of ------------------------------------------------------------------
-def describe(model, backend, *, task: str, labels, step_examples: int) -> dict:
+def describe(model, backend, *, task: str, labels, step_examples: int, adapter: dict | None = None) -> dict:
     """meta.json: what a checkpoint is of. `model` is the unwrapped model, `labels` the task's label
-    names (None for tasks without labels)."""
+    names (None for tasks without labels), `adapter` the LoRA adapter's settings (`Adapter.info()`)."""
     mc = model.config
     return {
         "task": task,
@@ -204,6 +207,8 @@ def describe(model, backend, *, task: str, labels, step_examples: int) -> dict:
         "step_examples": step_examples,
         # which weights train (--freeze-layers, --freeze-embeddings) decides what the optimizer state holds
         "trained_tensors": sum(1 for p in model.parameters() if p.requires_grad),
+        # an adapter run's checkpoint holds the adapters and the head only: the base comes from `base_model`
+        "adapter": adapter,
     }
 
 
@@ -431,13 +436,21 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
                 f"checkpoint {str(path)!r} does not match this run: {key} is {saved.get(key)!r} in the checkpoint "
                 f"but {now.get(key)!r} here; resume with the same task, labels and model, or start a new run"
             )
+    lora, lora_now = saved.get("adapter"), now.get("adapter")
+    if lora != lora_now:
+        said = {None: "no adapter"}
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was trained with {said.get(lora, f'adapter {lora}')} but this run has "
+            f"{said.get(lora_now, f'adapter {lora_now}')}; resume with the --adapter and --lora-* flags of its "
+            "config.yaml"
+        )
     trained, trains = saved.get("trained_tensors"), now.get("trained_tensors")
     if trained is not None and trained != trains:  # checkpoints before this key: not checked
         raise CheckpointError(
             f"checkpoint {str(path)!r} trained {trained} weight tensors but this run trains {trains}: resume "
             "with the --freeze-layers and --freeze-embeddings it was saved with (its config.yaml has them)"
         )
-    if not backend.sharded and not has_full_weights(path):
+    if not backend.sharded and not has_full_weights(path) and not (path / TRAINABLE_FILE).exists():
         raise CheckpointError(
             f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which "
             "backend "

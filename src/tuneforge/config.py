@@ -81,6 +81,15 @@ class DataConfig(_Section):
         description="multiple-choice: auto reads SWAG columns (sent1, sent2, ending0..) or question + choices; "
         "codah reads CODAH's headerless TSV (category, question, 4 endings, answer index)",
     )
+    # chat / instruction SFT
+    chat_format: Literal["auto", "messages", "alpaca"] = Field(
+        "auto",
+        description="sft: rows with `messages` ([{role, content}]) or Alpaca rows (instruction, input, output); "
+        "auto: from the first row",
+    )
+    chat_template: str | None = Field(
+        None, description="sft: a Jinja chat template file, for a tokenizer that has none (or to replace its own)"
+    )
     # extractive question answering
     doc_stride: int | None = Field(
         None, gt=0, description="qa: tokens that consecutive windows of a long context share (default: max_length // 3)"
@@ -112,7 +121,8 @@ class DataConfig(_Section):
 class TrainConfig(_Section):
     task: str = Field(
         "bbc-news",
-        description="task: classification, regression, clm, seq2seq, ner, qa, multiple-choice, glue/NAME, bbc-news; "
+        description="task: classification, regression, clm, sft, seq2seq, ner, qa, multiple-choice, glue/NAME, "
+        "bbc-news; "
         "default from the files: --source-file seq2seq, a .txt --train-file clm, another --train-file classification",
     )
     model: str | None = Field(None, description="HF folder or hub id; default: the task's bundled model")
@@ -154,6 +164,20 @@ class TrainConfig(_Section):
         description="keep the bottom N transformer layers (and the embeddings) fixed while training: their "
         "backward is skipped; auto: 1 where the embeddings are frozen by auto (classifiers), else 0",
         json_schema_extra={"flag_kwargs": {"metavar": "N"}},
+    )
+    # adapters: LoRA through peft (tuneforge/adapters.py)
+    adapter: Literal["none", "lora"] = Field(
+        "none",
+        description="lora: train low-rank adapters (peft) and the task's head, every base weight fixed; "
+        "OUTPUT_DIR/model is then an adapter folder (`tuneforge export --merge` makes a standalone one)",
+    )
+    lora_r: int = Field(16, gt=0, description="LoRA rank")
+    lora_alpha: float = Field(32, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r)")
+    lora_dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the LoRA branch's input")
+    lora_targets: str = Field(
+        "auto",
+        description="the linear layers that get adapters: auto (peft's choice for the architecture, e.g. "
+        "query,value for BERT, q_proj,v_proj for Llama), all-linear, or comma-separated names (q_proj,v_proj)",
     )
     attn_implementation: str = Field(
         "auto",
@@ -300,6 +324,8 @@ class TrainConfig(_Section):
             raise ValueError("save_strategy=steps needs save_steps (e.g. save_steps=500)")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        if self.adapter != "none":
+            _check_adapter(self)
         if self.early_stopping_patience and self.eval_strategy == "no":
             raise ValueError("early_stopping_patience needs evaluation: set eval_strategy to epoch or steps")
         return self
@@ -325,6 +351,28 @@ class TrainConfig(_Section):
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _check_adapter(config: TrainConfig) -> None:
+    from tuneforge.backends import backend_class
+
+    freezes = {
+        "freeze_layers": config.freeze_layers not in ("auto", 0),
+        "freeze_embeddings": config.freeze_embeddings == "on",
+    }
+    given = [f"--{k.replace('_', '-')} {getattr(config, k)}" for k, on in freezes.items() if on]
+    if given:
+        raise ValueError(
+            f"{' and '.join(given)} do not combine with --adapter {config.adapter}: an adapter run keeps every base "
+            "weight fixed already; drop them"
+        )
+    if not backend_class(config.backend).supports_adapters:
+        raise ValueError(
+            f"backend {config.backend!r} does not train adapters (--adapter {config.adapter}); use --backend fsdp for "
+            "sharded weights, or single, ddp, deepspeed"
+        )
+    if not [t for t in config.lora_targets.split(",") if t.strip()]:
+        raise ValueError("--lora-targets is empty; pass auto, all-linear or layer names such as q_proj,v_proj")
 
 
 def _task_from_files(values: dict[str, Any]) -> dict[str, Any]:

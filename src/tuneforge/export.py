@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from tuneforge import checkpoint
+from tuneforge import adapters, checkpoint
 from tuneforge.backends import available_backends, backend_class
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
@@ -62,9 +62,18 @@ def write_hf_folder(
 
 # ---- online: a live (possibly sharded) model ---------------------------------------------------
 def export_live(
-    model, backend, out_dir, *, tokenizer=None, info: dict | None = None, state_dict=None, gather: bool = True
+    model,
+    backend,
+    out_dir,
+    *,
+    tokenizer=None,
+    info: dict | None = None,
+    state_dict=None,
+    gather: bool = True,
+    adapter: adapters.Adapter | None = None,
 ) -> Path:
-    """Save the HF folder of a live model (a collective: every rank calls it).
+    """Save the HF folder of a live model (a collective: every rank calls it); with `adapter`, the
+    adapter folder of an adapter run (adapters.write_adapter_folder).
 
     `gather=False`: use `state_dict` as given (the main rank's copy of the best weights); every rank
     must pass the same `gather`, since gathering is a collective on sharded backends.
@@ -72,9 +81,38 @@ def export_live(
     if gather and state_dict is None:
         state_dict = backend.full_state_dict(model)  # collective on sharded backends
     if backend.is_main:
-        write_hf_folder(out_dir, backend.unwrap(model), state_dict, tokenizer, info)
+        module = backend.unwrap(model)
+        if adapter is not None:
+            module.config.architectures = [type(module).__name__.removeprefix("FSDP")]  # as save_pretrained sets it
+            adapters.write_adapter_folder(adapter, out_dir, state_dict, module.config, tokenizer, info or {})
+        else:
+            write_hf_folder(out_dir, module, state_dict, tokenizer, info)
     backend.barrier()
     return Path(out_dir)
+
+
+def export_merged(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base: str | None = None) -> Path:
+    """`tuneforge export --merge ADAPTER_DIR OUT_DIR`: the adapter merged into its base, a standalone HF
+    folder that `from_pretrained` loads (weights, config, tokenizer, tuneforge.json)."""
+    import transformers
+
+    folder = Path(adapter_dir)
+    if not adapters.is_adapter_folder(folder):
+        raise ConfigError(
+            f"{str(folder)!r} is not an adapter folder (no {adapters.ADAPTER_CONFIG}); --merge takes the "
+            "OUTPUT_DIR/model of an --adapter lora run"
+        )
+    config = transformers.AutoConfig.from_pretrained(folder)
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    loader = getattr(transformers, arch, None) if arch else None
+    if loader is None:
+        raise ConfigError(f"adapter folder {str(folder)!r}: its config.json names no known architecture ({arch!r})")
+    model = adapters.load_merged(loader, folder, base=base)
+    has_tokenizer = (folder / "tokenizer_config.json").exists()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder) if has_tokenizer else None
+    info = read_model_info(folder)
+    info.pop("adapter", None)
+    return write_hf_folder(out_dir, model, tokenizer=tokenizer, info={**info, "merged_from": str(folder)})
 
 
 # ---- offline: a checkpoint folder of any backend -----------------------------------------------
@@ -121,6 +159,12 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
     meta = checkpoint.read_meta(path)
+    if meta.get("adapter"):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is of an adapter run (--adapter lora): it holds the adapters and the head "
+            "only. Its run's OUTPUT_DIR/model is the adapter folder; `tuneforge export --merge OUTPUT_DIR/model OUT` "
+            "writes a standalone model, or resume the run with --resume"
+        )
     config = transformers.AutoConfig.from_pretrained(path)
     # meta.json names the class that trained (config.json may still name the base model's)
     arch = meta.get("architecture") or (getattr(config, "architectures", None) or [None])[0]
@@ -138,14 +182,30 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
 
 # ---- CLI ---------------------------------------------------------------------------------------
 def cmd_export(ns) -> int:
-    out = export_checkpoint(ns.checkpoint, ns.out_dir, overwrite=ns.overwrite)
+    if ns.merge:
+        out = Path(ns.out_dir)
+        if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not ns.overwrite)):
+            raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
+        out = export_merged(ns.checkpoint, out, base=ns.base)
+    elif ns.base:
+        raise ConfigError("--base goes with --merge (the model an adapter is merged into)")
+    else:
+        out = export_checkpoint(ns.checkpoint, ns.out_dir, overwrite=ns.overwrite)
     print(f"exported {ns.checkpoint} to {out}", flush=True)
     return 0
 
 
 def add_arguments(p) -> None:
     """`tuneforge export`'s arguments (the CLI lists the command and its help)."""
-    p.add_argument("checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend)")
+    p.add_argument(
+        "checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder"
+    )
     p.add_argument("out_dir", help="the HF folder to write (config, model.safetensors, tokenizer)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="CHECKPOINT is an adapter run's OUTPUT_DIR/model: merge the adapter into its base model",
+    )
+    p.add_argument("--base", default=None, help="with --merge: the base model (default: the one it was trained on)")
     p.set_defaults(func=cmd_export)

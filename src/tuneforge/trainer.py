@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tuneforge import checkpoint, export, launch
+from tuneforge import adapters, checkpoint, export, launch
 from tuneforge.backends import check_launchable, get_backend
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.config import TrainConfig, build_config
@@ -81,6 +81,7 @@ class Trainer:
         self.checkpointer: Checkpointer | None = None
         self.resumed_from: Path | None = None  # the checkpoint this run continues
         self.best_weights: dict | None = None  # load_best_model_at_end: the best evaluation's weights (main rank)
+        self.adapter: adapters.Adapter | None = None  # --adapter lora: the adapter around self.model
 
     # ---- overridable steps (FlagAI's MyTrainer pattern) ------------------------------------
     def forward_step(self, model, batch: dict[str, torch.Tensor]):
@@ -239,6 +240,8 @@ class Trainer:
         self.tokenizer = tokenizer or task.load_tokenizer()
         if not training and model is None:
             task.adopt_model_labels()
+        if training and cfg.adapter == "lora":  # a target that matches no layer: one line before any data work
+            adapters.check_targets(task.peek_model_config(), cfg.lora_targets)
         splits = ("train", "validation") if training else ("validation",)
         self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset, splits=splits)
         if training and self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
@@ -247,7 +250,9 @@ class Trainer:
             )
         model = model if model is not None else task.load_model(self.tokenizer)
         self._set_attention(model)  # evaluation runs the kernel training runs: the same numbers
-        if training:
+        if training and cfg.adapter == "lora":  # LoRA layers in place: `model` keeps its class
+            self.adapter = adapters.add_lora(model, cfg, base_model=task.model_path(), log=self.report.print)
+        elif training:
             self._freeze(model)
         return model
 
@@ -293,6 +298,7 @@ class Trainer:
             task=cfg.task,
             labels=self.task.label_names,
             step_examples=step_examples,
+            adapter=self.adapter.settings() if self.adapter else None,
         )
         return Checkpointer(
             cfg.output_dir,
@@ -489,6 +495,7 @@ class Trainer:
             info=self.task.export_info(),
             state_dict=self.best_weights if use_best else None,
             gather=not use_best,
+            adapter=self.adapter,
         )
         result = {k: v for k, v in (final_eval or {}).items()}
         result.update(

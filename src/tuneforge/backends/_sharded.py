@@ -88,8 +88,14 @@ class ShardedBackend(Backend):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=self._state_options())
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=Path(path) / SHARDED_DIR)
+
+    def _state_options(self):
+        """An adapter run saves and loads the weights that train (the frozen base comes from its model folder)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=self.trains_adapter, strict=not self.trains_adapter)
 
     def load(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         path = Path(path)
@@ -132,15 +138,18 @@ class ShardedBackend(Backend):
         from torch.distributed.checkpoint import state_dict as dsd
 
         # this run's own (sharded) state names the pieces each rank needs; DCP reads them in place
+        options = self._state_options()
         if optimizer is None:
-            state = {"model": dsd.get_model_state_dict(model)}
+            state = {"model": dsd.get_model_state_dict(model, options=options)}
             dcp.load(state, checkpoint_id=folder)
-            dsd.set_model_state_dict(model, state["model"])
+            dsd.set_model_state_dict(model, state["model"], options=options)
             return
-        model_state, optim_state = dsd.get_state_dict(model, optimizer)
+        model_state, optim_state = dsd.get_state_dict(model, optimizer, options=options)
         state = {"model": model_state, "optimizer": optim_state}
         dcp.load(state, checkpoint_id=folder)
-        dsd.set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        dsd.set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
+        )
 
     def _load_full(self, path: Path, model: nn.Module, optimizer) -> None:
         """A single/ddp checkpoint: full weights and a torch optimizer state keyed by position."""

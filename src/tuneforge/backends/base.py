@@ -31,8 +31,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tuneforge.adapters import TRAINABLE_FILE, trainable_state
 from tuneforge.backends.options import BackendOptions
-from tuneforge.errors import ConfigError
+from tuneforge.errors import CheckpointError, ConfigError
 
 MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
@@ -77,6 +78,7 @@ class Backend:
     supports_gradient_checkpointing = True
     supported_precisions = ("fp32", "bf16", "fp16")
     checkpoint_layout = "full"  # model.safetensors + optimizer.pt, written by the main rank
+    supports_adapters = True  # --adapter lora: the adapters train, every base weight is fixed
     Options: type[BackendOptions] = BackendOptions
 
     def __init__(self, config, env) -> None:
@@ -258,12 +260,20 @@ class Backend:
         # a copy even on CPU (`.cpu()` would alias the live parameters): the best-model snapshot must not move
         return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
 
+    @property
+    def trains_adapter(self) -> bool:
+        """An adapter run: checkpoints hold the weights that train, the base comes from its model folder."""
+        return getattr(self.config, "adapter", "none") != "none"
+
     def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write model + optimizer (+ scaler) state into the checkpoint folder `path`."""
-        from safetensors.torch import save_model
+        from safetensors.torch import save_file, save_model
 
         if self.is_main:
-            save_model(self.unwrap(model), str(path / "model.safetensors"))
+            if self.trains_adapter:
+                save_file(trainable_state(self.unwrap(model)), str(path / TRAINABLE_FILE))
+            else:
+                save_model(self.unwrap(model), str(path / "model.safetensors"))
             torch.save(optimizer.state_dict(), path / "optimizer.pt")
             if self.scaler:
                 torch.save(self.scaler.state_dict(), path / "scaler.pt")
@@ -271,7 +281,10 @@ class Backend:
     def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         from safetensors.torch import load_model
 
-        load_model(self.unwrap(model), str(path / "model.safetensors"), device=str(self.device))
+        if self.trains_adapter:
+            load_trainable(self.unwrap(model), path, self.device)
+        else:
+            load_model(self.unwrap(model), str(path / "model.safetensors"), device=str(self.device))
         if optimizer is not None:
             optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
         if self.scaler and (path / "scaler.pt").exists():
@@ -283,8 +296,6 @@ class Backend:
         process group (`tuneforge export`). Here: model.safetensors (single, ddp)."""
         from safetensors.torch import load_file
 
-        from tuneforge.errors import CheckpointError
-
         weights = Path(path) / "model.safetensors"
         if not weights.is_file():
             raise CheckpointError(
@@ -292,3 +303,19 @@ class Backend:
                 "no model.safetensors"
             )
         return load_file(str(weights))
+
+
+def load_trainable(model: torch.nn.Module, path: Path, device: torch.device) -> None:
+    """An adapter run's checkpoint weights (trainable.safetensors) into `model`, whose frozen base
+    weights are already those it was trained on; every trained weight must be there."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(Path(path) / TRAINABLE_FILE), device=str(device))
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    if set(weights) != trained:
+        differ = sorted(set(weights) ^ trained)
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds other trained weights than this run's adapter ({differ[:2]}...); "
+            "resume with the --adapter and --lora-* flags of its config.yaml"
+        )
+    model.load_state_dict(weights, strict=False)

@@ -318,7 +318,10 @@ class DeepSpeedBackend(Backend):
 
     def save(self, path: Path, model, optimizer) -> None:
         # every rank writes its ZeRO shard into checkpoint-STEP/deepspeed/; tuneforge keeps its own `latest`
-        model.save_checkpoint(str(path), tag=CHECKPOINT_TAG, save_latest=False)
+        # an adapter run: the weights that train only (the frozen base comes from its model folder)
+        model.save_checkpoint(
+            str(path), tag=CHECKPOINT_TAG, save_latest=False, exclude_frozen_parameters=self.trains_adapter
+        )
 
     def load(self, path: Path, model, optimizer) -> None:
         folder = Path(path) / CHECKPOINT_TAG
@@ -336,7 +339,11 @@ class DeepSpeedBackend(Backend):
                 f"resume with --nproc {shards}, or `tuneforge export` it and train from the exported model"
             )
         loaded, _ = model.load_checkpoint(
-            str(path), tag=CHECKPOINT_TAG, load_optimizer_states=optimizer is not None, load_lr_scheduler_states=False
+            str(path),
+            tag=CHECKPOINT_TAG,
+            load_optimizer_states=optimizer is not None,
+            load_lr_scheduler_states=False,
+            load_module_strict=not self.trains_adapter,
         )
         if loaded is None:
             raise CheckpointError(

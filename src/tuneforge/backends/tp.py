@@ -126,6 +126,8 @@ class TPOptions(BackendOptions):
 class TPBackend(ShardedBackend):
     name = "tp"
     Options = TPOptions
+    # peft's LoRA layers replace the linear modules the tensor-parallel plan shards by name
+    supports_adapters = False
 
     def __init__(self, config, env) -> None:
         super().__init__(config, env)

@@ -102,7 +102,11 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
     line: unreadable config.json, unknown model type, no head of that kind, corrupt or missing weights."""
     from safetensors import SafetensorError
 
+    from tuneforge import adapters
+
     try:
+        if adapters.is_adapter_folder(path) and adapters.loads_a_model(loader):
+            return adapters.load_merged(loader, path, **kwargs)  # an adapter run's OUTPUT_DIR/model
         return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError, SafetensorError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {_first_line(err)}") from None

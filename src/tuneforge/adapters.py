@@ -1,0 +1,261 @@
+"""Adapters: LoRA through `peft`, for every task. What `--adapter lora` adds to a run.
+
+- `add_lora(model, config, base_model)`: peft injects the LoRA layers into the model in place
+  (`get_peft_model`), every base weight fixed; the task's head (a classifier's `classifier`, QA's
+  `qa_outputs`) trains whole (peft's modules_to_save). The Trainer goes on training the same HF
+  model object, so every backend sees the class it knows; the returned `Adapter` keeps the
+  `PeftModel` around it for the export.
+- `trainable_state(model)`: the weights a checkpoint of an adapter run holds (the adapters and the head).
+- `write_adapter_folder(...)`: OUTPUT_DIR/model as peft writes it (adapter_config.json,
+  adapter_model.safetensors) plus config.json, the tokenizer and tuneforge.json, so that
+  `peft.PeftModel.from_pretrained(base, folder)` loads it and tuneforge's predict/generate/serve too.
+- `load_merged(loader, folder)`: the base model of an adapter folder with the adapter merged in:
+  `tuneforge export --merge` (export.py) writes that as a standalone HF folder.
+
+The base model is recorded (its path or hub id, and a fingerprint of the weights the adapters sit
+on), so an adapter is never merged into a model it was not trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuneforge.errors import ConfigError
+
+ADAPTER_CONFIG = "adapter_config.json"
+TRAINABLE_FILE = "trainable.safetensors"  # an adapter run's checkpoint: the weights that train, no others
+PEFT_PREFIX = "base_model.model."  # the PeftModel's name for the model it wraps
+
+
+@dataclass
+class Adapter:
+    """A LoRA run's adapter: the PeftModel around the trained model, and the base it sits on."""
+
+    peft_model: Any
+    base_model: str  # path or hub id the base weights were loaded from
+    fingerprint: str  # sha256 over the base weights that carry adapters
+
+    def settings(self) -> dict:
+        """What a checkpoint must match to resume (meta.json): the adapter's shape and its base weights."""
+        cfg = self.peft_model.peft_config["default"]
+        return {
+            "type": "lora",
+            "r": cfg.r,
+            "alpha": cfg.lora_alpha,
+            "targets": sorted(cfg.target_modules),
+            "heads": sorted(cfg.modules_to_save or []),
+            "base_fingerprint": self.fingerprint,
+        }
+
+    def info(self) -> dict:
+        """What tuneforge.json records of the adapter: its settings and where the base came from."""
+        return {**self.settings(), "base_model": self.base_model}
+
+
+def is_adapter_folder(path: str | os.PathLike) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def loads_a_model(loader) -> bool:
+    """Whether `loader.from_pretrained` builds a model (AutoModelFor..., BertFor...), not a config or tokenizer."""
+    return hasattr(loader, "from_config") or hasattr(loader, "_from_config")
+
+
+# ---- which layers get adapters, which train whole ---------------------------------------------
+def _is_linear(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's linear
+
+
+def head_modules(model: torch.nn.Module) -> list[str]:
+    """The task head that trains whole: a model that predicts no tokens (classifier, tagger, QA, multiple
+    choice) has its base model (`base_model_prefix`) and a head beside it; a generating model's head is
+    its output embeddings (usually tied to the input ones), which stay fixed."""
+    has_lm_head = hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None
+    if has_lm_head:
+        return []
+    base = getattr(model, "base_model_prefix", "")
+    return [
+        name
+        for name, child in model.named_children()
+        if name != base and any(True for _ in child.parameters())  # dropout has none
+    ]
+
+
+def linear_layer_names(model: torch.nn.Module, skip: list[str] = ()) -> list[str]:
+    """The distinct names (last part) of the model's linear layers outside `skip` and the output layer."""
+    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = set()
+    for name, module in model.named_modules():
+        if _is_linear(module) and module is not out_layer and not any(name.split(".")[0] == s for s in skip):
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def choose_targets(model: torch.nn.Module, targets: str, heads: list[str]) -> list[str]:
+    """`--lora-targets` resolved to layer names: auto (peft's table for the architecture, else every
+    linear layer), all-linear, or the names given; a name that matches no layer is one line."""
+    from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
+
+    linear = linear_layer_names(model, skip=heads)
+    if not linear:
+        raise ConfigError(
+            f"{type(model).__name__} has no linear layers outside its head for LoRA to adapt; train it without "
+            "--adapter"
+        )
+    if targets == "auto":
+        chosen = PEFT_DEFAULTS.get(getattr(model.config, "model_type", None))
+        return sorted(chosen) if chosen else linear
+    if targets == "all-linear":
+        return linear
+    wanted = [t.strip() for t in targets.split(",") if t.strip()]
+    unknown = [t for t in wanted if t not in linear]
+    if unknown:
+        raise ConfigError(
+            f"--lora-targets {','.join(unknown)} matches no linear layer of {type(model).__name__}; its linear layers "
+            f"are: {', '.join(linear)} (or pass auto, all-linear)"
+        )
+    return wanted
+
+
+def check_targets(model_config, targets: str) -> None:
+    """`--lora-targets` checked on the bare model built on the meta device (no weights, no memory), before any
+    data is read; a config that cannot be built is left to the real load, which reports it."""
+    from transformers import AutoModel
+
+    if model_config is None or targets in ("auto", "all-linear"):
+        return
+    try:
+        with torch.device("meta"):
+            bare = AutoModel.from_config(model_config)
+    except (ValueError, KeyError, ImportError, TypeError):
+        return
+    choose_targets(bare, targets, heads=[])
+
+
+def fingerprint(model: torch.nn.Module, targets: list[str], heads: list[str]) -> str:
+    """sha256 over the base weights the adapters sit on (names and values, in the model's order). Names are
+    those inside the base model (`model.base_model`), so a classifier and its bare base agree."""
+    h = hashlib.sha256()
+    body = getattr(model, "base_model", model)
+    for name, module in body.named_modules():
+        if body is model and name.split(".")[0] in heads:
+            continue
+        if _is_linear(module) and name.rsplit(".", 1)[-1] in targets:
+            weight = module.weight.detach().float().cpu().contiguous()
+            h.update(name.encode())
+            h.update(weight.numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---- training ----------------------------------------------------------------------------------
+def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str], None] = print) -> Adapter:
+    """Inject LoRA into `model` in place (it keeps its class); returns the Adapter around it."""
+    from peft import LoraConfig, get_peft_model
+
+    heads = head_modules(model)
+    targets = choose_targets(model, config.lora_targets, heads)
+    fp = fingerprint(model, targets, heads)
+    lora = LoraConfig(
+        r=config.lora_r,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=targets,
+        modules_to_save=heads or None,
+    )
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question about checkpointing
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        peft_model = get_peft_model(model, lora)
+    # modules_to_save keeps the original head beside its trained copy: count the head once
+    originals = {id(p) for n, p in model.named_parameters() if ".original_module." in n}
+    total = sum(p.numel() for p in model.parameters() if id(p) not in originals)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    head = f"; the head ({', '.join(heads)}) trains whole" if heads else ""
+    log(
+        f"training {trained / 1e6:.2f}M of {total / 1e6:.1f}M parameters ({100 * trained / total:.2f}%): LoRA r="
+        f"{config.lora_r} alpha={config.lora_alpha:g} on {', '.join(targets)}{head}"
+    )
+    return Adapter(peft_model=peft_model, base_model=str(base_model), fingerprint=fp)
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The weights that train (adapters and head), by the model's own names, on CPU."""
+    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
+
+
+# ---- export and loading -------------------------------------------------------------------------
+def write_adapter_folder(
+    adapter: Adapter, out_dir: str | os.PathLike, state_dict: dict | None, model_config, tokenizer, info: dict
+) -> Path:
+    """OUTPUT_DIR/model of an adapter run, replaced in one rename: peft's adapter files (from
+    `state_dict`, the full weights by the trained model's names, where the live weights are sharded),
+    config.json (labels), the tokenizer and tuneforge.json (with the adapter's base)."""
+    from tuneforge.files import replacing
+
+    out = Path(out_dir)
+    peft_state = {PEFT_PREFIX + k: v for k, v in state_dict.items()} if state_dict is not None else None
+    with replacing(out) as tmp:
+        adapter.peft_model.save_pretrained(tmp, state_dict=peft_state)
+        (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card template, with nothing filled in
+        model_config.save_pretrained(tmp)  # labels, and the class that trained (the base may be a bare BertModel)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / "tuneforge.json").write_text(json.dumps({**info, "adapter": adapter.info()}, indent=2))
+    return out
+
+
+def _adapter_info(folder: Path) -> dict:
+    try:
+        info = json.loads((folder / "tuneforge.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    if info.get("adapter"):
+        return info["adapter"]
+    try:  # an adapter folder peft wrote elsewhere: its config names the base
+        peft_cfg = json.loads((folder / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{str(folder / ADAPTER_CONFIG)!r} is unreadable ({err}); re-export the adapter") from None
+    return {"base_model": peft_cfg.get("base_model_name_or_path")}
+
+
+def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kwargs):
+    """`loader.from_pretrained` of the adapter's base (or `base`) with the adapter of `folder` merged in.
+
+    The folder's config.json (labels, task head) is the model's config. A base whose weights differ
+    from the ones the adapter was trained on is refused, in one line.
+    """
+    from peft import PeftModel
+    from transformers import AutoConfig
+
+    folder = Path(folder)
+    info = _adapter_info(folder)
+    base = base or info.get("base_model")
+    if not base:
+        raise ConfigError(f"adapter folder {str(folder)!r} names no base model; pass the base model's folder")
+    if (folder / "config.json").exists():
+        kwargs.setdefault("config", AutoConfig.from_pretrained(folder))
+    try:
+        model = loader.from_pretrained(base, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"the base model {base!r} of adapter {str(folder)!r} cannot be loaded ({str(err).splitlines()[0][:160]}); "
+            "pass the base model's folder"
+        ) from None
+    want = info.get("base_fingerprint")
+    if want:
+        heads = head_modules(model)
+        got = fingerprint(model, info.get("targets") or [], heads)
+        if got != want:
+            raise ConfigError(
+                f"adapter {str(folder)!r} was trained on other base weights than those of {base!r} (fingerprints "
+                f"differ); merge it into the model it was trained on ({info.get('base_model')!r})"
+            )
+    return PeftModel.from_pretrained(model, folder).merge_and_unload()

@@ -1,0 +1,253 @@
+"""LoRA adapters (tuneforge/adapters.py): a run with --adapter lora trains the adapters and the task's head,
+its checkpoints hold only those and resume bit for bit, OUTPUT_DIR/model is an adapter folder that peft
+loads and that merges into a standalone model with the same outputs, every backend but tp trains it as
+one process does, and predict / generate / serve take the adapter folder as they take a model folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import (
+    PARITY_STEPS,
+    backend_train_args,
+    run_cli,
+    save_tiny_bert,
+    sentiment_split,
+    serving,
+    train_losses,
+    write_sentiment_csv,
+)
+from test_bad_input import assert_refused, train_args
+
+LORA = ("--adapter", "lora", "--lora-r", "4", "--lora-alpha", "8")
+
+
+@pytest.fixture(scope="module")
+def lora_base(tmp_path_factory, minilm_dir) -> str:
+    """A tiny random BERT (initializer range 0.3: its features differ between texts, so a LoRA run on its
+    frozen weights learns enough to compare runs step by step)."""
+    torch.manual_seed(0)
+    return save_tiny_bert(tmp_path_factory.mktemp("lora-base"), minilm_dir, dropout=0.0, initializer_range=0.3)
+
+
+@pytest.fixture(scope="module")
+def parity_data(tmp_path_factory) -> tuple[Path, Path]:
+    return sentiment_split(tmp_path_factory.mktemp("lora-data"), 96, 33)
+
+
+def lora_run(lora_base, data, cache_dir, out: Path, *flags: str) -> Path:
+    """A PARITY_STEPS-step LoRA classification run (loss logged every step, fp32), asserted to succeed."""
+    args = backend_train_args(lora_base, data, cache_dir, out, *LORA, "--no-group-by-length", *flags, lr="2e-2")
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, lora_base, parity_data, cache_dir) -> Path:
+    out = tmp_path_factory.mktemp("lora-runs") / "single"
+    return lora_run(
+        lora_base, parity_data, cache_dir, out, "--batch-size", "16", "--lora-dropout", "0.1", "--save-steps", "10"
+    )
+
+
+def adapter_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "model" / "adapter_model.safetensors")
+
+
+# ---- one process: what trains, what is saved, what is exported ---------------------------------
+def test_only_the_adapters_and_the_head_train_and_are_checkpointed(single, lora_base):
+    saved = load_file(single / "checkpoint-10" / "trainable.safetensors")
+    assert not (single / "checkpoint-10" / "model.safetensors").exists()
+    assert saved and all(".lora_A." in k or ".lora_B." in k or ".modules_to_save." in k for k in saved), list(saved)
+    assert any("classifier.modules_to_save" in k for k in saved)  # the head trains whole
+    assert {k.split(".")[-4] for k in saved if ".lora_" in k} == {"query", "value"}  # peft's choice for BERT
+    base = load_file(Path(lora_base) / "model.safetensors")
+    assert sum(v.numel() for v in saved.values()) < 0.05 * sum(v.numel() for v in base.values())
+    meta = json.loads((single / "checkpoint-10" / "meta.json").read_text())
+    assert meta["adapter"]["r"] == 4 and meta["adapter"]["targets"] == ["query", "value"]
+    # the weights moved: B starts at zero
+    b = [v for k, v in adapter_weights(single).items() if "lora_B" in k]
+    assert b and all(v.abs().max() > 1e-4 for v in b)
+
+
+def test_resume_of_a_lora_run_is_bitwise(single, lora_base, parity_data, cache_dir, tmp_path):
+    """fp32 with LoRA dropout on: the RNG states and the adapters' optimizer state come back exactly."""
+    out = lora_run(
+        lora_base,
+        parity_data,
+        cache_dir,
+        tmp_path / "resumed",
+        "--batch-size",
+        "16",
+        "--lora-dropout",
+        "0.1",
+        "--resume",
+        str(single / "checkpoint-10"),
+    )
+    whole, resumed = train_losses(single), train_losses(out)
+    assert sorted(resumed) == list(range(11, PARITY_STEPS + 1))
+    assert all(resumed[s] == whole[s] for s in resumed)
+    a, b = adapter_weights(single), adapter_weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_adapter_folder_loads_in_peft_and_merges_to_the_same_outputs(single, lora_base, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = single / "model"
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json", "tuneforge.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    assert json.loads((folder / "adapter_config.json").read_text())["r"] == 4
+    batch = AutoTokenizer.from_pretrained(folder)(
+        ["a wonderful film", "a dull mess"], return_tensors="pt", padding=True
+    )
+    base = AutoModelForSequenceClassification.from_pretrained(lora_base, num_labels=2)
+    with_adapter = PeftModel.from_pretrained(base, folder).eval()
+
+    proc = run_cli("export", "--merge", str(folder), str(tmp_path / "merged"))
+    assert proc.returncode == 0, proc.stderr
+    merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged").eval()
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    with torch.no_grad():
+        want, got = with_adapter(**batch).logits, merged(**batch).logits
+    assert (want - got).abs().max() < 1e-5  # merging adds B @ A into the base weight: fp32 rounding only
+    assert (want[0] - want[1]).abs().max() > 1e-3  # the outputs depend on the text: the comparison means something
+
+
+def test_predict_and_serve_take_the_adapter_folder(single, tmp_path):
+    import httpx
+
+    texts = write_sentiment_csv(tmp_path / "in.csv", 6, seed=5)
+    for name, model in (("adapter", single / "model"), ("merged", tmp_path / "merged")):
+        if name == "merged":
+            assert run_cli("export", "--merge", str(single / "model"), str(model)).returncode == 0
+        proc = run_cli("predict", str(model), "--input", str(texts), "--output", str(tmp_path / f"{name}.jsonl"))
+        assert proc.returncode == 0, proc.stderr
+    rows = [[json.loads(x) for x in (tmp_path / f"{n}.jsonl").read_text().splitlines()] for n in ("adapter", "merged")]
+    assert len(rows[0]) == 6
+    for a, m in zip(*rows):
+        assert a["label"] == m["label"] and abs(a["score"] - m["score"]) < 1e-5
+    with serving(str(single / "model")) as url:
+        answer = httpx.post(f"{url}/predict", json={"texts": ["a wonderful film"]}, timeout=60).json()
+    assert answer["predictions"][0]["label"] in ("pos", "neg")
+
+
+def test_a_minilm_classifier_learns_with_lora(minilm_dir, tmp_path, cache_dir):
+    """The bundled MiniLM with adapters on query/value and a trained head: the run log says how much trains."""
+    train, val = sentiment_split(tmp_path, 96, 32)
+    files = ["--train-file", str(train), "--validation-file", str(val), "--model", minilm_dir, "--cache-dir", cache_dir]
+    run = ["--output-dir", str(tmp_path / "out"), "--adapter", "lora", "--lr", "2e-3", "--epochs", "3", "--json"]
+    proc = run_cli("train", *files, *run, "--precision", "fp32")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["accuracy"] >= 0.9
+    log = proc.stdout + proc.stderr
+    assert "training 0.15M of 22.9M parameters (0.65%): LoRA r=16 alpha=32 on query, value" in log
+    assert "the head (classifier) trains whole" in log
+
+
+def test_a_causal_lm_gets_lora_on_gpt2_conv1d_and_generates(tiny_gpt2, tmp_path, cache_dir):
+    """GPT-2's fused c_attn (a Conv1D) takes adapters; its tied output layer stays fixed; generate reads the folder."""
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(f"the cat sat on the mat number {i} and looked around" for i in range(60)))
+    out = tmp_path / "clm"
+    flags = ["--train-file", str(text), "--model", tiny_gpt2, "--output-dir", str(out), "--cache-dir", cache_dir]
+    proc = run_cli("train", *flags, *LORA, "--max-steps", "4", "--block-size", "32", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    weights = adapter_weights(out)
+    assert weights and all("c_attn.lora_" in k for k in weights), list(weights)
+    proc = run_cli("generate", str(out / "model"), "--prompt", "the cat", "--max-new-tokens", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip()
+
+
+# ---- every backend -----------------------------------------------------------------------------
+PARALLEL = {
+    "ddp": ("--backend", "ddp", "--nproc", "2", "--batch-size", "8"),
+    "fsdp": ("--backend", "fsdp", "--nproc", "2", "--batch-size", "8", "--save-steps", "10"),
+    "zero2": ("--backend", "deepspeed", "--nproc", "2", "--zero-stage", "2", "--batch-size", "4", "--grad-accum", "2"),
+    "zero3": ("--backend", "deepspeed", "--nproc", "2", "--zero-stage", "3", "--batch-size", "8", "--save-steps", "10"),
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, lora_base, parity_data, cache_dir) -> Path:
+    """One process, no LoRA dropout: the run every backend is compared with."""
+    out = tmp_path_factory.mktemp("lora-runs") / "reference"
+    return lora_run(lora_base, parity_data, cache_dir, out, "--batch-size", "16", "--lora-dropout", "0")
+
+
+@pytest.mark.parametrize("backend", sorted(PARALLEL))
+def test_every_backend_trains_lora_as_one_process(backend, reference, lora_base, parity_data, cache_dir, tmp_path):
+    out = lora_run(lora_base, parity_data, cache_dir, tmp_path / backend, "--lora-dropout", "0", *PARALLEL[backend])
+    whole, other = train_losses(reference), train_losses(out)
+    assert sorted(other) == list(range(1, PARITY_STEPS + 1))
+    assert max(whole.values()) - min(whole.values()) > 0.01  # the model learns: the comparison means something
+    assert max(abs(whole[s] - other[s]) for s in whole) < 1e-4
+    a, b = adapter_weights(reference), adapter_weights(out)
+    assert a.keys() == b.keys()
+    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    if "--save-steps" in PARALLEL[backend]:  # a sharded checkpoint of the adapters alone resumes exactly
+        resumed = lora_run(
+            lora_base,
+            parity_data,
+            cache_dir,
+            tmp_path / f"{backend}-resumed",
+            "--lora-dropout",
+            "0",
+            *PARALLEL[backend],
+            "--resume",
+            str(out / "checkpoint-10"),
+        )
+        again = train_losses(resumed)
+        assert max(abs(again[s] - other[s]) for s in again) < 1e-6
+
+
+# ---- bad input: one line, exit 2, nothing written ------------------------------------------------
+@pytest.fixture
+def files(tmp_path):
+    return write_sentiment_csv(tmp_path / "train.csv", 24, seed=1), write_sentiment_csv(tmp_path / "val.csv", 8, seed=2)
+
+
+def test_targets_that_match_no_layer_list_the_linear_layers(tmp_path, tiny_bert, files):
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-targets", "q_proj,value"))
+    assert_refused(proc, tmp_path, "--lora-targets q_proj matches no linear layer", "query, value", "all-linear")
+
+
+def test_lora_rank_must_be_positive(tmp_path, tiny_bert, files):
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-r", "0"))
+    assert_refused(proc, tmp_path, "lora_r", "greater than 0")
+
+
+def test_tensor_parallel_refuses_adapters_naming_the_backends_that_take_them(tmp_path, tiny_bert, files):
+    extra = ("--adapter", "lora", "--backend", "tp", "--nproc", "2")
+    assert_refused(run_cli(*train_args(tmp_path, tiny_bert, *files, *extra)), tmp_path, "'tp'", "--backend fsdp")
+
+
+def test_freezing_flags_do_not_combine_with_an_adapter(tmp_path, tiny_bert, files):
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--freeze-layers", "2"))
+    assert_refused(proc, tmp_path, "--freeze-layers 2", "--adapter lora", "drop them")
+
+
+def test_merging_into_another_base_is_refused(single, tmp_path, minilm_dir):
+    other = save_tiny_bert(
+        tmp_path / "other", minilm_dir, dropout=0.0, initializer_range=0.3
+    )  # same shapes, new weights
+    proc = run_cli("export", "--merge", str(single / "model"), str(tmp_path / "out"), "--base", other)
+    assert proc.returncode == 2, proc.stderr
+    assert "trained on other base weights" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_needs_an_adapter_folder(tmp_path, tiny_bert):
+    proc = run_cli("export", "--merge", tiny_bert, str(tmp_path / "out"))
+    assert proc.returncode == 2 and "is not an adapter folder" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
