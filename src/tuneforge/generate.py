@@ -34,6 +34,8 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
     task = info.get("task")
     archs = getattr(model_config, "architectures", None) or []
     kind = archs[0] if archs else model_config.model_type
+    if task == "sft":  # a chat model is a causal LM
+        return "clm"
     generative = task in ("clm", "seq2seq") or (
         archs
         and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
@@ -84,8 +86,10 @@ class Generator:
         top_p: float | None = None,
         num_beams: int = 1,
         seed: int | None = None,
+        add_special_tokens: bool = True,
     ) -> list[str]:
-        """The generated text for each prompt (without the prompt itself)."""
+        """The generated text for each prompt (without the prompt itself). `add_special_tokens=False` for
+        prompts that carry their own (a chat template's rendering)."""
         check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams)
         if not prompts:
             return []
@@ -105,6 +109,7 @@ class Generator:
             truncation=max_length is not None,
             max_length=max_length,
             return_token_type_ids=False,
+            add_special_tokens=add_special_tokens,
         ).to(self.device)
         if self.family == "clm":
             empty = [i for i, n in enumerate(enc["attention_mask"].sum(1).tolist()) if n == 0]

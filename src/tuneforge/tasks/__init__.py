@@ -1,4 +1,4 @@
-"""Task families: classification (GLUE, BBC News, files), causal LM, sequence-to-sequence,
+"""Task families: classification (GLUE, BBC News, files), causal LM, chat SFT, sequence-to-sequence,
 NER, extractive question answering, multiple choice."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ TASKS = {
     "regression": "tuneforge.tasks.classification:ClassificationTask",
     "glue/": "tuneforge.tasks.classification:ClassificationTask",
     "clm": "tuneforge.tasks.clm:CausalLMTask",
+    "sft": "tuneforge.tasks.sft:ChatSFTTask",
     "seq2seq": "tuneforge.tasks.seq2seq:Seq2SeqTask",
     "ner": "tuneforge.tasks.ner:TokenClassificationTask",
     "qa": "tuneforge.tasks.qa:QuestionAnsweringTask",

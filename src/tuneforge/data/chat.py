@@ -1,0 +1,165 @@
+"""Chat / instruction data: conversations read from json or jsonl, rendered with a chat template, the
+assistant's tokens marked for the loss, and several conversations packed into one block.
+
+Rows hold either `messages` (`[{"role": "system" | "user" | "assistant", "content": ...}]`) or the
+Alpaca fields `instruction`, `input` (optional) and `output`; `--chat-format auto` tells them apart
+by the first row. Alpaca rows become [user: instruction (+ blank line + input), assistant: output].
+
+The mask: a conversation is rendered once with the tokenizer's chat template (`--chat-template FILE`
+where the tokenizer has none) and tokenized with character offsets; for each assistant turn the
+template also renders the conversation up to that turn (with the generation prompt) and through
+it: the characters in between are the assistant's reply and its end-of-turn marker, and the tokens
+starting there carry the loss. Everything else (system, user, the template's markup) gets -100.
+
+Packing: conversations are laid into blocks of `block_size` tokens whole, in order, a new block
+when the next one does not fit; each keeps its own positions (0, 1, ...) and a block's attention is
+block-diagonal (the collator builds it), so no token sees another conversation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tuneforge.errors import ConfigError, DataError
+
+ROLES = ("system", "user", "assistant")
+IGNORE = -100
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a .jsonl (one JSON object a line) or .json (a list of objects) file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"chat data file {str(p)!r} does not exist; check the path")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix.lower() == ".json":
+        try:
+            rows = json.loads(text)
+        except ValueError as err:
+            raise DataError(
+                f"{str(p)!r} is not valid JSON ({err}); give a JSON list of rows or a .jsonl file"
+            ) from None
+        if not isinstance(rows, list):
+            raise DataError(f"{str(p)!r} holds a JSON {type(rows).__name__}, not a list of rows")
+        numbered = list(enumerate(rows, 1))
+    elif p.suffix.lower() == ".jsonl":
+        numbered = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((n, json.loads(line)))
+            except ValueError as err:
+                raise DataError(f"line {n} of {str(p)!r} is not valid JSON ({err}); fix or drop that line") from None
+    else:
+        raise DataError(f"chat data {str(p)!r}: --task sft reads .jsonl or .json files")
+    for n, row in numbered:
+        if not isinstance(row, dict):
+            raise DataError(f"row {n} of {str(p)!r} is a {type(row).__name__}, not a JSON object")
+    if not numbered:
+        raise DataError(f"{str(p)!r} holds no rows")
+    return [row for _, row in numbered]
+
+
+def detect_format(rows: list[dict], path: str, wanted: str = "auto") -> str:
+    """'messages' or 'alpaca': as asked, or from the first row's fields."""
+    if wanted != "auto":
+        return wanted
+    first = rows[0]
+    if "messages" in first:
+        return "messages"
+    if "instruction" in first and "output" in first:
+        return "alpaca"
+    raise DataError(
+        f"{path!r}: the first row has neither `messages` nor `instruction` + `output` (it has: "
+        f"{', '.join(first) or 'no fields'}); give chat rows or Alpaca rows"
+    )
+
+
+def to_conversation(row: dict, fmt: str, where: str) -> list[dict]:
+    """One row as a checked list of {role, content} messages; `where` names the row in errors."""
+    if fmt == "alpaca":
+        missing = [k for k in ("instruction", "output") if not isinstance(row.get(k), str)]
+        if missing:
+            raise DataError(
+                f"{where} has no text in {' and '.join(missing)}; every Alpaca row needs instruction and output"
+            )
+        prompt = row["instruction"] + (f"\n\n{row['input']}" if str(row.get("input") or "").strip() else "")
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+    else:
+        messages = row.get("messages")
+        if not isinstance(messages, list):
+            raise DataError(f"{where}: `messages` is not a list of {{role, content}} objects")
+    if not messages:
+        raise DataError(f"{where} is an empty conversation; drop it or give it messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}, message {i + 1}: needs a role and a text content")
+        if m.get("role") not in ROLES:
+            raise DataError(f"{where}, message {i + 1}: unknown role {m.get('role')!r}; roles are {', '.join(ROLES)}")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DataError(f"{where} has no assistant turn: nothing to learn from; add one or drop the row")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def read_conversations(path: str | Path, fmt: str = "auto") -> list[list[dict]]:
+    rows = read_rows(path)
+    fmt = detect_format(rows, str(path), fmt)
+    return [to_conversation(row, fmt, f"row {n} of {str(path)!r}") for n, row in enumerate(rows, 1)]
+
+
+def set_chat_template(tokenizer, template_file: str | None, model: str) -> None:
+    """Use `--chat-template FILE` (a Jinja template); without one the tokenizer must have its own."""
+    if template_file:
+        p = Path(template_file)
+        if not p.is_file():
+            raise ConfigError(f"--chat-template {template_file!r} does not exist; pass a Jinja template file")
+        tokenizer.chat_template = p.read_text(encoding="utf-8")
+    elif not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"the tokenizer of {model!r} has no chat template; pass --chat-template FILE (a Jinja template, e.g. "
+            "ChatML) or train from a chat model"
+        )
+
+
+def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(input ids, labels) of one conversation: labels are the ids on the assistant's tokens, -100 elsewhere."""
+
+    def render(upto: int, prompt: bool) -> str:
+        return tokenizer.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=prompt)
+
+    text = render(len(messages), False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        start, end = len(render(i, True)), len(render(i + 1, False))
+        if not text.startswith(render(i + 1, False)) or start > end:
+            raise ConfigError(
+                "the chat template renders a conversation differently from its beginning (it is not prefix-stable), "
+                "so the assistant's tokens cannot be found; pass --chat-template FILE with a plain template such as "
+                "ChatML"
+            )
+        spans.append((start, end))
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = enc["input_ids"]
+    labels = [IGNORE] * len(ids)
+    for t, (a, _) in enumerate(enc["offset_mapping"]):
+        if any(start <= a < end for start, end in spans):
+            labels[t] = ids[t]
+    return ids, labels
+
+
+def pack(lengths: list[int], block_size: int) -> list[list[int]]:
+    """Indices of whole conversations per block, in order; a new block when the next one does not fit."""
+    blocks, current, used = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and used + n > block_size:
+            blocks.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        blocks.append(current)
+    return blocks

@@ -1,0 +1,165 @@
+"""Instruction / chat supervised fine-tuning (`--task sft`): the causal LM trained on the assistant's
+tokens only, conversations packed into blocks without attention across them.
+
+Data: json/jsonl files of chat rows (`messages`) or Alpaca rows (`instruction`/`input`/`output`),
+read and rendered by tuneforge/data/chat.py with the tokenizer's chat template (`--chat-template FILE`
+where it has none). The loss is the next-token loss summed over assistant tokens (each reply and its
+end-of-turn marker) and normalised by their global count, as the causal LM normalises by its target
+tokens; evaluation reports that loss and its perplexity.
+
+Length rule: a conversation longer than `block_size` tokens is cut to its first `block_size`; one
+with no assistant token left after the cut is dropped. Both counts are logged per split.
+
+Packing (default; `--no-packing`: one conversation per row): whole conversations per block
+(chat.pack). Each keeps positions 0, 1, ... (position_ids) and the collator's 4-D attention mask is
+causal within a conversation and closed across them, so a packed block gives every token the loss
+it has when its conversation runs alone; a padding position sees only itself.
+"""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import torch
+
+from tuneforge.data import chat
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.tasks.clm import CausalLMTask
+
+
+class ChatSFTTask(CausalLMTask):
+    name = "sft"
+    model_kind = "a chat model"
+
+    @property
+    def pads_batches(self) -> bool:  # blocks of different lengths, and a mask between conversations
+        return True
+
+    def load_tokenizer(self):
+        tokenizer = super().load_tokenizer()
+        chat.set_chat_template(tokenizer, self.config.data.chat_template, self.model_path())
+        if not tokenizer.is_fast:
+            raise ConfigError(
+                f"the tokenizer of {self.model_path()!r} is not a fast tokenizer; --task sft needs its character "
+                "offsets to find the assistant's tokens"
+            )
+        return tokenizer
+
+    # ---- raw data --------------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        data = self.config.data
+        if not data.train_file and not data.validation_file:
+            raise ConfigError(
+                "task 'sft' needs conversations: pass --train-file chats.jsonl (rows with `messages`, or Alpaca rows "
+                "with instruction/input/output) and --validation-file"
+            )
+        splits = {}
+        for split, path in (("train", data.train_file), ("validation", data.validation_file)):
+            if path:
+                self.files[split] = str(path)
+                conversations = chat.read_conversations(path, data.chat_format)
+                splits[split] = datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
+        return datasets.DatasetDict(self.hold_out_if_needed(splits, "conversation"))
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        raw = {}
+        for split, ds in splits.items():
+            if ds is None:
+                continue
+            if "messages" not in ds.column_names:
+                raise DataError(f"the {split} dataset has no `messages` column (lists of {{role, content}})")
+            where = f"the {split} dataset"
+            conversations = [
+                chat.to_conversation({"messages": m}, "messages", f"{where}, row {i + 1}")
+                for i, m in enumerate(ds["messages"])
+            ]
+            raw[split] = datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
+        return datasets.DatasetDict(raw)
+
+    # ---- features --------------------------------------------------------------------------
+    def tokenize(self, raw, tokenizer, log=print):
+        block_size = self.resolve_block_size()
+
+        def fn(batch):
+            ids, labels = [], []
+            for text in batch["conversation"]:
+                x, y = chat.encode_conversation(tokenizer, json.loads(text))
+                ids.append(x)
+                labels.append(y)
+            return {"input_ids": ids, "labels": labels}
+
+        settings = {"task": "sft", "template": tokenizer.chat_template}
+        out = {}
+        for split, ds in raw.items():
+            feats = self.tokenize_split(split, ds, ["conversation"], fn, tokenizer, settings, log)
+            out[split] = self._fit_and_pack(split, feats, block_size, log)
+        return datasets.DatasetDict(out)
+
+    def _fit_and_pack(self, split: str, feats, block_size: int, log) -> datasets.Dataset:
+        """The length rule (cut to block_size; dropped when no assistant token is left), then packing."""
+        ids, labels, cut, dropped = [], [], 0, 0
+        for x, y in zip(feats["input_ids"], feats["labels"]):
+            if len(x) > block_size:
+                cut += 1
+                x, y = x[:block_size], y[:block_size]
+            if all(t == chat.IGNORE for t in y[1:]):  # the first token has no predecessor: it is never a target
+                dropped += 1
+                continue
+            ids.append(x)
+            labels.append(y)
+        if cut or dropped:
+            log(
+                f"{split}: {cut} conversation(s) longer than block_size {block_size} cut to their first {block_size} "
+                f"tokens, {dropped} of them dropped (no assistant token left)"
+            )
+        if not ids:
+            raise DataError(
+                f"the {split} data has no conversation with an assistant token within block_size {block_size}; raise "
+                "--block-size"
+            )
+        groups = (
+            chat.pack([len(x) for x in ids], block_size) if self.config.data.packing else [[i] for i in range(len(ids))]
+        )
+        blocks = {
+            "input_ids": [sum((ids[i] for i in g), []) for g in groups],
+            "labels": [sum((labels[i] for i in g), []) for g in groups],
+            "segments": [[len(ids[i]) for i in g] for g in groups],
+        }
+        blocks["length"] = [len(x) for x in blocks["input_ids"]]
+        targets = sum(sum(t != chat.IGNORE for t in y) for y in labels)
+        log(
+            f"{split}: {len(ids)} conversations, {targets} assistant tokens, in {len(groups)} blocks of up to "
+            f"{block_size} tokens"
+        )
+        return datasets.Dataset.from_dict(blocks)
+
+    def collate(self, rows, tokenizer):
+        """Right-padded blocks; position ids restart with each conversation; a 4-D additive attention mask,
+        causal within a conversation and closed across conversations (padding sees only itself)."""
+        width = max(len(x) for x in rows["input_ids"])
+        n = len(rows["input_ids"])
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+        labels = torch.full((n, width), chat.IGNORE, dtype=torch.long)
+        positions = torch.zeros((n, width), dtype=torch.long)
+        segment = torch.arange(width).repeat(n, 1) + width  # padding: a segment of its own per position
+        for r, (x, y, lengths) in enumerate(zip(rows["input_ids"], rows["labels"], rows["segments"])):
+            input_ids[r, : len(x)] = torch.tensor(x)
+            labels[r, : len(y)] = torch.tensor(y)
+            start = 0
+            for k, length in enumerate(lengths):
+                positions[r, start : start + length] = torch.arange(length)
+                segment[r, start : start + length] = k
+                labels[r, start] = chat.IGNORE  # a conversation's first token is predicted from nothing of its own
+                start += length
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        allowed = (segment[:, :, None] == segment[:, None, :]) & causal
+        mask = torch.zeros((n, 1, width, width)).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
+        return {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, "labels": labels}
+
+    def model_inputs(self, batch):
+        return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+
+    def export_info(self) -> dict:
+        return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}

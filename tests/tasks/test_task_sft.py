@@ -1,0 +1,239 @@
+"""Chat SFT (`--task sft`): the loss mask token by token on a known conversation, Alpaca rows, packing that
+gives each token the loss it has alone, training with LoRA through the CLI, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import cli_command, quiet_task, run_cli
+from test_bad_input import assert_refused
+
+# a compact template (the tiny test tokenizer spells ChatML's markers in many byte-level pieces): a role
+# marker line, the content, and a newline that ends the turn
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}a>\n{% endif %}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "the cat"},
+    {"role": "assistant", "content": "sat on the mat"},
+    {"role": "user", "content": "and the dog"},
+    {"role": "assistant", "content": "ran away"},
+]
+
+
+@pytest.fixture
+def template(tmp_path) -> Path:
+    path = tmp_path / "chat.jinja"
+    path.write_text(TEMPLATE)
+    return path
+
+
+def chats(n: int, seed: int = 0) -> list[dict]:
+    import random
+
+    rng = random.Random(seed)
+    subjects = ["the cat", "a dog", "my bird", "the fox"]
+    places = ["on the mat", "in the house", "by the tree", "near the river"]
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"where is {rng.choice(subjects)}"},
+                {"role": "assistant", "content": f"it is {rng.choice(places)}"},
+            ]
+        }
+        for _ in range(n)
+    ]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def sft_task(model: str, template: Path, cache_dir: str, **data):
+    return quiet_task("sft", model, chat_template=str(template), cache_dir=cache_dir, **data)
+
+
+# ---- the mask ------------------------------------------------------------------------------------
+def test_the_loss_mask_covers_each_assistant_reply_and_its_end_of_turn_only(tiny_llama, template, cache_dir):
+    from tuneforge.data.chat import IGNORE, encode_conversation
+
+    tokenizer = sft_task(tiny_llama, template, cache_dir).load_tokenizer()
+    ids, labels = encode_conversation(tokenizer, CONVERSATION)
+    assert len(ids) == len(labels)
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
+    # token by token: the marked tokens, read in order, are the two replies with their end-of-turn markup
+    marked = [t for t, y in zip(ids, labels) if y != IGNORE]
+    assert all(y in (IGNORE, t) for t, y in zip(ids, labels))
+    assert tokenizer.decode(marked) == "sat on the mat\nran away\n"
+    # and every token outside them (system, user, the template's markup) is unmarked
+    runs, current = [], []
+    for t, y in zip(ids, labels):
+        if y != IGNORE:
+            current.append(t)
+        elif current:
+            runs.append(tokenizer.decode(current))
+            current = []
+    if current:
+        runs.append(tokenizer.decode(current))
+    assert runs == ["sat on the mat\n", "ran away\n"]
+
+
+def test_alpaca_rows_become_a_user_and_an_assistant_turn(tmp_path):
+    from tuneforge.data.chat import read_conversations
+
+    path = tmp_path / "alpaca.json"
+    path.write_text(
+        json.dumps(
+            [{"instruction": "add", "input": "2 and 3", "output": "5"}, {"instruction": "hi", "output": "hello"}]
+        )
+    )
+    assert read_conversations(path) == [
+        [{"role": "user", "content": "add\n\n2 and 3"}, {"role": "assistant", "content": "5"}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+    ]
+
+
+def test_the_shared_lima_and_alpaca_seed_files_read(shared_data):
+    from tuneforge.data.chat import read_conversations
+
+    lima = read_conversations(shared_data / "lima" / "lima.json")
+    assert len(lima) == 1029 and all(c[-1]["role"] == "assistant" for c in lima)
+
+
+# ---- packing -------------------------------------------------------------------------------------
+def test_a_packed_block_gives_each_token_the_loss_it_has_alone(tiny_llama, template, cache_dir, tmp_path):
+    """Three conversations in one block: per-token losses equal those of each conversation run alone."""
+    import torch.nn.functional as F
+    from transformers import AutoModelForCausalLM
+
+    short = [("the cat", "on the mat"), ("a dog", "by the tree"), ("the fox", "in the house")]
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in short]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    task = sft_task(tiny_llama, template, cache_dir, train_file=str(train), validation_file=str(train), block_size=64)
+    tokenizer = task.load_tokenizer()
+    feats = task.tokenize(task.load_raw(), tokenizer)["train"]
+    assert len(feats) == 1 and len(feats[0]["segments"]) == 3  # one block, three conversations
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+
+    def token_losses(batch) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(**task.model_inputs(batch)).logits[:, :-1]
+        return F.cross_entropy(logits.transpose(1, 2), batch["labels"][:, 1:], ignore_index=-100, reduction="none")[0]
+
+    packed = token_losses(task.collate(feats[:1], tokenizer))
+    alone, start = [], 0
+    for length in feats[0]["segments"]:
+        one = {k: [v[0][start : start + length]] for k, v in feats[:1].items() if k in ("input_ids", "labels")}
+        losses = token_losses(task.collate({**one, "segments": [[length]]}, tokenizer))
+        alone.append(torch.cat([losses, torch.zeros(1)]))  # the conversation's last token predicts nothing of its own
+        start += length
+    alone = torch.cat(alone)[:-1]
+    assert packed.shape == alone.shape
+    assert (packed - alone).abs().max() < 1e-5
+    assert packed.abs().sum() > 0  # there are assistant targets
+    # without the mask the later conversations would see the earlier ones: the losses differ
+    batch = task.collate(feats[:1], tokenizer)
+    with torch.no_grad():
+        leaky = model(input_ids=batch["input_ids"]).logits[:, :-1]
+    leaky = F.cross_entropy(leaky.transpose(1, 2), batch["labels"][:, 1:], ignore_index=-100, reduction="none")[0]
+    assert (leaky - alone).abs().max() > 1e-4
+
+
+# ---- training through the CLI ----------------------------------------------------------------------
+def test_sft_with_lora_trains_evaluates_on_assistant_tokens_and_exports(tiny_llama, template, cache_dir, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", chats(48, seed=1))
+    valid = write_jsonl(tmp_path / "valid.jsonl", chats(8, seed=2))
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--task",
+        "sft",
+        "--model",
+        tiny_llama,
+        "--train-file",
+        str(train),
+        "--validation-file",
+        str(valid),
+    ]
+    args += ["--chat-template", str(template), "--block-size", "64", "--output-dir", str(out), "--cache-dir", cache_dir]
+    proc = run_cli(*args, "--adapter", "lora", "--lr", "5e-3", "--epochs", "3", "--batch-size", "4", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert evals[-1]["loss"] < evals[0]["loss"]  # it learns the replies
+    assert result["perplexity"] == pytest.approx(torch.tensor(result["loss"]).exp().item(), rel=1e-4)
+    assert "assistant tokens" in proc.stdout + proc.stderr
+    assert (out / "model" / "adapter_config.json").exists()
+    from transformers import AutoTokenizer
+
+    assert AutoTokenizer.from_pretrained(out / "model").chat_template == TEMPLATE  # the template travels along
+    # `tuneforge chat` answers each line with the template's rendering of the conversation so far
+    chat = subprocess.run(
+        cli_command("chat", str(out / "model"), "--max-new-tokens", "6"),
+        input="where is the cat\nand the dog\n\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert chat.stdout.count("model> ") == 2 and chat.stdout.startswith("you> ")
+
+
+# ---- bad input: one line, exit 2, nothing written --------------------------------------------------
+def sft_args(tmp_path, model: str, train: Path, *extra: str) -> list[str]:
+    where = ["--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--max-steps", "1"]
+    return [
+        "train",
+        "--task",
+        "sft",
+        "--model",
+        model,
+        "--train-file",
+        str(train),
+        "--block-size",
+        "64",
+        *where,
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize(
+    "rows, needles",
+    [
+        ([{"messages": [{"role": "user", "content": "hi"}]}], ("row 3 of", "no assistant turn")),
+        (
+            [{"messages": [{"role": "bot", "content": "hi"}]}],
+            ("row 3 of", "unknown role 'bot'", "system, user, assistant"),
+        ),
+        ([{"messages": []}], ("row 3 of", "empty conversation")),
+    ],
+)
+def test_bad_conversations_are_refused(tmp_path, tiny_llama, template, rows, needles):
+    train = write_jsonl(tmp_path / "train.jsonl", [*chats(2), *rows])
+    proc = run_cli(*sft_args(tmp_path, tiny_llama, train, "--chat-template", str(template)))
+    assert_refused(proc, tmp_path, *needles)  # the two good rows come first
+
+
+def test_no_chat_template_and_no_flag_is_refused(tmp_path, tiny_llama):
+    train = write_jsonl(tmp_path / "train.jsonl", chats(4))
+    proc = run_cli(*sft_args(tmp_path, tiny_llama, train))
+    assert_refused(proc, tmp_path, "has no chat template", "--chat-template FILE")
+
+
+def test_conversations_longer_than_the_block_are_cut_and_counted(tiny_llama, template, cache_dir, tmp_path):
+    long = {
+        "messages": [{"role": "user", "content": "where is the cat " * 30}, {"role": "assistant", "content": "here"}]
+    }
+    train = write_jsonl(tmp_path / "train.jsonl", [*chats(3), long])
+    task = sft_task(tiny_llama, template, cache_dir, train_file=str(train), validation_file=str(train), block_size=64)
+    said = []
+    task.tokenize(task.load_raw(), task.load_tokenizer(), log=said.append)
+    assert any("1 conversation(s) longer than block_size 64 cut" in s and "1 of them dropped" in s for s in said), said
