@@ -75,7 +75,10 @@ assert (backend.tp_size, backend.dp_size) == (2, 2)
 
 
 def make_optimizer(model):
-    return torch.optim.AdamW(model.parameters(), lr=1e-2)
+    # eps 1e-3, not 1e-8: Adam's step is g / (|g| + eps), so where a gradient is near 1e-8 (some biases here)
+    # the rounding of a sharded reduction (gradients agree to 1e-6) moved the stepped weight by up to 2e-4 on
+    # an AMX CPU; with eps 1e-3 that step is bounded by lr * 1e-6 / 1e-3 = 1e-5, and the check keeps its meaning
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-3)
 
 
 def local(t):
