@@ -51,7 +51,7 @@ def main() -> None:
         learning_rate=args.lr,
         num_train_epochs=args.epochs,
         lr_scheduler_type="linear",
-        warmup_ratio=0.06,
+        warmup_steps=0.06,  # transformers 5: a float below 1 is a share of the steps
         weight_decay=0.01,
         max_length=args.max_length,
         packing=False,

@@ -422,6 +422,28 @@ def conll_dir(tmp_path) -> Path:
     return folder
 
 
+# ---- the task families on the sharding engines (tests/tasks) ----------------------------------
+# Each task's tiny run on 2 ranks of every sharding engine against one process: 4 steps in fp32, every weight
+# trained, the loss logged every step.
+SHARDED_ENGINES = [
+    "--backend fsdp --nproc 2 --batch-size 4",
+    "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 4",
+    "--backend tp --tp-size 2 --nproc 2 --batch-size 8",  # both ranks see the whole batch
+]
+TASK_PARITY_RUN = dict(
+    max_steps=4,
+    lr="3e-3",
+    precision="fp32",
+    logging_steps=1,
+    eval_strategy="no",
+    json=True,
+    quiet=True,
+    no_group_by_length=True,
+    freeze_layers=0,
+    freeze_embeddings="off",
+)
+
+
 # ---- helpers shared by the test files --------------------------------------------------------
 def train_ok(*args: str) -> dict:
     """Run `tuneforge ARGS` in a fresh process, assert it succeeded; its final JSON line."""

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from conftest import (
+    SHARDED_ENGINES,
+    TASK_PARITY_RUN,
     cli_flags,
     cli_main,
     max_weight_diff,
@@ -235,8 +237,7 @@ def test_jsonl_tokens_and_tags_through_the_python_api(tiny_bert, tmp_path, cache
 def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
-    common = dict(max_steps=4, lr="3e-3", precision="fp32", logging_steps=1, eval_strategy="no", json=True, quiet=True)
-    common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
+    common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
     single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
     ddp = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
     assert single.returncode == 0 and ddp.returncode == 0, (single.stderr[-2000:], ddp.stderr[-2000:])
@@ -258,17 +259,9 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, 
         assert ddp_scores[key] == pytest.approx(again[key], abs=1e-6), key
 
 
-@pytest.mark.parametrize(
-    "engine",
-    [
-        "--backend fsdp --nproc 2 --batch-size 4",
-        "--backend deepspeed --zero-stage 3 --nproc 2 --batch-size 4",
-        "--backend tp --tp-size 2 --nproc 2 --batch-size 8",  # both ranks see the whole batch
-    ],
-)
+@pytest.mark.parametrize("engine", SHARDED_ENGINES)
 def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, conll_dir, tmp_path, cache_dir):
-    common = dict(max_steps=4, lr="3e-3", precision="fp32", logging_steps=1, eval_strategy="no", json=True, quiet=True)
-    common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
+    common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
     single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
     sharded = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", **common), *engine.split())
     assert single.returncode == 0 and sharded.returncode == 0, (single.stderr[-2000:], sharded.stderr[-2000:])

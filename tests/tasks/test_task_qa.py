@@ -14,7 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import cli_flags, cli_main, max_weight_diff, quiet_task, run_cli, serving, train_losses
+from conftest import (
+    SHARDED_ENGINES,
+    TASK_PARITY_RUN,
+    cli_flags,
+    cli_main,
+    max_weight_diff,
+    quiet_task,
+    run_cli,
+    serving,
+    train_losses,
+)
 
 NAMES = ["Alice", "Bruno", "Chen", "Dara", "Emil", "Farah", "Goran", "Hana", "Ivan", "Jonas", "Kemal", "Lena"]
 JOBS = ["baker", "pilot", "nurse", "teacher", "farmer", "lawyer", "painter", "chemist", "tailor", "plumber"]
@@ -423,18 +433,7 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, c
     from tuneforge.trainer import Trainer
 
     data = squad_dir(tmp_path)
-    common = dict(
-        max_steps=4,
-        lr="3e-3",
-        precision="fp32",
-        logging_steps=1,
-        eval_strategy="no",
-        json=True,
-        quiet=True,
-        data_dir=data,
-    )
-    common.update(cache_dir=cache_dir, no_group_by_length=True, freeze_layers=0, freeze_embeddings="off")
-    common.update(eval_batch_size=2, **ONE_WINDOW)
+    common = dict(TASK_PARITY_RUN, data_dir=data, cache_dir=cache_dir, eval_batch_size=2, **ONE_WINDOW)
     single = run_cli(*qa_train(tiny_bert, tmp_path / "one", batch_size=8, **common))
     ddp = run_cli(*qa_train(tiny_bert, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
     assert single.returncode == 0 and ddp.returncode == 0, (single.stderr[-2000:], ddp.stderr[-2000:])
@@ -465,6 +464,22 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, c
     assert ddp_scores["num_examples"] == again["num_examples"] == 24
     for key in ("exact_match", "f1", "loss"):
         assert ddp_scores[key] == pytest.approx(again[key], abs=1e-6), key
+
+
+@pytest.mark.parametrize("engine", SHARDED_ENGINES)
+def test_sharded_engines_train_a_reader_as_one_process_does(engine, tiny_bert, tmp_path, cache_dir):
+    from safetensors.torch import load_file
+
+    common = dict(TASK_PARITY_RUN, data_dir=squad_dir(tmp_path), cache_dir=cache_dir, **ONE_WINDOW)
+    single = run_cli(*qa_train(tiny_bert, tmp_path / "one", batch_size=8, **common))
+    sharded = run_cli(*qa_train(tiny_bert, tmp_path / "two", **common), *engine.split())
+    assert single.returncode == 0 and sharded.returncode == 0, (single.stderr[-2000:], sharded.stderr[-2000:])
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert one.keys() == two.keys() == {1, 2, 3, 4} and max(abs(one[s] - two[s]) for s in one) < 1e-4
+    assert max(one.values()) - min(one.values()) > 0.01  # it learns: the comparison means something
+    one_w, two_w = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    shift = {"qa_outputs.bias", "bert.encoder.layer.1.output.LayerNorm.bias"}  # as in the ddp test above
+    assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k not in shift) < 1e-4
 
 
 def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, tmp_path, cache_dir, capsys):

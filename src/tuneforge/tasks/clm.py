@@ -305,14 +305,15 @@ class CausalLMTask(Task):
 
     # ---- loss and metrics ------------------------------------------------------------------
     def compute_loss(self, outputs, batch, row_mask=None):
-        """(sum of next-token losses, number of target tokens): logits at t score token t+1."""
-        logits = outputs.logits[:, :-1]
-        targets = batch["labels"][:, 1:]
+        """(sum of next-token losses, number of target tokens): logits at t score token t+1.
+
+        The labels shift, not the logits: slicing the logits (batch x length x vocabulary, the largest
+        tensor of a step) would copy them before the loss, and the copy would live through the backward."""
+        logits = outputs.logits
+        targets = F.pad(batch["labels"][:, 1:], (0, 1), value=-100)  # the last position predicts nothing
         if row_mask is not None:  # eval padding rows (duplicates) count nothing
             targets = targets.masked_fill(~row_mask.bool()[:, None], -100)
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
-        )
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100, reduction="sum")
         return loss, (targets != -100).sum()
 
     def count(self, batch) -> torch.Tensor:
