@@ -8,8 +8,9 @@ template). Data: LIMA (../shared/data/lima/lima.json, Alpaca-style rows: one use
 first --train-rows for training and the next --eval-rows for evaluation, written once as `messages`
 jsonl that both sides read. Settings on both: LoRA r 16, alpha 32, dropout 0.05 on q_proj and v_proj,
 AdamW lr 2e-4 with 6% warm-up and linear decay, weight decay 0.01, batch 4 (evaluation too), one epoch,
-512 tokens at most per conversation (longer ones cut), fp32, loss on the assistant's reply only,
-evaluated after the epoch.
+512 tokens at most per conversation (longer ones cut), fp32, gradient checkpointing (SFTConfig's
+default; `--gradient-checkpointing` for tuneforge), loss on the assistant's reply only, evaluated after the
+epoch.
 tuneforge runs its defaults beyond these: conversations packed whole into 512-token blocks, batches
 grouped by length; TRL runs its own: one conversation per row, padded per batch, no packing (its
 default; its packing needs a flash-attention kernel to keep conversations apart).
@@ -98,7 +99,7 @@ def main() -> None:
                 cmd = [sys.executable, "-m", "tuneforge.cli", "train", "--task", "sft", "--model", model]
                 cmd += ["--train-file", str(train), "--validation-file", str(evals), "--output-dir", str(out)]
                 cmd += ["--block-size", str(MAX_LENGTH), "--batch-size", str(BATCH), "--eval-batch-size", str(BATCH)]
-                cmd += ["--lr", LR, "--epochs", "1"]
+                cmd += ["--lr", LR, "--epochs", "1", "--gradient-checkpointing"]  # TRL's SFTConfig default
                 cmd += ["--adapter", "lora", "--precision", "fp32", "--seed", str(seed), "--json", "--quiet"]
                 cmd += ["--cache-dir", str(work / f"cache-{seed}")]  # tokenization paid every run, as TRL's is
             wall, rss, stdout = timed(cmd, work / f"{variant}-{seed}.log")
