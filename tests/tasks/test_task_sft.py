@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_command, quiet_task, run_cli
+from conftest import cli_command, max_weight_diff, quiet_task, run_cli, train_losses
 from test_bad_input import assert_refused
 
 # a compact template (the tiny test tokenizer spells ChatML's markers in many byte-level pieces): a role
@@ -185,6 +185,25 @@ def test_sft_with_lora_trains_evaluates_on_assistant_tokens_and_exports(tiny_lla
     )
     assert chat.returncode == 0, chat.stderr[-2000:]
     assert chat.stdout.count("model> ") == 2 and chat.stdout.startswith("you> ")
+
+
+def test_ddp_trains_packed_conversations_as_one_process_does(tiny_llama, template, cache_dir, tmp_path):
+    """Packed blocks on 2 ranks: the loss is normalised by the global count of assistant tokens, so each step's
+    loss and the final weights equal one process's."""
+    train = write_jsonl(tmp_path / "train.jsonl", chats(48, seed=1))
+    common = ["--task", "sft", "--model", tiny_llama, "--train-file", str(train), "--validation-file", str(train)]
+    common += ["--chat-template", str(template), "--block-size", "64", "--cache-dir", cache_dir, "--max-steps", "4"]
+    common += ["--lr", "5e-3", "--precision", "fp32", "--logging-steps", "1", "--eval-strategy", "no", "--quiet"]
+    common += ["--no-group-by-length"]
+    one = run_cli("train", *common, "--output-dir", str(tmp_path / "one"), "--batch-size", "8")
+    two = run_cli(
+        "train", *common, "--output-dir", str(tmp_path / "two"), "--batch-size", "4", "--backend", "ddp", "--nproc", "2"
+    )
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
+    a, b = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert a.keys() == b.keys() == {1, 2, 3, 4} and max(abs(a[s] - b[s]) for s in a) < 1e-5
+    assert a[1] - a[4] > 0.05  # it learns: the comparison means something
+    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-5
 
 
 # ---- bad input: one line, exit 2, nothing written --------------------------------------------------
