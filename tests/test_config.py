@@ -25,6 +25,7 @@ EXPECTED = {
     "conll2003-ner",
     "squad-qa",
     "codah-multiple-choice",
+    "lima-sft-lora",
     "ddp",
     "deepspeed",
     "fsdp",

@@ -258,4 +258,6 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
                 f"adapter {str(folder)!r} was trained on other base weights than those of {base!r} (fingerprints "
                 f"differ); merge it into the model it was trained on ({info.get('base_model')!r})"
             )
-    return PeftModel.from_pretrained(model, folder).merge_and_unload()
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question about checkpointing
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return PeftModel.from_pretrained(model, folder).merge_and_unload()
