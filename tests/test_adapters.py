@@ -126,9 +126,8 @@ def test_predict_and_serve_take_the_adapter_folder(single, tmp_path):
     import httpx
 
     texts = write_sentiment_csv(tmp_path / "in.csv", 6, seed=5)
+    assert run_cli("export", "--merge", str(single / "model"), str(tmp_path / "merged")).returncode == 0
     for name, model in (("adapter", single / "model"), ("merged", tmp_path / "merged")):
-        if name == "merged":
-            assert run_cli("export", "--merge", str(single / "model"), str(model)).returncode == 0
         proc = run_cli("predict", str(model), "--input", str(texts), "--output", str(tmp_path / f"{name}.jsonl"))
         assert proc.returncode == 0, proc.stderr
     rows = [[json.loads(x) for x in (tmp_path / f"{n}.jsonl").read_text().splitlines()] for n in ("adapter", "merged")]

@@ -139,6 +139,14 @@ def _load_weights(model, weights: dict, path: Path) -> None:
         )
 
 
+def check_export_folder(out: Path, overwrite: bool) -> None:
+    """The folder an export writes: not a file, and empty unless `overwrite`."""
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"export folder {str(out)!r} is a file; choose another folder")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
+
+
 def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """Write `out_dir` as an HF folder (config, safetensors weights, tokenizer, tuneforge.json)."""
     import transformers
@@ -154,10 +162,7 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
     problem = checkpoint.verify(path)
     if problem:
         raise CheckpointError(problem)
-    if out.exists() and not out.is_dir():
-        raise CheckpointError(f"export folder {str(out)!r} is a file; choose another folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
+    check_export_folder(out, overwrite)
     meta = checkpoint.read_meta(path)
     if meta.get("adapter"):
         raise CheckpointError(
@@ -183,10 +188,8 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
 # ---- CLI ---------------------------------------------------------------------------------------
 def cmd_export(ns) -> int:
     if ns.merge:
-        out = Path(ns.out_dir)
-        if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not ns.overwrite)):
-            raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
-        out = export_merged(ns.checkpoint, out, base=ns.base)
+        check_export_folder(Path(ns.out_dir), ns.overwrite)
+        out = export_merged(ns.checkpoint, ns.out_dir, base=ns.base)
     elif ns.base:
         raise ConfigError("--base goes with --merge (the model an adapter is merged into)")
     else:

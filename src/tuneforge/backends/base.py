@@ -263,7 +263,7 @@ class Backend:
     @property
     def trains_adapter(self) -> bool:
         """An adapter run: checkpoints hold the weights that train, the base comes from its model folder."""
-        return getattr(self.config, "adapter", "none") != "none"
+        return self.config.adapter != "none"
 
     def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write model + optimizer (+ scaler) state into the checkpoint folder `path`."""
