@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -70,6 +71,12 @@ def loads_a_model(loader) -> bool:
     return hasattr(loader, "from_config") or hasattr(loader, "_from_config")
 
 
+def _quiet_bitsandbytes() -> None:
+    """peft imports bitsandbytes where it is installed, and on a CPU its import warns that it cannot fetch a
+    kernel from the hub; it then runs its own CPU code, so the line asks nothing of the user."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
 # ---- which layers get adapters, which train whole ---------------------------------------------
 def _is_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's linear
@@ -103,6 +110,7 @@ def linear_layer_names(model: torch.nn.Module, skip: list[str] = ()) -> list[str
 def choose_targets(model: torch.nn.Module, targets: str, heads: list[str]) -> list[str]:
     """`--lora-targets` resolved to layer names: auto (peft's table for the architecture, else every
     linear layer), all-linear, or the names given; a name that matches no layer is one line."""
+    _quiet_bitsandbytes()
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
 
     linear = linear_layer_names(model, skip=heads)
@@ -141,29 +149,107 @@ def check_targets(model_config, targets: str) -> None:
     choose_targets(bare, targets, heads=[])
 
 
-def fingerprint(model: torch.nn.Module, targets: list[str], heads: list[str]) -> str:
+def fingerprint(
+    model: torch.nn.Module, targets: list[str], heads: list[str], weights: Callable[[str], torch.Tensor] | None = None
+) -> str:
     """sha256 over the base weights the adapters sit on (names and values, in the model's order). Names are
-    those inside the base model (`model.base_model`), so a classifier and its bare base agree."""
+    those inside the base model (`model.base_model`), so a classifier and its bare base agree. `weights(name)`
+    reads a layer's full-precision weight elsewhere (a 4-bit model's own weights are packed)."""
     h = hashlib.sha256()
     body = getattr(model, "base_model", model)
     for name, module in body.named_modules():
         if body is model and name.split(".")[0] in heads:
             continue
         if _is_linear(module) and name.rsplit(".", 1)[-1] in targets:
-            weight = module.weight.detach().float().cpu().contiguous()
+            weight = (weights(name) if weights else module.weight.detach()).float().cpu().contiguous()
             h.update(name.encode())
             h.update(weight.numpy().tobytes())
     return h.hexdigest()
 
 
+# ---- QLoRA: a 4-bit base ------------------------------------------------------------------------
+def quantization_kwargs(config) -> dict:
+    """`from_pretrained` arguments that load the base in 4-bit NF4 (--quantize 4bit), else none. bitsandbytes
+    runs on CUDA GPUs and, in its recent releases, on CPUs; where it cannot run, one line says so."""
+    if config.quantize == "none":
+        return {}
+    _quiet_bitsandbytes()
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as err:
+        raise ConfigError(
+            f"--quantize {config.quantize} needs bitsandbytes, which cannot be imported here ({err}); pip install "
+            "'tuneforge[quantize]', or drop --quantize (LoRA on the full-precision base)"
+        ) from None
+    from transformers import BitsAndBytesConfig
+
+    cuda = torch.cuda.is_available()
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
+    compute = torch.float16 if config.precision == "fp16" else torch.bfloat16 if bf16 else torch.float32
+    quantization = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+    )
+    # each rank quantizes onto its own device (set by the backend before any model loads)
+    device = torch.cuda.current_device() if cuda else "cpu"
+    return {"quantization_config": quantization, "device_map": {"": device}}
+
+
+def quantized_config(model_config) -> bool:
+    return getattr(model_config, "quantization_config", None) is not None
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    return bool(getattr(model, "is_loaded_in_4bit", False))
+
+
+def file_weights(base_model: str, model: torch.nn.Module) -> Callable[[str], torch.Tensor] | None:
+    """A reader of the full-precision weights in a local base folder's safetensors files, by the names inside
+    `model.base_model` (for a 4-bit model's fingerprint); None for a hub id or other weight files."""
+    from safetensors import safe_open
+
+    files = sorted(Path(base_model).glob("*.safetensors")) if Path(base_model).is_dir() else []
+    if not files:
+        return None
+    where = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            where.update({key: f for key in st.keys()})  # noqa: SIM118  (safe_open has no __iter__)
+    prefix = getattr(model, "base_model_prefix", "")
+
+    def read(name: str) -> torch.Tensor:
+        key = next((k for k in (f"{prefix}.{name}.weight", f"{name}.weight") if k in where), None)
+        if key is None:
+            raise ConfigError(f"the base model {base_model!r} has no weight for layer {name!r} in its files")
+        with safe_open(str(where[key]), framework="pt") as st:
+            return st.get_tensor(key)
+
+    return read
+
+
 # ---- training ----------------------------------------------------------------------------------
 def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str], None] = print) -> Adapter:
     """Inject LoRA into `model` in place (it keeps its class); returns the Adapter around it."""
+    _quiet_bitsandbytes()
     from peft import LoraConfig, get_peft_model
 
     heads = head_modules(model)
     targets = choose_targets(model, config.lora_targets, heads)
-    fp = fingerprint(model, targets, heads)
+    quantized = is_quantized(model)
+    weights = file_weights(base_model, model) if quantized else None
+    fp = fingerprint(model, targets, heads, weights) if weights or not quantized else ""
+    if quantized:  # QLoRA: norms and embeddings in fp32, inputs that carry gradients for checkpointing
+        from peft import prepare_model_for_kbit_training
+
+        prepare_model_for_kbit_training(model, use_gradient_checkpointing=config.gradient_checkpointing)
+        for module in model.modules():
+            # on AVX512-BF16 CPUs bitsandbytes repacks a 4-bit weight in place at its first no-grad forward in
+            # eval mode (bf16 scales, and it fails on layers narrower than its block of 64): evaluation would
+            # change the weights training goes on with. Off, evaluation runs the training path.
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
     lora = LoraConfig(
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
@@ -176,12 +262,14 @@ def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str
         peft_model = get_peft_model(model, lora)
     # modules_to_save keeps the original head beside its trained copy: count the head once
     originals = {id(p) for n, p in model.named_parameters() if ".original_module." in n}
-    total = sum(p.numel() for p in model.parameters() if id(p) not in originals)
+    # a 4-bit weight packs two values a byte
+    total = sum(p.numel() * (2 if p.dtype == torch.uint8 else 1) for p in model.parameters() if id(p) not in originals)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     head = f"; the head ({', '.join(heads)}) trains whole" if heads else ""
+    base = " on the 4-bit NF4 base (QLoRA)" if quantized else ""
     log(
         f"training {trained / 1e6:.2f}M of {total / 1e6:.1f}M parameters ({100 * trained / total:.2f}%): LoRA r="
-        f"{config.lora_r} alpha={config.lora_alpha:g} on {', '.join(targets)}{head}"
+        f"{config.lora_r} alpha={config.lora_alpha:g} on {', '.join(targets)}{head}{base}"
     )
     return Adapter(peft_model=peft_model, base_model=str(base_model), fingerprint=fp)
 
@@ -206,6 +294,10 @@ def write_adapter_folder(
         adapter.peft_model.save_pretrained(tmp, state_dict=peft_state)
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card template, with nothing filled in
         model_config.save_pretrained(tmp)  # labels, and the class that trained (the base may be a bare BertModel)
+        if quantized_config(model_config):  # QLoRA: the adapter belongs to the full-precision base, as peft's does
+            saved = json.loads((tmp / "config.json").read_text())
+            saved.pop("quantization_config", None)
+            (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / "tuneforge.json").write_text(json.dumps({**info, "adapter": adapter.info()}, indent=2))
@@ -232,6 +324,7 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
     The folder's config.json (labels, task head) is the model's config. A base whose weights differ
     from the ones the adapter was trained on is refused, in one line.
     """
+    _quiet_bitsandbytes()
     from peft import PeftModel
     from transformers import AutoConfig
 

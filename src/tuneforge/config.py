@@ -121,7 +121,7 @@ class DataConfig(_Section):
 class TrainConfig(_Section):
     task: str = Field(
         "bbc-news",
-        description="task: classification, regression, clm, sft, seq2seq, ner, qa, multiple-choice, glue/NAME, "
+        description="task: classification, regression, clm, sft, dpo, seq2seq, ner, qa, multiple-choice, glue/NAME, "
         "bbc-news; "
         "default from the files: --source-file seq2seq, a .txt --train-file clm, another --train-file classification",
     )
@@ -178,6 +178,14 @@ class TrainConfig(_Section):
         "auto",
         description="the linear layers that get adapters: auto (peft's choice for the architecture, e.g. "
         "query,value for BERT, q_proj,v_proj for Llama), all-linear, or comma-separated names (q_proj,v_proj)",
+    )
+    quantize: Literal["none", "4bit"] = Field(
+        "none",
+        description="4bit: load the base model in 4-bit NF4 through bitsandbytes and train LoRA adapters on it "
+        "(QLoRA; needs --adapter lora)",
+    )
+    dpo_beta: float = Field(
+        0.1, gt=0, description="dpo: how far the model may move from the reference (the rewards' scale)"
     )
     attn_implementation: str = Field(
         "auto",
@@ -326,6 +334,8 @@ class TrainConfig(_Section):
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         if self.adapter != "none":
             _check_adapter(self)
+        if self.quantize != "none":
+            _check_quantize(self)
         if self.early_stopping_patience and self.eval_strategy == "no":
             raise ValueError("early_stopping_patience needs evaluation: set eval_strategy to epoch or steps")
         return self
@@ -373,6 +383,19 @@ def _check_adapter(config: TrainConfig) -> None:
         )
     if not [t for t in config.lora_targets.split(",") if t.strip()]:
         raise ValueError("--lora-targets is empty; pass auto, all-linear or layer names such as q_proj,v_proj")
+
+
+def _check_quantize(config: TrainConfig) -> None:
+    if config.adapter == "none":
+        raise ValueError(
+            f"--quantize {config.quantize} keeps the base model in 4-bit, which cannot train; add --adapter lora "
+            "(QLoRA: the adapters train on the quantized base)"
+        )
+    if config.backend not in ("single", "ddp"):
+        raise ValueError(
+            f"--quantize {config.quantize} runs on the single and ddp backends (each rank holds the whole 4-bit "
+            f"model); backend {config.backend!r} would shard the packed 4-bit weights: use --backend ddp"
+        )
 
 
 def _task_from_files(values: dict[str, Any]) -> dict[str, Any]:

@@ -86,7 +86,7 @@ class Trainer:
     # ---- overridable steps (FlagAI's MyTrainer pattern) ------------------------------------
     def forward_step(self, model, batch: dict[str, torch.Tensor]):
         with self.backend.autocast():
-            return model(**self.task.model_inputs(batch))
+            return self.task.forward(model, batch)
 
     def compute_loss(self, outputs, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed loss, item count) of one micro-batch; the loop normalises by the global count."""
@@ -254,6 +254,8 @@ class Trainer:
             self.adapter = adapters.add_lora(model, cfg, base_model=task.model_path(), log=self.report.print)
         elif training:
             self._freeze(model)
+        if training:
+            task.set_up_reference(model, self.adapter)
         return model
 
     def _freeze(self, model) -> None:

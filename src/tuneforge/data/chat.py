@@ -18,6 +18,7 @@ block-diagonal (the collator builds it), so no token sees another conversation.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -27,13 +28,21 @@ ROLES = ("system", "user", "assistant")
 IGNORE = -100
 
 
-def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a .jsonl (one JSON object a line) or .json (a list of objects) file."""
+def read_rows(path: str | Path, what: str = "chat data", reader: str = "--task sft") -> list[dict]:
+    """The rows of a .jsonl (one JSON object a line) or .json (a list of objects) file, gzip'd or not."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"chat data file {str(p)!r} does not exist; check the path")
-    text = p.read_text(encoding="utf-8")
-    if p.suffix.lower() == ".json":
+        raise DataError(f"{what} file {str(p)!r} does not exist; check the path")
+    suffix = p.suffix.lower()
+    if suffix == ".gz":  # hh-rlhf ships as .jsonl.gz
+        try:
+            text = gzip.decompress(p.read_bytes()).decode("utf-8")
+        except (OSError, EOFError, UnicodeDecodeError) as err:
+            raise DataError(f"{str(p)!r} is not a readable gzip file of UTF-8 text ({err})") from None
+        suffix = Path(p.stem).suffix.lower()
+    else:
+        text = p.read_text(encoding="utf-8")
+    if suffix == ".json":
         try:
             rows = json.loads(text)
         except ValueError as err:
@@ -43,7 +52,7 @@ def read_rows(path: str | Path) -> list[dict]:
         if not isinstance(rows, list):
             raise DataError(f"{str(p)!r} holds a JSON {type(rows).__name__}, not a list of rows")
         numbered = list(enumerate(rows, 1))
-    elif p.suffix.lower() == ".jsonl":
+    elif suffix == ".jsonl":
         numbered = []
         for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
@@ -53,7 +62,7 @@ def read_rows(path: str | Path) -> list[dict]:
             except ValueError as err:
                 raise DataError(f"line {n} of {str(p)!r} is not valid JSON ({err}); fix or drop that line") from None
     else:
-        raise DataError(f"chat data {str(p)!r}: --task sft reads .jsonl or .json files")
+        raise DataError(f"{what} {str(p)!r}: {reader} reads .jsonl or .json files (or those gzip'd: .jsonl.gz)")
     for n, row in numbered:
         if not isinstance(row, dict):
             raise DataError(f"row {n} of {str(p)!r} is a {type(row).__name__}, not a JSON object")
@@ -77,7 +86,7 @@ def detect_format(rows: list[dict], path: str, wanted: str = "auto") -> str:
     )
 
 
-def to_conversation(row: dict, fmt: str, where: str) -> list[dict]:
+def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True) -> list[dict]:
     """One row as a checked list of {role, content} messages; `where` names the row in errors."""
     if fmt == "alpaca":
         missing = [k for k in ("instruction", "output") if not isinstance(row.get(k), str)]
@@ -98,7 +107,7 @@ def to_conversation(row: dict, fmt: str, where: str) -> list[dict]:
             raise DataError(f"{where}, message {i + 1}: needs a role and a text content")
         if m.get("role") not in ROLES:
             raise DataError(f"{where}, message {i + 1}: unknown role {m.get('role')!r}; roles are {', '.join(ROLES)}")
-    if not any(m["role"] == "assistant" for m in messages):
+    if need_assistant and not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where} has no assistant turn: nothing to learn from; add one or drop the row")
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 

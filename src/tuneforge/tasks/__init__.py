@@ -1,4 +1,4 @@
-"""Task families: classification (GLUE, BBC News, files), causal LM, chat SFT, sequence-to-sequence,
+"""Task families: classification (GLUE, BBC News, files), causal LM, chat SFT, DPO, sequence-to-sequence,
 NER, extractive question answering, multiple choice."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ TASKS = {
     "glue/": "tuneforge.tasks.classification:ClassificationTask",
     "clm": "tuneforge.tasks.clm:CausalLMTask",
     "sft": "tuneforge.tasks.sft:ChatSFTTask",
+    "dpo": "tuneforge.tasks.dpo:DPOTask",
     "seq2seq": "tuneforge.tasks.seq2seq:Seq2SeqTask",
     "ner": "tuneforge.tasks.ner:TokenClassificationTask",
     "qa": "tuneforge.tasks.qa:QuestionAnsweringTask",

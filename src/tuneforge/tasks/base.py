@@ -192,6 +192,12 @@ class Task:
     def load_tokenizer(self):
         return load_tokenizer(self.model_path())
 
+    def pretrained_kwargs(self) -> dict:
+        """Extra `from_pretrained` arguments of the model to train: the 4-bit base of --quantize (QLoRA)."""
+        from tuneforge import adapters
+
+        return adapters.quantization_kwargs(self.config)
+
     def load_model(self, tokenizer):
         raise NotImplementedError
 
@@ -284,6 +290,16 @@ class Task:
     def model_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
 
+    def forward(self, model, batch: dict[str, torch.Tensor]):
+        """The outputs `compute_loss` and the metric stream read, for one batch (the Trainer calls this under
+        the run's autocast, with the backend's model)."""
+        return model(**self.model_inputs(batch))
+
+    def set_up_reference(self, model, adapter) -> None:
+        """Training only: called once the trainable model is built (`adapter`: its LoRA adapter, or None) and
+        before a backend wraps it. A task whose loss compares the model with itself as it was (DPO) keeps
+        that reference here."""
+
     # --- loss and metrics ---------------------------------------------------------------
     def compute_loss(self, outputs, batch, row_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(sum of per-item losses, number of items) for one micro-batch.
@@ -310,6 +326,12 @@ class Task:
     def export_info(self) -> dict:
         """Written as tuneforge.json beside an exported model: how to feed it at predict time."""
         return {"task": self.config.task, "max_length": self.config.data.max_length}
+
+    @staticmethod
+    def make_generator(model_dir: str):
+        """What `serve` runs for a model this task exported when the model generates text (the OpenAI routes):
+        a `tuneforge.generate.Generator`; None for a task whose models do not generate (`make_predictor`'s)."""
+        return None
 
     @staticmethod
     def make_predictor(model_dir: str, **kwargs):

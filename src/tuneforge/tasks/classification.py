@@ -384,7 +384,11 @@ class ClassificationTask(Task):
         model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config", **kwargs), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
         return from_pretrained(
-            AutoModelForSequenceClassification, path, "a sequence-classification model", config=model_config
+            AutoModelForSequenceClassification,
+            path,
+            "a sequence-classification model",
+            config=model_config,
+            **self.pretrained_kwargs(),
         )
 
     def compute_loss(self, outputs, batch, row_mask=None):

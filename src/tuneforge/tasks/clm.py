@@ -210,7 +210,7 @@ class CausalLMTask(Task):
         self.resolve_block_size()
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout)
+                path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout), **self.pretrained_kwargs()
             )
         except (ValueError, OSError, SafetensorError) as err:  # no causal-LM head for this config; bad weights
             raise ConfigError(
@@ -321,6 +321,12 @@ class CausalLMTask(Task):
 
     def metric_stream(self):
         return TokenLossStream(self)
+
+    @staticmethod
+    def make_generator(model_dir: str):
+        from tuneforge.generate import Generator
+
+        return Generator(model_dir)
 
     def export_info(self) -> dict:
         return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}

@@ -90,7 +90,9 @@ class MultipleChoiceTask(Task):
         path = self.model_path()
         model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config"), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(AutoModelForMultipleChoice, path, self.model_kind, config=model_config)
+        return from_pretrained(
+            AutoModelForMultipleChoice, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
+        )
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:

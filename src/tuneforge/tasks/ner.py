@@ -153,7 +153,9 @@ class TokenClassificationTask(Task):
         )
         set_dropout(model_config, self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(AutoModelForTokenClassification, path, self.model_kind, config=model_config)
+        return from_pretrained(
+            AutoModelForTokenClassification, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
+        )
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:

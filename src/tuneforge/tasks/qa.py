@@ -335,7 +335,9 @@ class QuestionAnsweringTask(Task):
             model_config.num_labels = 2
         set_dropout(model_config, self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(AutoModelForQuestionAnswering, path, self.model_kind, config=model_config)
+        return from_pretrained(
+            AutoModelForQuestionAnswering, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
+        )
 
     def check_max_length(self, tokenizer, model_config) -> None:
         limit = getattr(model_config, "max_position_embeddings", None)

@@ -255,6 +255,7 @@ class Seq2SeqTask(Task):
             path,
             "a sequence-to-sequence model",
             config=set_dropout(model_config, self.config.dropout),
+            **self.pretrained_kwargs(),
         )
 
     def _minilm_encoder_decoder(self, tokenizer):
@@ -319,6 +320,12 @@ class Seq2SeqTask(Task):
 
     def metric_stream(self):
         return GenerationStream(self)
+
+    @staticmethod
+    def make_generator(model_dir: str):
+        from tuneforge.generate import Generator
+
+        return Generator(model_dir)
 
     def export_info(self) -> dict:
         data = self.config.data

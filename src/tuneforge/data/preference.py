@@ -1,0 +1,158 @@
+"""Preference pairs for DPO: rows read from json / jsonl (gzip'd too), each made into a prompt, a chosen
+and a rejected completion, then tokenized and fitted to the maximum length.
+
+Row forms, told apart by their keys:
+- `prompt`, `chosen`, `rejected`: strings, or a conversation: `prompt` a list of messages
+  (`{"role", "content"}`) and `chosen` / `rejected` lists of assistant messages (a string is one).
+- `chosen` and `rejected` alone (Anthropic hh-rlhf): each a whole dialogue
+  (`\\n\\nHuman: ... \\n\\nAssistant: ...`). The prompt is their shared text through the last
+  `\\n\\nAssistant:` they have in common; the completions are the rest, each a whole reply. (TRL splits
+  at the first differing character instead, which can put the replies' shared first word in the
+  prompt.) Message lists in this form share their leading messages.
+
+Tokens (TRL DPOTrainer's recipe, so both see the same tokens): a text pair is the prompt and
+prompt + completion + the eos token, tokenized whole; a conversation is the chat template of the
+prompt (with the generation prompt) and of prompt + completion. The completion starts where the two
+token lists part.
+
+Length rule (`fit`): a pair whose prompt alone holds `max_length` tokens or more is dropped (nothing
+of its completions would be left); a longer pair keeps its first `max_length` tokens, so its
+completions are cut. Both counts are logged per split.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tuneforge.data import chat
+from tuneforge.errors import ConfigError, DataError
+
+ASSISTANT_TURN = "\n\nAssistant:"  # hh-rlhf's marker of an assistant turn
+
+
+def is_conversation(value) -> bool:
+    return isinstance(value, list)
+
+
+def _messages(value, role_default: str, where: str) -> list[dict]:
+    """A completion's messages: a string is one message of `role_default`."""
+    if isinstance(value, str):
+        return [{"role": role_default, "content": value}]
+    return chat.to_conversation({"messages": value}, "messages", where, need_assistant=False)
+
+
+def split_dialogues(chosen, rejected, where: str) -> tuple:
+    """(prompt, chosen, rejected) of an hh-rlhf row: the shared beginning through the last assistant turn."""
+    if is_conversation(chosen) and is_conversation(rejected):  # the shared leading messages
+        shared = 0
+        while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+            shared += 1
+        return chosen[:shared], chosen[shared:], rejected[shared:]
+    if not (isinstance(chosen, str) and isinstance(rejected, str)):
+        raise DataError(f"{where}: `chosen` and `rejected` must both be text or both be lists of messages")
+    common = 0
+    for a, b in zip(chosen, rejected):
+        if a != b:
+            break
+        common += 1
+    cut = chosen.rfind(ASSISTANT_TURN, 0, common - len(ASSISTANT_TURN) + 1) if common >= len(ASSISTANT_TURN) else -1
+    if cut < 0:
+        raise DataError(
+            f"{where} has no `prompt`, and its `chosen` and `rejected` share no dialogue up to an assistant turn "
+            f"({ASSISTANT_TURN.strip()!r}); give `prompt`, `chosen` and `rejected` fields"
+        )
+    end = cut + len(ASSISTANT_TURN)
+    return chosen[:end], chosen[end:], rejected[end:]
+
+
+def to_pair(row: dict, where: str) -> dict:
+    """{"prompt", "chosen", "rejected"} of one row, checked: both completions given, and different."""
+    missing = [k for k in ("chosen", "rejected") if row.get(k) is None]
+    if missing:
+        raise DataError(
+            f"{where} has no `{'` or `'.join(missing)}`; each row needs `chosen` and `rejected` (with `prompt`, or "
+            "hh-rlhf dialogues that share their prompt)"
+        )
+    chosen, rejected = row["chosen"], row["rejected"]
+    for key, value in (("chosen", chosen), ("rejected", rejected), ("prompt", row.get("prompt", ""))):
+        if not isinstance(value, (str, list)):
+            raise DataError(f"{where}: `{key}` is a {type(value).__name__}; give text or a list of messages")
+    if row.get("prompt") is None:
+        prompt, chosen, rejected = split_dialogues(chosen, rejected, where)
+    else:
+        prompt = row["prompt"]
+    if is_conversation(prompt) or is_conversation(chosen) or is_conversation(rejected):
+        prompt = _messages(prompt, "user", f"{where}, `prompt`")
+        chosen = _messages(chosen, "assistant", f"{where}, `chosen`")
+        rejected = _messages(rejected, "assistant", f"{where}, `rejected`")
+    if chosen == rejected:
+        raise DataError(
+            f"{where}: `chosen` and `rejected` are identical, so the pair prefers nothing; fix or drop that row"
+        )
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """The checked pairs of a preference file."""
+    rows = chat.read_rows(path, what="preference data", reader="--task dpo")
+    return [to_pair(row, f"row {i} of {str(path)!r}") for i, row in enumerate(rows, 1)]
+
+
+# ---- tokens ------------------------------------------------------------------------------------
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def encode_pair(tokenizer, pair: dict) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, chosen ids, rejected ids) of one pair, as TRL's DPOTrainer tokenizes it."""
+    prompt = pair["prompt"]
+    if is_conversation(prompt):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "the preference data holds conversations but the tokenizer has no chat template; pass "
+                "--chat-template FILE (a Jinja template, e.g. ChatML) or train from a chat model"
+            )
+
+        def encode(messages: list[dict], generation_prompt: bool = False) -> list[int]:
+            return list(
+                tokenizer.apply_chat_template(
+                    messages, tokenize=True, return_dict=True, add_generation_prompt=generation_prompt
+                )["input_ids"]
+            )
+
+        prompt_ids = encode(prompt, generation_prompt=True)
+        with_chosen, with_rejected = encode(prompt + pair["chosen"]), encode(prompt + pair["rejected"])
+    else:
+        eos = tokenizer.eos_token or ""
+
+        def encode(text: str) -> list[int]:
+            return tokenizer(text)["input_ids"]
+
+        def ended(text: str) -> str:
+            return text if text.endswith(eos) else text + eos
+
+        prompt_ids = encode(prompt)
+        with_chosen, with_rejected = encode(prompt + ended(pair["chosen"])), encode(prompt + ended(pair["rejected"]))
+    start = min(_common_prefix(prompt_ids, with_chosen), _common_prefix(prompt_ids, with_rejected))
+    return prompt_ids[:start], with_chosen[start:], with_rejected[start:]
+
+
+def fit(prompt: list[int], chosen: list[int], rejected: list[int], max_length: int):
+    """The pair within `max_length` tokens: None when the prompt alone fills it, else (prompt, chosen,
+    rejected, cut) with the completions cut to what fits."""
+    room = max_length - len(prompt)
+    if room <= 0:
+        return None
+    cut = len(chosen) > room or len(rejected) > room
+    return prompt, chosen[:room], rejected[:room], cut
+
+
+def dumps(value) -> str:
+    """A prompt or completion as one dataset cell (text or messages alike)."""
+    return json.dumps(value, ensure_ascii=False)
