@@ -330,7 +330,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),
     "generate": ("generate text with a causal LM or seq2seq model", _module_arguments("tuneforge.generate")),
     "chat": ("talk to a chat model (an --task sft run) in the terminal", _module_arguments("tuneforge.chat")),
-    "serve": ("serve a fine-tuned classifier over HTTP with dynamic batching", _module_arguments("tuneforge.serve")),
+    "serve": (
+        "serve a model over HTTP: OpenAI-compatible generation, /predict for classifiers, a web page",
+        _module_arguments("tuneforge.serve"),
+    ),
     "download": ("download a model or dataset repo from the Hugging Face hub", _module_arguments("tuneforge.download")),
 }
 

@@ -29,6 +29,18 @@ NOT_GENERATIVE_HEADS = (
 )
 
 
+def generates_text(model_config, info: dict) -> bool:
+    """Whether a model folder (its config and tuneforge.json) holds a model that generates text."""
+    archs = getattr(model_config, "architectures", None) or []
+    return info.get("task") in ("clm", "seq2seq", "sft") or bool(
+        archs
+        and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
+        and any(
+            a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "EncoderDecoderModel")) for a in archs
+        )
+    )
+
+
 def model_family(model_dir: str, model_config, info: dict) -> str:
     """'clm' or 'seq2seq' for a model that can generate; ConfigError for anything else."""
     task = info.get("task")
@@ -36,14 +48,7 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
     kind = archs[0] if archs else model_config.model_type
     if task == "sft":  # a chat model is a causal LM
         return "clm"
-    generative = task in ("clm", "seq2seq") or (
-        archs
-        and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
-        and any(
-            a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "EncoderDecoderModel")) for a in archs
-        )
-    )
-    if not generative:
+    if not generates_text(model_config, info):
         what = f"a {kind} trained for {task!r}" if task else f"a {kind}"
         raise ConfigError(
             f"model {model_dir!r} is {what}, not a text-generation model; `tuneforge generate` needs a causal LM "

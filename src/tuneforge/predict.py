@@ -1,7 +1,8 @@
 """Prediction: `load_predictor(MODEL_DIR)` and `tuneforge predict` on files.
 
 The model folder's tuneforge.json names the task that exported it; that task's predictor runs
-(tasks/classification.py, ner.py, qa.py, multiple_choice.py). Batches are sorted by length (little
+(tasks/classification.py, ner.py, qa.py, multiple_choice.py). `load_servable` is what `tuneforge serve` runs:
+the task's generator for a model that generates text, else its predictor. Batches are sorted by length (little
 padding), and results come back in the input's order.
 """
 
@@ -33,6 +34,25 @@ def load_predictor(model_dir: str | Path, **kwargs):
     """The predictor of the task that exported `model_dir`; a plain HF folder: a classifier's."""
     cls = _task_class_of(model_dir)
     return cls.make_predictor(str(model_dir), **kwargs) if cls else Predictor(model_dir, **kwargs)
+
+
+def load_servable(model_dir: str | Path, max_length: int | None = None):
+    """What `tuneforge serve` runs for `model_dir`, as the task that exported it says (`make_generator`, else
+    `make_predictor`): a `tuneforge.generate.Generator` for a model that generates text, else a predictor. A
+    plain HF folder: a Generator when its architecture generates text, else a classifier's predictor."""
+    cls = _task_class_of(model_dir)
+    if cls is not None:
+        generator = cls.make_generator(str(model_dir))
+        return generator if generator is not None else cls.make_predictor(str(model_dir), max_length=max_length)
+    from transformers import AutoConfig
+
+    from tuneforge.generate import Generator, generates_text
+    from tuneforge.tasks.base import from_pretrained
+
+    model_config = from_pretrained(AutoConfig, str(model_dir), "the model config")
+    if generates_text(model_config, read_model_info(str(model_dir))):
+        return Generator(model_dir)
+    return Predictor(model_dir, max_length=max_length)
 
 
 def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None = None) -> list[tuple[str, ...]]:

@@ -1,0 +1,158 @@
+"""`tuneforge serve MODEL_DIR`: an HTTP server for any model folder tuneforge exports.
+
+The task that exported the folder says what runs (`predict.load_servable`): a model that generates text
+(causal LM, chat SFT, seq2seq, their adapter folders) gets the OpenAI-compatible routes with continuous
+batching (serve/engine.py); a classifier, tagger, qa or multiple-choice model gets `POST /predict` with
+dynamic batching (serve/batching.py). Both get the page at `/`, `/health`, `/metrics` and the gate of
+serve/app.py (API key, body size limit, draining on SIGTERM).
+
+This module owns the command line: its arguments, their checks (one line each, exit 2), binding the port
+before anything heavy, and the uvicorn server (SIGTERM: stop taking requests, finish those in flight).
+The package: app.py (routes, gate, errors), engine.py (generation), batching.py (classifiers),
+openai_api.py (request and response shapes), metrics.py (Prometheus text), static/index.html (the page).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from tuneforge.errors import ConfigError
+
+API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before loading anything heavy, so a busy port is one clear line."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} ({err.strerror}); pass another --port or --host") from None
+    return sock
+
+
+def check_arguments(ns: argparse.Namespace) -> None:
+    """Every serve flag checked before any work: one line naming the flag."""
+    positive = {
+        "--max-batch-size": ns.max_batch_size,
+        "--max-queue": ns.max_queue,
+        "--max-body-bytes": ns.max_body_bytes,
+        "--default-max-tokens": ns.default_max_tokens,
+    }
+    for flag, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{flag} must be positive, got {value}")
+    if ns.max_wait_ms < 0:
+        raise ConfigError(f"--max-wait-ms must be zero or more, got {ns.max_wait_ms:g}")
+    if not ns.request_timeout > 0:
+        raise ConfigError(f"--request-timeout must be above 0 seconds, got {ns.request_timeout:g}")
+    if not 0 <= ns.port < 65536:
+        raise ConfigError(f"--port must be between 0 and 65535, got {ns.port}")
+    if ns.max_length is not None and ns.max_length < 1:
+        raise ConfigError(f"--max-length must be at least 1, got {ns.max_length}")
+    if ns.api_key is not None and not ns.api_key.strip():
+        raise ConfigError(f"--api-key (or {API_KEY_VARIABLE}) is empty; give a key or leave it unset")
+    if ns.served_model_name is not None and not ns.served_model_name.strip():
+        raise ConfigError("--served-model-name is empty; give a name or leave it out")
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from tuneforge.launch import env_flag
+    from tuneforge.tasks.base import check_model_path
+
+    if ns.api_key is None:
+        ns.api_key = env_flag(API_KEY_VARIABLE)
+    check_arguments(ns)
+    check_model_path(ns.model_dir)
+    try:
+        import fastapi  # noqa: F401  (the app's)
+        import uvicorn
+    except ImportError as err:
+        raise ConfigError(
+            f"`tuneforge serve` needs fastapi and uvicorn ({err.name or err} is missing): pip install fastapi uvicorn"
+        ) from None
+    from tuneforge.predict import load_servable
+    from tuneforge.serve.app import ServeOptions, create_app
+
+    sock = bind_socket(ns.host, ns.port)
+    options = ServeOptions(
+        model_dir=ns.model_dir,
+        served_model_name=ns.served_model_name or ns.model_dir,
+        max_batch_size=ns.max_batch_size,
+        max_wait_ms=ns.max_wait_ms,
+        max_queue=ns.max_queue,
+        max_body_bytes=ns.max_body_bytes,
+        request_timeout_s=ns.request_timeout,
+        default_max_tokens=ns.default_max_tokens,
+        api_key=ns.api_key,
+    )
+    failed: list[BaseException] = []
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM / Ctrl-C: stop taking requests, finish the rest
+            app.state.server.begin_draining()
+            super().handle_exit(sig, frame)
+
+    def on_load_error(err: BaseException) -> None:
+        failed.append(err)
+        server.should_exit = True
+
+    app = create_app(lambda: load_servable(ns.model_dir, max_length=ns.max_length), options, on_load_error)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(ns.request_timeout) + 5
+    )
+    server = Server(config)
+    host, port = sock.getsockname()[:2]
+    print(
+        f"serving {ns.model_dir} on http://{host}:{port} (the page at /, GET /health, GET /metrics; POST /predict "
+        f"for classifiers, /v1/completions and /v1/chat/completions for text generation); batches of up to "
+        f"{ns.max_batch_size}, at most {ns.max_queue} waiting{'; API key required' if ns.api_key else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])
+    if failed:
+        raise failed[0]
+    return 0
+
+
+def add_arguments(p) -> None:
+    """`tuneforge serve`'s arguments (the CLI lists the command and its help)."""
+    p.add_argument("model_dir", help="a model folder tuneforge exported (OUTPUT_DIR/model, an adapter folder too)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="classifiers: most inputs in one batch; generation: most sequences decoding together (1: batching off)",
+    )
+    p.add_argument(
+        "--max-wait-ms", type=float, default=10.0, help="classifiers: longest a request waits for others to join"
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=256, help="most requests (sequences) waiting; beyond it: 503 with Retry-After"
+    )
+    p.add_argument("--max-length", type=int, default=None, help="truncate inputs (default: the training max_length)")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"required on every route but /health (Authorization: Bearer KEY); default: ${API_KEY_VARIABLE}",
+    )
+    p.add_argument(
+        "--served-model-name", default=None, help="the model name of the OpenAI routes (default: MODEL_DIR as given)"
+    )
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get 413")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take (then 504)")
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=512,
+        help="a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
+    )
+    p.set_defaults(func=cmd_serve)

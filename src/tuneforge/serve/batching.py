@@ -1,0 +1,106 @@
+"""Dynamic batching of `POST /predict` (classifiers, taggers, qa, multiple choice) in `tuneforge serve`.
+
+Requests are queued; one worker takes the first waiting request, then keeps collecting more until the
+batch holds `max_batch_size` inputs or `max_wait_ms` has passed, and runs them through the predictor in
+one go (sorted by length inside). Each caller gets its own slice of the answers. The model runs in one
+background thread, so the event loop keeps accepting requests while a batch computes; those form the
+next batch. The queue is bounded: `submit` raises `QueueFull` when `max_queue` requests wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from tuneforge.serve.engine import QueueFull
+
+
+class DynamicBatcher:
+    """Collects queued requests into batches of at most `max_batch_size` inputs."""
+
+    def __init__(
+        self,
+        predictor,
+        max_batch_size: int,
+        max_wait_ms: float,
+        max_queue: int = 256,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> None:
+        self.predictor = predictor
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000
+        self.max_queue = max_queue
+        self.on_batch = on_batch or (lambda rows: None)  # called with the inputs of each batch
+        self.requests = 0
+        self.batches = 0
+        self.largest_batch = 0  # in requests
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuneforge-predict")
+        self._queue: asyncio.Queue | None = None
+        self._worker: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._worker = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            try:
+                await self._worker
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=True)
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def submit(self, items: list) -> list[dict]:
+        if self._queue.qsize() >= self.max_queue:
+            raise QueueFull(f"{self._queue.qsize()} requests are waiting already (the limit is {self.max_queue})")
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((items, future))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        carried = None  # a request that did not fit into the previous batch
+        while True:
+            first = carried or await self._queue.get()
+            carried = None
+            group, size = [first], len(first[0])
+            deadline = loop.time() + self.max_wait_s
+            while size < self.max_batch_size:
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                try:
+                    nxt = await asyncio.wait_for(self._queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+                if size + len(nxt[0]) > self.max_batch_size:
+                    carried = nxt
+                    break
+                group.append(nxt)
+                size += len(nxt[0])
+            group = [(items, fut) for items, fut in group if not fut.done()]  # callers that went away
+            if not group:
+                continue
+            flat = [x for items, _ in group for x in items]
+            try:
+                preds = await loop.run_in_executor(self._executor, self.predictor.predict, flat, self.max_batch_size)
+            except Exception as err:  # one bad batch must not stop the server
+                for _, fut in group:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            self.on_batch(len(flat))
+            self.requests += len(group)
+            self.batches += 1
+            self.largest_batch = max(self.largest_batch, len(group))
+            start = 0
+            for items, fut in group:
+                if not fut.done():  # the client may have gone away
+                    fut.set_result(preds[start : start + len(items)])
+                start += len(items)

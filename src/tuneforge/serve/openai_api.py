@@ -1,0 +1,200 @@
+"""The OpenAI API shapes `tuneforge serve` speaks: request models (validated strictly: a number sent as a
+string is refused, as OpenAI does), response and stream-chunk bodies, and the error body
+`{"error": {"message", "type", "param", "code"}}` every refusal uses.
+
+Fields this server does not implement (logprobs, echo, suffix, best_of, logit_bias, penalties, tools) are
+refused with a 400 naming the field when set to anything but their neutral value; fields it does not know
+are ignored, as vLLM does.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_CHOICES = 16  # n
+MAX_STOPS = 4  # stop strings, as OpenAI allows
+
+
+class ApiError(Exception):
+    """A refusal: HTTP `status` with the OpenAI error body."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error", code=None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind, self.code = status, message, param, kind, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind, self.param, self.code)
+
+
+def error_body(message: str, kind: str, param: str | None = None, code=None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool | None = None
+
+
+class _Sampling(BaseModel):
+    """What completions and chat completions share."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # not implemented: refused unless neutral
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: Any = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    best_of: Any = None
+
+    def refuse_unsupported(self) -> None:
+        neutral = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1)}
+        for name in ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "best_of"):
+            value = getattr(self, name)
+            if value not in neutral.get(name, (None, False, {})):
+                raise ApiError(400, f"{name} is not supported by this server; leave it out", name)
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS:
+            raise ApiError(400, f"stop takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+        if any(not s for s in stops):
+            raise ApiError(400, "stop strings must not be empty", "stop")
+        return tuple(stops)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.echo:
+            raise ApiError(400, "echo is not supported by this server; leave it out", "echo")
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported by this server; leave it out", "suffix")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    tools: Any = None
+    tool_choice: Any = None
+    response_format: Any = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.tools:
+            raise ApiError(400, "tools are not supported by this server; leave them out", "tools")
+        if self.response_format not in (None, {"type": "text"}):
+            raise ApiError(400, "response_format is not supported by this server; leave it out", "response_format")
+
+
+# ---- responses ------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def completion_body(rid: str, model: str, created: int, choices: list[tuple[str, str]], use: dict) -> dict:
+    """`choices`: (text, finish_reason) in index order."""
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            for i, (text, reason) in enumerate(choices)
+        ],
+        "usage": use,
+    }
+
+
+def completion_chunk(rid: str, model: str, created: int, index: int, text: str, reason: str | None) -> dict:
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": reason}],
+    }
+
+
+def chat_body(rid: str, model: str, created: int, choices: list[tuple[str, str]], use: dict) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            for i, (text, reason) in enumerate(choices)
+        ],
+        "usage": use,
+    }
+
+
+def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict, reason: str | None) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}],
+    }
+
+
+def usage_chunk(rid: str, model: str, created: int, obj: str, use: dict) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
+
+
+def models_body(name: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "tuneforge"}]}
+
+
+def now() -> int:
+    return int(time.time())
