@@ -172,6 +172,7 @@ def test_a_causal_lm_gets_lora_on_gpt2_conv1d_and_generates(tiny_gpt2, tmp_path,
 PARALLEL = {
     "ddp": ("--backend", "ddp", "--nproc", "2", "--batch-size", "8"),
     "fsdp": ("--backend", "fsdp", "--nproc", "2", "--batch-size", "8", "--save-steps", "10"),
+    "zero1": ("--backend", "deepspeed", "--nproc", "2", "--zero-stage", "1", "--batch-size", "8"),
     "zero2": ("--backend", "deepspeed", "--nproc", "2", "--zero-stage", "2", "--batch-size", "4", "--grad-accum", "2"),
     "zero3": ("--backend", "deepspeed", "--nproc", "2", "--zero-stage", "3", "--batch-size", "8", "--save-steps", "10"),
 }

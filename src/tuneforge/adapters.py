@@ -168,19 +168,28 @@ def fingerprint(
 
 
 # ---- QLoRA: a 4-bit base ------------------------------------------------------------------------
+def check_quantize(config) -> None:
+    """--quantize where bitsandbytes cannot be imported (not installed, or no build for this machine): one line,
+    before any data is read."""
+    if config.quantize == "none":
+        return
+    _quiet_bitsandbytes()
+    try:
+        import bitsandbytes  # noqa: F401
+    except (ImportError, RuntimeError, OSError) as err:  # a build without this machine's native library
+        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"--quantize {config.quantize} needs bitsandbytes, which cannot run here ({reason}); pip install "
+            "'tuneforge[quantize]' on a machine it supports, or drop --quantize (LoRA on the full-precision base)"
+        ) from None
+
+
 def quantization_kwargs(config) -> dict:
     """`from_pretrained` arguments that load the base in 4-bit NF4 (--quantize 4bit), else none. bitsandbytes
     runs on CUDA GPUs and, in its recent releases, on CPUs; where it cannot run, one line says so."""
     if config.quantize == "none":
         return {}
-    _quiet_bitsandbytes()
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError as err:
-        raise ConfigError(
-            f"--quantize {config.quantize} needs bitsandbytes, which cannot be imported here ({err}); pip install "
-            "'tuneforge[quantize]', or drop --quantize (LoRA on the full-precision base)"
-        ) from None
+    check_quantize(config)
     from transformers import BitsAndBytesConfig
 
     cuda = torch.cuda.is_available()

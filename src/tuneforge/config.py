@@ -102,7 +102,12 @@ class DataConfig(_Section):
     # tokenization
     max_length: int | None = Field(128, gt=0, description="tokens per example (seq2seq: per source)")
     max_target_length: int = Field(128, gt=0, description="seq2seq: tokens per target")
-    block_size: int | None = Field(None, gt=0, description="causal LM: tokens per training block")
+    block_size: int | None = Field(
+        None, gt=0, description="causal LM: tokens per training block (sft, dpo: the longest sequence)"
+    )
+    drop_identical_pairs: bool = Field(
+        False, description="dpo: drop (and count) pairs whose chosen and rejected are identical instead of refusing"
+    )
     packing: bool = Field(True, description="causal LM: pack texts into full blocks of block_size tokens")
     # sampling
     max_train_samples: int | None = Field(

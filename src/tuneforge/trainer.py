@@ -242,6 +242,7 @@ class Trainer:
             task.adopt_model_labels()
         if training and cfg.adapter == "lora":  # a target that matches no layer: one line before any data work
             adapters.check_targets(task.peek_model_config(), cfg.lora_targets)
+            adapters.check_quantize(cfg)
         splits = ("train", "validation") if training else ("validation",)
         self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset, splits=splits)
         if training and self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)

@@ -56,7 +56,7 @@ def split_dialogues(chosen, rejected, where: str) -> tuple:
         if a != b:
             break
         common += 1
-    cut = chosen.rfind(ASSISTANT_TURN, 0, common - len(ASSISTANT_TURN) + 1) if common >= len(ASSISTANT_TURN) else -1
+    cut = chosen.rfind(ASSISTANT_TURN, 0, common)  # the marker lies wholly within the shared text
     if cut < 0:
         raise DataError(
             f"{where} has no `prompt`, and its `chosen` and `rejected` share no dialogue up to an assistant turn "
@@ -67,7 +67,7 @@ def split_dialogues(chosen, rejected, where: str) -> tuple:
 
 
 def to_pair(row: dict, where: str) -> dict:
-    """{"prompt", "chosen", "rejected"} of one row, checked: both completions given, and different."""
+    """{"prompt", "chosen", "rejected"} of one row, checked: both completions given, text or messages."""
     missing = [k for k in ("chosen", "rejected") if row.get(k) is None]
     if missing:
         raise DataError(
@@ -86,17 +86,29 @@ def to_pair(row: dict, where: str) -> dict:
         prompt = _messages(prompt, "user", f"{where}, `prompt`")
         chosen = _messages(chosen, "assistant", f"{where}, `chosen`")
         rejected = _messages(rejected, "assistant", f"{where}, `rejected`")
-    if chosen == rejected:
-        raise DataError(
-            f"{where}: `chosen` and `rejected` are identical, so the pair prefers nothing; fix or drop that row"
-        )
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
-def read_pairs(path: str | Path) -> list[dict]:
+def distinct(pairs: list[dict], where: str, drop: bool, log=print) -> list[dict]:
+    """The pairs whose chosen and rejected differ: an identical pair prefers nothing (and teaches nothing), so it
+    is refused in one line, or dropped and counted with --drop-identical-pairs (hh-rlhf has a few)."""
+    same = [i for i, p in enumerate(pairs, 1) if p["chosen"] == p["rejected"]]
+    if not same:
+        return pairs
+    if not drop:
+        raise DataError(
+            f"row {same[0]} of {where}: `chosen` and `rejected` are identical, so the pair prefers nothing "
+            f"({len(same)} such row(s) in all); fix or drop them, or pass --drop-identical-pairs"
+        )
+    log(f"{where}: {len(same)} pair(s) with identical chosen and rejected dropped (--drop-identical-pairs)")
+    return [p for p in pairs if p["chosen"] != p["rejected"]]
+
+
+def read_pairs(path: str | Path, drop_identical: bool = False, log=print) -> list[dict]:
     """The checked pairs of a preference file."""
     rows = chat.read_rows(path, what="preference data", reader="--task dpo")
-    return [to_pair(row, f"row {i} of {str(path)!r}") for i, row in enumerate(rows, 1)]
+    pairs = [to_pair(row, f"row {i} of {str(path)!r}") for i, row in enumerate(rows, 1)]
+    return distinct(pairs, repr(str(path)), drop_identical, log)
 
 
 # ---- tokens ------------------------------------------------------------------------------------

@@ -116,7 +116,8 @@ class DPOTask(CausalLMTask):
         for split, path in (("train", data.train_file), ("validation", data.validation_file)):
             if path:
                 self.files[split] = str(path)
-                splits[split] = self._as_dataset(preference.read_pairs(path))
+                pairs = preference.read_pairs(path, data.drop_identical_pairs, self.log)
+                splits[split] = self._as_dataset(pairs)
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
 
     @staticmethod
@@ -133,8 +134,10 @@ class DPOTask(CausalLMTask):
             rows = ds.to_list()
             if not rows:
                 raise DataError(f"the {split} split has no pairs; give at least one")
+            pairs = [preference.to_pair(row, f"the {split} dataset, row {i}") for i, row in enumerate(rows, 1)]
+            where = f"the {split} dataset"
             raw[split] = self._as_dataset(
-                [preference.to_pair(row, f"the {split} dataset, row {i}") for i, row in enumerate(rows, 1)]
+                preference.distinct(pairs, where, self.config.data.drop_identical_pairs, self.log)
             )
         return datasets.DatasetDict(raw)
 
