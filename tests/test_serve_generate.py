@@ -1,0 +1,508 @@
+"""`tuneforge serve` of a generative model: the OpenAI routes driven by the official `openai` client against the
+real server on 127.0.0.1 (a `tuneforge serve` process; in-process uvicorn servers for the settings one test
+needs), compared token for token with `transformers`' own greedy `generate` on the same tiny model folder.
+
+The main server serves a tiny random Llama marked as a chat SFT export (tuneforge.json task "sft", a chat
+template), with its API key from TUNEFORGE_API_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from conftest import REPO, cli_command, cli_flags, cli_main, free_port, serving
+
+KEY = "test-key-7f3a"
+NAME = "tiny-chat"
+TEMPLATE = (  # compact: the tiny byte-level tokenizer spells ChatML's markers in many pieces
+    "{% for m in messages %}{{ m['role'][0] }}>\n{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}a>\n{% endif %}"
+)
+PROMPTS = ["A man is riding", "The dog", "Two children are watching a small boat", "A woman", "The old man is", "A"]
+
+
+def save_chat_model(out: Path, tiny_llama: str) -> str:
+    """`tiny_llama` with a chat template, marked as exported by `--task sft`."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(tiny_llama, out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(out)
+    (out / "tuneforge.json").write_text(json.dumps({"task": "sft"}))
+    return str(out)
+
+
+@contextmanager
+def app_server(model_dir: str, load=None, **options):
+    """`create_app` for `model_dir` under uvicorn in a thread, on a free port of 127.0.0.1; yields its URL once it
+    listens. `load`: what the app loads (default: `load_servable(model_dir)`)."""
+    import uvicorn
+
+    from tuneforge.predict import load_servable
+    from tuneforge.serve.app import ServeOptions, create_app
+
+    settings = ServeOptions(model_dir=model_dir, served_model_name=options.pop("served_model_name", NAME), **options)
+    app = create_app(load or (lambda: load_servable(model_dir)), settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+
+
+def wait_ready(url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while httpx.get(f"{url}/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, "the model did not load"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory, tiny_llama) -> str:
+    return save_chat_model(tmp_path_factory.mktemp("serve-chat") / "model", tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    """`tuneforge serve` in its own process, the key from the environment; stopped at the end of the module."""
+    before = os.environ.get("TUNEFORGE_API_KEY")
+    os.environ["TUNEFORGE_API_KEY"] = KEY
+    try:
+        with serving(chat_model, max_batch_size=8, served_model_name=NAME, max_body_bytes=100_000) as url:
+            yield url
+    finally:
+        if before is None:
+            os.environ.pop("TUNEFORGE_API_KEY", None)
+        else:
+            os.environ["TUNEFORGE_API_KEY"] = before
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+class Reference:
+    """transformers' own greedy generate on the same folder."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def ids(self, prompt: str) -> list[int]:
+        return self.tokenizer(prompt)["input_ids"]
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def greedy(self, ids: list[int], max_new_tokens: int) -> tuple[str, int]:
+        """(text, tokens generated, the end-of-sequence token not counted)."""
+        with torch.no_grad():
+            out = self.model.generate(
+                torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+            )[0, len(ids) :].tolist()
+        eos = self.tokenizer.eos_token_id
+        new = out[: out.index(eos)] if eos in out else out
+        return self.tokenizer.decode(new, skip_special_tokens=True), len(new)
+
+
+@pytest.fixture(scope="module")
+def ref(chat_model) -> Reference:
+    return Reference(chat_model)
+
+
+def metric(text: str, name: str) -> float:
+    """The value of one sample line (`name` with its labels, as written) of a /metrics page; 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+# ---- the routes, with the official client ------------------------------------------------------------
+def test_health_is_open_and_every_other_route_needs_the_key(server, client):
+    health = httpx.get(f"{server}/health", timeout=10)
+    assert health.status_code == 200
+    assert health.json()["kind"] == "generate" and health.json()["chat"] is True and health.json()["context"] == 64
+    for headers in ({}, {"Authorization": "Bearer wrong"}):
+        r = httpx.get(f"{server}/v1/models", headers=headers, timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert r.headers["WWW-Authenticate"].startswith("Basic")
+    assert httpx.get(f"{server}/metrics", timeout=10).status_code == 401
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert httpx.get(f"{server}/v1/models", headers={"X-API-Key": KEY}, timeout=10).status_code == 200
+    assert httpx.get(f"{server}/v1/models", auth=("anyone", KEY), timeout=10).status_code == 200  # the page's login
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_completions_equal_transformers_greedy_and_count_usage(client, ref):
+    for prompt in PROMPTS[:2]:
+        out = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=0)
+        text, n = ref.greedy(ref.ids(prompt), 8)
+        assert out.choices[0].text == text
+        assert out.choices[0].finish_reason == ("length" if n == 8 else "stop")
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(ref.ids(prompt)), n)
+        assert out.usage.total_tokens == out.usage.prompt_tokens + n
+    many = client.completions.create(model=NAME, prompt=PROMPTS[:3], max_tokens=5, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    assert [c.text for c in many.choices] == [ref.greedy(ref.ids(p), 5)[0] for p in PROMPTS[:3]]
+
+
+def test_concurrent_requests_decode_together_and_each_gets_its_own_answer(server, client, ref):
+    before = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
+    answers: dict[int, str] = {}
+    start = threading.Barrier(len(PROMPTS))
+
+    def ask(i: int) -> None:
+        start.wait(timeout=30)
+        time.sleep(0.01 * i)  # staggered: later requests arrive while earlier ones decode
+        out = client.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=10 + 4 * i, temperature=0)
+        answers[i] = out.choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i, prompt in enumerate(PROMPTS):
+        assert answers[i] == ref.greedy(ref.ids(prompt), 10 + 4 * i)[0], i
+    after = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
+    steps = metric(after, "tuneforge_batch_size_count") - metric(before, "tuneforge_batch_size_count")
+    single = metric(after, 'tuneforge_batch_size_bucket{le="1"}') - metric(
+        before, 'tuneforge_batch_size_bucket{le="1"}'
+    )
+    assert steps > single, "no forward pass held more than one sequence"
+    # one row per token: far fewer forward passes than tokens generated
+    assert steps < sum(10 + 4 * i for i in range(len(PROMPTS)))
+
+
+def test_chat_streams_the_same_answer_as_without_streaming(server, client, ref):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "where is the dog"}]
+    whole = client.chat.completions.create(model=NAME, messages=messages, max_tokens=12, temperature=0)
+    text, n = ref.greedy(ref.chat_ids(messages), 12)
+    assert whole.choices[0].message.content == text and whole.choices[0].message.role == "assistant"
+    assert whole.usage.prompt_tokens == len(ref.chat_ids(messages)) and whole.usage.completion_tokens == n
+
+    chunks = list(
+        client.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1  # token by token
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == n
+
+    body = {"model": NAME, "messages": messages, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, headers=AUTH, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+
+
+def test_per_request_sampling_parameters(client, ref):
+    prompt = PROMPTS[0]
+    sampled = dict(model=NAME, prompt=prompt, max_tokens=10, temperature=1.0, seed=7)
+    first = client.completions.create(**sampled).choices[0].text
+    assert client.completions.create(**sampled).choices[0].text == first  # a seed reproduces
+    three = client.completions.create(**sampled, n=3).choices
+    assert len(three) == 3 and three[0].text == first and len({c.text for c in three}) > 1
+    # top_p that keeps only the most likely token samples greedily
+    nucleus = client.completions.create(model=NAME, prompt=prompt, max_tokens=10, temperature=1.0, top_p=1e-6)
+    greedy, _ = ref.greedy(ref.ids(prompt), 10)
+    assert nucleus.choices[0].text == greedy
+
+    stop = greedy[3:5]
+    cut = greedy[: greedy.index(stop)]
+    out = client.completions.create(model=NAME, prompt=prompt, max_tokens=10, temperature=0, stop=[stop, "never"])
+    assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+    streamed = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=10, temperature=0, stop=stop, stream=True
+    )
+    assert "".join(c.choices[0].text for c in streamed) == cut  # the stop string's start was held back
+
+    short = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+
+
+# ---- bad requests ---------------------------------------------------------------------------------
+def completion(**changes) -> dict:
+    return {"model": NAME, "prompt": "A man is", "max_tokens": 4, **changes}
+
+
+BAD = [
+    ("malformed json", "/v1/completions", b'{"model": "tiny-chat", "prompt": ', 400, None),
+    ("not an object", "/v1/completions", [1, 2], 400, None),
+    ("max_tokens as a string", "/v1/completions", completion(max_tokens="4"), 400, "max_tokens"),
+    ("temperature too high", "/v1/completions", completion(temperature=3), 400, "temperature"),
+    ("empty prompt", "/v1/completions", completion(prompt=""), 400, "prompt"),
+    ("no prompt", "/v1/completions", {"model": NAME}, 400, "prompt"),
+    ("above the context", "/v1/completions", completion(max_tokens=1000), 400, "max_tokens"),
+    ("unknown model", "/v1/completions", completion(model="gpt-4"), 404, "model"),
+    ("too many inputs", "/v1/completions", completion(prompt=["a"] * 65), 400, "prompt"),
+    ("n of zero", "/v1/completions", completion(n=0), 400, "n"),
+    ("five stop strings", "/v1/completions", completion(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("logprobs", "/v1/completions", completion(logprobs=2), 400, "logprobs"),
+    ("no messages", "/v1/chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
+    (
+        "unknown role",
+        "/v1/chat/completions",
+        {"model": NAME, "messages": [{"role": "robot", "content": "hi"}]},
+        400,
+        "messages[0].role",
+    ),
+    ("classifier route", "/predict", {"texts": ["a"]}, 400, None),
+    ("oversize body", "/v1/completions", completion(prompt="word " * 30_000), 413, None),
+]
+
+
+def send(url: str, path: str, body) -> httpx.Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {**AUTH, "Content-Type": "application/json"}
+    return httpx.post(f"{url}{path}", content=raw, headers=headers, timeout=60)
+
+
+@pytest.mark.parametrize("what, path, body, status, param", BAD, ids=[b[0] for b in BAD])
+def test_bad_requests_get_an_openai_error_naming_the_field(server, what, path, body, status, param):
+    r = send(server, path, body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["message"]
+    assert error["type"] == {404: "not_found_error", 413: "request_too_large"}.get(status, "invalid_request_error")
+
+
+def test_oversize_body_without_a_length_is_refused_while_it_arrives(server):
+    def chunks():
+        for _ in range(30):
+            yield b" " * 10_000
+
+    r = httpx.post(f"{server}/v1/completions", content=chunks(), headers=AUTH, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+
+
+def test_bad_requests_during_load_leave_the_good_ones_correct(server, client, ref):
+    good: dict[int, str] = {}
+    bad: list[int] = []
+
+    def ask(i: int) -> None:
+        good[i] = client.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=12, temperature=0).choices[0].text
+
+    def misbehave() -> None:
+        for _, path, body, _, _ in BAD:
+            bad.append(send(server, path, body).status_code)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)] + [threading.Thread(target=misbehave)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(bad) == len(BAD) and all(400 <= s < 500 for s in bad), bad
+    assert good == {i: ref.greedy(ref.ids(PROMPTS[i]), 12)[0] for i in range(4)}
+
+
+def test_metrics_in_prometheus_text(server, client):
+    client.completions.create(model=NAME, prompt="A man", max_tokens=4, temperature=0)
+    page = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/plain")
+    text = page.text
+    for name in (
+        "tuneforge_requests_total",
+        "tuneforge_request_errors_total",
+        "tuneforge_request_duration_seconds_bucket",
+        "tuneforge_batch_size_bucket",
+        "tuneforge_queue_depth",
+        "tuneforge_running_sequences",
+        "tuneforge_generation_tokens_per_second",
+        "tuneforge_generated_tokens_total",
+    ):
+        assert f"\n{name}" in text, name
+    assert metric(text, 'tuneforge_requests_total{route="/v1/completions",status="200"}') >= 1
+    assert metric(text, 'tuneforge_request_errors_total{route="/v1/completions"}') >= 1
+    assert metric(text, "tuneforge_generated_tokens_total") >= 4
+
+
+# ---- settings of their own: in-process servers -------------------------------------------------------
+def test_a_full_queue_answers_503_with_retry_after(chat_model, ref):
+    with app_server(chat_model, max_batch_size=1, max_queue=1) as url:
+        wait_ready(url)
+        results: list[httpx.Response] = []
+        start = threading.Barrier(24)
+
+        def ask() -> None:
+            start.wait(timeout=30)
+            results.append(
+                httpx.post(f"{url}/v1/completions", json=completion(max_tokens=40, temperature=0), timeout=120)
+            )
+
+        threads = [threading.Thread(target=ask) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+    busy = [r for r in results if r.status_code == 503]
+    done = [r for r in results if r.status_code == 200]
+    assert len(busy) + len(done) == 24 and busy and done
+    assert all(r.headers["Retry-After"] == "1" and r.json()["error"]["type"] == "server_busy" for r in busy)
+    want = ref.greedy(ref.ids("A man is"), 40)[0]
+    assert all(r.json()["choices"][0]["text"] == want for r in done)
+
+
+def test_health_is_ready_only_once_the_model_is_loaded(chat_model):
+    from tuneforge.predict import load_servable
+
+    gate = threading.Event()
+
+    def load():
+        assert gate.wait(timeout=60)
+        return load_servable(chat_model)
+
+    with app_server(chat_model, load=load) as url:
+        r = httpx.get(f"{url}/health", timeout=10)
+        assert r.status_code == 503 and r.json() == {"status": "loading"}
+        r = httpx.post(f"{url}/v1/completions", json=completion(), timeout=10)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        gate.set()
+        wait_ready(url)
+        assert httpx.post(f"{url}/v1/completions", json=completion(), timeout=60).status_code == 200
+
+
+def test_a_request_past_the_timeout_gets_504(chat_model):
+    with app_server(chat_model, request_timeout_s=0.001) as url:
+        wait_ready(url)
+        r = httpx.post(f"{url}/v1/completions", json=completion(max_tokens=50), timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # and the server goes on
+
+
+def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model_dir = tmp_path / "t5"
+    shutil.copytree(tiny_t5, model_dir)
+    prefix = "translate English to German: "
+    (model_dir / "tuneforge.json").write_text(
+        json.dumps({"task": "seq2seq", "source_prefix": prefix, "max_length": 64})
+    )
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sources = ["A man is riding a red bike.", "The dog"]
+    with app_server(str(model_dir)) as url:
+        wait_ready(url)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model=NAME, prompt=sources, max_tokens=7, temperature=0)
+        with pytest.raises(openai.BadRequestError, match="no chat template"):
+            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}])
+    for choice, source in zip(out.choices, sources):
+        ids = tokenizer(prefix + source, return_tensors="pt")
+        with torch.no_grad():
+            want = model.generate(**ids, max_new_tokens=7, do_sample=False)
+        assert choice.text == tokenizer.decode(want[0], skip_special_tokens=True)
+
+
+# ---- the process: flags, SIGTERM ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-batch-size", "0"], "error: --max-batch-size must be positive, got 0"),
+        (["--max-queue", "-1"], "error: --max-queue must be positive, got -1"),
+        (["--request-timeout", "0"], "error: --request-timeout must be above 0 seconds, got 0"),
+        (["--api-key", " "], "error: --api-key (or TUNEFORGE_API_KEY) is empty; give a key or leave it unset"),
+    ],
+)
+def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):
+    code, _, err = cli_main(capsys, "serve", chat_model, *flags)
+    assert code == 2 and err.strip() == message
+
+
+def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_model, ref):
+    port = free_port()
+    proc = subprocess.Popen(
+        cli_command("serve", chat_model, *cli_flags(port=port, max_batch_size=1, served_model_name=NAME)),
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "TUNEFORGE_API_KEY"},  # the module's server sets one
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        streams: dict[int, list[str]] = {}
+        accepted = threading.Barrier(5)  # the four requests answered 200 (queued or decoding), and this thread
+
+        def stream(i: int) -> None:
+            body = {**completion(prompt=PROMPTS[i], max_tokens=40, temperature=0), "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+                assert r.status_code == 200
+                accepted.wait(timeout=60)
+                streams[i] = [line for line in r.iter_lines() if line]
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        accepted.wait(timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.TransportError):  # the listening socket is closed
+            httpx.post(f"{url}/v1/completions", json=completion(), timeout=10)
+        for t in threads:
+            t.join(timeout=120)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for i in range(4):  # every request in flight (running or waiting) finished whole
+        events = streams[i]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        chunks = [json.loads(e[6:]) for e in events[:-1]]
+        assert "".join(c["choices"][0]["text"] for c in chunks) == ref.greedy(ref.ids(PROMPTS[i]), 40)[0]
