@@ -334,12 +334,6 @@ class Task:
         return None
 
     @staticmethod
-    def make_generator(model_dir: str):
-        """What `serve` runs for a model this task exported when the model generates text (the OpenAI routes):
-        a `tuneforge.generate.Generator`; None for a task whose models do not generate (`make_predictor`'s)."""
-        return None
-
-    @staticmethod
     def make_predictor(model_dir: str, **kwargs):
         """What `tuneforge predict` and `serve` run for a model this task exported: an object with
         `predict(inputs, batch_size)`, `accepts` (the request kinds serve takes: texts, pairs, inputs), `task`,

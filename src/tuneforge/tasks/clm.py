@@ -328,11 +328,5 @@ class CausalLMTask(Task):
 
         return Generator(model_dir)
 
-    @staticmethod
-    def make_generator(model_dir: str):
-        from tuneforge.generate import Generator
-
-        return Generator(model_dir)
-
     def export_info(self) -> dict:
         return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}

@@ -327,12 +327,6 @@ class Seq2SeqTask(Task):
 
         return Generator(model_dir)
 
-    @staticmethod
-    def make_generator(model_dir: str):
-        from tuneforge.generate import Generator
-
-        return Generator(model_dir)
-
     def export_info(self) -> dict:
         data = self.config.data
         return {
