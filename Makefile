@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(MAKE) -s chromium
 	touch $(STAMP)
 
-# Debian's chromium for the serve page's browser test (tests/test_serve_page.py drives it with Playwright's
+# Debian's chromium for the serve page's browser test (tests/serve/test_serve_page.py drives it with Playwright's
 # Python package); without root or apt the test is skipped and says why
 chromium:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
