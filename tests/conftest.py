@@ -479,10 +479,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def serving(model_dir: str, **flags):
-    """`tuneforge serve MODEL_DIR` (flags as cli_flags) in its own process on a free port; yields its URL once
-    /health answers, and stops it (SIGTERM, then kill) afterwards."""
+def start_server(model_dir: str, env: dict | None = None, **flags) -> tuple[subprocess.Popen, str]:
+    """`tuneforge serve MODEL_DIR` (flags as cli_flags) in its own process on a free port, with `env` as its
+    whole environment if given; returns (the process, its URL) once /health answers."""
     import time
 
     import httpx
@@ -491,24 +490,32 @@ def serving(model_dir: str, **flags):
     proc = subprocess.Popen(
         cli_command("serve", model_dir, *cli_flags(port=port, **flags)),
         cwd=REPO,
-        stdout=subprocess.PIPE,
+        env=env,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("server did not come up within 120 s")
+        time.sleep(0.3)
+
+
+@contextmanager
+def serving(model_dir: str, **flags):
+    """`start_server`'s URL for the `with` block; the server is stopped (SIGTERM, then kill) afterwards."""
+    proc, url = start_server(model_dir, **flags)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("server did not come up within 120 s")
-            time.sleep(0.3)
         yield url
     finally:
         proc.terminate()

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -24,7 +23,7 @@ import openai
 import pytest
 import torch
 
-from conftest import REPO, cli_command, cli_flags, cli_main, free_port, serving
+from conftest import cli_main, serving, start_server
 
 KEY = "test-key-7f3a"
 NAME = "tiny-chat"
@@ -455,27 +454,9 @@ def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):
 
 
 def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_model, ref):
-    port = free_port()
-    proc = subprocess.Popen(
-        cli_command("serve", chat_model, *cli_flags(port=port, max_batch_size=1, served_model_name=NAME)),
-        cwd=REPO,
-        env={k: v for k, v in os.environ.items() if k != "TUNEFORGE_API_KEY"},  # the module's server sets one
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "TUNEFORGE_API_KEY"}  # the module's server sets one
+    proc, url = start_server(chat_model, env=env, max_batch_size=1, served_model_name=NAME)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
         streams: dict[int, list[str]] = {}
         accepted = threading.Barrier(5)  # the four requests answered 200 (queued or decoding), and this thread
 
