@@ -1,6 +1,7 @@
 """The page at `/` of `tuneforge serve`, in real headless Chromium (Debian's, driven by Playwright's Python
-package; the Makefile's `install` puts it in place): a chat model streams its answer into the chat box, a
-classifier shows its label scores. Skipped, saying why, only where Chromium or Playwright is not installed."""
+package; the Makefile's `install-dev`, run by `make test`, puts it in place): a chat model streams its answer
+into the chat box, a classifier shows its label scores. Skipped, saying why, only where Chromium or Playwright
+is not installed."""
 
 from __future__ import annotations
 

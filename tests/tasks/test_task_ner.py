@@ -208,7 +208,7 @@ def test_serve_answers_entities(trained):
             assert [e["score"] for e in g["entities"]] == pytest.approx([e["score"] for e in w["entities"]], abs=1e-4)
         refused = httpx.post(f"{url}/predict", json={"pairs": [["a", "b"]]}, timeout=60)
         assert (
-            refused.status_code == 422 and 'this model takes "texts", not "pairs"' in refused.json()["detail"][0]["msg"]
+            refused.status_code == 422 and 'this model takes "texts", not "pairs"' in refused.json()["error"]["message"]
         )
         assert httpx.get(f"{url}/health", timeout=10).json()["task"] == "ner"
 
