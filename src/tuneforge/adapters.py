@@ -61,6 +61,10 @@ class Adapter:
         """What tuneforge.json records of the adapter: its settings and where the base came from."""
         return {**self.settings(), "base_model": self.base_model}
 
+    def disabled(self):
+        """A context in which the model runs as its base alone (DPO's reference): no second copy of the weights."""
+        return self.peft_model.disable_adapter()
+
 
 def is_adapter_folder(path: str | os.PathLike) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()

@@ -213,7 +213,7 @@ class DPOTask(CausalLMTask):
 
     def _reference_logps(self, model, inputs, labels) -> torch.Tensor:
         if self.adapter is not None:
-            with self.adapter.peft_model.disable_adapter():
+            with self.adapter.disabled():
                 return sequence_logps(model(**inputs).logits, labels)
         if self.reference_model is None:  # evaluation outside training: the model is its own reference
             return sequence_logps(model(**inputs).logits, labels)
