@@ -29,6 +29,7 @@ from tuneforge.errors import ConfigError
 from tuneforge.freezing import freeze_bottom
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
+from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
 from tuneforge.tasks.base import EvalTools
 
@@ -461,14 +462,9 @@ class Trainer:
 
         Built at a step, torch sets each group's learning rate to the schedule's value there.
         """
-        from transformers import get_scheduler
-
         o = self.config.optim
         warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
-        schedule = get_scheduler(o.scheduler, self.optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
-        if start_step:  # transformers' schedules are LambdaLRs; `last_epoch` is the step last taken
-            schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule.lr_lambdas, last_epoch=start_step - 1)
-        return schedule
+        return lr_schedule(o.scheduler, self.optimizer, warmup, total_steps, start_step)
 
     def _log_train(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> None:
         totals = self.backend.reduce_sum(torch.stack([win_loss.float(), win_count.float()]))  # the true global mean
