@@ -45,8 +45,9 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# the slowest tests listed at the end: where CI's time goes, in every CI log
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
