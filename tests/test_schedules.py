@@ -33,7 +33,15 @@ def test_every_configurable_schedule_equals_transformers(name, warmup, total):
     assert flat or any(lr != ours[0] for lr in ours)  # the schedule moves, so the comparison has teeth
 
 
-def test_the_schedule_is_kept_by_the_optimizer_state():
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    state = lr_schedule("cosine", optimizer, 2, 10).state_dict()
-    assert state["lr_lambdas"] == [{}]  # a callable object, saved (a plain lambda is dropped as None)
+def test_a_saved_schedule_has_transformers_state_so_older_checkpoints_load():
+    def state_after(make, steps: int) -> dict:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        schedule = make(optimizer)
+        for _ in range(steps):
+            optimizer.step()
+            schedule.step()
+        return schedule.state_dict()
+
+    ours = state_after(lambda opt: lr_schedule("cosine", opt, 2, 10), 4)
+    theirs = state_after(lambda opt: get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=10), 4)
+    assert ours == theirs  # lr_lambdas included: a callable object is saved as its __dict__, a lambda as None

@@ -458,10 +458,7 @@ class Trainer:
         return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
     def make_scheduler(self, total_steps: int, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
-        """The LR schedule over `total_steps`, at `start_step` (a resume that re-plans the run).
-
-        Built at a step, torch sets each group's learning rate to the schedule's value there.
-        """
+        """The LR schedule over `total_steps`, at `start_step` (a resume that re-plans the run)."""
         o = self.config.optim
         warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
         return lr_schedule(o.scheduler, self.optimizer, warmup, total_steps, start_step)
