@@ -27,6 +27,20 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op cost more than they give
 
 
+# `make test` runs the suite in two halves: the tests here marked `serial` alone, the rest spread over both cores
+# by pytest-xdist. Serial: what depends on timing or on having the CPU to itself (servers with timeouts and
+# concurrent clients, crash and restart tests that kill workers at a moment, launchers); a test elsewhere that
+# needs it says so with @pytest.mark.serial.
+SERIAL_PATHS = ("serve/", "test_crash.py", "test_launch.py", "test_resume.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        where = Path(item.path).relative_to(Path(__file__).parent).as_posix()
+        if where.startswith(SERIAL_PATHS):
+            item.add_marker(pytest.mark.serial)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
