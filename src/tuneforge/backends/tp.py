@@ -119,7 +119,7 @@ def check_world(tp_size: int, world_size: int) -> None:
 
 class TPOptions(BackendOptions):
     tp_size: int | None = Field(
-        None, gt=0, description="processes per tensor-parallel group (default: all); the rest is data parallel"
+        None, gt=0, le=4096, description="processes per tensor-parallel group (default: all); the rest is data parallel"
     )
 
 
