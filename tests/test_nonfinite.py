@@ -87,9 +87,8 @@ def test_skip_nonfinite_skips_without_an_update_and_the_next_one_stops(tmp_path,
     assert torch.equal(trainer.weight_at[3], trainer.weight_at[4])  # step 3 changed nothing
     assert not torch.equal(trainer.weight_at[2], trainer.weight_at[3])
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
-    assert [r for r in records if r["split"] == "skipped"] == [
-        {"split": "skipped", "step": 3, "epoch": 0, "reason": "the loss at step 3 is nan", "time_s": records[2]["time_s"]}
-    ]
+    skipped = [{k: v for k, v in r.items() if k != "time_s"} for r in records if r["split"] == "skipped"]
+    assert skipped == [{"split": "skipped", "step": 3, "epoch": 0, "reason": "the loss at step 3 is nan"}]
     assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 4, 5, 6]
     # one skip allowed: the second stops the run
     again = run_config(tmp_path / "again", tiny_bert, cache_dir, skip_nonfinite=1)
@@ -111,7 +110,7 @@ def write_regression_csv(path: Path, n: int, extreme_row: int) -> Path:
     rows = ["text,label"]
     for i in range(n):
         score = "1e30" if i == extreme_row else f"{(i * 7) % 6}.0"
-        rows.append(f"\"{write_text(i)}\",{score}")
+        rows.append(f'"{write_text(i)}",{score}')
     path.write_text("\n".join(rows) + "\n")
     return path
 
