@@ -80,20 +80,20 @@ def test_a_nan_loss_stops_before_saving_and_the_last_good_checkpoint_stays(tmp_p
 
 
 def test_skip_nonfinite_skips_without_an_update_and_the_next_one_stops(tmp_path, tiny_bert, cache_dir):
-    config = run_config(tmp_path, tiny_bert, cache_dir, skip_nonfinite=1)
+    config = run_config(tmp_path, tiny_bert, cache_dir, skip_nonfinite=1, save_steps=4)
     trainer = BadAt(config, {3})
     result = trainer.fit()
-    assert result["steps"] == 6 and (tmp_path / "run" / "model").is_dir()
+    assert result["steps"] == 6 and result["skipped_steps"] == 1 and (tmp_path / "run" / "model").is_dir()
     assert torch.equal(trainer.weight_at[3], trainer.weight_at[4])  # step 3 changed nothing
     assert not torch.equal(trainer.weight_at[2], trainer.weight_at[3])
     records = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     skipped = [{k: v for k, v in r.items() if k != "time_s"} for r in records if r["split"] == "skipped"]
     assert skipped == [{"split": "skipped", "step": 3, "epoch": 0, "reason": "the loss at step 3 is nan"}]
     assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 4, 5, 6]
-    # one skip allowed: the second stops the run
-    again = run_config(tmp_path / "again", tiny_bert, cache_dir, skip_nonfinite=1)
+    # one skip allowed, and the checkpoint remembers it was used: after a resume the next one stops the run
+    resumed = config.model_copy(update={"resume": str(tmp_path / "run" / "checkpoint-4")})
     with pytest.raises(NonFiniteError, match=r"^the loss at step 5 is nan: .*this run allows 1\)$"):
-        BadAt(again, {3, 5}).fit()
+        BadAt(resumed, {5}).fit()
 
 
 @pytest.mark.parametrize("max_grad_norm", [1.0, None], ids=["clipped", "unclipped"])

@@ -545,6 +545,8 @@ class Trainer:
         )
         if st.best_step is not None:
             result["best_step"] = st.best_step
+        if st.skipped_steps:
+            result["skipped_steps"] = st.skipped_steps
         self.report.finish(result)
         for cb in self.callbacks:
             cb.on_train_end(self, result)
