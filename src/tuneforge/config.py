@@ -45,7 +45,6 @@ MAX_TOKENS = 2**24  # tokens of one example or generation (16M: beyond any model
 MAX_BATCH = 2**20  # examples per batch, micro-batches per step
 MAX_EXAMPLES = 10**12
 MAX_LR = 1e3
-MAX_LAYERS = 100_000
 Probability = Annotated[float, Field(ge=0, lt=1)]
 
 
@@ -340,9 +339,10 @@ class TrainConfig(_Section):
         try:
             layers = int(value)
         except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
+            # (no upper bound: a count above the model's layers freezes them all, and overflows nothing)
             layers = -1
-        if not 0 <= layers <= MAX_LAYERS or isinstance(value, (bool, float)) and value != layers:
-            raise PydanticCustomError("freeze_layers", f"needs a number of layers (0 to {MAX_LAYERS}) or auto")
+        if layers < 0 or isinstance(value, (bool, float)) and value != layers:
+            raise PydanticCustomError("freeze_layers", "needs a number of layers (0 or more) or auto")
         return layers
 
     @field_validator("freeze_embeddings", mode="before")
