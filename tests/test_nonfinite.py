@@ -149,3 +149,19 @@ def test_ddp_one_rank_with_an_inf_loss_stops_every_rank_at_the_same_step(tmp_pat
     assert {what for what, _, _ in lines} == {"loss"} and len({step for _, step, _ in lines}) == 1, lines
     assert {value for _, _, value in lines} <= {"inf", "not finite"}
     assert not (tmp_path / "run" / "model").exists() and not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_largest_grad_reads_every_gradient_and_passes_over_empty_shards():
+    """Without clipping the backend reads the largest |gradient| itself; an FSDP rank's shard of a small tensor
+    can be empty (that once raised: the infinity norm of nothing)."""
+    from tuneforge.backends.single import SingleBackend
+
+    backend = SingleBackend(build_config(task="classification"), None)
+    model = torch.nn.Linear(2, 2)
+    model.register_parameter("empty_shard", torch.nn.Parameter(torch.empty(0)))
+    for p, grad in zip(model.parameters(), (torch.full((2, 2), -3.0), torch.ones(2), torch.empty(0))):
+        p.grad = grad
+    assert backend.largest_grad(model).item() == 3.0 and backend.nonfinite(None, backend.largest_grad(model)) is None
+    model.bias.grad[1] = float("nan")
+    assert backend.nonfinite(torch.tensor(1.0), backend.largest_grad(model)) == "gradients"
+    assert backend.nonfinite(torch.tensor(float("inf")), None) == "loss"

@@ -397,21 +397,29 @@ class Trainer:
         what = _nonfinite_what(bad.what, st.step + 1, float(local_loss))
         if bad.applied or st.skipped_steps >= cfg.skip_nonfinite:
             self.report.stop()
-            fp16 = ", fp16 overflow (use --precision bf16 or fp32)" if self.backend.precision == "fp16" else ""
             how = (
                 "the engine applied that update, so it cannot be skipped"
                 if bad.applied
                 else f"--skip-nonfinite N skips up to N such steps (this run allows {cfg.skip_nonfinite})"
             )
             raise NonFiniteError(
-                f"{what}: training stopped, nothing saved from it (the last checkpoint, if any, stays the latest). "
-                f"The learning rate (--lr), --dpo-beta, --lora-alpha{fp16} or the data (a row with an extreme "
-                f"value) may be at fault; {how}"
+                f"{what}: training stopped, nothing saved from it (the last checkpoint, if any, stays the latest); "
+                f"{self._nonfinite_suspects()} may be at fault; {how}"
             )
         st.skipped_steps += 1
         allowed = f"{st.skipped_steps} of --skip-nonfinite {cfg.skip_nonfinite}"
         self.report.print(f"warning: {what}: step skipped, no update ({allowed})")
         self.report.log({"split": "skipped", "step": st.step + 1, "epoch": st.epoch, "reason": what})
+
+    def _nonfinite_suspects(self) -> str:
+        """What of this run's settings and data can turn a loss or gradient nan/inf."""
+        cfg = self.config
+        suspects = ["the learning rate (--lr)"]
+        suspects += ["--dpo-beta"] if cfg.task == "dpo" else []
+        suspects += ["--lora-alpha"] if cfg.adapter == "lora" else []
+        suspects += ["unclipped gradients (--max-grad-norm)"] if not cfg.optim.max_grad_norm else []
+        suspects += ["fp16's range (--precision bf16 or fp32)"] if self.backend.precision == "fp16" else []
+        return ", ".join(suspects) + " or the data (a row with an extreme value)"
 
     # ---- evaluation ------------------------------------------------------------------------
     @torch.no_grad()

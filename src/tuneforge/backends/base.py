@@ -252,6 +252,7 @@ class Backend:
         norm to read it from)."""
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # a DTensor's shard: no collective
+        grads = [g for g in grads if g.numel()]  # a rank's shard of a small tensor may be empty
         return torch.nn.utils.get_total_norm(grads, norm_type=float("inf")) if grads else None
 
     def nonfinite(self, loss: torch.Tensor | None, grads: torch.Tensor | None) -> str | None:
