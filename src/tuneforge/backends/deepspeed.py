@@ -66,12 +66,17 @@ def _shown(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (bool, type(None))) else str(value)
 
 
+def _refuse_non_finite(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which strict JSON (and every setting DeepSpeed has) does not allow
+    raise ValueError(f"{name} is not a JSON number; every DeepSpeed setting must be finite")
+
+
 def read_user_config(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"deepspeed config {path!r} does not exist; pass a JSON file with --deepspeed-config")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_refuse_non_finite)
     except ValueError as err:
         raise ConfigError(f"deepspeed config {path!r} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
