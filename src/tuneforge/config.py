@@ -4,7 +4,9 @@ A run is described by one `TrainConfig` (flat training/launch fields plus the `o
 `data` sections, and `backend_options`: the chosen backend's own `Options`, also accepted as
 flat keys such as `zero_stage: 3`). It can be built in Python, read from YAML, and overridden
 with dotted `key=value` pairs (`optim.lr=3e-5`). Every problem is reported as one `ConfigError`
-line that names the key and what is allowed, before any work starts. The CLI's flags are
+line that names the key and what is allowed, before any work starts. Every number is finite (no inf or
+nan, from YAML, a flag or an override) and within stated bounds that keep it from overflowing what it
+feeds (seeds below 2**32, token counts, step counts); a refusal states the range. The CLI's flags are
 generated from these fields (cli.py): a field's description is its flag's help.
 """
 
