@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, run_cli, write_sentiment_csv
+from conftest import REPO, cli_main, run_cli, write_sentiment_csv
 from tuneforge.backends import available_backends
 from tuneforge.config import TrainConfig, apply_overrides, build_config, config_from_sources, load_yaml
 from tuneforge.errors import ConfigError
@@ -373,3 +373,122 @@ def test_a_tasks_own_defaults_fill_only_what_the_user_left_unset(tmp_path):
     assert all(_get(reloaded, key) == value for key, value in defaults.items())
     # a task without defaults of its own, or an unknown one, leaves the fields' defaults (the latter fails later)
     assert TrainConfig(task="no-such-task").epochs == TrainConfig().epochs
+
+
+# ---- every number is finite and within stated bounds (issue 23) ------------------------------------
+def numeric_keys() -> list[tuple[str, str, dict]]:
+    """(dotted key, backend, values template) of every numeric config field and backend option, walked from the
+    models so a new field is covered without naming it here."""
+    from tuneforge.backends import backend_classes
+    from tuneforge.config import DataConfig, OptimConfig, allowed_range
+
+    keys = []
+    for section, model in (("", TrainConfig), ("optim", OptimConfig), ("data", DataConfig)):
+        for name, field in model.model_fields.items():
+            if allowed_range(field) or name == "freeze_layers":  # freeze_layers: a number or auto
+                keys.append((f"{section}.{name}".lstrip("."), "single"))
+    for backend, cls in backend_classes().items():
+        keys += [
+            (f"backend_options.{name}", backend) for name, f in cls.Options.model_fields.items() if allowed_range(f)
+        ]
+    return keys
+
+
+def values_with(key: str, backend: str, value) -> dict:
+    section, _, name = key.rpartition(".")
+    value = (0.9, value) if name == "betas" else value
+    if section == "backend_options":
+        return {"backend": backend, name: value}
+    return {section: {name: value}} if section else {name: value}
+
+
+NUMERIC_KEYS = numeric_keys()
+
+
+def test_the_walk_finds_every_numeric_field():
+    keys = {key for key, _ in NUMERIC_KEYS}
+    assert len(keys) >= 40  # the walk really walks: a broken one would pass the tests below vacuously
+    assert {"epochs", "seed", "dpo_beta", "lora_alpha", "optim.lr", "optim.betas", "data.max_length"} <= keys
+    assert {"backend_options.zero_stage", "backend_options.tp_size", "skip_nonfinite"} <= keys
+
+
+@pytest.mark.parametrize("key,backend", NUMERIC_KEYS, ids=[k for k, _ in NUMERIC_KEYS])
+def test_every_numeric_field_refuses_inf_nan_and_huge_values(key, backend):
+    """inf, -inf, nan and a number far past any sane value (10**30, also as a float) are one line each that
+    names the key; a finite-number refusal states the allowed range."""
+    huge = () if key == "freeze_layers" else (10**30, 1e30)  # more layers than there are: all of them, as said
+    for bad in (float("inf"), float("-inf"), float("nan"), -(10**30), *huge):
+        with pytest.raises(ConfigError) as err:
+            build_config(values_with(key, backend, bad))
+        message = str(err.value)
+        assert "\n" not in message and f"'{key}'" in message, (bad, message)
+        if key != "freeze_layers":
+            assert "allowed: " in message, message
+
+
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        (["optim.lr=nan"], ["'optim.lr'", "finite", "allowed: a finite number > 0 and <= 1000"]),
+        (["epochs=1e400"], ["'epochs'", "finite", "<= 1000000"]),
+        (["epochs=.inf"], ["'epochs'", "finite"]),
+        (["dpo_beta=inf", "task=dpo"], ["'dpo_beta'", "finite"]),
+        (["lora_alpha=.nan", "adapter=lora"], ["'lora_alpha'", "finite"]),
+        (["seed=4294967296"], ["'seed'", "allowed: a whole number >= 0 and <= 4294967295"]),
+        (["data.max_length=1000000000000000000000000000000"], ["'data.max_length'", "<= 16777216"]),
+        (["optim.betas=[0.9, 1.0]"], ["'optim.betas'", "each a finite number >= 0 and < 1"]),
+        (["optim.max_grad_norm=-1"], ["'optim.max_grad_norm'", ">= 0"]),
+        (["freeze_layers=.inf"], ["'freeze_layers'", "0 or more"]),
+    ],
+)
+def test_overrides_refuse_non_finite_and_overflowing_values(overrides, needles):
+    with pytest.raises(ConfigError) as err:
+        config_from_sources(None, overrides, {})
+    message = str(err.value)
+    assert "\n" not in message and all(n in message for n in needles), message
+
+
+def test_yaml_inf_and_nan_are_refused(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    for text, key in (
+        ("epochs: .inf\n", "'epochs'"),
+        ("optim:\n  lr: .nan\n", "'optim.lr'"),
+        ("seed: -.inf\n", "'seed'"),
+    ):
+        cfg.write_text(text)
+        with pytest.raises(ConfigError, match=key):
+            config_from_sources(str(cfg), [], {})
+
+
+def test_trainer_overrides_are_validated_too():
+    from tuneforge.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="'epochs'.*finite"):
+        Trainer(build_config(task="classification"), epochs=float("inf"))
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["train", "--epochs", "inf"], "'epochs'"),
+        (["train", "--task", "dpo", "--dpo-beta", "inf"], "'dpo_beta'"),
+        (["train", "--adapter", "lora", "--lora-alpha", "inf"], "'lora_alpha'"),
+        (["train", "--lr", "nan"], "'optim.lr'"),
+        (["train", "--seed", str(2**40)], "'seed'"),
+        (["train", "--max-grad-norm=-inf"], "'optim.max_grad_norm'"),
+        (["train", "--batch-size", str(10**30)], "'batch_size'"),
+        (["eval", "MODEL", "--max-length", str(10**30)], "'data.max_length'"),
+        (["eval", "MODEL", "--null-score-diff-threshold", "nan"], "'data.null_score_diff_threshold'"),
+        (["eval", "MODEL", "--seed=-1"], "'seed'"),
+    ],
+)
+def test_cli_refuses_non_finite_flags_in_one_line_before_any_work(capsys, tmp_path, args, needle):
+    (tmp_path / "train.csv").write_text("text,label\na,pos\nb,neg\n")
+    out = tmp_path / "out"
+    args = [str(tmp_path) if a == "MODEL" else a for a in args]
+    code, stdout, stderr = cli_main(
+        capsys, *args, "--train-file", str(tmp_path / "train.csv"), "--output-dir", str(out)
+    )
+    assert code == 2 and stderr.count("\n") == 1 and stderr.startswith("error: bad value for ") and needle in stderr
+    assert "allowed: " in stderr and not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv"]  # nothing written

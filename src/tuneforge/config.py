@@ -4,16 +4,19 @@ A run is described by one `TrainConfig` (flat training/launch fields plus the `o
 `data` sections, and `backend_options`: the chosen backend's own `Options`, also accepted as
 flat keys such as `zero_stage: 3`). It can be built in Python, read from YAML, and overridden
 with dotted `key=value` pairs (`optim.lr=3e-5`). Every problem is reported as one `ConfigError`
-line that names the key and what is allowed, before any work starts. The CLI's flags are
+line that names the key and what is allowed, before any work starts. Every number is finite (no inf or
+nan, from YAML, a flag or an override) and within stated bounds that keep it from overflowing what it
+feeds (seeds below 2**32, token counts, step counts); a refusal states the range. The CLI's flags are
 generated from these fields (cli.py): a field's description is its flag's help.
 """
 
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -34,21 +37,39 @@ from tuneforge.errors import ConfigError
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
 
 
+# Upper bounds: every number a run takes is finite and fits what it feeds (numpy's and torch's seeds are
+# 32-bit; token counts index int64 tensors and size buffers; step counts and sizes stay far from overflow and
+# from values that can only be a typo). A value outside is refused at the edge, naming the key and the range.
+MAX_SEED = 2**32 - 1
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 10**9  # optimizer steps, and the step counts that are compared with them
+MAX_TOKENS = 2**24  # tokens of one example or generation (16M: beyond any model's context)
+MAX_BATCH = 2**20  # examples per batch, micro-batches per step
+MAX_EXAMPLES = 10**12
+MAX_LR = 1e3
+Probability = Annotated[float, Field(ge=0, lt=1)]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan: inf and nan (YAML .inf/.nan, `--lr nan`, "1e400") are refused, not trained on
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class OptimConfig(_Section):
-    lr: float = Field(8e-5, gt=0, description="peak learning rate (a task may have its own default: ner 1.5e-4)")
-    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (not on biases and norms)")
-    betas: tuple[float, float] = Field((0.9, 0.999), json_schema_extra=NO_FLAG)
-    eps: float = Field(1e-8, gt=0, json_schema_extra=NO_FLAG)
+    lr: float = Field(
+        8e-5, gt=0, le=MAX_LR, description="peak learning rate (a task may have its own default: ner 1.5e-4)"
+    )
+    weight_decay: float = Field(0.01, ge=0, le=100, description="AdamW weight decay (not on biases and norms)")
+    betas: tuple[Probability, Probability] = Field((0.9, 0.999), json_schema_extra=NO_FLAG)
+    eps: float = Field(1e-8, gt=0, le=1, json_schema_extra=NO_FLAG)
     scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "linear", description="learning-rate schedule after the warmup"
     )
-    warmup_steps: int = Field(0, ge=0, description="warmup steps; 0: warmup_ratio of the total steps")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="warmup steps; 0: warmup_ratio of the total steps")
     warmup_ratio: float = Field(0.06, ge=0, lt=1, description="warmup as a fraction of the total steps")
-    max_grad_norm: float | None = Field(1.0, description="clip gradients to this norm; null disables")
+    max_grad_norm: float | None = Field(
+        1.0, ge=0, le=1e6, description="clip gradients to this norm; null (or 0) disables"
+    )
     fused: bool | None = Field(None, description="fused AdamW; null = where available", json_schema_extra=NO_FLAG)
 
 
@@ -92,18 +113,24 @@ class DataConfig(_Section):
     )
     # extractive question answering
     doc_stride: int | None = Field(
-        None, gt=0, description="qa: tokens that consecutive windows of a long context share (default: max_length // 3)"
+        None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="qa: tokens that consecutive windows of a long context share (default: max_length // 3)",
     )
-    max_answer_length: int = Field(30, gt=0, description="qa: longest answer, in tokens")
-    n_best_size: int = Field(20, gt=0, description="qa: start and end candidates scored per window")
+    max_answer_length: int = Field(30, gt=0, le=MAX_TOKENS, description="qa: longest answer, in tokens")
+    n_best_size: int = Field(20, gt=0, le=10_000, description="qa: start and end candidates scored per window")
     null_score_diff_threshold: float = Field(
-        0.0, description="qa (SQuAD v2): answer nothing when the null score beats the best span by more than this"
+        0.0,
+        ge=-1e6,
+        le=1e6,
+        description="qa (SQuAD v2): answer nothing when the null score beats the best span by more than this",
     )
     # tokenization
-    max_length: int | None = Field(128, gt=0, description="tokens per example (seq2seq: per source)")
-    max_target_length: int = Field(128, gt=0, description="seq2seq: tokens per target")
+    max_length: int | None = Field(128, gt=0, le=MAX_TOKENS, description="tokens per example (seq2seq: per source)")
+    max_target_length: int = Field(128, gt=0, le=MAX_TOKENS, description="seq2seq: tokens per target")
     block_size: int | None = Field(
-        None, gt=0, description="causal LM: tokens per training block (sft, dpo: the longest sequence)"
+        None, gt=0, le=MAX_TOKENS, description="causal LM: tokens per training block (sft, dpo: the longest sequence)"
     )
     drop_identical_pairs: bool = Field(
         False, description="dpo: drop (and count) pairs whose chosen and rejected are identical instead of refusing"
@@ -113,14 +140,15 @@ class DataConfig(_Section):
     max_train_samples: int | None = Field(
         None,
         gt=0,
+        le=MAX_EXAMPLES,
         description="train on the first N training examples the model sees: rows for classification and "
         "seq2seq, packed blocks for clm (one non-blank text each with --no-packing); the label set still comes "
         "from the whole training split",
     )
-    max_eval_samples: int | None = Field(None, gt=0, description="evaluate on the first N examples")
+    max_eval_samples: int | None = Field(None, gt=0, le=MAX_EXAMPLES, description="evaluate on the first N examples")
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     cache_dir: str | None = Field(None, description="where tokenized datasets are cached")
-    split_seed: int = Field(42, json_schema_extra=NO_FLAG)
+    split_seed: int = Field(42, ge=0, le=MAX_SEED, json_schema_extra=NO_FLAG)
 
 
 class TrainConfig(_Section):
@@ -136,12 +164,22 @@ class TrainConfig(_Section):
 
     # schedule
     # 2 epochs at lr 8e-5: MRPC dev F1 0.005-0.008 below 3 at 5e-5 (seeds 1-3) in two thirds of the time (benchmarks/)
-    epochs: float = Field(2, gt=0, description="passes over the training data (a task may have its own default: ner 3)")
-    max_steps: int | None = Field(None, gt=0, description="optimizer steps (overrides epochs)")
-    batch_size: int = Field(16, gt=0, description="per process")
-    eval_batch_size: int | None = Field(None, gt=0, description="per process (default: 2 x batch_size)")
-    grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")
-    seed: int = Field(42, description="seed for initialisation and data order")
+    epochs: float = Field(
+        2, gt=0, le=MAX_EPOCHS, description="passes over the training data (a task may have its own default: ner 3)"
+    )
+    max_steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="optimizer steps (overrides epochs)")
+    batch_size: int = Field(16, gt=0, le=MAX_BATCH, description="per process")
+    eval_batch_size: int | None = Field(None, gt=0, le=MAX_BATCH, description="per process (default: 2 x batch_size)")
+    grad_accum: int = Field(1, gt=0, le=MAX_BATCH, description="micro-batches per optimizer step")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="seed for initialisation and data order")
+    skip_nonfinite: int = Field(
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="optimizer steps whose loss or gradients are nan/inf that may be skipped (no update, each "
+        "logged); the next one stops the run, which stops at the first by default",
+        json_schema_extra={"flag_kwargs": {"metavar": "N"}},
+    )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 where the hardware does it natively, fp16 on older GPUs, else fp32"
     )
@@ -176,8 +214,10 @@ class TrainConfig(_Section):
         description="lora: train low-rank adapters (peft) and the task's head, every base weight fixed; "
         "OUTPUT_DIR/model is then an adapter folder (`tuneforge export --merge` makes a standalone one)",
     )
-    lora_r: int = Field(16, gt=0, description="LoRA rank")
-    lora_alpha: float = Field(32, gt=0, description="LoRA scaling numerator (the update is scaled by alpha / r)")
+    lora_r: int = Field(16, gt=0, le=65536, description="LoRA rank")
+    lora_alpha: float = Field(
+        32, gt=0, le=1e5, description="LoRA scaling numerator (the update is scaled by alpha / r)"
+    )
     lora_dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the LoRA branch's input")
     lora_targets: str = Field(
         "auto",
@@ -190,7 +230,7 @@ class TrainConfig(_Section):
         "(QLoRA; needs --adapter lora)",
     )
     dpo_beta: float = Field(
-        0.1, gt=0, description="dpo: how far the model may move from the reference (the rewards' scale)"
+        0.1, gt=0, le=1e3, description="dpo: how far the model may move from the reference (the rewards' scale)"
     )
     attn_implementation: str = Field(
         "auto",
@@ -201,18 +241,24 @@ class TrainConfig(_Section):
 
     # evaluation, logging, best model
     eval_strategy: Literal["epoch", "steps", "no"] = Field("epoch", description="when to evaluate")
-    eval_steps: int | None = Field(None, gt=0, description="evaluate every N steps (eval_strategy steps)")
-    logging_steps: int = Field(20, gt=0, description="log the training loss every N steps")
+    eval_steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="evaluate every N steps (eval_strategy steps)")
+    logging_steps: int = Field(20, gt=0, le=MAX_STEPS, description="log the training loss every N steps")
     metric_for_best: str | None = Field(None, description="metric that picks the best model (default: the task's)")
-    early_stopping_patience: int | None = Field(None, gt=0, description="stop after N evaluations without improvement")
+    early_stopping_patience: int | None = Field(
+        None, gt=0, le=MAX_STEPS, description="stop after N evaluations without improvement"
+    )
     load_best_model_at_end: bool = Field(False, description="export the best evaluated model, not the last")
-    num_beams: int = Field(1, gt=0, description="seq2seq evaluation: beam search width")
-    generation_max_length: int = Field(128, gt=0, description="seq2seq evaluation: tokens generated at most")
+    num_beams: int = Field(1, gt=0, le=1000, description="seq2seq evaluation: beam search width")
+    generation_max_length: int = Field(
+        128, gt=0, le=MAX_TOKENS, description="seq2seq evaluation: tokens generated at most"
+    )
 
     # checkpoints
     save_strategy: Literal["epoch", "steps", "no"] = Field("no", description="when to save a checkpoint")
-    save_steps: int | None = Field(None, gt=0, description="save every N steps (alone: implies save_strategy steps)")
-    save_total_limit: int | None = Field(None, gt=0, description="keep only the newest N checkpoints")
+    save_steps: int | None = Field(
+        None, gt=0, le=MAX_STEPS, description="save every N steps (alone: implies save_strategy steps)"
+    )
+    save_total_limit: int | None = Field(None, gt=0, le=MAX_STEPS, description="keep only the newest N checkpoints")
     resume: str | None = Field(
         None,
         description="'latest' (the flag alone) or a checkpoint folder",
@@ -221,14 +267,14 @@ class TrainConfig(_Section):
 
     # backend and launch
     backend: str = Field("single", description="parallelism engine: one of the files in tuneforge/backends/")
-    nproc: int = Field(1, gt=0, description="processes per node (tuneforge launches them)")
-    nnodes: int = Field(1, gt=0, description="nodes of a multi-node run")
-    node_rank: int = Field(0, ge=0, description="this node's rank in a multi-node run")
+    nproc: int = Field(1, gt=0, le=4096, description="processes per node (tuneforge launches them)")
+    nnodes: int = Field(1, gt=0, le=100_000, description="nodes of a multi-node run")
+    node_rank: int = Field(0, ge=0, le=100_000, description="this node's rank in a multi-node run")
     master_addr: str = Field("127.0.0.1", description="address of node 0 (multi-node)")
     master_port: int | None = Field(None, gt=0, lt=65536, description="port on node 0 (multi-node: the same on all)")
     rdzv_endpoint: str | None = Field(None, description="HOST:PORT of a c10d rendezvous (elastic multi-node)")
     hostfile: str | None = Field(None, description="DeepSpeed-style hostfile ('node1 slots=2' per line)")
-    max_restarts: int = Field(0, ge=0, description="restart failed workers up to N times (they resume)")
+    max_restarts: int = Field(0, ge=0, le=1000, description="restart failed workers up to N times (they resume)")
     # the chosen backend's own settings (its `Options`); flat keys (zero_stage=3) are moved in here
     backend_options: SerializeAsAny[BackendOptions] = Field(
         default_factory=BackendOptions,
@@ -294,7 +340,8 @@ class TrainConfig(_Section):
             return value
         try:
             layers = int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
+            # (no upper bound: a count above the model's layers freezes them all, and overflows nothing)
             layers = -1
         if layers < 0 or isinstance(value, (bool, float)) and value != layers:
             raise PydanticCustomError("freeze_layers", "needs a number of layers (0 or more) or auto")
@@ -351,7 +398,10 @@ class TrainConfig(_Section):
         under backend_options) is validated, so the options stay those of the chosen backend."""
         backend_keys = set(update or ()) - (set(type(self).model_fields) - {"backend", "backend_options"})
         if not backend_keys:
-            return super().model_copy(update=update, deep=deep)
+            copied = super().model_copy(update=update, deep=deep)
+            if update:  # pydantic's copy validates nothing: `Trainer(config, epochs=inf)` is refused here
+                build_config(copied.model_dump())
+            return copied
         values = self.model_dump()
         if update.get("backend", self.backend) != self.backend:
             values.pop("backend_options")  # the new backend's defaults, not the old one's options
@@ -500,7 +550,49 @@ def nest_backend_options(values: dict[str, Any], override: bool = False) -> dict
     return out
 
 
-def _format_error(err: ValidationError) -> str:
+def _field_at(loc: str, backend: str | None):
+    """The pydantic FieldInfo of a dotted config key (None when there is none)."""
+    from tuneforge.backends import backend_class
+
+    section, _, name = loc.rpartition(".")
+    model = {"": TrainConfig, "optim": OptimConfig, "data": DataConfig}.get(section)
+    if section == "backend_options" and backend:
+        model = backend_class(backend).Options
+    return model.model_fields.get(name) if model else None
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
+
+
+def allowed_range(field) -> str | None:
+    """'a finite number > 0 and <= 1000' (or 'a whole number ...'): a numeric field's stated bounds; None for others."""
+    kinds = [field.annotation, *typing.get_args(field.annotation)]
+    metadata, each = field.metadata, ""
+    if typing.get_origin(field.annotation) is tuple:  # (beta1, beta2): the items' own bounds
+        item = typing.get_args(field.annotation)[0]
+        kinds = [typing.get_args(item)[0]]
+        metadata = [m for info in typing.get_args(item)[1:] for m in getattr(info, "metadata", [info])]
+        each = "each "
+    if any(typing.get_origin(k) is Literal for k in kinds):
+        return None  # a number or a word: the field's own message says which
+    if int in kinds:
+        kind = "a whole number"
+    elif float in kinds:
+        kind = "a finite number"
+    else:
+        return None
+    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [
+        f"{symbol} {_number(getattr(m, name))}"
+        for m in metadata
+        for name, symbol in symbols.items()
+        if getattr(m, name, None) is not None
+    ]
+    return f"{each}{kind} {' and '.join(bounds)}".strip() + (" (or null)" if type(None) in kinds else "")
+
+
+def _format_error(err: ValidationError, backend: str | None = None) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
@@ -514,7 +606,9 @@ def _format_error(err: ValidationError) -> str:
             got = e.get("input")
             where = f"'{loc}'" if loc else "config"
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
-            lines.append(f"bad value for {where}: {msg}{shown}")
+            field = _field_at(loc, backend) if loc else None
+            allowed = allowed_range(field) if field is not None else None
+            lines.append(f"bad value for {where}: {msg}{shown}" + (f"; allowed: {allowed}" if allowed else ""))
     return "; ".join(lines)
 
 
@@ -525,7 +619,8 @@ def build_config(values: dict[str, Any] | None = None, **kwargs: Any) -> TrainCo
     try:
         return TrainConfig.model_validate(merged)
     except ValidationError as err:
-        raise ConfigError(_format_error(err)) from None
+        backend = merged.get("backend", TrainConfig.model_fields["backend"].default)
+        raise ConfigError(_format_error(err, backend if isinstance(backend, str) else None)) from None
 
 
 def _parse_scalar(text: str) -> Any:

@@ -17,3 +17,7 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     pass
+
+
+class NonFiniteError(UserError):
+    """Training produced a nan/inf loss or gradient (a learning rate, scale or data row at fault): the run stops."""

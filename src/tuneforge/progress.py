@@ -21,6 +21,7 @@ class Progress:
     best_eval: dict | None = None  # the metrics of the best evaluation (load_best_model_at_end)
     log_loss: float = 0.0  # this rank's loss sum since the last log line
     log_count: float = 0.0  # this rank's item count since the last log line
+    skipped_steps: int = 0  # steps skipped for a nan/inf loss or gradient (skip_nonfinite allows them)
 
     PER_RANK: ClassVar[tuple[str, ...]] = ("log_loss", "log_count")  # saved per rank, not in trainer_state.json
 

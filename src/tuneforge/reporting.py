@@ -92,6 +92,19 @@ class Reporter:
         if self.bar is not None:
             self.bar.update(1)
 
+    def stop(self) -> None:
+        """A run that stops on an error: the progress bar ends (the error is the last line) and metrics.jsonl is
+        closed; no result is written."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        if self._metrics_file:
+            self._metrics_file.close()
+            self._metrics_file = None
+        if self.tb:
+            self.tb.close()
+            self.tb = None
+
     def finish(self, result: dict) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -22,10 +22,11 @@ import torch
 
 from tuneforge import adapters, checkpoint, export, launch
 from tuneforge.backends import check_launchable, get_backend
+from tuneforge.backends.base import NonFiniteStep
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.config import TrainConfig, build_config
 from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
-from tuneforge.errors import ConfigError
+from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.freezing import freeze_bottom
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
@@ -51,6 +52,14 @@ def _with_length(ds):
     if ds is None or "length" in ds.column_names:
         return ds
     return ds.add_column("length", [len(x) for x in ds["input_ids"]])
+
+
+def _nonfinite_what(what: str, step: int, local_loss: float) -> str:
+    """'the loss at step 7 is nan' (this rank's value, where it is the one), or 'the gradients at step 7 are
+    not finite'."""
+    if what == "loss":
+        return f"the loss at step {step} is " + (str(local_loss) if not math.isfinite(local_loss) else "not finite")
+    return f"the {what} at step {step} are not finite"
 
 
 def seed_everything(seed: int) -> None:
@@ -372,8 +381,45 @@ class Trainer:
                 loss_sum, _ = self.compute_loss(outputs, batch)
                 b.backward(loss_sum * scale, self.model)
             total += loss_sum.detach().float()
-        b.step(self.model, self.optimizer)
+        try:
+            b.step(self.model, self.optimizer, loss=total)
+        except NonFiniteStep as bad:
+            self._skip_nonfinite(bad, total)
+            return torch.zeros_like(total), torch.zeros_like(local_count)  # nothing of it in the logged loss
         return total, local_count
+
+    def _skip_nonfinite(self, bad: NonFiniteStep, local_loss: torch.Tensor) -> None:
+        """A step whose loss or gradients were nan/inf (on any rank; the backend did not update the weights):
+        skipped and logged while `skip_nonfinite` allows, else the run stops here, before anything is saved, so
+        the last checkpoint stays the latest. A skipped step still counts (its data is consumed, the schedule
+        moves on), so the run's plan and a resume are unchanged."""
+        cfg, st = self.config, self.state
+        what = _nonfinite_what(bad.what, st.step + 1, float(local_loss))
+        if bad.applied or st.skipped_steps >= cfg.skip_nonfinite:
+            self.report.stop()
+            how = (
+                "the engine applied that update, so it cannot be skipped"
+                if bad.applied
+                else f"--skip-nonfinite N skips up to N such steps (this run allows {cfg.skip_nonfinite})"
+            )
+            raise NonFiniteError(
+                f"{what}: training stopped, nothing saved from it (the last checkpoint, if any, stays the latest); "
+                f"{self._nonfinite_suspects()} may be at fault; {how}"
+            )
+        st.skipped_steps += 1
+        allowed = f"{st.skipped_steps} of --skip-nonfinite {cfg.skip_nonfinite}"
+        self.report.print(f"warning: {what}: step skipped, no update ({allowed})")
+        self.report.log({"split": "skipped", "step": st.step + 1, "epoch": st.epoch, "reason": what})
+
+    def _nonfinite_suspects(self) -> str:
+        """What of this run's settings and data can turn a loss or gradient nan/inf."""
+        cfg = self.config
+        suspects = ["the learning rate (--lr)"]
+        suspects += ["--dpo-beta"] if cfg.task == "dpo" else []
+        suspects += ["--lora-alpha"] if cfg.adapter == "lora" else []
+        suspects += ["unclipped gradients (--max-grad-norm)"] if not cfg.optim.max_grad_norm else []
+        suspects += ["fp16's range (--precision bf16 or fp32)"] if self.backend.precision == "fp16" else []
+        return ", ".join(suspects) + " or the data (a row with an extreme value)"
 
     # ---- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
@@ -465,7 +511,9 @@ class Trainer:
 
     def _log_train(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> None:
         totals = self.backend.reduce_sum(torch.stack([win_loss.float(), win_count.float()]))  # the true global mean
-        loss = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
+        if totals[1] == 0:
+            return  # only skipped steps since the last line: no loss to show (each skip has its own record)
+        loss = float(totals[0] / totals[1])
         self.state.train_loss = loss
         logs = {
             "split": "train",
@@ -505,6 +553,8 @@ class Trainer:
         )
         if st.best_step is not None:
             result["best_step"] = st.best_step
+        if st.skipped_steps:
+            result["skipped_steps"] = st.skipped_steps
         self.report.finish(result)
         for cb in self.callbacks:
             cb.on_train_end(self, result)

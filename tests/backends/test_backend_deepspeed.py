@@ -66,6 +66,7 @@ def test_zero2_checkpoint_holds_each_ranks_optimizer_shard(backend_runs):
             ["deepspeed config bf16.enabled=true conflicts with precision=fp32", "--precision"],
         ),
         ({"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}, (), ["sets 'optimizer'", "--lr"]),
+        ({"gradient_clipping": float("inf")}, (), ["is not valid JSON (Infinity is not a JSON number", "finite"]),
         (None, ("--zero-stage", "2", "--offload", "params"), ["offload=params", "ZeRO stage 3", "--zero-stage 3"]),
     ],
 )

@@ -9,7 +9,7 @@ The Trainer names no backend. It calls, in order:
     with backend.micro_step(model, sync=is_last_micro):  # the one place gradient sync is decided
         with backend.autocast(): outputs = ...        # per micro-batch
         backend.backward(loss, model)
-    grad_norm = backend.step(model, optimizer)        # clip, step, zero_grad
+    grad_norm = backend.step(model, optimizer, loss)  # clip, step, zero_grad; NonFiniteStep: nan/inf, no update
     backend.reduce_sum(t) / backend.gather_objects(x) # exact metrics across data-parallel ranks
     backend.save(dir, model, optimizer) / backend.load(dir, model, optimizer)
     backend.full_state_dict(model)                    # consolidated weights for the HF export
@@ -36,6 +36,17 @@ from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import CheckpointError, ConfigError
 
 MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
+
+
+class NonFiniteStep(Exception):
+    """An optimizer step whose loss or gradients were nan/inf on some rank (every rank raises it together).
+
+    `what`: "loss" or "gradients". `applied`: the engine updated the weights anyway (they cannot be trusted);
+    otherwise nothing was updated and the gradients are zeroed, so the run may go on."""
+
+    def __init__(self, what: str, applied: bool = False) -> None:
+        super().__init__(f"non-finite {what}")
+        self.what, self.applied = what, applied
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -209,12 +220,25 @@ class Backend:
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
-    def step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
-        """Clip, step and zero the gradients. Returns the pre-clip grad norm (a tensor; no sync)."""
+    def step(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Clip, step and zero the gradients. Returns the pre-clip grad norm (a tensor).
+
+        Raises NonFiniteStep, with nothing updated and the gradients zeroed, when `loss` (this rank's) or the
+        gradients are nan/inf on any rank. Under fp16's GradScaler an overflowing gradient is the scaler's to
+        skip (it lowers the scale and goes on), not a failure: there only the loss is checked."""
         max_norm = self.config.optim.max_grad_norm
         if self.scaler:
             self.scaler.unscale_(optimizer)
         norm = self.clip_grad_norm(model, max_norm) if max_norm else None
+        grads = None if self.scaler else norm if norm is not None else self.largest_grad(model)
+        bad = self.nonfinite(loss, grads)
+        if bad:
+            optimizer.zero_grad(set_to_none=True)
+            if self.scaler:
+                self.scaler.update()  # unscale_ was called: the scaler must close this step
+            raise NonFiniteStep(bad)
         if self.scaler:
             self.scaler.step(optimizer)
             self.scaler.update()
@@ -222,6 +246,26 @@ class Backend:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def largest_grad(self, model: torch.nn.Module) -> torch.Tensor | None:
+        """The largest |gradient| of this rank's (local shard of the) gradients: nan/inf when any is (no clip
+        norm to read it from)."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # a DTensor's shard: no collective
+        grads = [g for g in grads if g.numel()]  # a rank's shard of a small tensor may be empty
+        return torch.nn.utils.get_total_norm(grads, norm_type=float("inf")) if grads else None
+
+    def nonfinite(self, loss: torch.Tensor | None, grads: torch.Tensor | None) -> str | None:
+        """'loss' or 'gradients' when that tensor is nan/inf on any rank, else None: every rank gets the same
+        answer from one all-reduce of two flags (sharded and tensor-parallel ranks hold different parts)."""
+        zero = torch.zeros((), device=self.device)
+        flags = torch.stack(
+            [(~torch.isfinite(t.detach().float())).any().float() if t is not None else zero for t in (loss, grads)]
+        )
+        if self.distributed and self.world_size > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        loss_bad, grads_bad = flags.tolist()
+        return "loss" if loss_bad else "gradients" if grads_bad else None
 
     # ---- collectives over data-parallel replicas -------------------------------------------
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:

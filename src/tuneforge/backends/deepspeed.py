@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from pydantic import Field
 
-from tuneforge.backends.base import Backend, MakeOptimizer
+from tuneforge.backends.base import Backend, MakeOptimizer, NonFiniteStep
 from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.weights import parameter_names
@@ -66,12 +66,17 @@ def _shown(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (bool, type(None))) else str(value)
 
 
+def _refuse_non_finite(name: str) -> Any:
+    # Python's json reads NaN and Infinity, which strict JSON (and every setting DeepSpeed has) does not allow
+    raise ValueError(f"{name} is not a JSON number; every DeepSpeed setting must be finite")
+
+
 def read_user_config(path: str) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"deepspeed config {path!r} does not exist; pass a JSON file with --deepspeed-config")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_refuse_non_finite)
     except ValueError as err:
         raise ConfigError(f"deepspeed config {path!r} is not valid JSON ({err})") from None
     if not isinstance(data, dict):
@@ -284,11 +289,21 @@ class DeepSpeedBackend(Backend):
         # the loss is already normalised, so no 1/gradient_accumulation_steps
         model.backward(loss, scale_wrt_gas=False)
 
-    def step(self, model, optimizer) -> torch.Tensor | None:
-        """Clip (gradient_clipping), step and zero the gradients; returns the pre-clip norm."""
+    def step(self, model, optimizer, loss: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Clip (gradient_clipping), step and zero the gradients; returns the pre-clip norm.
+
+        The engine's gradients live in its partitioned buffers, so the step is always taken and checked after:
+        DeepSpeed itself skips a step whose gradient norm is nan/inf (its `skipped_steps`). NonFiniteStep when
+        the loss or that norm was nan/inf on any rank, `applied` when the engine stepped anyway. Under fp16 an
+        overflowing gradient is its loss scaler's to skip, not a failure."""
+        skipped = model.skipped_steps
         model.step()
         norm = model.get_global_grad_norm()
-        return None if norm is None else torch.as_tensor(norm, dtype=torch.float32)
+        norm = None if norm is None else torch.as_tensor(norm, dtype=torch.float32, device=self.device)
+        bad = self.nonfinite(loss, None if self.precision == "fp16" else norm)
+        if bad:
+            raise NonFiniteStep(bad, applied=model.skipped_steps == skipped)
+        return norm
 
     # ---- state ----------------------------------------------------------------------------
     def full_state_dict(self, model) -> dict[str, torch.Tensor] | None:

@@ -119,7 +119,7 @@ def check_world(tp_size: int, world_size: int) -> None:
 
 class TPOptions(BackendOptions):
     tp_size: int | None = Field(
-        None, gt=0, description="processes per tensor-parallel group (default: all); the rest is data parallel"
+        None, gt=0, le=4096, description="processes per tensor-parallel group (default: all); the rest is data parallel"
     )
 
 
@@ -203,10 +203,12 @@ class TPBackend(ShardedBackend):
         if optimizer is not None:
             _step_one_by_one(optimizer)  # a loaded state brings back the flags of the run that saved it
 
-    def step(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+    def step(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         if self.dp_size > 1:
             self._average_grads_over_dp(model)
-        return super().step(model, optimizer)
+        return super().step(model, optimizer, loss)
 
     def _average_grads_over_dp(self, model: nn.Module) -> None:
         grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
