@@ -49,14 +49,15 @@ def save_chat_model(out: Path, tiny_llama: str) -> str:
 @contextmanager
 def app_server(model_dir: str, load=None, **options):
     """`create_app` for `model_dir` under uvicorn in a thread, on a free port of 127.0.0.1; yields its URL once it
-    listens. `load`: what the app loads (default: `load_servable(model_dir)`)."""
+    listens. `load`: what the app loads (default: `load_servable(model_dir)`); `on_fatal`: create_app's."""
     import uvicorn
 
     from tuneforge.predict import load_servable
     from tuneforge.serve.app import ServeOptions, create_app
 
+    on_fatal = options.pop("on_fatal", None)
     settings = ServeOptions(model_dir=model_dir, served_model_name=options.pop("served_model_name", NAME), **options)
-    app = create_app(load or (lambda: load_servable(model_dir)), settings)
+    app = create_app(load or (lambda: load_servable(model_dir)), settings, on_fatal)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))

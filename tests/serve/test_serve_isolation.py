@@ -216,3 +216,83 @@ def test_the_largest_seed_samples_and_reproduces(gen_url):
     first = post(gen_url, "/v1/completions", body)
     assert first.status_code == 200, first.text
     assert post(gen_url, "/v1/completions", body).json()["choices"] == first.json()["choices"]
+
+
+# ---- the engine itself dies: /health says so, the process exits non-zero --------------------------------
+def broken_generator(model_dir: str):
+    """The model folder's Generator with a forward pass that always fails (a lost device, say)."""
+    from tuneforge.predict import load_servable
+
+    generator = load_servable(model_dir)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the device is gone")
+
+    generator.model.forward = broken
+    return generator
+
+
+def test_a_dead_engine_shows_on_health_and_is_reported_once(chat_model):
+    deaths: list[BaseException] = []
+    with app_server(chat_model, load=lambda: broken_generator(chat_model), on_fatal=deaths.append) as url:
+        wait_ready(url)
+        assert_error(post(url, "/v1/completions", completion()), 500, None, "server_error")
+        health = httpx.get(f"{url}/health", timeout=10)
+        assert (health.status_code, health.json()) == (503, {"status": "error"})
+        assert_error(post(url, "/v1/completions", completion()), 503, None, "server_error")
+    assert len(deaths) == 1 and "the device is gone" in str(deaths[0])
+
+
+BROKEN_SERVE = """
+import sys
+import tuneforge.predict
+
+def broken_generator(model_dir, max_length=None):
+    generator = load(model_dir)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the device is gone")
+
+    generator.model.forward = broken
+    return generator
+
+load, tuneforge.predict.load_servable = tuneforge.predict.load_servable, broken_generator
+from tuneforge.cli import main
+sys.exit(main(sys.argv[1:]))
+"""  # broken_generator's, in a fresh `tuneforge serve` process
+
+
+def test_a_dead_engine_ends_the_serve_process_with_one_line_and_exit_1(chat_model):
+    """`tuneforge serve` (its CLI entry point in a fresh process) whose model's forward pass fails: the first
+    request kills the engine, and the process exits 1 with one `error:` line, for a supervisor to restart it."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, free_port
+
+    port = free_port()
+    args = [sys.executable, "-c", BROKEN_SERVE, "serve", chat_model, "--port", str(port)]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        r = post(url, "/v1/completions", {**completion(), "model": chat_model})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert proc.wait(timeout=30) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]  # the request's failure: a log line
+    assert "Traceback" not in err and len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
+    assert errors[0].startswith("error: the generation engine stopped (EngineDied: ") and "device is gone" in errors[0]

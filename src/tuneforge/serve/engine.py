@@ -306,7 +306,7 @@ class GenerationEngine:
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.on_step = on_step or (lambda rows: None)  # called with the rows of each forward pass
-        self.on_death = on_death or (lambda err: None)  # called once, from the engine thread, if it dies
+        self.on_death = on_death  # called once, from the engine thread, if it dies (else the death is logged)
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
@@ -404,8 +404,10 @@ class GenerationEngine:
                 if seq.finish_reason is None:
                     seq.finish_reason = "error"
                     seq.emit("", "error")
-            log.error("the generation engine stopped: %s: %s", type(err).__name__, err)
-            self.on_death(err)
+            if self.on_death is not None:
+                self.on_death(err)
+            else:
+                log.error("the generation engine stopped: %s: %s", type(err).__name__, err)
 
     def _admit(self) -> list[Sequence]:
         if not self.batch.joins_running and self.running:
