@@ -447,6 +447,17 @@ def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
         (["--max-queue", "-1"], "error: --max-queue must be positive, got -1"),
         (["--request-timeout", "0"], "error: --request-timeout must be above 0 seconds, got 0"),
         (["--api-key", " "], "error: --api-key (or TUNEFORGE_API_KEY) is empty; give a key or leave it unset"),
+        (["--max-wait-ms", "inf"], "error: --max-wait-ms must be between 0 and 60000, got inf"),
+        (["--max-wait-ms", "nan"], "error: --max-wait-ms must be between 0 and 60000, got nan"),
+        (["--request-timeout", "nan"], "error: --request-timeout must be above 0 seconds, got nan"),
+        (["--request-timeout", "inf"], "error: --request-timeout must be at most 86400 seconds (a day), got inf"),
+        (["--request-timeout", "1e300"], "error: --request-timeout must be at most 86400 seconds (a day), got 1e+300"),
+        (["--max-batch-size", str(10**30)], f"error: --max-batch-size must be between 1 and 65536, got {10**30}"),
+        (
+            ["--default-max-tokens", str(2**63)],
+            f"error: --default-max-tokens must be between 1 and 1048576, got {2**63}",
+        ),
+        (["--max-length", "0"], "error: --max-length must be between 1 and 1048576, got 0"),
     ],
 )
 def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):

@@ -296,3 +296,17 @@ def test_a_dead_engine_ends_the_serve_process_with_one_line_and_exit_1(chat_mode
     errors = [line for line in err.splitlines() if line.startswith("error:")]  # the request's failure: a log line
     assert "Traceback" not in err and len(errors) == 1 and err.strip().splitlines()[-1] == errors[0], err
     assert errors[0].startswith("error: the generation engine stopped (EngineDied: ") and "device is gone" in errors[0]
+
+
+def test_seq2seq_never_runs_past_its_positions(tiny_bart):
+    """A BART of 128 positions: an input longer than the encoder's is a 400 (it crashed the engine before), as is a
+    max_tokens the decoder has no positions for; the longest allowed generation runs to its end."""
+    long = " ".join(["a man is riding a red bike"] * 30)
+    with app_server(tiny_bart) as url:
+        wait_ready(url)
+        error = assert_error(post(url, "/v1/completions", completion(prompt=long)), 400, "prompt")
+        assert "reads at most 128" in error["message"]
+        assert_error(post(url, "/v1/completions", completion(max_tokens=128)), 400, "max_tokens")
+        r = post(url, "/v1/completions", completion(max_tokens=127, temperature=0))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 127, r.text
+        assert healthy(url)
