@@ -143,19 +143,24 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         flush=True,
     )
     server.run(sockets=[sock])
-    if failed and app.state.server.served is not None:  # it served, then its engine died
-        err = failed[0]
-        first = (str(err).strip().splitlines() or [""])[0][:300]
-        print(
-            f"error: the generation engine stopped ({type(err).__name__}: {first}); the server exits so that a "
-            "supervisor can restart it",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
-    if failed:
-        raise failed[0]
-    return 0
+    return exit_status(failed[0] if failed else None, app.state.server.served is not None)
+
+
+def exit_status(failed: BaseException | None, served: bool) -> int:
+    """0 after a clean stop; a model that failed to load raises (the CLI's one line); an engine that died after
+    serving: one `error:` line and 1, so that a supervisor restarts the server."""
+    if failed is None:
+        return 0
+    if not served:
+        raise failed
+    first = (str(failed).strip().splitlines() or [""])[0][:300]
+    print(
+        f"error: the generation engine stopped ({type(failed).__name__}: {first}); the server exits so that a "
+        "supervisor can restart it",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
 
 
 def add_arguments(p) -> None:
