@@ -310,3 +310,22 @@ def test_seq2seq_never_runs_past_its_positions(tiny_bart):
         r = post(url, "/v1/completions", completion(max_tokens=127, temperature=0))
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 127, r.text
         assert healthy(url)
+
+
+def test_a_template_that_refuses_a_system_message_is_a_400_for_that_request(tmp_path, tiny_llama):
+    """As Gemma's and Mistral's templates refuse a system message: a 400 with the template's own words, and the
+    same server answers the next conversation."""
+    from transformers import AutoTokenizer
+
+    model = save_chat_model(tmp_path / "model", tiny_llama)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    refusal = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    tokenizer.chat_template = refusal + tokenizer.chat_template
+    tokenizer.save_pretrained(model)
+    user = {"role": "user", "content": "where is the dog"}
+    with app_server(model) as url:
+        wait_ready(url)
+        body = {**CHAT, "messages": [{"role": "system", "content": "be brief"}, user]}
+        error = assert_error(post(url, "/v1/chat/completions", body), 400, "messages")
+        assert error["message"] == "the chat template refused these messages: System role not supported"
+        assert post(url, "/v1/chat/completions", {**CHAT, "messages": [user]}).status_code == 200
