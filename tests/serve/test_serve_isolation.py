@@ -329,3 +329,36 @@ def test_a_template_that_refuses_a_system_message_is_a_400_for_that_request(tmp_
         error = assert_error(post(url, "/v1/chat/completions", body), 400, "messages")
         assert error["message"] == "the chat template refused these messages: System role not supported"
         assert post(url, "/v1/chat/completions", {**CHAT, "messages": [user]}).status_code == 200
+
+
+def test_a_batch_that_fails_is_run_again_request_by_request(choice_model):
+    """The batcher's own isolation, for a predictor without input checks (the multiple-choice one's predict alone):
+    the bad request's error joins the batch, the batch fails, and the batcher runs each
+    request alone, so only the bad one fails and the good one gets exactly its own answer."""
+    import asyncio
+
+    from tuneforge.errors import DataError
+    from tuneforge.serve.batching import DynamicBatcher
+    from tuneforge.tasks.multiple_choice import ChoicePredictor
+
+    class PredictOnly:  # a predictor without input checks: only predict() finds the bad input
+        def __init__(self, predictor) -> None:
+            self.predict = predictor.predict
+
+    predictor = ChoicePredictor(choice_model)
+    good = [{"question": "the dog", "choices": ["runs in the park", "is a boat"]}]
+    bad = [{"question": "the cat", "choices": ["sleeps"]}]
+    sizes: list[int] = []
+
+    async def both():
+        batcher = DynamicBatcher(PredictOnly(predictor), max_batch_size=8, max_wait_ms=300, on_batch=sizes.append)
+        await batcher.start()
+        try:
+            return await asyncio.gather(batcher.submit(good), batcher.submit(bad), return_exceptions=True), batcher
+        finally:
+            await batcher.stop()
+
+    (answer, error), batcher = asyncio.run(both())
+    assert isinstance(error, DataError) and "at least 2" in str(error)
+    assert answer == predictor.predict(good)
+    assert (batcher.batches, sizes) == (1, [1])  # the good request, run alone after the shared batch failed
