@@ -150,6 +150,8 @@ def test_a_row_whose_sampling_fails_and_a_prefill_that_fails_fail_alone(tiny_gpt
 
 
 def test_the_engine_dies_when_the_model_itself_fails(tiny_gpt2):
+    import pytest
+
     from tuneforge.generate import Generator
     from tuneforge.serve.engine import EngineDied, GenerationEngine, SamplingParams, Sequence
 
@@ -170,3 +172,5 @@ def test_the_engine_dies_when_the_model_itself_fails(tiny_gpt2):
     assert [reasons for _, _, reasons in emits] == [["error"]] * 3
     assert len(deaths) == 1 and isinstance(deaths[0], EngineDied) and engine.error is deaths[0]
     assert "the device is gone" in str(deaths[0])
+    with pytest.raises(EngineDied):  # nothing would take it: refused, never left waiting
+        engine.submit([Sequence([5], SamplingParams(max_tokens=1), lambda text, reason: None)])

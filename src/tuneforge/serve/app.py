@@ -40,7 +40,7 @@ from tuneforge.errors import UserError
 from tuneforge.generate import Generator
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.batching import DynamicBatcher
-from tuneforge.serve.engine import GenerationEngine, QueueFull, SamplingParams, Sequence
+from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, SamplingParams, Sequence
 from tuneforge.serve.metrics import Metrics
 
 ROUTES = ("/", "/health", "/metrics", "/predict", "/v1/models", "/v1/completions", "/v1/chat/completions")
@@ -548,6 +548,8 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_fatal: Callabl
             state.engine.submit(gen.seqs)
         except QueueFull as err:
             raise oa.ApiError(503, f"the server is busy ({err}); retry later", kind="server_busy") from None
+        except EngineDied:  # it died since require_ready: as require_ready would now say
+            raise oa.ApiError(503, "the model failed; see the server's log", kind="server_error") from None
         rid, created, name = oa.new_id("chatcmpl" if chat else "cmpl"), oa.now(), options.served_model_name
         deadline = time.monotonic() + options.request_timeout_s
         if not body.stream:

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 log = logging.getLogger("tuneforge.serve")
-SAMPLING_EPS = 1e-5  # a temperature below it samples greedily: dividing the logits by it would overflow
+SAMPLING_EPS = 1e-5  # a temperature below it samples greedily (vLLM's _SAMPLING_EPS): dividing by it overflows
 
 
 class EngineDied(Exception):
@@ -347,8 +347,11 @@ class GenerationEngine:
             self._thread.join()
 
     def submit(self, seqs: list[Sequence]) -> None:
-        """Queue the sequences of one request; QueueFull when the waiting list cannot take them."""
+        """Queue the sequences of one request; QueueFull when the waiting list cannot take them, EngineDied once
+        the engine has stopped."""
         with self._wake:
+            if self.error is not None:  # nothing would ever take them
+                raise EngineDied(f"the generation engine has stopped: {self.error}")
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             if len(self.waiting) + len(seqs) > self.max_queue:
@@ -395,8 +398,8 @@ class GenerationEngine:
                         self._decode()
                         self._drop_finished()
         except BaseException as err:  # the model itself failed (or a bug here): every open request learns of it
-            self.error = err
-            with self._wake:
+            with self._wake:  # with the lock: `submit` takes nothing more once the error is set
+                self.error = err
                 pending = self.running + list(self.waiting)
                 self.waiting.clear()
             self.running = []

@@ -17,11 +17,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuneforge.serve.engine import SAMPLING_EPS  # a temperature below it is greedy, as vLLM's _SAMPLING_EPS
+
 MAX_CHOICES = 16  # n
 MAX_STOPS = 4  # stop strings, as OpenAI allows
 MAX_TOKENS = 1 << 20  # max_tokens' bound before the model's own context (checked per model) lowers it
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a torch.long, as vLLM bounds it (torch.Generator takes it)
-SAMPLING_EPS = 1e-5  # a temperature below it is greedy (vLLM's _SAMPLING_EPS): dividing by it overflows
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
