@@ -188,7 +188,9 @@ MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 
 def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams, seed=None) -> None:
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise ConfigError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS} (got {max_new_tokens})")
-    if temperature is not None and not 0 < temperature < math.inf:
+    if temperature is not None and not math.isfinite(temperature):
+        raise ConfigError(f"--temperature must be a finite number (got {temperature})")
+    if temperature is not None and temperature <= 0:
         raise ConfigError(f"--temperature must be above 0 (got {temperature}); for greedy decoding drop --do-sample")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"--top-k must be at least 1 (got {top_k})")
