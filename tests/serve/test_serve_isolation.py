@@ -115,7 +115,7 @@ def test_an_empty_qa_question_fails_alone_in_its_batch(qa_model):
 
     good = {"pairs": [["where is the dog", "the dog is in the garden behind the house"]]}
     bad = {"pairs": [["  ", "the dog is in the garden"]]}
-    with app_server(qa_model, max_wait_ms=500, max_batch_size=8) as url:
+    with app_server(qa_model, max_wait_ms=150, max_batch_size=8) as url:
         wait_ready(url)
         before = httpx.get(f"{url}/health", timeout=10).json()["batches"]
         for _ in range(3):
@@ -134,7 +134,7 @@ def test_a_multiple_choice_input_with_one_choice_fails_alone(choice_model):
 
     good = {"inputs": [{"question": "the dog", "choices": ["runs in the park", "is a boat", "reads a book"]}]}
     bad = {"inputs": [{"question": "the cat", "choices": ["sleeps"]}]}
-    with app_server(choice_model, max_wait_ms=500, max_batch_size=8) as url:
+    with app_server(choice_model, max_wait_ms=150, max_batch_size=8) as url:
         wait_ready(url)
         for _ in range(3):
             ok, refused = together(url, "/predict", [good, bad])
