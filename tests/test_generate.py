@@ -103,7 +103,12 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
     "flags, message",
     [
         (["--top-p", "1.5"], "error: --top-p must be in (0, 1] (got 1.5)"),
-        (["--max-new-tokens", "0"], "error: --max-new-tokens must be at least 1 (got 0)"),
+        (["--max-new-tokens", "0"], "error: --max-new-tokens must be between 1 and 1048576 (got 0)"),
+        (["--max-new-tokens", str(10**30)], f"error: --max-new-tokens must be between 1 and 1048576 (got {10**30})"),
+        (["--seed", str(10**30)], f"error: --seed must be between 0 and 4294967295 (got {10**30})"),
+        (["--seed", "-1"], "error: --seed must be between 0 and 4294967295 (got -1)"),
+        (["--do-sample", "--temperature", "nan"], "error: --temperature must be a finite number (got nan)"),
+        (["--do-sample", "--temperature", "inf"], "error: --temperature must be a finite number (got inf)"),
         (
             ["--do-sample", "--temperature", "0"],
             "error: --temperature must be above 0 (got 0.0); for greedy decoding drop --do-sample",
@@ -134,3 +139,37 @@ def test_corrupt_tuneforge_json_is_one_clear_line(tiny_gpt2, tmp_path, capsys, c
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith(f"error: {str(model_dir / 'tuneforge.json')!r} {message}")
     assert lines[0].endswith("re-export the model or delete that file")
+
+
+# ---- never past the model's context --------------------------------------------------------------------
+def test_a_continuation_stops_at_the_context_with_a_note(tiny_gpt2, capsys):
+    from transformers import AutoTokenizer
+
+    prompt = "A man is riding a red bike"
+    n = len(AutoTokenizer.from_pretrained(tiny_gpt2)(prompt)["input_ids"])
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", prompt, "--max-new-tokens", "500", "--json")
+    assert code == 0, err
+    assert err.strip() == (
+        f"note: generation stops at the model's context of 64 tokens: {64 - n} new tokens after prompt 1's {n} "
+        "tokens at most, not 500"
+    )
+    from tuneforge.generate import Generator
+
+    # exactly the continuation that fits: what asking for the room alone gives
+    assert last_json(out)["generations"][0]["generated"] == Generator(tiny_gpt2).generate([prompt], 64 - n)[0]
+
+
+def test_a_prompt_that_fills_the_context_is_one_line(tiny_gpt2, capsys):
+    long = " ".join(["a man is riding a red bike"] * 20)
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "The dog", "--prompt", long)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: prompt 2 has ") and "the model's context is 64, which leaves no room" in err
+
+
+def test_seq2seq_stops_at_the_decoders_positions_and_refuses_a_longer_input(tiny_bart, capsys):
+    code, out, err = cli_main(capsys, "generate", tiny_bart, "--prompt", "a man", "--max-new-tokens", "300")
+    assert code == 0, err
+    assert err.strip() == "note: generation stops at the model's context of 128 tokens: 127 new tokens at most, not 300"
+    long = " ".join(["a man is riding a red bike"] * 30)
+    code, out, err = cli_main(capsys, "generate", tiny_bart, "--prompt", long)
+    assert code == 2 and err.strip().startswith("error: input 1 has ") and "reads at most 128" in err

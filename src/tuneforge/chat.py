@@ -2,17 +2,77 @@
 chat template (the conversation so far, then the generation prompt); an empty line or end of input ends it.
 
 The model folder is any causal LM with a chat template: an `--task sft` run's OUTPUT_DIR/model (an
-adapter folder too), or the merged export of one.
+adapter folder too), or the merged export of one. This module also owns the checks of a model's chat template
+that `serve` shares: a template that does not parse is one line naming its file at start-up
+(`check_chat_template`); one that refuses a conversation (as Gemma's and Mistral's refuse a system message) is
+one line naming the file, the turn and the template's own message. A conversation that fills the model's
+context ends with one line saying so; a reply stops at the context (generate.py says so in a `note:` line).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TextIO
 
-from tuneforge.errors import ConfigError
+from tuneforge.errors import ConfigError, DataError
 from tuneforge.generate import Generator, check_generation_options
+
+
+def template_file(model_dir: str) -> str:
+    """Where a model folder keeps its chat template: chat_template.jinja (transformers 5), else the tokenizer's
+    config."""
+    for name in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json"):
+        if (Path(model_dir) / name).is_file():
+            return str(Path(model_dir) / name)
+    return model_dir
+
+
+def check_chat_template(tokenizer, model_dir: str) -> None:
+    """ConfigError naming the file when the tokenizer's chat template (each, when it has several) does not parse."""
+    templates = getattr(tokenizer, "chat_template", None)
+    if not templates:
+        return
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template as compile_template
+    except ImportError:  # another transformers: its own error, at the first conversation, is the check
+        return
+    for name, template in templates.items() if isinstance(templates, dict) else [("", templates)]:
+        try:
+            compile_template(template)
+        except Exception as err:
+            where = f"line {err.lineno}: " if getattr(err, "lineno", None) else ""
+            which = f" (the one named {name!r})" if name else ""
+            message = getattr(err, "message", None) or err
+            raise ConfigError(
+                f"the chat template in {template_file(model_dir)}{which} does not parse: {where}{message}; fix the "
+                "template (or train again with a --chat-template file that parses)"
+            ) from None
+
+
+def render(generator: Generator, messages: list[dict], turn: int) -> str:
+    """The conversation through the chat template; ConfigError naming the file, the turn and the template's own
+    message when the template refuses it."""
+    try:
+        return generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as err:  # the template's raise_exception(...), or an error in the template's own code
+        raise ConfigError(
+            f"the chat template in {template_file(generator.model_dir)} refused the conversation at turn {turn}: {err}"
+        ) from None
+
+
+def check_room(generator: Generator, prompt: str, turn: int) -> None:
+    """DataError when the conversation so far leaves the model no room to answer."""
+    from tuneforge.tasks.clm import context_length
+
+    context = context_length(generator.model.config)
+    n = len(generator.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    if context is not None and n >= context:
+        raise DataError(
+            f"the conversation is {n} tokens at turn {turn}; the model's context is {context}: start a new chat "
+            "(shorter messages, or a shorter --system)"
+        )
 
 
 def chat(
@@ -28,14 +88,16 @@ def chat(
         raise ConfigError(
             "this model's tokenizer has no chat template; train it with --task sft (--chat-template FILE)"
         )
+    check_chat_template(tokenizer, generator.model_dir)
     messages = [{"role": "system", "content": system}] if system else []
     print("you> ", end="", file=out, flush=True)
-    for line in lines:
+    for turn, line in enumerate(lines, start=1):
         text = line.strip()
         if not text:
             break
         messages.append({"role": "user", "content": text})
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = render(generator, messages, turn)
+        check_room(generator, prompt, turn)
         (reply,) = generator.generate([prompt], add_special_tokens=False, **options)
         reply = reply.strip()
         messages.append({"role": "assistant", "content": reply})
@@ -45,7 +107,7 @@ def chat(
 
 
 def cmd_chat(ns: argparse.Namespace) -> int:
-    check_generation_options(ns.max_new_tokens, ns.temperature, None, ns.top_p, 1)  # before loading
+    check_generation_options(ns.max_new_tokens, ns.temperature, None, ns.top_p, 1, ns.seed)  # before loading
     generator = Generator(ns.model_dir)
     if generator.family != "clm":
         raise ConfigError(f"model {ns.model_dir!r} is a seq2seq model; `tuneforge chat` talks to causal LMs")

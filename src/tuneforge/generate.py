@@ -6,12 +6,17 @@
 Greedy by default; sampling with temperature / top-k / top-p; beam search with --num-beams.
 A causal LM returns the continuation of each prompt; a seq2seq model its output for each input
 (the source prefix it was trained with, from tuneforge.json, is put in front).
+
+Generation never runs past the model's context (its position embeddings): a prompt that fills it is refused
+in one line, and a continuation that would run past it stops there, with a `note:` line on stderr saying so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,6 +72,7 @@ class Generator:
 
         model_dir = str(model_dir)
         check_model_path(model_dir)
+        self.model_dir = model_dir
         self.info = read_model_info(model_dir)
         model_config = from_pretrained(AutoConfig, model_dir, "the model config")
         self.family = model_family(model_dir, model_config, self.info)
@@ -79,6 +85,15 @@ class Generator:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.family == "clm":
             self.tokenizer.padding_side = "left"  # prompts end where generation starts
+
+    def room_in_context(self, lengths: list[int], max_new_tokens: int) -> int:
+        """`max_new_tokens`, or fewer where the model's context ends first (a `note:` line on stderr)."""
+        from tuneforge.tasks.clm import context_length
+
+        room, why = context_room(self.family, context_length(self.model.config), lengths, max_new_tokens)
+        if why:
+            print(f"note: {why}, not {max_new_tokens}", file=sys.stderr, flush=True)
+        return room
 
     @torch.inference_mode()
     def generate(
@@ -95,7 +110,7 @@ class Generator:
     ) -> list[str]:
         """The generated text for each prompt (without the prompt itself). `add_special_tokens=False` for
         prompts that carry their own (a chat template's rendering)."""
-        check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams)
+        check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams, seed)
         if not prompts:
             return []
         if seed is not None:
@@ -116,13 +131,15 @@ class Generator:
             return_token_type_ids=False,
             add_special_tokens=add_special_tokens,
         ).to(self.device)
+        lengths = enc["attention_mask"].sum(1).tolist()
         if self.family == "clm":
-            empty = [i for i, n in enumerate(enc["attention_mask"].sum(1).tolist()) if n == 0]
+            empty = [i for i, n in enumerate(lengths) if n == 0]
             if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
                 raise DataError(
                     f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
                     "a text, so give it at least a word"
                 )
+        max_new_tokens = self.room_in_context(lengths, max_new_tokens)
         options = {
             "max_new_tokens": max_new_tokens,
             "num_beams": num_beams,
@@ -139,9 +156,40 @@ class Generator:
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
-def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams) -> None:
-    if max_new_tokens < 1:
-        raise ConfigError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
+def context_room(family: str, context: int | None, lengths: list[int], max_new_tokens: int) -> tuple[int, str]:
+    """(the new tokens that fit the model's `context` after prompts of `lengths` tokens, why fewer than asked or
+    ""); DataError for a prompt that leaves no room. A causal LM's prompt and continuation share the positions,
+    a seq2seq model's encoder reads the prompt and its decoder has the positions for itself."""
+    if context is None:
+        return max_new_tokens, ""
+    longest = max(lengths, default=0)
+    which = lengths.index(longest) + 1 if lengths else 1
+    if family == "seq2seq":
+        if longest > context:
+            raise DataError(f"input {which} has {longest} tokens; the model reads at most {context}: shorten it")
+        room = context - 1  # the decoder's start token takes a position
+    else:
+        if longest >= context:
+            raise DataError(
+                f"prompt {which} has {longest} tokens; the model's context is {context}, which leaves no room to "
+                "continue it: shorten it"
+            )
+        room = context - longest
+    if max_new_tokens <= room:
+        return max_new_tokens, ""
+    whose = f"after prompt {which}'s {longest} tokens " if family == "clm" else ""
+    return room, f"generation stops at the model's context of {context} tokens: {room} new tokens {whose}at most"
+
+
+MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
+MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
+
+
+def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams, seed=None) -> None:
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise ConfigError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS} (got {max_new_tokens})")
+    if temperature is not None and not math.isfinite(temperature):
+        raise ConfigError(f"--temperature must be a finite number (got {temperature})")
     if temperature is not None and temperature <= 0:
         raise ConfigError(f"--temperature must be above 0 (got {temperature}); for greedy decoding drop --do-sample")
     if top_k is not None and top_k < 1:
@@ -150,11 +198,13 @@ def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beam
         raise ConfigError(f"--top-p must be in (0, 1] (got {top_p})")
     if num_beams < 1:
         raise ConfigError(f"--num-beams must be at least 1 (got {num_beams})")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
 
 
 # ---- CLI ---------------------------------------------------------------------------------
 def cmd_generate(ns: argparse.Namespace) -> int:
-    check_generation_options(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p, ns.num_beams)  # before loading
+    check_generation_options(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p, ns.num_beams, ns.seed)  # first
     generator = Generator(ns.model_dir)
     outputs = generator.generate(
         ns.prompt,

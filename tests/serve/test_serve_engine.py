@@ -78,3 +78,99 @@ def test_a_full_waiting_list_is_refused(tiny_gpt2):
     with pytest.raises(QueueFull):
         engine.submit([seq()])
     assert engine.queue_depth == 2
+
+
+# ---- a request fails alone ------------------------------------------------------------------------------
+def wait_for(seqs, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while any(s.finish_reason is None for s in seqs):
+        assert time.monotonic() < deadline, "the engine did not finish"
+        time.sleep(0.005)
+
+
+def collecting():
+    """(an emit callback, the texts it got, the finish reasons it got)."""
+    texts, reasons = [], []
+
+    def emit(text: str, reason: str | None) -> None:
+        texts.append(text)
+        if reason is not None:
+            reasons.append(reason)
+
+    return emit, texts, reasons
+
+
+def greedy_reference(model_dir: str, prompt: str, max_new_tokens: int) -> str:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    new = out[0, ids["input_ids"].shape[1] :].tolist()
+    if tokenizer.eos_token_id in new:
+        new = new[: new.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def test_a_row_whose_sampling_fails_and_a_prefill_that_fails_fail_alone(tiny_gpt2):
+    """A NaN temperature (past the HTTP checks) fails that row's sampling; a token id beyond the vocabulary
+    fails its prefill (its group is retried sequence by sequence). The good rows batched with them answer
+    exactly, the engine lives on."""
+    from tuneforge.generate import Generator
+    from tuneforge.serve.engine import GenerationEngine, SamplingParams, Sequence
+
+    generator = Generator(tiny_gpt2)
+    engine = GenerationEngine(generator, max_batch_size=4, context=64)
+    prompt = generator.tokenizer("A man is riding")["input_ids"]
+    good, good_texts, good_reasons = collecting()
+    nan, _, nan_reasons = collecting()
+    beyond, _, beyond_reasons = collecting()
+    seqs = [
+        Sequence(prompt, SamplingParams(max_tokens=8, temperature=float("nan")), nan),
+        Sequence(prompt, SamplingParams(max_tokens=8, temperature=0), good),
+        Sequence([5, 10_000], SamplingParams(max_tokens=8, temperature=0), beyond),
+    ]
+    engine.submit(seqs)  # before the engine starts: the three are admitted in one prefill
+    engine.start()
+    try:
+        wait_for(seqs)
+        assert nan_reasons == ["error"] and beyond_reasons == ["error"]
+        assert good_reasons and good_reasons[0] in ("stop", "length")
+        assert "".join(good_texts) == greedy_reference(tiny_gpt2, "A man is riding", 8)
+        assert engine.error is None
+        again, again_texts, _ = collecting()  # and it goes on serving
+        later = Sequence(prompt, SamplingParams(max_tokens=8, temperature=0), again)
+        engine.submit([later])
+        wait_for([later])
+        assert "".join(again_texts) == "".join(good_texts) and engine.error is None
+    finally:
+        engine.stop()
+
+
+def test_the_engine_dies_when_the_model_itself_fails(tiny_gpt2):
+    import pytest
+
+    from tuneforge.generate import Generator
+    from tuneforge.serve.engine import EngineDied, GenerationEngine, SamplingParams, Sequence
+
+    generator = Generator(tiny_gpt2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the device is gone")
+
+    generator.model.forward = broken
+    deaths: list[BaseException] = []
+    engine = GenerationEngine(generator, max_batch_size=4, context=64, on_death=deaths.append)
+    emits = [collecting() for _ in range(3)]
+    seqs = [Sequence([5, 6, 7], SamplingParams(max_tokens=4, temperature=0), emit) for emit, _, _ in emits]
+    engine.submit(seqs)
+    engine.start()
+    wait_for(seqs)
+    engine.stop()
+    assert [reasons for _, _, reasons in emits] == [["error"]] * 3
+    assert len(deaths) == 1 and isinstance(deaths[0], EngineDied) and engine.error is deaths[0]
+    assert "the device is gone" in str(deaths[0])
+    with pytest.raises(EngineDied):  # nothing would take it: refused, never left waiting
+        engine.submit([Sequence([5], SamplingParams(max_tokens=1), lambda text, reason: None)])

@@ -49,14 +49,15 @@ def save_chat_model(out: Path, tiny_llama: str) -> str:
 @contextmanager
 def app_server(model_dir: str, load=None, **options):
     """`create_app` for `model_dir` under uvicorn in a thread, on a free port of 127.0.0.1; yields its URL once it
-    listens. `load`: what the app loads (default: `load_servable(model_dir)`)."""
+    listens. `load`: what the app loads (default: `load_servable(model_dir)`); `on_fatal`: create_app's."""
     import uvicorn
 
     from tuneforge.predict import load_servable
     from tuneforge.serve.app import ServeOptions, create_app
 
+    on_fatal = options.pop("on_fatal", None)
     settings = ServeOptions(model_dir=model_dir, served_model_name=options.pop("served_model_name", NAME), **options)
-    app = create_app(load or (lambda: load_servable(model_dir)), settings)
+    app = create_app(load or (lambda: load_servable(model_dir)), settings, on_fatal)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
@@ -446,6 +447,17 @@ def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
         (["--max-queue", "-1"], "error: --max-queue must be positive, got -1"),
         (["--request-timeout", "0"], "error: --request-timeout must be above 0 seconds, got 0"),
         (["--api-key", " "], "error: --api-key (or TUNEFORGE_API_KEY) is empty; give a key or leave it unset"),
+        (["--max-wait-ms", "inf"], "error: --max-wait-ms must be between 0 and 60000, got inf"),
+        (["--max-wait-ms", "nan"], "error: --max-wait-ms must be between 0 and 60000, got nan"),
+        (["--request-timeout", "nan"], "error: --request-timeout must be above 0 seconds, got nan"),
+        (["--request-timeout", "inf"], "error: --request-timeout must be at most 86400 seconds (a day), got inf"),
+        (["--request-timeout", "1e300"], "error: --request-timeout must be at most 86400 seconds (a day), got 1e+300"),
+        (["--max-batch-size", str(10**30)], f"error: --max-batch-size must be between 1 and 65536, got {10**30}"),
+        (
+            ["--default-max-tokens", str(2**63)],
+            f"error: --default-max-tokens must be between 1 and 1048576, got {2**63}",
+        ),
+        (["--max-length", "0"], "error: --max-length must be between 1 and 1048576, got 0"),
     ],
 )
 def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):

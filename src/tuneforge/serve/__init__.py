@@ -6,8 +6,10 @@ batching (serve/engine.py); a classifier, tagger, qa or multiple-choice model ge
 dynamic batching (serve/batching.py). Both get the page at `/`, `/health`, `/metrics` and the gate of
 serve/app.py (API key, body size limit, draining on SIGTERM).
 
-This module owns the command line: its arguments, their checks (one line each, exit 2), binding the port
-before anything heavy, and the uvicorn server (SIGTERM: stop taking requests, finish those in flight).
+This module owns the command line: its arguments, their checks (finite bounds; one line each, exit 2), binding
+the port before anything heavy, and the uvicorn server (SIGTERM: stop taking requests, finish those in flight).
+If the generation engine dies (the model fails even a one-token forward pass), /health answers
+{"status": "error"} and the process exits 1 with one `error:` line, so that a supervisor restarts it.
 The package: app.py (routes, gate, errors), engine.py (generation), batching.py (classifiers),
 openai_api.py (request and response shapes), metrics.py (Prometheus text), static/index.html (the page).
 """
@@ -38,25 +40,37 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# each flag's finite bounds: a value outside them (inf, nan, or one that overflows what it feeds) is one line
+INT_BOUNDS = {
+    "--max-batch-size": ("max_batch_size", 1, 65536),
+    "--max-queue": ("max_queue", 1, 1_000_000),
+    "--max-body-bytes": ("max_body_bytes", 1, 1 << 31),
+    "--default-max-tokens": ("default_max_tokens", 1, 1 << 20),
+}
+MAX_WAIT_MS = 60_000.0  # a classifier request waits at most a minute for others
+MAX_REQUEST_TIMEOUT_S = 86_400.0  # a day
+
+
 def check_arguments(ns: argparse.Namespace) -> None:
     """Every serve flag checked before any work: one line naming the flag."""
-    positive = {
-        "--max-batch-size": ns.max_batch_size,
-        "--max-queue": ns.max_queue,
-        "--max-body-bytes": ns.max_body_bytes,
-        "--default-max-tokens": ns.default_max_tokens,
-    }
-    for flag, value in positive.items():
+    for flag, (name, low, high) in INT_BOUNDS.items():
+        value = getattr(ns, name)
         if value <= 0:
             raise ConfigError(f"{flag} must be positive, got {value}")
-    if ns.max_wait_ms < 0:
-        raise ConfigError(f"--max-wait-ms must be zero or more, got {ns.max_wait_ms:g}")
+        if not low <= value <= high:
+            raise ConfigError(f"{flag} must be between {low} and {high}, got {value}")
+    if not 0 <= ns.max_wait_ms <= MAX_WAIT_MS:  # false for nan too
+        raise ConfigError(f"--max-wait-ms must be between 0 and {MAX_WAIT_MS:g}, got {ns.max_wait_ms:g}")
     if not ns.request_timeout > 0:
         raise ConfigError(f"--request-timeout must be above 0 seconds, got {ns.request_timeout:g}")
+    if not ns.request_timeout <= MAX_REQUEST_TIMEOUT_S:
+        raise ConfigError(
+            f"--request-timeout must be at most {MAX_REQUEST_TIMEOUT_S:g} seconds (a day), got {ns.request_timeout:g}"
+        )
     if not 0 <= ns.port < 65536:
         raise ConfigError(f"--port must be between 0 and 65535, got {ns.port}")
-    if ns.max_length is not None and ns.max_length < 1:
-        raise ConfigError(f"--max-length must be at least 1, got {ns.max_length}")
+    if ns.max_length is not None and not 1 <= ns.max_length <= 1 << 20:
+        raise ConfigError(f"--max-length must be between 1 and {1 << 20}, got {ns.max_length}")
     if ns.api_key is not None and not ns.api_key.strip():
         raise ConfigError(f"--api-key (or {API_KEY_VARIABLE}) is empty; give a key or leave it unset")
     if ns.served_model_name is not None and not ns.served_model_name.strip():
@@ -111,11 +125,11 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    def on_load_error(err: BaseException) -> None:
+    def on_fatal(err: BaseException) -> None:  # the model failed to load, or the engine died (its thread)
         failed.append(err)
         server.should_exit = True
 
-    app = create_app(lambda: load_servable(ns.model_dir, max_length=ns.max_length), options, on_load_error)
+    app = create_app(lambda: load_servable(ns.model_dir, max_length=ns.max_length), options, on_fatal)
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(ns.request_timeout) + 5
     )
@@ -129,9 +143,24 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         flush=True,
     )
     server.run(sockets=[sock])
-    if failed:
-        raise failed[0]
-    return 0
+    return exit_status(failed[0] if failed else None, app.state.server.served is not None)
+
+
+def exit_status(failed: BaseException | None, served: bool) -> int:
+    """0 after a clean stop; a model that failed to load raises (the CLI's one line); an engine that died after
+    serving: one `error:` line and 1, so that a supervisor restarts the server."""
+    if failed is None:
+        return 0
+    if not served:
+        raise failed
+    first = (str(failed).strip().splitlines() or [""])[0][:300]
+    print(
+        f"error: the generation engine stopped ({type(failed).__name__}: {first}); the server exits so that a "
+        "supervisor can restart it",
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
 
 
 def add_arguments(p) -> None:

@@ -11,8 +11,11 @@ and the errors every refusal shares (the OpenAI error body).
 
 The model loads in a background thread after the server starts listening (`load`, a callable returning a
 `tuneforge.generate.Generator` or a predictor); until then every route but /health, /metrics and / answers
-503. No `from __future__ import annotations` here: FastAPI reads the request models from the endpoints'
-evaluated annotations.
+503. A request fails alone (see serve/engine.py and serve/batching.py); when the server can serve nothing
+more (the model failed to load, or the engine died) `on_fatal(err)` is called: `tuneforge serve` exits
+non-zero, so that a supervisor restarts it. Text the tokenizer cannot take is refused (400; /predict 422) naming
+its field before the request joins a batch. No `from __future__ import annotations` here: FastAPI reads the
+request models from the endpoints' evaluated annotations.
 """
 
 import asyncio
@@ -33,10 +36,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Str
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tuneforge.errors import UserError
 from tuneforge.generate import Generator
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.batching import DynamicBatcher
-from tuneforge.serve.engine import GenerationEngine, QueueFull, SamplingParams, Sequence
+from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, SamplingParams, Sequence
 from tuneforge.serve.metrics import Metrics
 
 ROUTES = ("/", "/health", "/metrics", "/predict", "/v1/models", "/v1/completions", "/v1/chat/completions")
@@ -258,6 +262,25 @@ def _predict_items(request: PredictRequest, accepts: tuple[str, ...], max_items:
     return [tuple(p) for p in items] if kind == "pairs" else items
 
 
+async def answer_predict(state: ServerState, request: PredictRequest) -> dict:
+    """/predict: the request's inputs checked (text, then the predictor's own checks) before they join a batch;
+    an input the predictor refuses is a 422 naming the field, for this request alone."""
+    state.require_ready()
+    if state.batcher is None:
+        raise oa.ApiError(
+            400, "this server serves a text-generation model: use POST /v1/completions or /v1/chat/completions"
+        )
+    oa.refuse_unencodable(request, 422)
+    items = _predict_items(request, tuple(state.served.accepts), state.options.max_request_items)
+    kind = next(k for k in ("texts", "pairs", "inputs") if getattr(request, k) is not None)
+    try:
+        return {"predictions": await state.batcher.submit(items)}
+    except QueueFull as err:
+        raise oa.ApiError(503, f"the server is busy ({err}); retry later", kind="server_busy") from None
+    except UserError as err:  # the predictor's own checks: this request's inputs
+        raise oa.ApiError(422, str(err), kind) from None
+
+
 # ---- generation --------------------------------------------------------------------------------
 class Generation:
     """One generation request's sequences and the events the engine sends back for them."""
@@ -321,37 +344,71 @@ async def _events(gen: Generation, request: Request | None, deadline: float):
         yield index, text, reason
 
 
+def tokenize(served: Generator, text: str, field: str, context: int | None, special: bool = True) -> list[int]:
+    """The prompt's token ids; ApiError 400 naming `field` for text without tokens, text the tokenizer fails on,
+    or (seq2seq) more tokens than the encoder has positions. A causal LM's length is checked with max_tokens."""
+    try:
+        if served.family == "seq2seq":
+            text = (served.info.get("source_prefix") or "") + text
+            limit = served.info.get("max_length")
+            enc = served.tokenizer(text, truncation=limit is not None, max_length=limit)
+        else:
+            enc = served.tokenizer(text, add_special_tokens=special)
+    except Exception as err:  # the tokenizer's own refusal, whatever the text held
+        raise oa.ApiError(400, f"{field} could not be tokenized: {type(err).__name__}", field) from None
+    ids = list(enc["input_ids"])
+    if not ids:
+        raise oa.ApiError(400, f"{field} has no tokens; give the model some text", field)
+    if served.family == "seq2seq" and context is not None and len(ids) > context:
+        raise oa.ApiError(400, f"{field} has {len(ids)} tokens; the model reads at most {context}: shorten it", field)
+    return ids
+
+
 def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Callable | None = None) -> FastAPI:
-    """The app serving what `load()` returns (called once, in a thread, after the server starts)."""
+async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Callable | None) -> None:
+    """Load the model (in a thread) and start its engine or batcher; `on_fatal` hears of the engine's death."""
+    options = state.options
+    served = await asyncio.to_thread(load)
+    if isinstance(served, Generator):
+        from tuneforge.chat import check_chat_template
+        from tuneforge.tasks.clm import context_length
+
+        check_chat_template(served.tokenizer, options.model_dir)  # one line at start-up, not a 500 per request
+        state.context = context_length(served.model.config)
+        engine = GenerationEngine(
+            served,
+            options.max_batch_size,
+            options.max_queue,
+            state.context,
+            state.metrics.observe_batch,
+            on_death=on_fatal,
+        )
+        engine.start()
+        state.engine = engine
+    else:
+        batcher = DynamicBatcher(
+            served, options.max_batch_size, options.max_wait_ms, options.max_queue, state.metrics.observe_batch
+        )
+        await batcher.start()
+        state.batcher = batcher
+    state.served = served
+
+
+def create_app(load: Callable[[], Any], options: ServeOptions, on_fatal: Callable | None = None) -> FastAPI:
+    """The app serving what `load()` returns (called once, in a thread, after the server starts); `on_fatal(err)`
+    when it can serve nothing more (the model failed to load, or the generation engine died)."""
     state = ServerState(options)
 
     async def load_in_background() -> None:
         try:
-            served = await asyncio.to_thread(load)
-            if isinstance(served, Generator):
-                from tuneforge.tasks.clm import context_length
-
-                state.context = context_length(served.model.config)
-                engine = GenerationEngine(
-                    served, options.max_batch_size, options.max_queue, state.context, state.metrics.observe_batch
-                )
-                engine.start()
-                state.engine = engine
-            else:
-                batcher = DynamicBatcher(
-                    served, options.max_batch_size, options.max_wait_ms, options.max_queue, state.metrics.observe_batch
-                )
-                await batcher.start()
-                state.batcher = batcher
-            state.served = served
+            await load_served(state, load, on_fatal)
         except Exception as err:  # a model that cannot be loaded: the server stops with the error
             state.load_error = err
-            if on_load_error is not None:
-                on_load_error(err)
+            if on_fatal is not None:
+                on_fatal(err)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -388,6 +445,10 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Ca
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
         message = f"no route {request.method} {request.url.path}" if err.status_code in (404, 405) else err.detail
         return _error(oa.ApiError(err.status_code, message, kind=kind))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception):  # a bug: still the error shape, and logged by uvicorn
+        return _error(oa.ApiError(500, "the server failed on this request; see its log", kind="server_error"))
 
     @app.get("/", response_class=HTMLResponse)
     async def page():
@@ -427,16 +488,7 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Ca
 
     @app.post("/predict")
     async def predict(request: PredictRequest):
-        state.require_ready()
-        if state.batcher is None:
-            raise oa.ApiError(
-                400, "this server serves a text-generation model: use POST /v1/completions or /v1/chat/completions"
-            )
-        items = _predict_items(request, tuple(state.served.accepts), options.max_request_items)
-        try:
-            return {"predictions": await state.batcher.submit(items)}
-        except QueueFull as err:
-            raise oa.ApiError(503, f"the server is busy ({err}); retry later", kind="server_busy") from None
+        return await answer_predict(state, request)
 
     @app.get("/v1/models")
     async def models():
@@ -446,6 +498,7 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Ca
         state.require_ready()
         if state.engine is None:
             raise oa.ApiError(400, "this server serves a classifier: use POST /predict")
+        oa.refuse_unencodable(body)  # before the model's name is compared (and echoed)
         if body.model != options.served_model_name:
             raise oa.ApiError(
                 404,
@@ -484,29 +537,19 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Ca
             raise oa.ApiError(400, f"{field} {max_tokens} is above the model's limit of {context - 1} tokens", field)
         return SamplingParams(
             max_tokens=max_tokens or default,
-            temperature=1.0 if body.temperature is None else body.temperature,
+            temperature=oa.greedy_below_eps(body.temperature),
             top_p=1.0 if body.top_p is None else body.top_p,
             stop=body.stop_strings(),
             seed=body.seed,
         )
-
-    def tokenize(served: Generator, text: str, field: str, special: bool = True) -> list[int]:
-        if served.family == "seq2seq":
-            text = (served.info.get("source_prefix") or "") + text
-            limit = served.info.get("max_length")
-            enc = served.tokenizer(text, truncation=limit is not None, max_length=limit)
-        else:
-            enc = served.tokenizer(text, add_special_tokens=special)
-        ids = list(enc["input_ids"])
-        if not ids:
-            raise oa.ApiError(400, f"{field} has no tokens; give the model some text", field)
-        return ids
 
     async def run(body: oa._Sampling, request: Request, gen: Generation, chat: bool):
         try:
             state.engine.submit(gen.seqs)
         except QueueFull as err:
             raise oa.ApiError(503, f"the server is busy ({err}); retry later", kind="server_busy") from None
+        except EngineDied:  # it died since require_ready: as require_ready would now say
+            raise oa.ApiError(503, "the model failed; see the server's log", kind="server_error") from None
         rid, created, name = oa.new_id("chatcmpl" if chat else "cmpl"), oa.now(), options.served_model_name
         deadline = time.monotonic() + options.request_timeout_s
         if not body.stream:
@@ -565,7 +608,7 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Ca
             if not t:
                 where = "prompt" if isinstance(body.prompt, str) else f"prompt[{i}]"
                 raise oa.ApiError(400, f"{where} is empty; send a text", where)
-        prompts = [tokenize(served, t, "prompt") for t in texts]
+        prompts = [tokenize(served, t, "prompt", state.context) for t in texts]
         params = sampling(body, prompts, body.max_tokens, ("prompt", "max_tokens"), 16)
         seeds = [params if params.seed is None else _nth(params, i * n) for i in range(len(prompts))]
         return await run(body, request, Generation(prompts, seeds, n), chat=False)
@@ -588,7 +631,7 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_load_error: Ca
             text = served.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as err:  # the template's own checks (e.g. roles that must alternate)
             raise oa.ApiError(400, f"the chat template refused these messages: {err}", "messages") from None
-        prompt = tokenize(served, text, "messages", special=False)
+        prompt = tokenize(served, text, "messages", state.context, special=False)
         field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         params = sampling(body, [prompt], max_tokens, ("messages", field), options.default_max_tokens)

@@ -5,6 +5,10 @@ batch holds `max_batch_size` inputs or `max_wait_ms` has passed, and runs them t
 one go (sorted by length inside). Each caller gets its own slice of the answers. The model runs in one
 background thread, so the event loop keeps accepting requests while a batch computes; those form the
 next batch. The queue is bounded: `submit` raises `QueueFull` when `max_queue` requests wait.
+
+A request fails alone: `submit` runs the predictor's own input checks (`check_inputs`, where it has them) before
+the request joins a batch, and a batch that fails anyway is run again one request at a time, so that only the
+request that fails on its own gets the error and the others their answers.
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ class DynamicBatcher:
         return self._queue.qsize() if self._queue is not None else 0
 
     async def submit(self, items: list) -> list[dict]:
+        """The predictions of `items`; the predictor's input error (DataError) for this request alone."""
+        check = getattr(self.predictor, "check_inputs", None)
+        if check is not None:
+            check(items)
         if self._queue.qsize() >= self.max_queue:
             raise QueueFull(f"{self._queue.qsize()} requests are waiting already (the limit is {self.max_queue})")
         future = asyncio.get_running_loop().create_future()
@@ -87,20 +95,28 @@ class DynamicBatcher:
             group = [(items, fut) for items, fut in group if not fut.done()]  # callers that went away
             if not group:
                 continue
-            flat = [x for items, _ in group for x in items]
-            try:
-                preds = await loop.run_in_executor(self._executor, self.predictor.predict, flat, self.max_batch_size)
-            except Exception as err:  # one bad batch must not stop the server
-                for _, fut in group:
-                    if not fut.done():
-                        fut.set_exception(err)
-                continue
-            self.on_batch(len(flat))
-            self.requests += len(group)
-            self.batches += 1
-            self.largest_batch = max(self.largest_batch, len(group))
-            start = 0
-            for items, fut in group:
-                if not fut.done():  # the client may have gone away
-                    fut.set_result(preds[start : start + len(items)])
-                start += len(items)
+            await self._answer(group)
+
+    async def _answer(self, group: list) -> None:
+        """Run the group's inputs as one batch; if that fails, each request alone (only the bad one fails)."""
+        loop = asyncio.get_running_loop()
+        flat = [x for items, _ in group for x in items]
+        try:
+            preds = await loop.run_in_executor(self._executor, self.predictor.predict, flat, self.max_batch_size)
+        except Exception as err:  # one bad request must not fail the others, nor stop the server
+            if len(group) == 1:
+                if not group[0][1].done():
+                    group[0][1].set_exception(err)
+                return
+            for one in group:
+                await self._answer([one])
+            return
+        self.on_batch(len(flat))
+        self.requests += len(group)
+        self.batches += 1
+        self.largest_batch = max(self.largest_batch, len(group))
+        start = 0
+        for items, fut in group:
+            if not fut.done():  # the client may have gone away
+                fut.set_result(preds[start : start + len(items)])
+            start += len(items)

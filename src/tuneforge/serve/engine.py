@@ -21,13 +21,22 @@ they finish).
 The engine knows nothing of HTTP or asyncio: each `Sequence` carries an `emit(text, finish_reason)`
 callback that the engine calls from its thread with each new piece of text (held back while it may be
 the start of a stop string, or an incomplete character), and once with the reason it finished
-("stop", "length", or "cancelled"). The waiting list is bounded: `submit` raises `QueueFull`.
+("stop", "length", "cancelled", or "error"). The waiting list is bounded: `submit` raises `QueueFull`.
+
+**A request fails alone.** Sampling runs row by row: a row whose sampling fails finishes with "error" and the
+others go on. A prefill that fails for a group is retried with its first sequence alone (the others go back to
+the front of the waiting list): a sequence whose prefill fails alone finishes with "error". A failed decode
+step finishes the rows that shared it. After each such failure the engine checks itself with a one-token
+forward pass (`probe`): if that fails too, the model itself is broken, and the engine dies: `error` is set,
+every open sequence finishes with "error", and `on_death(err)` is called (the server exits, so that a
+supervisor restarts it, rather than live on answering nothing).
 """
 
 from __future__ import annotations
 
 import collections
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +44,13 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
+
+log = logging.getLogger("tuneforge.serve")
+SAMPLING_EPS = 1e-5  # a temperature below it samples greedily (vLLM's _SAMPLING_EPS): dividing by it overflows
+
+
+class EngineDied(Exception):
+    """The model failed a forward pass that no request can be blamed for: the engine stops."""
 
 
 class QueueFull(Exception):
@@ -179,6 +195,10 @@ class CausalBatch:
     def cached_length(self) -> int:
         return 0 if self.mask is None else self.mask.shape[1]
 
+    def probe(self) -> None:
+        """One token through the model, the batch untouched: raises when the model itself is broken."""
+        self.model(input_ids=torch.full((1, 1), self.pad_id, device=self.device), use_cache=False)
+
 
 class Seq2SeqBatch:
     """The running rows of an encoder-decoder model: admitted together when the batch is empty."""
@@ -232,28 +252,39 @@ class Seq2SeqBatch:
     def cached_length(self) -> int:
         return 0  # the decoder's length is counted per row
 
+    def probe(self) -> None:
+        one = torch.full((1, 1), self.pad_id, device=self.device)
+        self.model(input_ids=one, decoder_input_ids=torch.full_like(one, self.start_id), use_cache=False)
 
-def sample(logits: torch.Tensor, rows: Seq[Sequence]) -> list[int]:
-    """One token per row: greedy where temperature is 0, else temperature + nucleus (top_p) sampling with the
-    row's own random generator."""
+
+def sample(logits: torch.Tensor, rows: Seq[Sequence]) -> list[int | None]:
+    """One token per row (None for a row whose sampling failed: it fails alone): greedy where the temperature
+    is below SAMPLING_EPS, else temperature + nucleus (top_p) sampling with the row's own random generator."""
     logits = logits.float()
     greedy = logits.argmax(-1).tolist()
-    out = []
+    out: list[int | None] = []
     for i, seq in enumerate(rows):
-        p = seq.params
-        if p.temperature == 0:
+        if seq.params.temperature < SAMPLING_EPS:  # NaN is not below it: it fails in sample_row, alone
             out.append(greedy[i])
             continue
-        probs = torch.softmax(logits[i] / p.temperature, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs > p.top_p  # the most likely token always stays
-            sorted_probs[outside] = 0
-            choice = torch.multinomial(sorted_probs, 1, generator=seq.generator)
-            out.append(int(order[choice]))
-        else:
-            out.append(int(torch.multinomial(probs, 1, generator=seq.generator)))
+        try:
+            out.append(sample_row(logits[i], seq.params, seq.generator))
+        except Exception as err:
+            log.warning("sampling failed for one sequence (%s: %s); the others go on", type(err).__name__, err)
+            out.append(None)
     return out
+
+
+def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if not torch.isfinite(probs).all():
+        raise ValueError(f"temperature {params.temperature!r} makes the probabilities non-finite")
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p  # the most likely token always stays
+        sorted_probs[outside] = 0
+        return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 class GenerationEngine:
@@ -266,6 +297,7 @@ class GenerationEngine:
         max_queue: int = 256,
         context: int | None = None,
         on_step: Callable[[int], None] | None = None,
+        on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.tokenizer = generator.tokenizer
         self.model = generator.model
@@ -274,6 +306,7 @@ class GenerationEngine:
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.on_step = on_step or (lambda rows: None)  # called with the rows of each forward pass
+        self.on_death = on_death  # called once, from the engine thread, if it dies (else the death is logged)
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
@@ -314,14 +347,17 @@ class GenerationEngine:
             self._thread.join()
 
     def submit(self, seqs: list[Sequence]) -> None:
-        """Queue the sequences of one request; QueueFull when the waiting list cannot take them."""
+        """Queue the sequences of one request; QueueFull when the waiting list cannot take them, EngineDied once
+        the engine has stopped."""
         with self._wake:
+            if self.error is not None:  # nothing would ever take them
+                raise EngineDied(f"the generation engine has stopped: {self.error}")
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             if len(self.waiting) + len(seqs) > self.max_queue:
                 raise QueueFull(f"{len(self.waiting)} sequences are waiting already (the limit is {self.max_queue})")
             for seq in seqs:
-                if seq.params.seed is not None or seq.params.temperature > 0:
+                if seq.params.seed is not None or seq.params.temperature >= SAMPLING_EPS:
                     seq.generator = torch.Generator(device=self.batch.device)
                     if seq.params.seed is not None:
                         seq.generator.manual_seed(seq.params.seed)
@@ -361,9 +397,9 @@ class GenerationEngine:
                     if self.running:
                         self._decode()
                         self._drop_finished()
-        except BaseException as err:  # a failed forward pass: every open request learns of it
-            self.error = err
-            with self._wake:
+        except BaseException as err:  # the model itself failed (or a bug here): every open request learns of it
+            with self._wake:  # with the lock: `submit` takes nothing more once the error is set
+                self.error = err
                 pending = self.running + list(self.waiting)
                 self.waiting.clear()
             self.running = []
@@ -371,7 +407,10 @@ class GenerationEngine:
                 if seq.finish_reason is None:
                     seq.finish_reason = "error"
                     seq.emit("", "error")
-            raise
+            if self.on_death is not None:
+                self.on_death(err)
+            else:
+                log.error("the generation engine stopped: %s: %s", type(err).__name__, err)
 
     def _admit(self) -> list[Sequence]:
         if not self.batch.joins_running and self.running:
@@ -388,7 +427,16 @@ class GenerationEngine:
         return admitted
 
     def _prefill(self, seqs: list[Sequence]) -> None:
-        logits = self.batch.prefill([s.prompt_ids for s in seqs])
+        try:
+            logits = self.batch.prefill([s.prompt_ids for s in seqs])
+        except Exception as err:
+            if len(seqs) > 1:  # find the sequence to blame: the first alone, the rest back to the front
+                with self._wake:
+                    self.waiting.extendleft(reversed(seqs[1:]))
+                self._prefill(seqs[:1])
+                return
+            self._fail(seqs, err, "prefill")
+            return
         self.on_step(len(seqs))
         self.prompt_tokens += sum(len(s.prompt_ids) for s in seqs)
         self.running.extend(seqs)
@@ -396,9 +444,27 @@ class GenerationEngine:
 
     def _decode(self) -> None:
         last = torch.tensor([s.token_ids[-1] for s in self.running])
-        logits = self.batch.decode(last)
+        try:
+            logits = self.batch.decode(last)
+        except Exception as err:  # the rows that shared the step fail; the batch starts afresh
+            failed, self.running = self.running, []
+            self.batch.keep([])
+            self._fail(failed, err, "decode step")
+            return
         self.on_step(len(self.running))
         self._advance(self.running, sample(logits, self.running))
+
+    def _fail(self, seqs: list[Sequence], err: Exception, where: str) -> None:
+        """Finish `seqs` with "error"; then the one-token probe: if the model fails it too, the engine dies."""
+        log.warning("a %s failed for %d sequence(s) (%s: %s)", where, len(seqs), type(err).__name__, err)
+        for seq in seqs:
+            if seq.finish_reason is None:
+                seq.finish_reason = "error"
+                seq.emit("", "error")
+        try:
+            self.batch.probe()
+        except Exception as probe_err:
+            raise EngineDied(f"the model fails even a one-token forward pass: {probe_err}") from probe_err
 
     def _advance(self, seqs: list[Sequence], tokens: list[int]) -> None:
         self.generated_tokens += len(seqs)
@@ -408,6 +474,10 @@ class GenerationEngine:
         for seq, token in zip(seqs, tokens):
             if seq.finish_reason is not None:
                 continue
+            if token is None:  # its sampling failed: it alone ends
+                seq.finish_reason = "error"
+                seq.emit("", "error")
+                continue
             if token in self.eos_ids:
                 self._finish(seq, "stop")
                 continue
@@ -415,8 +485,9 @@ class GenerationEngine:
             self._update_text(seq)
             if seq.finish_reason is not None:
                 continue
-            total = len(seq.prompt_ids) + len(seq.token_ids)
-            if len(seq.token_ids) >= seq.params.max_tokens or (self.context and total >= self.context):
+            # the positions used: a causal LM's prompt and continuation; a seq2seq decoder's own tokens
+            used = len(seq.token_ids) + (len(seq.prompt_ids) if self.family != "seq2seq" else 0)
+            if len(seq.token_ids) >= seq.params.max_tokens or (self.context and used >= self.context):
                 self._finish(seq, "length")
 
     def _update_text(self, seq: Sequence) -> None:

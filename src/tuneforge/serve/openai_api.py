@@ -4,7 +4,9 @@ string is refused, as OpenAI does), response and stream-chunk bodies, and the er
 
 Fields this server does not implement (logprobs, echo, suffix, best_of, logit_bias, penalties, tools) are
 refused with a 400 naming the field when set to anything but their neutral value; fields it does not know
-are ignored, as vLLM does.
+are ignored, as vLLM does. Every number has finite, stated bounds (no NaN or infinity, which Python's JSON
+reader accepts), and `unencodable_field` finds text the tokenizer cannot take (lone surrogates, which JSON's
+escapes and pydantic accept but UTF-8 cannot carry).
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuneforge.serve.engine import SAMPLING_EPS  # a temperature below it is greedy, as vLLM's _SAMPLING_EPS
+
 MAX_CHOICES = 16  # n
 MAX_STOPS = 4  # stop strings, as OpenAI allows
+MAX_TOKENS = 1 << 20  # max_tokens' bound before the model's own context (checked per model) lowers it
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a torch.long, as vLLM bounds it (torch.Generator takes it)
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class ApiError(Exception):
@@ -37,22 +44,22 @@ def error_body(message: str, kind: str, param: str | None = None, code=None) -> 
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
     include_usage: bool | None = None
 
 
 class _Sampling(BaseModel):
     """What completions and chat completions share."""
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
 
     model: str
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=2, description=f"below {SAMPLING_EPS:g}: greedy")
     top_p: float | None = Field(None, gt=0, le=1)
     n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -60,9 +67,9 @@ class _Sampling(BaseModel):
     logprobs: Any = None
     top_logprobs: Any = None
     logit_bias: Any = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    best_of: Any = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
 
     def refuse_unsupported(self) -> None:
         neutral = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1)}
@@ -94,13 +101,13 @@ class CompletionRequest(_Sampling):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -113,7 +120,7 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
@@ -124,6 +131,55 @@ class ChatRequest(_Sampling):
             raise ApiError(400, "tools are not supported by this server; leave them out", "tools")
         if self.response_format not in (None, {"type": "text"}):
             raise ApiError(400, "response_format is not supported by this server; leave it out", "response_format")
+
+
+def greedy_below_eps(temperature: float | None) -> float:
+    """The temperature a request samples with: 1 when not given, 0 (greedy) below SAMPLING_EPS."""
+    if temperature is None:
+        return 1.0
+    return 0.0 if temperature < SAMPLING_EPS else temperature
+
+
+def unencodable_field(value: Any, path: str = "") -> str | None:
+    """The first field (as `prompt[1]`, `messages[0].content`) of a request whose text UTF-8 cannot encode (a
+    lone surrogate), walking models, lists and dicts (their keys too); None when all of it can."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+        return None
+    if isinstance(value, BaseModel):
+        items = ((name, getattr(value, name)) for name in type(value).model_fields)
+        return _first_unencodable(items, path)
+    if isinstance(value, dict):
+        for key in value:
+            if unencodable_field(key) is not None:
+                return path or "body"  # the key itself cannot be named in the error
+        return _first_unencodable(value.items(), path)
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = unencodable_field(item, f"{path}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _first_unencodable(items, path: str) -> str | None:
+    for name, item in items:
+        found = unencodable_field(item, f"{path}.{name}" if path else str(name))
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_unencodable(body: BaseModel, status: int = 400) -> None:
+    """ApiError `status` naming the first field holding text the tokenizer cannot take."""
+    field = unencodable_field(body)
+    if field is not None:
+        raise ApiError(
+            status, f"{field} is not valid UTF-8 text (a lone surrogate such as \\ud800); send real characters", field
+        )
 
 
 # ---- responses ------------------------------------------------------------------------------

@@ -239,11 +239,23 @@ class ChoicePredictor:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model.to(self.device)
 
+    @staticmethod
+    def check_inputs(rows: list[dict]) -> None:
+        """Each row a {"question": text, "choices": [at least 2 texts]} (a "prefix" text optional), checked before
+        any model work (serve: before the request joins a batch); DataError naming the input otherwise."""
+        shape = '{"question": text, "choices": [at least 2 texts]}'
+        for i, row in enumerate(rows, start=1):
+            if not isinstance(row, dict) or not isinstance(row.get("choices"), list) or len(row["choices"]) < 2:
+                raise DataError(f"input {i}: each input is {shape}")
+            if not all(isinstance(c, str) for c in row["choices"]):
+                raise DataError(f"input {i}: every choice must be a text; each input is {shape}")
+            for key in ("question", "prefix"):
+                if row.get(key) is not None and not isinstance(row[key], str):
+                    raise DataError(f"input {i}: {key!r} must be a text; each input is {shape}")
+
     @torch.inference_mode()
     def predict(self, rows: list[dict], batch_size: int = 16) -> list[dict]:
-        for row in rows:
-            if not isinstance(row, dict) or not isinstance(row.get("choices"), list) or len(row["choices"]) < 2:
-                raise DataError('each input is {"question": text, "choices": [at least 2 texts]}')
+        self.check_inputs(rows)
         out: list[dict | None] = [None] * len(rows)
         by_width: dict[int, list[int]] = {}  # rows with as many choices share batches
         for i, row in enumerate(rows):
@@ -254,7 +266,7 @@ class ChoicePredictor:
                 first, second = [], []
                 for i in idx:
                     row = rows[i]
-                    a, b = choice_pairs(str(row.get("question", "")), str(row.get("prefix", "")), row["choices"])
+                    a, b = choice_pairs(row.get("question") or "", row.get("prefix") or "", row["choices"])
                     first += a
                     second += b
                 enc = self.tokenizer(

@@ -537,17 +537,10 @@ class AnswerPredictor:
     @torch.inference_mode()
     def predict(self, inputs, batch_size: int = 32) -> list[dict]:
         """One dict per (question, context) pair, in input order; `batch_size` windows per forward pass."""
-        pairs = self._pairs(inputs)
+        pairs = self.check_inputs(inputs)
         if not pairs:
             return []
         questions, contexts = [q for q, _ in pairs], [c for _, c in pairs]
-        room = question_room(self.tokenizer, self.max_length, self.doc_stride)
-        for i, n in enumerate(question_lengths(self.tokenizer, questions), start=1):
-            if n > room:
-                raise DataError(
-                    f"input {i}: the question is {n} tokens; windows of {self.max_length} tokens sharing "
-                    f"{self.doc_stride} leave room for questions of at most {room}: shorten it or raise --max-length"
-                )
         enc, sample, offsets, cls = encode_windows(
             self.tokenizer, questions, contexts, self.max_length, self.doc_stride
         )
@@ -584,6 +577,19 @@ class AnswerPredictor:
                 _, start, end, prob = chosen
                 results.append({"answer": context[start:end], "start": start, "end": end, "score": prob})
         return results
+
+    def check_inputs(self, inputs) -> list[tuple[str, str]]:
+        """The (question, context) pairs, checked before any model work (serve: before they join a batch):
+        DataError naming the input for a pair that is not two texts, an empty one, or a question too long."""
+        pairs = self._pairs(inputs)
+        room = question_room(self.tokenizer, self.max_length, self.doc_stride)
+        for i, n in enumerate(question_lengths(self.tokenizer, [q for q, _ in pairs]), start=1):
+            if n > room:
+                raise DataError(
+                    f"input {i}: the question is {n} tokens; windows of {self.max_length} tokens sharing "
+                    f"{self.doc_stride} leave room for questions of at most {room}: shorten it or raise --max-length"
+                )
+        return pairs
 
     @staticmethod
     def _pairs(inputs) -> list[tuple[str, str]]:
