@@ -64,7 +64,7 @@ def render(generator: Generator, messages: list[dict], turn: int) -> str:
 
 def check_room(generator: Generator, prompt: str, turn: int) -> None:
     """DataError when the conversation so far leaves the model no room to answer."""
-    from tuneforge.tasks.clm import context_length
+    from tuneforge.tasks.base import context_length
 
     context = context_length(generator.model.config)
     n = len(generator.tokenizer(prompt, add_special_tokens=False)["input_ids"])

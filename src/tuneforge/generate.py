@@ -88,7 +88,7 @@ class Generator:
 
     def room_in_context(self, lengths: list[int], max_new_tokens: int) -> int:
         """`max_new_tokens`, or fewer where the model's context ends first (a `note:` line on stderr)."""
-        from tuneforge.tasks.clm import context_length
+        from tuneforge.tasks.base import context_length
 
         room, why = context_room(self.family, context_length(self.model.config), lengths, max_new_tokens)
         if why:

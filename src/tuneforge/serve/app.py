@@ -374,7 +374,7 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     served = await asyncio.to_thread(load)
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template
-        from tuneforge.tasks.clm import context_length
+        from tuneforge.tasks.base import context_length
 
         check_chat_template(served.tokenizer, options.model_dir)  # one line at start-up, not a 500 per request
         state.context = context_length(served.model.config)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-log = logging.getLogger("tuneforge.serve")
+log = logging.getLogger(__name__)
 SAMPLING_EPS = 1e-5  # a temperature below it samples greedily (vLLM's _SAMPLING_EPS): dividing by it overflows
 
 

@@ -130,6 +130,15 @@ def load_tokenizer(model: str):
         raise ConfigError(f"could not load a tokenizer from {model!r}: {_first_line(err)}") from None
 
 
+def context_length(model_config) -> int | None:
+    """Positions the model can attend over (None when it has no fixed limit)."""
+    for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length"):
+        value = getattr(model_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 @dataclass(frozen=True)
 class EvalTools:
     """What a task's `eval_step` may use; it never sees the Trainer or the backend.

@@ -31,6 +31,7 @@ from tuneforge.tasks.base import (
     MetricStream,
     Task,
     check_model_path,
+    context_length,
     empty_check,
     from_pretrained,
     hold_out_validation,
@@ -105,15 +106,6 @@ def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) ->
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "tuneforge-source.json").write_text(json.dumps(source))
-
-
-def context_length(model_config) -> int | None:
-    """Positions the model can attend over (None when it has no fixed limit)."""
-    for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length"):
-        value = getattr(model_config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
 
 
 # ---- metrics -----------------------------------------------------------------------------
