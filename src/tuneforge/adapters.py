@@ -331,6 +331,11 @@ def _adapter_info(folder: Path) -> dict:
     return {"base_model": peft_cfg.get("base_model_name_or_path")}
 
 
+def base_of(folder: str | os.PathLike) -> str | None:
+    """The base model an adapter folder names (its path or hub id), or None."""
+    return _adapter_info(Path(folder)).get("base_model")
+
+
 def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kwargs):
     """`loader.from_pretrained` of the adapter's base (or `base`) with the adapter of `folder` merged in.
 
