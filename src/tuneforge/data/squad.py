@@ -51,10 +51,10 @@ def read_squad(path: str | Path) -> datasets.Dataset:
     """A SQuAD JSON file (`{"data": [articles]}`), or a json/jsonl table of question, context, answers rows."""
     p = check_squad_file(path)
     if p.suffix.lower() == ".json":
+        from tuneforge.data.sources import decode_text
+
         try:
-            doc = json.loads(p.read_text(encoding="utf-8-sig"))
-        except UnicodeDecodeError as err:
-            raise DataError(f"file {str(p)!r} is not UTF-8 text (offset {err.start}); re-save it as UTF-8") from None
+            doc = json.loads(decode_text(p.read_bytes(), p))
         except json.JSONDecodeError:
             doc = None  # JSON lines in a .json file: read as a table
         if isinstance(doc, dict):
