@@ -335,3 +335,30 @@ def test_a_chat_template_with_a_byte_order_mark_renders_without_it(tmp_path, tin
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     set_chat_template(tokenizer, str(write(tmp_path / "t.jinja", "\ufeff" + PLAIN)), tiny_llama)
     assert tokenizer.apply_chat_template(CHAT["messages"], tokenize=False) == "user: hi there\nassistant: hello\n"
+
+
+# ---- data that parses but is almost certainly a mistake --------------------------------------------------
+def test_a_misspelt_label_key_in_some_rows_names_the_row_and_the_key(tmp_path, tiny_bert, capsys):
+    rows = [{"text": f"good {i}", "label": "pos"} if i % 2 else {"text": f"bad {i}", "lable": "neg"} for i in range(8)]
+    train = write(tmp_path / "t.jsonl", jsonl(*rows))
+    args = cli_flags(model=tiny_bert, train_file=train, validation_file=train, output_dir=tmp_path / "out")
+    refused(capsys, (tmp_path,), "train", *args, needles=("row 1 of", "has an empty label", "'lable': a misspelling"))
+
+
+def test_a_misspelt_chosen_key_names_the_keys_the_row_has(tmp_path, tiny_llama, capsys):
+    train = write(tmp_path / "p.jsonl", jsonl(PAIR, {"prompt": "p", "choosen": "a", "rejected": "b"}))
+    args = cli_flags(task="dpo", model=tiny_llama, train_file=train, validation_file=train, output_dir=tmp_path / "o")
+    refused(capsys, (tmp_path,), "train", *args, needles=("row 2 of", "(it has: prompt, choosen, rejected)"))
+
+
+def test_qa_rows_with_answer_instead_of_answers_are_counted_in_a_warning(tmp_path, capsys):
+    from tuneforge.data.squad import read_squad
+
+    good = SQUAD_ROW
+    bad = {k: v for k, v in SQUAD_ROW.items() if k != "answers"} | {"answer": "the cat"}
+    ds = read_squad(write(tmp_path / "q.jsonl", jsonl(good, bad, bad)))
+    assert len(ds) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("warning: 2 of 3 rows of") and "`answer`, which is not read" in err
+    read_squad(write(tmp_path / "ok.jsonl", jsonl(good, {**good, "answers": {"text": [], "answer_start": []}})))
+    assert capsys.readouterr().err == ""  # an explicit unanswerable row is no mistake

@@ -133,11 +133,20 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
+def misspelling_hint(wanted: str, columns) -> str:
+    """' (it has a column 'lable': a misspelling of 'label'?)' where a column is a near miss of `wanted`, else ''."""
+    import difflib
+
+    near = difflib.get_close_matches(wanted, [str(c) for c in columns if c != wanted], n=1, cutoff=0.75)
+    return f" (it has a column {near[0]!r}: a misspelling of {wanted!r}?)" if near else ""
+
+
 def require_columns(df_columns: list[str], wanted: list[str], where: str, flag: str) -> None:
     missing = [c for c in wanted if c not in df_columns]
     if missing:
         raise DataError(
-            f"column {missing[0]!r} not found in {where}; columns are: {', '.join(map(str, df_columns))}; pass {flag}"
+            f"column {missing[0]!r} not found in {where}{misspelling_hint(missing[0], df_columns)}; columns are: "
+            f"{', '.join(map(str, df_columns))}; pass {flag}"
         )
 
 
