@@ -319,3 +319,54 @@ def test_bad_model_commands(run_with_checkpoint, tiny_gpt2, tmp_path, capsys, co
     if case == "max new tokens 0":
         extra += ["--max-new-tokens", "0"]
     refused(capsys, (tmp_path, run), command, model, *extra)
+
+
+# ---- resume onto the wrong base --------------------------------------------------------------------------
+def resume_case(case: str, run: Path, data: Path, tmp: Path, tiny_bert: str, tiny_gpt2: str):
+    """(train arguments, needles) of one resume from a checkpoint that does not fit the run."""
+    ckpt = str(run / "checkpoint-1")
+    common = cli_flags(output_dir=tmp / "out", cache_dir=tmp / "cache", max_steps=2, batch_size=8, quiet=True)
+    if case == "another task and model":
+        text = tmp / "t.txt"
+        text.write_text("a man is riding a red bike.\nthe dog is holding a blue ball.\n" * 4)
+        args = cli_flags(task="clm", model=tiny_gpt2, train_file=text, validation_file=text, resume=ckpt)
+        return args + common, ("does not match this run: task is 'classification' in the checkpoint but 'clm'",)
+    if case == "another model":
+        args = cli_flags(model=tiny_gpt2, train_file=data, validation_file=data, resume=ckpt, max_length=32)
+        return args + common, ("does not match this run: model_type is 'bert' in the checkpoint but 'gpt2'",)
+    if case == "other labels":
+        three = tmp / "three.csv"
+        three.write_text("text,label\na,x\nb,y\nc,z\nd,x\ne,y\nf,z\n")
+        args = cli_flags(model=tiny_bert, train_file=three, validation_file=three, resume=ckpt)
+        return args + common, ("does not match this run: labels is ['neg', 'pos'] in the checkpoint",)
+    if case == "a model folder":
+        args = cli_flags(model=tiny_bert, train_file=data, validation_file=data, resume=str(run / "model"))
+        return args + common, ("is not a complete tuneforge checkpoint",)
+    if case == "a missing checkpoint":
+        args = cli_flags(model=tiny_bert, train_file=data, validation_file=data, resume=str(tmp / "gone"))
+        return args + common, ("gone' does not exist",)
+    if case == "latest in an empty folder":
+        (tmp / "out").mkdir()
+        return cli_flags(model=tiny_bert, train_file=data, validation_file=data, resume="latest") + common, (
+            "no complete checkpoint in",
+        )
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "another task and model",
+        "another model",
+        "other labels",
+        "a model folder",
+        "a missing checkpoint",
+        "latest in an empty folder",
+    ],
+)
+def test_resume_from_a_checkpoint_that_does_not_fit(run_with_checkpoint, tiny_bert, tiny_gpt2, tmp_path, capsys, case):
+    run, data = run_with_checkpoint
+    args, needles = resume_case(case, run, data, tmp_path, tiny_bert, tiny_gpt2)
+    capsys.readouterr()
+    roots = (tmp_path / "out", run) if case == "other labels" else (tmp_path, run)  # labels: known once data is read
+    refused(capsys, roots, "train", *args, needles=needles)

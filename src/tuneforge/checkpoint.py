@@ -433,6 +433,26 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
     return path
 
 
+def check_resumable(config) -> None:
+    """Before any data is read or model loaded: --resume names a complete checkpoint of this run's task and of
+    this kind of model (labels, sizes and weights are checked again on load)."""
+    path = find_checkpoint(config.resume, config.output_dir)
+    meta = read_meta(path)
+    now = {"task": config.task}
+    model_config = Path(config.model or "") / "config.json"
+    if config.model and model_config.is_file():
+        try:
+            now["model_type"] = json.loads(model_config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            pass  # the model check says what is wrong with that folder
+    for key, value in now.items():
+        if value and meta.get(key) and meta[key] != value:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} does not match this run: {key} is {meta[key]!r} in the checkpoint but "
+                f"{value!r} here; resume with the same task, labels and model, or start a new run"
+            )
+
+
 def read_meta(path: Path) -> dict:
     try:
         return json.loads((Path(path) / "meta.json").read_text())
