@@ -92,6 +92,16 @@ def test_a_folder_of_user_files_with_no_run_is_written_into_without_overwrite(tm
     assert [p.name for p in foreign_entries(folder)] == ["checkpoint-best", "latest.txt", "model"]
 
 
+@pytest.mark.parametrize("name,kind", [("model", "file"), ("config.yaml", "folder"), ("latest", "folder")])
+def test_a_user_entry_with_a_run_name_of_another_kind_is_refused(tmp_path, tiny_bert, capsys, name, kind):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).mkdir() if kind == "folder" else (out / name).write_text("mine")
+    train = write_sentiment_csv(tmp_path / "train.csv", 16)
+    args = cli_flags(model=tiny_bert, train_file=train, validation_file=train, output_dir=out, overwrite=True)
+    refused(capsys, (tmp_path,), "train", *args, needles=(f"holds {name!r}, which is not the",))
+
+
 def with_old_run(tmp_path) -> Path:
     out = tmp_path / "out"
     old_run(out)
@@ -291,6 +301,19 @@ def test_download_into_a_file(tmp_path, capsys):
         str(tmp_path / "f"),
         needles=("is a file",),
     )
+
+
+def test_download_into_a_folder_of_user_files(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("my readme")
+    args = ["download", "prajjwal1/bert-tiny", "--local-dir", str(tmp_path)]
+    refused(capsys, (tmp_path,), *args, needles=("holds files that no download put there (README.md)",))
+
+
+def test_download_into_an_earlier_downloads_folder_is_allowed(tmp_path, capsys):
+    (tmp_path / ".cache" / "huggingface").mkdir(parents=True)
+    (tmp_path / "config.json").write_text("{}")
+    _, _, err = cli_main(capsys, "download", "prajjwal1/bert-tiny", "--local-dir", str(tmp_path))
+    assert "holds files" not in err  # offline in the tests: the hub answers (or not), the folder is not refused
 
 
 @pytest.mark.parametrize(

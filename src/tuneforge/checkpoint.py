@@ -26,6 +26,11 @@ Atomic: a checkpoint is written to a temporary folder (`.tmp-checkpoint-...`), f
 the checkpoint `latest` names. A crash at any point leaves the previous checkpoint as the one to
 resume; temporary folders are never picked, and the next save removes them.
 
+Output dir safety: a folder holding a run is refused without --overwrite; --overwrite removes only the
+entries a run writes (paths.is_run_entry: config.yaml, metrics.jsonl, result.json, latest, plot.png, model/,
+tensorboard/, checkpoint-N/, their temporaries), never the user's files beside them, and a run whose inputs
+(data, model, template, config file, checkpoint) lie inside those entries is refused before any work.
+
 Loading: weights through safetensors, everything else with `torch.load(weights_only=True)`; a
 corrupt, truncated, incomplete or incompatible checkpoint is refused with one line naming what
 differs (CheckpointError, exit 2).
@@ -60,7 +65,7 @@ from tuneforge.adapters import TRAINABLE_FILE
 from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
-from tuneforge.paths import check_inputs_outside_run, check_output_dir, run_entries
+from tuneforge.paths import check_inputs_outside_run, check_no_clashes, check_output_dir, run_entries
 from tuneforge.progress import Progress
 from tuneforge.weights import share_tied
 
@@ -107,6 +112,7 @@ def prepare_output_dir(config, config_file: str | None = None) -> None:
     out = Path(config.output_dir)
     check_output_dir(str(out))  # a file, or a folder that cannot be created or written: one line, before any work
     check_inputs_outside_run(out, run_inputs(config, config_file))
+    check_no_clashes(out)
     if holds_run(out):
         if not config.overwrite:
             raise ConfigError(

@@ -1,5 +1,6 @@
 """Cheap checks of the folders a user names (--output-dir, --cache-dir, --output, --local-dir), done before
-any heavy work so a bad path is one line, not a traceback after minutes of tokenizing. Imports no torch."""
+any heavy work so a bad path is one line, not a traceback after minutes of tokenizing; and what a run writes in
+its output dir (`is_run_entry`), the only entries `--overwrite` ever removes. Imports no torch."""
 
 from __future__ import annotations
 
@@ -91,4 +92,18 @@ def check_inputs_outside_run(out: str | os.PathLike, inputs: dict[str, str | Non
             raise ConfigError(
                 f"{flag} {given!r} is inside what the run writes in --output-dir {str(out)!r} ({top.name}), so the "
                 f"run would replace its own input; move it out of {top.name!r} or choose another --output-dir"
+            )
+
+
+def check_no_clashes(out: str | os.PathLike) -> None:
+    """No entry of output dir `out` has a name the run writes but another kind (a file `model`, a folder
+    `config.yaml`): the run would replace it, and it is not a run's, so it is the user's."""
+    root = Path(out)
+    for name in RUN_FILES + RUN_FOLDERS:
+        entry = root / name
+        if (entry.exists() or entry.is_symlink()) and not is_run_entry(entry):
+            kind = "folder" if name in RUN_FOLDERS else "file"
+            raise ConfigError(
+                f"output dir {str(out)!r} holds {name!r}, which is not the {kind} a run writes there; move it or "
+                "choose another --output-dir"
             )
