@@ -362,3 +362,10 @@ def test_qa_rows_with_answer_instead_of_answers_are_counted_in_a_warning(tmp_pat
     assert err.startswith("warning: 2 of 3 rows of") and "`answer`, which is not read" in err
     read_squad(write(tmp_path / "ok.jsonl", jsonl(good, {**good, "answers": {"text": [], "answer_start": []}})))
     assert capsys.readouterr().err == ""  # an explicit unanswerable row is no mistake
+
+
+def test_the_parse_check_takes_transformers_own_generation_tag():
+    from tuneforge.data.chat import check_template_parses
+
+    tagged = "{% for m in messages %}{% generation %}{{ m['content'] | tojson }}{% endgeneration %}{% endfor %}"
+    check_template_parses(tagged, "tagged.jinja")  # valid for apply_chat_template: not refused

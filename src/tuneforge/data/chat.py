@@ -142,10 +142,10 @@ def set_chat_template(tokenizer, template_file: str | None, model: str) -> None:
 def check_template_parses(template: str, template_file: str) -> None:
     """A chat template that is not valid Jinja is one line naming the file, the line and Jinja's message."""
     from jinja2 import TemplateSyntaxError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from transformers.utils.chat_template_utils import _compile_jinja_template  # transformers' own tags
 
     try:
-        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+        _compile_jinja_template(template)
     except TemplateSyntaxError as err:
         raise ConfigError(
             f"--chat-template {template_file!r} is not a valid Jinja template (line {err.lineno}: {err.message}); "
