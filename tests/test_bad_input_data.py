@@ -16,6 +16,7 @@ from test_bad_input_writers import refused
 
 LATIN1 = "un film très beau"
 CHAT = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]}
+REJECTED = [{"role": "assistant", "content": "go away"}]
 SYSTEM_CHAT = {"messages": [{"role": "system", "content": "be brief"}, *CHAT["messages"]]}
 PAIR = {"prompt": "where is the cat", "chosen": "on the mat", "rejected": "it is blue"}
 SQUAD_ROW = {
@@ -168,6 +169,23 @@ CASES = {
         {"p.jsonl": jsonl({**{k: v for k, v in PAIR.items() if k != "chosen"}, "choosen": "x"})},
         {"train_file": "p.jsonl"},
         ("chosen",),
+    ),
+    "dpo: template that raises for a system message": (
+        "dpo",
+        "tiny_llama",
+        {
+            "p.jsonl": jsonl(
+                *[{"prompt": CHAT["messages"][:1], "chosen": CHAT["messages"][1:], "rejected": REJECTED}] * 2,
+                {
+                    "prompt": SYSTEM_CHAT["messages"][:2],
+                    "chosen": CHAT["messages"][1:],
+                    "rejected": REJECTED,
+                },
+            ),
+            "t.jinja": GEMMA_LIKE,
+        },
+        {"train_file": "p.jsonl", "validation_file": "p.jsonl", "chat_template": "t.jinja"},
+        ("t.jinja", "row 3 of", "p.jsonl", "System role not supported"),
     ),
     "dpo: corrupt gzip": (
         "dpo",

@@ -153,6 +153,12 @@ def check_template_parses(template: str, template_file: str) -> None:
         ) from None
 
 
+def template_name(config) -> str:
+    """How an error names the chat template of a run: its --chat-template file, else the model's own."""
+    given = config.data.chat_template
+    return repr(given) if given else f"of {config.model or 'the model'!r}"
+
+
 def template_error(err: Exception, template: str, row: int | None, where: str) -> ConfigError:
     """A template that raised for a row (Gemma's and Mistral's raise_exception for a system message): one line
     naming the template, the row and the template's own message."""

@@ -93,9 +93,8 @@ class ChatSFTTask(CausalLMTask):
         """The batched map function of one split; a template that raises for a row names that row."""
         from jinja2 import TemplateError
 
-        template = self.config.data.chat_template
-        template = repr(template) if template else f"of {self.config.model or 'the model'!r}"
-        where = repr(self.files.get(split)) if getattr(self, "files", {}).get(split) else f"the {split} data"
+        template = chat.template_name(self.config)
+        where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
 
         def fn(batch):
             ids, labels = [], []
