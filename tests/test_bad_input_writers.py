@@ -316,32 +316,48 @@ def test_download_into_an_earlier_downloads_folder_is_allowed(tmp_path, capsys):
     assert "holds files" not in err  # offline in the tests: the hub answers (or not), the folder is not refused
 
 
-@pytest.mark.parametrize(
-    "command,case",
-    [
-        ("generate", "missing model"),
-        ("generate", "classifier"),
-        ("generate", "max new tokens 0"),
-        ("generate", "a file as the model"),
-        ("chat", "missing model"),
-        ("chat", "classifier"),
-        ("chat", "a file as the model"),
-        ("serve", "missing model"),
-        ("serve", "a file as the model"),
-    ],
-)
-def test_bad_model_commands(run_with_checkpoint, tiny_gpt2, tmp_path, capsys, command, case):
+MODEL_COMMAND_CASES = {  # id -> (command, model: missing | classifier | gpt2 | a file | an empty folder, flags, needle)
+    "generate: missing model": ("generate", "missing", ["--prompt", "hello"], "does not exist"),
+    "generate: a classifier": ("generate", "classifier", ["--prompt", "hello"], ""),
+    "generate: a file as the model": ("generate", "a file", ["--prompt", "hello"], ""),
+    "generate: max new tokens 0": ("generate", "gpt2", ["--prompt", "a", "--max-new-tokens", "0"], "at least 1"),
+    "generate: num beams 0": ("generate", "gpt2", ["--prompt", "a", "--num-beams", "0"], "--num-beams"),
+    "generate: top-p 2": ("generate", "gpt2", ["--prompt", "a", "--top-p", "2", "--do-sample"], "--top-p"),
+    "generate: negative temperature": (
+        "generate",
+        "gpt2",
+        ["--prompt", "a", "--temperature", "-1", "--do-sample"],
+        "--temperature",
+    ),
+    "chat: missing model": ("chat", "missing", [], "does not exist"),
+    "chat: a classifier": ("chat", "classifier", [], ""),
+    "chat: a file as the model": ("chat", "a file", [], ""),
+    "chat: an empty folder": ("chat", "an empty folder", [], "no config.json"),
+    "chat: max new tokens 0": ("chat", "gpt2", ["--max-new-tokens", "0"], "at least 1"),
+    "serve: missing model": ("serve", "missing", ["--port", "0"], "does not exist"),
+    "serve: a file as the model": ("serve", "a file", ["--port", "0"], ""),
+    "serve: an empty folder": ("serve", "an empty folder", ["--port", "0"], "no config.json"),
+    "serve: port -1": ("serve", "gpt2", ["--port", "-1"], "--port"),
+}
+
+
+@pytest.mark.parametrize("case", list(MODEL_COMMAND_CASES))
+def test_bad_model_commands(run_with_checkpoint, tiny_gpt2, tmp_path, capsys, monkeypatch, case):
+    import io
+    import sys
+
     run, data = run_with_checkpoint
+    command, which, flags, needle = MODEL_COMMAND_CASES[case]
+    (tmp_path / "empty").mkdir()
     model = {
-        "missing model": str(tmp_path / "no-model"),
+        "missing": str(tmp_path / "no-model"),
         "classifier": str(run / "model"),
-        "max new tokens 0": tiny_gpt2,
-        "a file as the model": str(data),
-    }[case]
-    extra = {"generate": ["--prompt", "hello"], "chat": [], "serve": ["--port", "0"]}[command]
-    if case == "max new tokens 0":
-        extra += ["--max-new-tokens", "0"]
-    refused(capsys, (tmp_path, run), command, model, *extra)
+        "gpt2": tiny_gpt2,
+        "a file": str(data),
+        "an empty folder": str(tmp_path / "empty"),
+    }[which]
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # chat reads no line: it must fail before asking
+    refused(capsys, (tmp_path, run), command, model, *flags, needles=(needle,))
 
 
 # ---- resume onto the wrong base --------------------------------------------------------------------------
