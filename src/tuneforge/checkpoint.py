@@ -91,27 +91,26 @@ def holds_run(path: Path) -> bool:
     return any(not e.name.startswith(TMP_PREFIX) for e in run_entries(Path(path)))
 
 
-def run_inputs(config, config_file: str | None = None) -> dict[str, str | None]:
-    """flag -> path of every file or folder the run reads (None where not given)."""
+def run_inputs(config) -> dict[str, str | None]:
+    """flag -> path of every file or folder the run reads (None where not given); the config file, which the
+    config does not record, is checked by `tuneforge train` itself."""
     inputs = {}
     for key, flag in INPUT_FLAGS.items():
         section, _, name = key.rpartition(".")
         inputs[flag] = getattr(getattr(config, section) if section else config, name, None)
-    if config_file:
-        inputs["the config file"] = config_file
     return inputs
 
 
-def prepare_output_dir(config, config_file: str | None = None) -> None:
+def prepare_output_dir(config) -> None:
     """Refuse to overwrite an existing run unless `overwrite`, or a run that would write over its own
-    inputs; only the launching/main process acts. `config_file`: the YAML the config was read from."""
+    inputs; only the launching/main process acts."""
     from tuneforge.launch import process_rank
 
     if process_rank() != 0 or config.node_rank != 0:  # other nodes' launchers leave the output dir alone
         return
     out = Path(config.output_dir)
     check_output_dir(str(out))  # a file, or a folder that cannot be created or written: one line, before any work
-    check_inputs_outside_run(out, run_inputs(config, config_file))
+    check_inputs_outside_run(out, run_inputs(config))
     check_no_clashes(out)
     if holds_run(out):
         if not config.overwrite:
