@@ -241,7 +241,9 @@ def add_arguments(p) -> None:
         "checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder"
     )
     p.add_argument("out_dir", help="the HF folder to write (config, model.safetensors, tokenizer)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (a folder of model files only)"
+    )
     p.add_argument(
         "--merge",
         action="store_true",
