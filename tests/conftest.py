@@ -800,3 +800,26 @@ def model_spy():
             self.dropouts = {m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
 
     return ModelSpy()
+
+
+# ---- a finished tiny run, shared by the bad-input suites ------------------------------------------
+@pytest.fixture(scope="session")
+def run_with_checkpoint(tmp_path_factory, tiny_bert):
+    """A real 1-step run that saved OUTPUT_DIR/checkpoint-1 and OUTPUT_DIR/model."""
+    from tuneforge.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("ckpt-run")
+    train = write_sentiment_csv(root / "train.csv", 16, seed=1)
+    Trainer(
+        task="classification",
+        model=tiny_bert,
+        output_dir=str(root / "run"),
+        max_steps=1,
+        batch_size=8,
+        save_strategy="steps",
+        save_steps=1,
+        quiet=True,
+        data={"train_file": str(train), "validation_file": str(train), "cache_dir": str(root / "cache")},
+    ).fit()
+    assert (root / "run" / "checkpoint-1" / "trainer_state.json").exists()
+    return root / "run", train

@@ -251,3 +251,46 @@ def test_merge_needs_an_adapter_folder(tmp_path, tiny_bert):
     proc = run_cli("export", "--merge", tiny_bert, str(tmp_path / "out"))
     assert proc.returncode == 2 and "is not an adapter folder" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple[list[str], tuple[str, ...]]:
+    """(export --merge arguments, needles) of one merge onto a wrong or missing base."""
+    import shutil
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(single / "model", adapter)
+    out = str(tmp_path / "merged")
+    if case == "base folder deleted":
+        info = json.loads((adapter / "tuneforge.json").read_text())
+        info["adapter"]["base_model"] = str(tmp_path / "deleted-base")
+        (adapter / "tuneforge.json").write_text(json.dumps(info))
+        return [str(adapter), out], ("deleted-base", "cannot be loaded", "pass the base model's folder")
+    if case == "base of another architecture":
+        return [str(adapter), out, "--base", tiny_gpt2], ("trained on a bert model", "is a gpt2 model")
+    if case == "base that is a file":
+        (tmp_path / "base.txt").write_text("x")
+        return [str(adapter), out, "--base", str(tmp_path / "base.txt")], ("base.txt",)
+    if case == "into the adapter folder":
+        return [str(adapter), str(adapter), "--overwrite"], ("is the adapter folder",)
+    if case == "into the base folder":
+        base = tmp_path / "base"
+        shutil.copytree(json.loads((adapter / "tuneforge.json").read_text())["adapter"]["base_model"], base)
+        return [str(adapter), str(base), "--overwrite", "--base", str(base)], ("is the base model",)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "base folder deleted",
+        "base of another architecture",
+        "base that is a file",
+        "into the adapter folder",
+        "into the base folder",
+    ],
+)
+def test_merge_onto_a_wrong_or_missing_base_is_one_line(single, tmp_path, tiny_gpt2, capsys, case):
+    from test_bad_input_writers import refused
+
+    args, needles = merge_case(case, single, tmp_path, tiny_gpt2)
+    refused(capsys, (tmp_path,), "export", "--merge", *args, needles=needles)

@@ -320,29 +320,6 @@ def test_single_training_label_is_refused(tmp_path, tiny_bert, files):
     )
 
 
-@pytest.fixture(scope="module")
-def run_with_checkpoint(tmp_path_factory, tiny_bert):
-    """A real 1-step run that saved OUTPUT_DIR/checkpoint-1 and OUTPUT_DIR/model."""
-    from conftest import write_sentiment_csv
-    from tuneforge.trainer import Trainer
-
-    root = tmp_path_factory.mktemp("ckpt-run")
-    train = write_sentiment_csv(root / "train.csv", 16, seed=1)
-    Trainer(
-        task="classification",
-        model=tiny_bert,
-        output_dir=str(root / "run"),
-        max_steps=1,
-        batch_size=8,
-        save_strategy="steps",
-        save_steps=1,
-        quiet=True,
-        data={"train_file": str(train), "validation_file": str(train), "cache_dir": str(root / "cache")},
-    ).fit()
-    assert (root / "run" / "checkpoint-1" / "trainer_state.json").exists()
-    return root / "run", train
-
-
 @pytest.mark.parametrize("command", ["predict", "generate", "serve", "eval"])
 def test_model_commands_on_a_checkpoint_folder(run_with_checkpoint, tmp_path, capsys, command):
     run, data = run_with_checkpoint

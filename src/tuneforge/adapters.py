@@ -331,6 +331,26 @@ def _adapter_info(folder: Path) -> dict:
     return {"base_model": peft_cfg.get("base_model_name_or_path")}
 
 
+def base_of(folder: str | os.PathLike) -> str | None:
+    """The base model an adapter folder names (its path or hub id), or None."""
+    return _adapter_info(Path(folder)).get("base_model")
+
+
+def _check_base_kind(folder: Path, base: str, config) -> None:
+    """A local base of another kind of model than the adapter's (a gpt2 for a bert adapter): one line that
+    says so, before its weights are loaded."""
+    try:
+        base_type = json.loads((Path(base) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # a hub id, or no readable config: loading says what is wrong
+    want = getattr(config, "model_type", None)
+    if want and base_type and base_type != want:
+        raise ConfigError(
+            f"adapter {str(folder)!r} was trained on a {want} model, and the base {base!r} is a {base_type} model; "
+            "pass the base model's folder it was trained on"
+        )
+
+
 def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kwargs):
     """`loader.from_pretrained` of the adapter's base (or `base`) with the adapter of `folder` merged in.
 
@@ -348,6 +368,7 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
         raise ConfigError(f"adapter folder {str(folder)!r} names no base model; pass the base model's folder")
     if (folder / "config.json").exists():
         kwargs.setdefault("config", AutoConfig.from_pretrained(folder))
+    _check_base_kind(folder, base, kwargs.get("config"))
     try:
         model = loader.from_pretrained(base, **kwargs)
     except (OSError, ValueError) as err:

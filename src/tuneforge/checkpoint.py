@@ -26,6 +26,11 @@ Atomic: a checkpoint is written to a temporary folder (`.tmp-checkpoint-...`), f
 the checkpoint `latest` names. A crash at any point leaves the previous checkpoint as the one to
 resume; temporary folders are never picked, and the next save removes them.
 
+Output dir safety: a folder holding a run is refused without --overwrite; --overwrite removes only the
+entries a run writes (paths.is_run_entry: config.yaml, metrics.jsonl, result.json, latest, plot.png, model/,
+tensorboard/, checkpoint-N/, their temporaries), never the user's files beside them, and a run whose inputs
+(data, model, template, config file, checkpoint) lie inside those entries is refused before any work.
+
 Loading: weights through safetensors, everything else with `torch.load(weights_only=True)`; a
 corrupt, truncated, incomplete or incompatible checkpoint is refused with one line naming what
 differs (CheckpointError, exit 2).
@@ -60,28 +65,53 @@ from tuneforge.adapters import TRAINABLE_FILE
 from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
-from tuneforge.paths import check_output_dir
+from tuneforge.paths import check_inputs_outside_run, check_no_clashes, check_output_dir, run_entries
 from tuneforge.progress import Progress
 from tuneforge.weights import share_tied
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "model", "result.json", "latest")
 MANIFEST = "manifest.json"
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
+INPUT_FLAGS = {  # config key -> the flag that names an input file or folder of a run
+    "model": "--model",
+    "resume": "--resume",
+    "data.train_file": "--train-file",
+    "data.validation_file": "--validation-file",
+    "data.source_file": "--source-file",
+    "data.target_file": "--target-file",
+    "data.validation_source_file": "--validation-source-file",
+    "data.validation_target_file": "--validation-target-file",
+    "data.data_dir": "--data-dir",
+    "data.chat_template": "--chat-template",
+}
 
 
 # ---- output directory ---------------------------------------------------------------------
 def holds_run(path: Path) -> bool:
-    return path.is_dir() and (any((path / m).exists() for m in RUN_MARKERS) or any(path.glob("checkpoint-*")))
+    """`path` holds what a tuneforge run writes (a crashed save's temporaries alone do not count)."""
+    return any(not e.name.startswith(TMP_PREFIX) for e in run_entries(Path(path)))
+
+
+def run_inputs(config) -> dict[str, str | None]:
+    """flag -> path of every file or folder the run reads (None where not given); the config file, which the
+    config does not record, is checked by `tuneforge train` itself."""
+    inputs = {}
+    for key, flag in INPUT_FLAGS.items():
+        section, _, name = key.rpartition(".")
+        inputs[flag] = getattr(getattr(config, section) if section else config, name, None)
+    return inputs
 
 
 def prepare_output_dir(config) -> None:
-    """Refuse to overwrite an existing run unless `overwrite`; only the launching/main process acts."""
+    """Refuse to overwrite an existing run unless `overwrite`, or a run that would write over its own
+    inputs; only the launching/main process acts."""
     from tuneforge.launch import process_rank
 
     if process_rank() != 0 or config.node_rank != 0:  # other nodes' launchers leave the output dir alone
         return
     out = Path(config.output_dir)
     check_output_dir(str(out))  # a file, or a folder that cannot be created or written: one line, before any work
+    check_inputs_outside_run(out, run_inputs(config))
+    check_no_clashes(out)
     if holds_run(out):
         if not config.overwrite:
             raise ConfigError(
@@ -94,14 +124,16 @@ def prepare_output_dir(config) -> None:
 def write_run_files(config, is_main: bool, replace_old: bool) -> None:
     """Start the run folder: clear a replaced run and write the resolved config (main rank only).
 
-    `replace_old`: the first start of an --overwrite run (not a resume, not an elastic restart).
+    `replace_old`: the first start of an --overwrite run (not a resume, not an elastic restart). Only the
+    entries a run writes go (paths.is_run_entry); the user's files beside them stay as they are.
     """
     if not is_main:
         return
     out = Path(config.output_dir)
-    if replace_old and holds_run(out):
-        for child in out.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    if replace_old:
+        check_inputs_outside_run(out, run_inputs(config))  # as checked up front; the folder may have changed
+        for entry in run_entries(out):
+            discard(entry) if entry.is_dir() else entry.unlink()
     out.mkdir(parents=True, exist_ok=True)
     config.save(out / "config.yaml")
 
@@ -404,6 +436,26 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
             "pass a checkpoint-STEP folder"
         )
     return path
+
+
+def check_resumable(config) -> None:
+    """Before any data is read or model loaded: --resume names a complete checkpoint of this run's task and of
+    this kind of model (labels, sizes and weights are checked again on load)."""
+    path = find_checkpoint(config.resume, config.output_dir)
+    meta = read_meta(path)
+    now = {"task": config.task}
+    model_config = Path(config.model or "") / "config.json"
+    if config.model and model_config.is_file():
+        try:
+            now["model_type"] = json.loads(model_config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            pass  # the model check says what is wrong with that folder
+    for key, value in now.items():
+        if value and meta.get(key) and meta[key] != value:
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} does not match this run: {key} is {meta[key]!r} in the checkpoint but "
+                f"{value!r} here; resume with the same task, labels and model, or start a new run"
+            )
 
 
 def read_meta(path: Path) -> dict:

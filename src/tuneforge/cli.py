@@ -219,6 +219,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
     yaml_path, overrides = _split_positionals(ns.config)
     # no --task: the config infers it from the data files (config._task_from_files)
     config = config_from_sources(yaml_path, overrides, _flags(ns, train_flags()))
+    if config.resume:  # a checkpoint of another task or model, or none: one line before any work
+        from tuneforge.checkpoint import check_resumable
+
+        check_resumable(config)
+    else:  # OUTPUT_DIR/config.yaml as the config file: the run would write its own over it
+        from tuneforge.paths import check_inputs_outside_run
+
+        check_inputs_outside_run(config.output_dir, {"the config file": yaml_path})
     result = Trainer(config).fit()
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0

@@ -13,6 +13,21 @@ from pathlib import Path
 from tuneforge.errors import ConfigError
 
 
+def check_download_folder(folder: Path) -> None:
+    """--local-dir is new, empty, or an earlier download's folder (huggingface_hub keeps its records in
+    .cache/huggingface there): a download writes the repo's files over same-named ones, so a folder of the
+    user's own files is refused."""
+    if not folder.is_dir() or (folder / ".cache" / "huggingface").is_dir():
+        return
+    held = sorted(p.name for p in folder.iterdir())
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ConfigError(
+            f"--local-dir {str(folder)!r} holds files that no download put there ({shown}); the repo's files would "
+            "replace same-named ones: choose a new or empty folder"
+        )
+
+
 def download(
     repo_id: str,
     local_dir: str | None = None,
@@ -38,6 +53,7 @@ def download(
         from tuneforge.paths import check_output_dir
 
         check_output_dir(local_dir, "--local-dir", "folder")
+        check_download_folder(Path(local_dir))
     what = f"{repo_type} {repo_id!r}"
     try:
         path = snapshot_download(

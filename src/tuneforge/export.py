@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from tuneforge import adapters, checkpoint
@@ -91,7 +92,9 @@ def export_live(
     return Path(out_dir)
 
 
-def export_merged(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base: str | None = None) -> Path:
+def export_merged(
+    adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, base: str | None = None, overwrite: bool = False
+) -> Path:
     """`tuneforge export --merge ADAPTER_DIR OUT_DIR`: the adapter merged into its base, a standalone HF
     folder that `from_pretrained` loads (weights, config, tokenizer, tuneforge.json)."""
     import transformers
@@ -102,6 +105,8 @@ def export_merged(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, ba
             f"{str(folder)!r} is not an adapter folder (no {adapters.ADAPTER_CONFIG}); --merge takes the "
             "OUTPUT_DIR/model of an --adapter lora run"
         )
+    inputs = {"the adapter folder": str(folder), "the base model": base or adapters.base_of(folder)}
+    check_export_folder(Path(out_dir), overwrite, inputs)
     config = transformers.AutoConfig.from_pretrained(folder)
     arch = (getattr(config, "architectures", None) or [None])[0]
     loader = getattr(transformers, arch, None) if arch else None
@@ -139,12 +144,45 @@ def _load_weights(model, weights: dict, path: Path) -> None:
         )
 
 
-def check_export_folder(out: Path, overwrite: bool) -> None:
-    """The folder an export writes: not a file, and empty unless `overwrite`."""
+# what an HF model folder (an export, an adapter folder) holds: --overwrite replaces such a folder whole, and
+# refuses one holding anything else (the user's files would go with it)
+MODEL_FOLDER_FILE = re.compile(
+    r"(config|generation_config|tuneforge|adapter_config|tokenizer|tokenizer_config|special_tokens_map|"
+    r"added_tokens|vocab|preprocessor_config|chat_template|model\.safetensors\.index)\.json|"
+    r"(model(-\d+-of-\d+)?|adapter_model|trainable)\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin|"
+    r"vocab\.txt|merges\.txt|spiece\.model|tokenizer\.model|sentencepiece\.bpe\.model|chat_template\.jinja"
+)
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_export_folder(out: Path, overwrite: bool, inputs: dict[str, str | None] | None = None) -> None:
+    """The folder an export writes: not a file, not one of the export's inputs (`inputs`: what -> path) nor
+    inside or around one, empty unless `overwrite`, and with `overwrite` holding only model files (the folder
+    is replaced whole). Checked before any model is loaded."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"export folder {str(out)!r} is a file; choose another folder")
-    if out.exists() and any(out.iterdir()) and not overwrite:
+    for what, given in (inputs or {}).items():
+        if given and Path(given).exists() and _overlaps(out, Path(given)):
+            where = "is" if out.resolve() == Path(given).resolve() else "overlaps"
+            raise CheckpointError(
+                f"export folder {str(out)!r} {where} {what} {given!r}, which the export reads; choose a folder "
+                "outside it"
+            )
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held and not overwrite:
         raise CheckpointError(f"export folder {str(out)!r} is not empty; pass --overwrite or choose another folder")
+    foreign = [name for name in held if not (MODEL_FOLDER_FILE.fullmatch(name) and (out / name).is_file())]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise CheckpointError(
+            f"export folder {str(out)!r} holds files an export does not write ({shown}); --overwrite replaces "
+            "the whole folder, so move them out or choose another folder"
+        )
 
 
 def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -159,10 +197,10 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
             f"{str(path)!r} is not a complete tuneforge checkpoint (no {checkpoint.MANIFEST}); pass a "
             "checkpoint-STEP folder"
         )
+    check_export_folder(out, overwrite, {"the checkpoint": str(path)})
     problem = checkpoint.verify(path)
     if problem:
         raise CheckpointError(problem)
-    check_export_folder(out, overwrite)
     meta = checkpoint.read_meta(path)
     if meta.get("adapter"):
         raise CheckpointError(
@@ -188,8 +226,7 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
 # ---- CLI ---------------------------------------------------------------------------------------
 def cmd_export(ns) -> int:
     if ns.merge:
-        check_export_folder(Path(ns.out_dir), ns.overwrite)
-        out = export_merged(ns.checkpoint, ns.out_dir, base=ns.base)
+        out = export_merged(ns.checkpoint, ns.out_dir, base=ns.base, overwrite=ns.overwrite)
     elif ns.base:
         raise ConfigError("--base goes with --merge (the model an adapter is merged into)")
     else:
@@ -204,7 +241,9 @@ def add_arguments(p) -> None:
         "checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder"
     )
     p.add_argument("out_dir", help="the HF folder to write (config, model.safetensors, tokenizer)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (a folder of model files only)"
+    )
     p.add_argument(
         "--merge",
         action="store_true",

@@ -1,10 +1,12 @@
 """Cheap checks of the folders a user names (--output-dir, --cache-dir, --output, --local-dir), done before
-any heavy work so a bad path is one line, not a traceback after minutes of tokenizing. Imports no torch."""
+any heavy work so a bad path is one line, not a traceback after minutes of tokenizing; and what a run writes in
+its output dir (`is_run_entry`), the only entries `--overwrite` ever removes. Imports no torch."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -35,3 +37,73 @@ def check_output_dir(path: str, flag: str = "--output-dir", what: str = "output 
     if why:
         verb = "cannot be written" if parent == out else "cannot be created"
         raise ConfigError(f"{what} {str(out)!r} {verb} ({why}); choose another {flag}")
+
+
+# ---- what a run writes in its output dir ------------------------------------------------------
+# The run folder's own entries are a fixed set of names (not a record written beside them): a run of any
+# version, or one killed half-way, is recognised the same way, and nothing else is ever counted as the run's.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "result.json", "latest", "plot.png", "deepspeed_config.json")
+RUN_FOLDERS = ("model", "tensorboard")
+CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")
+# temporaries of files.replacing (.tmp-NAME.PID), of a checkpoint save and of files.discard
+RUN_TEMPORARY = re.compile(
+    r"\.tmp-(checkpoint-\d+-\d+-\d+|deleted-.+|(" + "|".join(map(re.escape, RUN_FILES + RUN_FOLDERS)) + r")\.\d+)"
+)
+
+
+def is_run_entry(entry: Path) -> bool:
+    """`entry` (a child of an output dir) is one tuneforge writes there: by name, and of the kind it writes."""
+    name = entry.name
+    if entry.is_symlink():
+        return False
+    if name in RUN_FILES:
+        return entry.is_file()
+    if name in RUN_FOLDERS or CHECKPOINT_NAME.fullmatch(name):
+        return entry.is_dir()
+    return bool(RUN_TEMPORARY.fullmatch(name))
+
+
+def run_entries(out: Path) -> list[Path]:
+    """The entries of output dir `out` that a tuneforge run wrote (none if it is not a folder)."""
+    return sorted(e for e in out.iterdir() if is_run_entry(e)) if out.is_dir() else []
+
+
+def foreign_entries(out: Path) -> list[Path]:
+    """What output dir `out` holds that no tuneforge run writes: the user's, never removed."""
+    return sorted(e for e in out.iterdir() if not is_run_entry(e)) if out.is_dir() else []
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_inputs_outside_run(out: str | os.PathLike, inputs: dict[str, str | None]) -> None:
+    """No input of a run (flag -> path) is one of the entries the run writes (or clears) in output dir `out`:
+    training from OUT/model, or with a config file OUT/config.yaml, would replace what it reads."""
+    root = Path(out).expanduser().resolve()
+    for flag, given in inputs.items():
+        if not given or not Path(given).expanduser().exists():
+            continue  # a hub id, or a missing file the readers name in their own words
+        path = Path(given).expanduser().resolve()
+        if not _inside(path, root) or path == root:
+            continue
+        top = root / path.relative_to(root).parts[0]
+        if top.name in RUN_FILES or top.name in RUN_FOLDERS or CHECKPOINT_NAME.fullmatch(top.name):
+            raise ConfigError(
+                f"{flag} {given!r} is inside what the run writes in --output-dir {str(out)!r} ({top.name}), so the "
+                f"run would replace its own input; move it out of {top.name!r} or choose another --output-dir"
+            )
+
+
+def check_no_clashes(out: str | os.PathLike) -> None:
+    """No entry of output dir `out` has a name the run writes but another kind (a file `model`, a folder
+    `config.yaml`): the run would replace it, and it is not a run's, so it is the user's."""
+    root = Path(out)
+    for name in RUN_FILES + RUN_FOLDERS:
+        entry = root / name
+        if (entry.exists() or entry.is_symlink()) and not is_run_entry(entry):
+            kind = "folder" if name in RUN_FOLDERS else "file"
+            raise ConfigError(
+                f"output dir {str(out)!r} holds {name!r}, which is not the {kind} a run writes there; move it or "
+                "choose another --output-dir"
+            )

@@ -92,6 +92,39 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
     return list(zip(*[df[c].astype(str).tolist() for c in cols]))
 
 
+def _written_by_predict(path: Path) -> bool:
+    """`path` is empty or a predictions file `predict` wrote (its first line: {"index": 0, ...})."""
+    try:
+        with path.open("r", encoding="utf-8") as fh:
+            first = fh.readline()
+        return not first or json.loads(first).get("index") == 0
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def check_output_file(output_path: str, input_path: str, model_dir: str) -> None:
+    """--output can be written and replaces nothing but an earlier prediction: not a folder, not the input,
+    not inside the model folder, not a file of the user's. Checked before any input is read."""
+    from tuneforge.paths import check_output_dir
+
+    out = Path(output_path)
+    if out.is_dir():
+        raise ConfigError(f"--output {output_path!r} is a folder; pass a file name such as preds.jsonl")
+    check_output_dir(str(out.parent), "--output", "the folder of --output")
+    if Path(input_path).exists() and out.resolve() == Path(input_path).resolve():
+        raise ConfigError(f"--output {output_path!r} is the --input file; write the predictions to another file")
+    model = Path(model_dir).resolve()
+    if model.is_dir() and model in out.resolve().parents:
+        raise ConfigError(
+            f"--output {output_path!r} is inside the model folder {model_dir!r}; write the predictions elsewhere"
+        )
+    if out.exists() and not _written_by_predict(out):
+        raise ConfigError(
+            f"--output {output_path!r} exists and is not a predictions file of `tuneforge predict`; choose another "
+            "file name or delete that file"
+        )
+
+
 def predict_file(
     model_dir: str,
     input_path: str,
@@ -101,7 +134,6 @@ def predict_file(
     max_length: int | None = None,
 ) -> int:
     """Write one JSON line per input row (in input order); returns the number of rows."""
-    from tuneforge.paths import check_output_dir
     from tuneforge.tasks.base import check_model_path
 
     if batch_size <= 0:
@@ -109,12 +141,10 @@ def predict_file(
     if max_length is not None and max_length < 1:
         raise ConfigError(f"--max-length must be at least 1, got {max_length}")
     check_model_path(model_dir)
+    check_output_file(output_path, input_path, model_dir)
     reader = getattr(_task_class_of(model_dir), "read_predict_inputs", None)  # a task with its own input rows
     texts = reader(input_path, text_columns) if reader else read_inputs(model_dir, input_path, text_columns)
     out = Path(output_path)
-    if out.exists() and out.is_dir():
-        raise ConfigError(f"--output {output_path!r} is a folder; pass a file name such as preds.jsonl")
-    check_output_dir(str(out.parent), "--output", "the folder of --output")
     predictor = load_predictor(model_dir, max_length=max_length)
     items = [t[0] if isinstance(t, tuple) and len(t) == 1 else t for t in texts]
     preds = predictor.predict(items, batch_size=batch_size)

@@ -30,18 +30,22 @@ IGNORE = -100
 
 def read_rows(path: str | Path, what: str = "chat data", reader: str = "--task sft") -> list[dict]:
     """The rows of a .jsonl (one JSON object a line) or .json (a list of objects) file, gzip'd or not."""
+    from tuneforge.data.sources import decode_text, read_text_file
+
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{what} file {str(p)!r} does not exist; check the path")
+    hint = "pass a .jsonl or .json file (or one gzip'd: .jsonl.gz)"
     suffix = p.suffix.lower()
     if suffix == ".gz":  # hh-rlhf ships as .jsonl.gz
+        if not p.is_file():
+            read_text_file(p, f"{what} file", hint)  # raises: missing, or a folder
         try:
-            text = gzip.decompress(p.read_bytes()).decode("utf-8")
-        except (OSError, EOFError, UnicodeDecodeError) as err:
-            raise DataError(f"{str(p)!r} is not a readable gzip file of UTF-8 text ({err})") from None
+            data = gzip.decompress(p.read_bytes())
+        except (OSError, EOFError) as err:
+            raise DataError(f"{str(p)!r} is not a readable gzip file ({err})") from None
+        text = decode_text(data, p, f"{what} file")
         suffix = Path(p.stem).suffix.lower()
     else:
-        text = p.read_text(encoding="utf-8")
+        text = read_text_file(p, f"{what} file", hint)
     if suffix == ".json":
         try:
             rows = json.loads(text)
@@ -121,15 +125,49 @@ def read_conversations(path: str | Path, fmt: str = "auto") -> list[list[dict]]:
 def set_chat_template(tokenizer, template_file: str | None, model: str) -> None:
     """Use `--chat-template FILE` (a Jinja template); without one the tokenizer must have its own."""
     if template_file:
+        from tuneforge.data.sources import read_text_file
+
         p = Path(template_file)
-        if not p.is_file():
+        if not p.exists():
             raise ConfigError(f"--chat-template {template_file!r} does not exist; pass a Jinja template file")
-        tokenizer.chat_template = p.read_text(encoding="utf-8")
+        tokenizer.chat_template = read_text_file(p, "--chat-template", "pass a Jinja template file")
+        check_template_parses(tokenizer.chat_template, template_file)
     elif not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"the tokenizer of {model!r} has no chat template; pass --chat-template FILE (a Jinja template, e.g. "
             "ChatML) or train from a chat model"
         )
+
+
+def check_template_parses(template: str, template_file: str) -> None:
+    """A chat template that is not valid Jinja is one line naming the file, the line and Jinja's message."""
+    from jinja2 import TemplateSyntaxError
+    from transformers.utils.chat_template_utils import _compile_jinja_template  # transformers' own tags
+
+    try:
+        _compile_jinja_template(template)
+    except TemplateSyntaxError as err:
+        raise ConfigError(
+            f"--chat-template {template_file!r} is not a valid Jinja template (line {err.lineno}: {err.message}); "
+            "fix the template"
+        ) from None
+
+
+def template_name(config) -> str:
+    """How an error names the chat template of a run: its --chat-template file, else the model's own."""
+    given = config.data.chat_template
+    return repr(given) if given else f"of {config.model or 'the model'!r}"
+
+
+def template_error(err: Exception, template: str, row: int | None, where: str) -> ConfigError:
+    """A template that raised for a row (Gemma's and Mistral's raise_exception for a system message): one line
+    naming the template, the row and the template's own message."""
+    message = (getattr(err, "message", None) or str(err) or type(err).__name__).strip().splitlines()[0][:200]
+    at = f"row {row} of {where}" if row else where
+    return ConfigError(
+        f"the chat template {template} fails on {at}: {message}; change that row (e.g. drop a role the template "
+        "refuses) or pass --chat-template FILE with a template that takes it"
+    )
 
 
 def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

@@ -45,10 +45,9 @@ def read_conll(path: str | Path) -> datasets.Dataset:
     words: list[str] = []
     labels: list[str] = []
     width = None
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"file {str(p)!r} is not UTF-8 text (offset {err.start}); re-save it as UTF-8") from None
+    from tuneforge.data.sources import decode_text
+
+    text = decode_text(p.read_bytes(), p)
     for number, line in enumerate(text.splitlines() + [""], start=1):
         cols = line.split()
         if not cols or cols[0] == "-DOCSTART-":

@@ -71,8 +71,8 @@ def to_pair(row: dict, where: str) -> dict:
     missing = [k for k in ("chosen", "rejected") if row.get(k) is None]
     if missing:
         raise DataError(
-            f"{where} has no `{'` or `'.join(missing)}`; each row needs `chosen` and `rejected` (with `prompt`, or "
-            "hh-rlhf dialogues that share their prompt)"
+            f"{where} has no `{'` or `'.join(missing)}` (it has: {', '.join(map(str, row)) or 'no fields'}); each row "
+            "needs `chosen` and `rejected` (with `prompt`, or hh-rlhf dialogues that share their prompt)"
         )
     chosen, rejected = row["chosen"], row["rejected"]
     for key, value in (("chosen", chosen), ("rejected", rejected), ("prompt", row.get("prompt", ""))):

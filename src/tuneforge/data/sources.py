@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import io
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,38 @@ def check_file(path: str | Path) -> Path:
     return p
 
 
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def decode_text(data: bytes, path: str | Path, what: str = "file") -> str:
+    """The text of a user's file: UTF-8, a leading byte-order mark dropped. Any other encoding is refused in
+    one line, the same for every reader (UTF-16, which Windows tools write, by name)."""
+    if data.startswith(UTF16_BOMS):
+        raise DataError(f"{what} {str(path)!r} is UTF-16 text, not UTF-8; re-save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{what} {str(path)!r} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+            "re-save it as UTF-8"
+        ) from None
+
+
+def read_text_file(path: str | Path, what: str = "file", hint: str = "pass a file") -> str:
+    """The text of the file a user named (decode_text); a missing path or a folder is one line (`hint`: the fix)."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"{what} {str(p)!r} does not exist; check the path")
+    if not p.is_file():
+        raise DataError(f"{what} {str(p)!r} is a folder, not a file; {hint}")
+    return decode_text(p.read_bytes(), p, what)
+
+
 def _check_utf8(p: Path) -> None:
+    with p.open("rb") as fh:
+        head = fh.read(2)
+    if head.startswith(UTF16_BOMS):
+        decode_text(head, p)
     try:
         with p.open("r", encoding="utf-8") as fh:
             while fh.read(1 << 20):
@@ -69,11 +101,12 @@ def read_table(
         elif kind in ("json", "jsonl"):
             # .json: a JSON array of records, or JSON lines (as `datasets` writes them)
             lines = kind == "jsonl" or not _starts_with(p, "[")
-            df = pd.read_json(p, lines=lines, orient=None if lines else "records", dtype=False)
+            text = io.StringIO(decode_text(p.read_bytes(), p))  # pandas would read a byte-order mark as data
+            df = pd.read_json(text, lines=lines, orient=None if lines else "records", dtype=False)
         elif kind == "parquet":
             df = pd.read_parquet(p)
         else:  # txt: one example per line
-            lines = [ln for ln in p.read_text(encoding="utf-8").splitlines()]
+            lines = decode_text(p.read_bytes(), p).splitlines()
             df = pd.DataFrame({"text": lines})
     except pd.errors.EmptyDataError:
         raise DataError(f"file {str(p)!r} is empty; it needs a header row and at least one example") from None
@@ -100,11 +133,20 @@ def _first_line(err: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(err).__name__
 
 
+def misspelling_hint(wanted: str, columns) -> str:
+    """' (it has a column 'lable': a misspelling of 'label'?)' where a column is a near miss of `wanted`, else ''."""
+    import difflib
+
+    near = difflib.get_close_matches(wanted, [str(c) for c in columns if c != wanted], n=1, cutoff=0.75)
+    return f" (it has a column {near[0]!r}: a misspelling of {wanted!r}?)" if near else ""
+
+
 def require_columns(df_columns: list[str], wanted: list[str], where: str, flag: str) -> None:
     missing = [c for c in wanted if c not in df_columns]
     if missing:
         raise DataError(
-            f"column {missing[0]!r} not found in {where}; columns are: {', '.join(map(str, df_columns))}; pass {flag}"
+            f"column {missing[0]!r} not found in {where}{misspelling_hint(missing[0], df_columns)}; columns are: "
+            f"{', '.join(map(str, df_columns))}; pass {flag}"
         )
 
 

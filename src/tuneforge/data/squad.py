@@ -51,10 +51,10 @@ def read_squad(path: str | Path) -> datasets.Dataset:
     """A SQuAD JSON file (`{"data": [articles]}`), or a json/jsonl table of question, context, answers rows."""
     p = check_squad_file(path)
     if p.suffix.lower() == ".json":
+        from tuneforge.data.sources import decode_text
+
         try:
-            doc = json.loads(p.read_text(encoding="utf-8-sig"))
-        except UnicodeDecodeError as err:
-            raise DataError(f"file {str(p)!r} is not UTF-8 text (offset {err.start}); re-save it as UTF-8") from None
+            doc = json.loads(decode_text(p.read_bytes(), p))
         except json.JSONDecodeError:
             doc = None  # JSON lines in a .json file: read as a table
         if isinstance(doc, dict):
@@ -102,8 +102,32 @@ def read_squad_table(path: Path) -> datasets.Dataset:
 
     df = read_table(path)
     require_columns(list(df.columns), ["question", "context", "answers"], repr(str(path)), "rows in SQuAD form")
+    _warn_absent_answers(df, path)
     ids = df["id"].tolist() if "id" in df.columns else list(range(1, len(df) + 1))
     return from_rows(ids, df["question"].tolist(), df["context"].tolist(), df["answers"].tolist(), str(path))
+
+
+def _warn_absent_answers(df, path: Path) -> None:
+    """Rows without an `answers` key train as unanswerable questions; where another key looks like a misspelt
+    `answers` (`answer`), that is almost certainly a mistake: a warning with the count."""
+    import difflib
+    import sys
+
+    absent = int(df["answers"].isna().sum())
+    near = difflib.get_close_matches(
+        "answers",
+        [str(c) for c in df.columns if c not in ("id", "title", "question", "context", "answers")],
+        n=1,
+        cutoff=0.75,
+    )
+    if absent and near:
+        print(
+            f"warning: {absent} of {len(df)} rows of {str(path)!r} have no `answers` but a `{near[0]}`, which is not "
+            f"read: they train as unanswerable questions; rename `{near[0]}` to `answers` "
+            '({"text": [...], "answer_start": [...]})',
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def from_hf(ds: datasets.Dataset, where: str) -> datasets.Dataset:

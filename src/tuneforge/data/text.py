@@ -29,7 +29,12 @@ def _check_text_file(path: str | Path, what: str) -> Path:
 
 def read_lines(path: str | Path, what: str = "text file", keep_linebreaks: bool = True) -> list[str]:
     """All lines of a UTF-8 file (a leading BOM dropped); DataError if it holds no text at all."""
+    from tuneforge.data.sources import UTF16_BOMS, decode_text
+
     p = _check_text_file(path, what)
+    with open(p, "rb") as fh:
+        if fh.read(2).startswith(UTF16_BOMS):
+            decode_text(b"\xff\xfe", p, what)  # refused by the one reader of encodings
     try:
         # universal newlines: \n, \r\n and \r end a line, nothing else (unlike str.splitlines)
         with open(p, encoding="utf-8-sig", newline=None) as fh:

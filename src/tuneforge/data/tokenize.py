@@ -7,6 +7,7 @@ second identical run reuses the cache and any other tokenizer or setting never d
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -70,19 +71,26 @@ def cached_map(
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.arrow"
     if path.exists():
         log(f"{desc}: reusing tokenized cache {path}")
     else:
         log(f"{desc}: tokenizing {len(ds)} examples (cached at {path})")
-    return ds.map(
-        fn,
-        batched=True,
-        batch_size=1000,
-        remove_columns=ds.column_names,
-        cache_file_name=str(path),
-        load_from_cache_file=True,
-        new_fingerprint=key,
-        desc=desc,
-    )
+    try:
+        return ds.map(
+            fn,
+            batched=True,
+            batch_size=1000,
+            remove_columns=ds.column_names,
+            cache_file_name=str(path),
+            load_from_cache_file=True,
+            new_fingerprint=key,
+            desc=desc,
+        )
+    except BaseException:  # a row the map function refused: leave no cache folder this call made
+        for made in created:  # innermost first; a folder something else wrote into stays
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tuneforge.data.sources import bundled_bbc_news, check_file, read_split, require_columns
+from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import MetricStream, Task, empty_check, from_pretrained, hold_out_validation, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
@@ -242,7 +242,7 @@ class ClassificationTask(Task):
             return list(self.label_names)
         split = "train" if "train" in raw else next(iter(raw))
         values = raw[split][self.label_column]
-        self._check_no_empty_labels(values, split)
+        self._check_no_empty_labels(values, split, raw[split].column_names)
         names = sorted(
             {str(v) for v in values},
             key=lambda s: (not s.lstrip("-").isdigit(), int(s) if s.lstrip("-").isdigit() else 0, s),
@@ -259,10 +259,13 @@ class ClassificationTask(Task):
             self.label_names = list(names)
             self.num_labels = len(self.label_names)
 
-    def _check_no_empty_labels(self, values, split: str) -> None:
+    def _check_no_empty_labels(self, values, split: str, columns: list[str] = ()) -> None:
         for i, v in enumerate(values):
             if v is None or not str(v).strip():
-                raise DataError(f"row {i + 1} of {self._where(split)} has an empty label; fill it in or drop the row")
+                hint = misspelling_hint(self.label_column, columns)
+                raise DataError(
+                    f"row {i + 1} of {self._where(split)} has an empty label{hint}; fill it in or drop the row"
+                )
 
     def encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
         """Labels as ids of the adopted label set (a float per row for regression), in a `labels` column."""

@@ -142,21 +142,34 @@ class DPOTask(CausalLMTask):
         return datasets.DatasetDict(raw)
 
     # ---- features --------------------------------------------------------------------------
-    def tokenize(self, raw, tokenizer, log=print):
-        max_length = self.resolve_block_size()
+    def _encoder(self, tokenizer, ds, split: str):
+        """The batched map function of one split; a chat template that raises for a row names that row."""
+        from jinja2 import TemplateError
+
+        where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
 
         def fn(batch):
             out = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": []}
             for p, c, r in zip(batch["prompt"], batch["chosen"], batch["rejected"]):
                 pair = {"prompt": json.loads(p), "chosen": json.loads(c), "rejected": json.loads(r)}
-                ids = preference.encode_pair(tokenizer, pair)
+                try:
+                    ids = preference.encode_pair(tokenizer, pair)
+                except (TemplateError, TypeError) as err:
+                    row = ds["prompt"].index(p) + 1  # the error path only: one scan
+                    raise chat.template_error(err, chat.template_name(self.config), row, where) from None
                 for key, value in zip(out, ids):
                     out[key].append(value)
             return out
 
+        return fn
+
+    def tokenize(self, raw, tokenizer, log=print):
+        max_length = self.resolve_block_size()
+
         settings = {"task": "dpo", "template": getattr(tokenizer, "chat_template", None)}
         out = {}
         for split, ds in raw.items():
+            fn = self._encoder(tokenizer, ds, split)
             feats = self.tokenize_split(split, ds, ["prompt", "chosen", "rejected"], fn, tokenizer, settings, log)
             out[split] = self._fit(split, feats, max_length, log)
         return datasets.DatasetDict(out)

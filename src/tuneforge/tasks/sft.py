@@ -81,20 +81,34 @@ class ChatSFTTask(CausalLMTask):
     def tokenize(self, raw, tokenizer, log=print):
         block_size = self.resolve_block_size()
 
+        settings = {"task": "sft", "template": tokenizer.chat_template}
+        out = {}
+        for split, ds in raw.items():
+            fn = self._encoder(tokenizer, ds, split)
+            feats = self.tokenize_split(split, ds, ["conversation"], fn, tokenizer, settings, log)
+            out[split] = self._fit_and_pack(split, feats, block_size, log)
+        return datasets.DatasetDict(out)
+
+    def _encoder(self, tokenizer, ds, split: str):
+        """The batched map function of one split; a template that raises for a row names that row."""
+        from jinja2 import TemplateError
+
+        template = chat.template_name(self.config)
+        where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
+
         def fn(batch):
             ids, labels = [], []
             for text in batch["conversation"]:
-                x, y = chat.encode_conversation(tokenizer, json.loads(text))
+                try:
+                    x, y = chat.encode_conversation(tokenizer, json.loads(text))
+                except (TemplateError, TypeError) as err:
+                    row = ds["conversation"].index(text) + 1  # the error path only: one scan
+                    raise chat.template_error(err, template, row, where) from None
                 ids.append(x)
                 labels.append(y)
             return {"input_ids": ids, "labels": labels}
 
-        settings = {"task": "sft", "template": tokenizer.chat_template}
-        out = {}
-        for split, ds in raw.items():
-            feats = self.tokenize_split(split, ds, ["conversation"], fn, tokenizer, settings, log)
-            out[split] = self._fit_and_pack(split, feats, block_size, log)
-        return datasets.DatasetDict(out)
+        return fn
 
     def _fit_and_pack(self, split: str, feats, block_size: int, log) -> datasets.Dataset:
         """The length rule (cut to block_size; dropped when no assistant token is left), then packing."""

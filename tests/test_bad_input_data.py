@@ -1,0 +1,389 @@
+"""Every user-supplied file of `train`, in every task family, fails in one line: another encoding (UTF-16,
+Latin-1) is refused the same way by every reader and a UTF-8 byte-order mark is read; a folder given where a file
+is expected says so; a misspelt key names what is missing; a chat template that does not parse or raises for a row
+names the template, the row and its own message. Each case: exit 2, one `error:` line, nothing on disk changed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_flags
+from test_bad_input_writers import refused
+
+LATIN1 = "un film très beau"
+CHAT = {"messages": [{"role": "user", "content": "hi there"}, {"role": "assistant", "content": "hello"}]}
+REJECTED = [{"role": "assistant", "content": "go away"}]
+SYSTEM_CHAT = {"messages": [{"role": "system", "content": "be brief"}, *CHAT["messages"]]}
+PAIR = {"prompt": "where is the cat", "chosen": "on the mat", "rejected": "it is blue"}
+SQUAD_ROW = {
+    "id": "1",
+    "question": "who sat?",
+    "context": "the cat sat.",
+    "answers": {"text": ["the cat"], "answer_start": [0]},
+}
+SWAG_HEADER = "sent1,sent2,ending0,ending1,ending2,ending3,label"
+PLAIN = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+GEMMA_LIKE = (
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}" + PLAIN
+)
+
+
+def jsonl(*rows: dict) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def write(path: Path, content: str | bytes) -> Path:
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return path
+
+
+# case -> (task, model fixture, files to write {name: content; None: a folder}, flags {flag: name or value}, needles)
+CASES = {
+    "classification: train file is a folder": (
+        "classification",
+        "tiny_bert",
+        {"data": None},
+        {"train_file": "data"},
+        ("is a folder, not a file",),
+    ),
+    "classification: UTF-16 csv": (
+        "classification",
+        "tiny_bert",
+        {"t.csv": "text,label\na,pos\nb,neg\n".encode("utf-16")},
+        {"train_file": "t.csv"},
+        ("is UTF-16 text, not UTF-8", "re-save it as UTF-8"),
+    ),
+    "classification: jsonl with a BOM and a misspelt label key": (
+        "classification",
+        "tiny_bert",
+        {"t.jsonl": "\ufeff" + jsonl({"text": "a", "lable": "pos"}, {"text": "b", "lable": "neg"})},
+        {"train_file": "t.jsonl"},
+        ("column 'label' not found", "columns are: text, lable"),
+    ),
+    "classification: json that does not parse": (
+        "classification",
+        "tiny_bert",
+        {"t.json": '[{"text": "a", "label": "pos"},'},
+        {"train_file": "t.json"},
+        ("could not be parsed as json",),
+    ),
+    "regression: Latin-1 tsv": (
+        "regression",
+        "tiny_bert",
+        {"t.tsv": f"text\tlabel\n{LATIN1}\t1.0\n".encode("latin-1")},
+        {"train_file": "t.tsv"},
+        ("not UTF-8 text", "byte 0xe8"),
+    ),
+    "glue: data dir is a file": ("glue/sst2", "tiny_bert", {"glue": "x"}, {"data_dir": "glue"}, ("glue",)),
+    "glue: data dir without its files": (
+        "glue/sst2",
+        "tiny_bert",
+        {"glue": None},
+        {"data_dir": "glue"},
+        ("train.tsv",),
+    ),
+    "clm: UTF-16 text": (
+        "clm",
+        "tiny_gpt2",
+        {"t.txt": "a line\nanother\n".encode("utf-16")},
+        {"train_file": "t.txt"},
+        ("is UTF-16 text, not UTF-8",),
+    ),
+    "clm: Latin-1 text": (
+        "clm",
+        "tiny_gpt2",
+        {"t.txt": f"{LATIN1}\n".encode("latin-1")},
+        {"train_file": "t.txt"},
+        ("not UTF-8 text",),
+    ),
+    "clm: train file is a folder": (
+        "clm",
+        "tiny_gpt2",
+        {"texts.txt": None},
+        {"train_file": "texts.txt"},
+        ("is a folder, not a file",),
+    ),
+    "sft: Latin-1 chats": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl({"messages": [{"role": "user", "content": LATIN1}]}).encode("latin-1"), "t.jinja": PLAIN},
+        {"train_file": "c.jsonl", "chat_template": "t.jinja"},
+        ("not UTF-8 text", "byte 0xe8"),
+    ),
+    "sft: chats file is a folder": (
+        "sft",
+        "tiny_llama",
+        {"chats.jsonl": None, "t.jinja": PLAIN},
+        {"train_file": "chats.jsonl", "chat_template": "t.jinja"},
+        ("is a folder, not a file",),
+    ),
+    "sft: misspelt messages key": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl({"message": CHAT["messages"]}), "t.jinja": PLAIN},
+        {"train_file": "c.jsonl", "chat_template": "t.jinja"},
+        ("neither `messages`", "it has: message"),
+    ),
+    "sft: a line that is not JSON": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl(CHAT) + "{oops\n", "t.jinja": PLAIN},
+        {"train_file": "c.jsonl", "chat_template": "t.jinja"},
+        ("line 2", "not valid JSON"),
+    ),
+    "sft: template that does not parse": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl(CHAT, CHAT), "t.jinja": "{% for m in messages %}{{ m['content'] }}"},
+        {"train_file": "c.jsonl", "chat_template": "t.jinja"},
+        ("t.jinja", "not a valid Jinja template", "line 1"),
+    ),
+    "sft: template that raises for a system message": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl(CHAT, CHAT, SYSTEM_CHAT, CHAT), "t.jinja": GEMMA_LIKE},
+        {"train_file": "c.jsonl", "validation_file": "c.jsonl", "chat_template": "t.jinja"},
+        ("t.jinja", "row 3 of", "c.jsonl", "System role not supported"),
+    ),
+    "sft: template is a folder": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl(CHAT, CHAT), "tpl": None},
+        {"train_file": "c.jsonl", "chat_template": "tpl"},
+        ("--chat-template", "is a folder, not a file"),
+    ),
+    "sft: template missing": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl(CHAT, CHAT)},
+        {"train_file": "c.jsonl", "chat_template": "nope.jinja"},
+        ("nope.jinja", "does not exist"),
+    ),
+    "dpo: misspelt chosen key": (
+        "dpo",
+        "tiny_llama",
+        {"p.jsonl": jsonl({**{k: v for k, v in PAIR.items() if k != "chosen"}, "choosen": "x"})},
+        {"train_file": "p.jsonl"},
+        ("chosen",),
+    ),
+    "dpo: template that raises for a system message": (
+        "dpo",
+        "tiny_llama",
+        {
+            "p.jsonl": jsonl(
+                *[{"prompt": CHAT["messages"][:1], "chosen": CHAT["messages"][1:], "rejected": REJECTED}] * 2,
+                {
+                    "prompt": SYSTEM_CHAT["messages"][:2],
+                    "chosen": CHAT["messages"][1:],
+                    "rejected": REJECTED,
+                },
+            ),
+            "t.jinja": GEMMA_LIKE,
+        },
+        {"train_file": "p.jsonl", "validation_file": "p.jsonl", "chat_template": "t.jinja"},
+        ("t.jinja", "row 3 of", "p.jsonl", "System role not supported"),
+    ),
+    "dpo: corrupt gzip": (
+        "dpo",
+        "tiny_llama",
+        {"p.jsonl.gz": b"\x1f\x8bnot really gzip"},
+        {"train_file": "p.jsonl.gz"},
+        ("not a readable gzip file",),
+    ),
+    "dpo: UTF-16 pairs": (
+        "dpo",
+        "tiny_llama",
+        {"p.jsonl": jsonl(PAIR).encode("utf-16")},
+        {"train_file": "p.jsonl"},
+        ("is UTF-16 text, not UTF-8",),
+    ),
+    "dpo: gzip of Latin-1 text": (
+        "dpo",
+        "tiny_llama",
+        {"p.jsonl.gz": gzip.compress(jsonl({**PAIR, "chosen": LATIN1}).encode("latin-1"))},
+        {"train_file": "p.jsonl.gz"},
+        ("not UTF-8 text",),
+    ),
+    "seq2seq: Latin-1 source file": (
+        "seq2seq",
+        "tiny_t5",
+        {"a.en": f"{LATIN1}\n".encode("latin-1"), "a.de": "ein Film\n"},
+        {"source_file": "a.en", "target_file": "a.de"},
+        ("not UTF-8 text",),
+    ),
+    "seq2seq: source file is a folder": (
+        "seq2seq",
+        "tiny_t5",
+        {"src": None, "a.de": "ein Film\n"},
+        {"source_file": "src", "target_file": "a.de"},
+        ("is a folder, not a file",),
+    ),
+    "seq2seq: UTF-16 target file": (
+        "seq2seq",
+        "tiny_t5",
+        {"a.en": "a film\n", "a.de": "ein Film\n".encode("utf-16")},
+        {"source_file": "a.en", "target_file": "a.de"},
+        ("is UTF-16 text, not UTF-8",),
+    ),
+    "ner: Latin-1 CoNLL": (
+        "ner",
+        "tiny_bert",
+        {"t.conll": "très B-PER\nbeau O\n".encode("latin-1")},
+        {"train_file": "t.conll"},
+        ("not UTF-8 text", "byte 0xe8"),
+    ),
+    "ner: CoNLL file is a folder": (
+        "ner",
+        "tiny_bert",
+        {"t.conll": None},
+        {"train_file": "t.conll"},
+        ("is a folder, not a file",),
+    ),
+    "ner: UTF-16 CoNLL": (
+        "ner",
+        "tiny_bert",
+        {"t.conll": "EU B-ORG\nrejects O\n".encode("utf-16")},
+        {"train_file": "t.conll"},
+        ("is UTF-16 text, not UTF-8",),
+    ),
+    "qa: Latin-1 SQuAD json": (
+        "qa",
+        "tiny_bert",
+        {"t.json": json.dumps({"data": []}).replace("[]", f'["{LATIN1}"]').encode("latin-1")},
+        {"train_file": "t.json"},
+        ("not UTF-8 text",),
+    ),
+    "qa: SQuAD file is a folder": (
+        "qa",
+        "tiny_bert",
+        {"t.json": None},
+        {"train_file": "t.json"},
+        ("is a folder, not a file",),
+    ),
+    "qa: answer instead of answers": (
+        "qa",
+        "tiny_bert",
+        {"t.jsonl": jsonl(*[{**{k: v for k, v in SQUAD_ROW.items() if k != "answers"}, "answer": "the cat"}] * 3)},
+        {"train_file": "t.jsonl"},
+        ("answers",),
+    ),
+    "multiple-choice: missing ending columns": (
+        "multiple-choice",
+        "tiny_bert",
+        {"t.csv": "sent1,sent2,label\na,b,0\n"},
+        {"train_file": "t.csv"},
+        ("ending",),
+    ),
+    "multiple-choice: UTF-16 csv": (
+        "multiple-choice",
+        "tiny_bert",
+        {"t.csv": f"{SWAG_HEADER}\na,b,c,d,e,f,0\n".encode("utf-16")},
+        {"train_file": "t.csv"},
+        ("is UTF-16 text, not UTF-8",),
+    ),
+    "multiple-choice: train file is a folder": (
+        "multiple-choice",
+        "tiny_bert",
+        {"t.csv": None},
+        {"train_file": "t.csv"},
+        ("is a folder, not a file",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_training_file(case, tmp_path, capsys, request):
+    task, model_fixture, files, flags, needles = CASES[case]
+    for name, content in files.items():
+        (tmp_path / name).mkdir() if content is None else write(tmp_path / name, content)
+    paths = {k: str(tmp_path / v) if k.endswith(("_file", "_dir", "template")) else v for k, v in flags.items()}
+    model = request.getfixturevalue(model_fixture)
+    capsys.readouterr()  # the fixture's own output, when it is first made here
+    args = cli_flags(task=task, model=model, output_dir=tmp_path / "out", cache_dir=tmp_path / "cache", **paths)
+    refused(capsys, (tmp_path,), "train", *args, "--max-steps", "1", "--quiet", needles=needles)
+    assert not (tmp_path / "out").exists()
+
+
+# ---- a UTF-8 byte-order mark is read, by every reader --------------------------------------------------
+def test_every_reader_reads_a_file_with_a_byte_order_mark(tmp_path):
+    from tuneforge.data import chat, conll, squad, text
+    from tuneforge.data.sources import read_table
+
+    bom = "\ufeff"
+    assert list(read_table(write(tmp_path / "a.jsonl", bom + jsonl({"text": "a", "label": "pos"}))).columns) == [
+        "text",
+        "label",
+    ]
+    assert list(read_table(write(tmp_path / "a.json", bom + json.dumps([{"text": "a"}]))).columns) == ["text"]
+    assert list(read_table(write(tmp_path / "a.csv", bom + "text,label\na,pos\n")).columns) == ["text", "label"]
+    assert read_table(write(tmp_path / "a.txt", bom + "first\n"))["text"].tolist() == ["first"]
+    assert chat.read_rows(write(tmp_path / "c.jsonl", bom + jsonl(CHAT))) == [CHAT]
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress((bom + jsonl(CHAT)).encode("utf-8")))
+    assert chat.read_rows(gz) == [CHAT]
+    assert conll.read_conll(write(tmp_path / "t.conll", bom + "EU B-ORG\nrejects O\n"))["tokens"][0] == [
+        "EU",
+        "rejects",
+    ]
+    assert text.read_lines(write(tmp_path / "s.en", bom + "a man\n"), keep_linebreaks=False) == ["a man"]
+    doc = {
+        "data": [
+            {
+                "paragraphs": [
+                    {
+                        "context": "the cat sat.",
+                        "qas": [{"id": "1", "question": "who?", "answers": [{"text": "the cat", "answer_start": 0}]}],
+                    }
+                ]
+            }
+        ]
+    }
+    assert squad.read_squad(write(tmp_path / "q.json", bom + json.dumps(doc)))["question"] == ["who?"]
+
+
+def test_a_chat_template_with_a_byte_order_mark_renders_without_it(tmp_path, tiny_llama):
+    from transformers import AutoTokenizer
+
+    from tuneforge.data.chat import set_chat_template
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    set_chat_template(tokenizer, str(write(tmp_path / "t.jinja", "\ufeff" + PLAIN)), tiny_llama)
+    assert tokenizer.apply_chat_template(CHAT["messages"], tokenize=False) == "user: hi there\nassistant: hello\n"
+
+
+# ---- data that parses but is almost certainly a mistake --------------------------------------------------
+def test_a_misspelt_label_key_in_some_rows_names_the_row_and_the_key(tmp_path, tiny_bert, capsys):
+    rows = [{"text": f"good {i}", "label": "pos"} if i % 2 else {"text": f"bad {i}", "lable": "neg"} for i in range(8)]
+    train = write(tmp_path / "t.jsonl", jsonl(*rows))
+    args = cli_flags(model=tiny_bert, train_file=train, validation_file=train, output_dir=tmp_path / "out")
+    refused(capsys, (tmp_path,), "train", *args, needles=("row 1 of", "has an empty label", "'lable': a misspelling"))
+
+
+def test_a_misspelt_chosen_key_names_the_keys_the_row_has(tmp_path, tiny_llama, capsys):
+    train = write(tmp_path / "p.jsonl", jsonl(PAIR, {"prompt": "p", "choosen": "a", "rejected": "b"}))
+    args = cli_flags(task="dpo", model=tiny_llama, train_file=train, validation_file=train, output_dir=tmp_path / "o")
+    refused(capsys, (tmp_path,), "train", *args, needles=("row 2 of", "(it has: prompt, choosen, rejected)"))
+
+
+def test_qa_rows_with_answer_instead_of_answers_are_counted_in_a_warning(tmp_path, capsys):
+    from tuneforge.data.squad import read_squad
+
+    good = SQUAD_ROW
+    bad = {k: v for k, v in SQUAD_ROW.items() if k != "answers"} | {"answer": "the cat"}
+    ds = read_squad(write(tmp_path / "q.jsonl", jsonl(good, bad, bad)))
+    assert len(ds) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("warning: 2 of 3 rows of") and "`answer`, which is not read" in err
+    read_squad(write(tmp_path / "ok.jsonl", jsonl(good, {**good, "answers": {"text": [], "answer_start": []}})))
+    assert capsys.readouterr().err == ""  # an explicit unanswerable row is no mistake
+
+
+def test_the_parse_check_takes_transformers_own_generation_tag():
+    from tuneforge.data.chat import check_template_parses
+
+    tagged = "{% for m in messages %}{% generation %}{{ m['content'] | tojson }}{% endgeneration %}{% endfor %}"
+    check_template_parses(tagged, "tagged.jinja")  # valid for apply_chat_template: not refused
