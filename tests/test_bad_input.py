@@ -363,7 +363,7 @@ def test_negative_max_length_for_predict_and_serve(run_with_checkpoint, tmp_path
     extra = ["--input", str(data), "--output", str(tmp_path / "p.jsonl")] if command == "predict" else ["--port", "0"]
     one_error(
         cli_main(capsys, command, str(run / "model"), *extra, "--max-length", "-5"),
-        "--max-length must be at least 1, got -5",
+        "--max-length must be between 1 and 1048576, got -5",
     )
 
 

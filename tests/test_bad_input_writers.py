@@ -320,7 +320,12 @@ MODEL_COMMAND_CASES = {  # id -> (command, model: missing | classifier | gpt2 | 
     "generate: missing model": ("generate", "missing", ["--prompt", "hello"], "does not exist"),
     "generate: a classifier": ("generate", "classifier", ["--prompt", "hello"], ""),
     "generate: a file as the model": ("generate", "a file", ["--prompt", "hello"], ""),
-    "generate: max new tokens 0": ("generate", "gpt2", ["--prompt", "a", "--max-new-tokens", "0"], "at least 1"),
+    "generate: max new tokens 0": (
+        "generate",
+        "gpt2",
+        ["--prompt", "a", "--max-new-tokens", "0"],
+        "--max-new-tokens must be between 1",
+    ),
     "generate: num beams 0": ("generate", "gpt2", ["--prompt", "a", "--num-beams", "0"], "--num-beams"),
     "generate: top-p 2": ("generate", "gpt2", ["--prompt", "a", "--top-p", "2", "--do-sample"], "--top-p"),
     "generate: negative temperature": (
@@ -333,7 +338,7 @@ MODEL_COMMAND_CASES = {  # id -> (command, model: missing | classifier | gpt2 | 
     "chat: a classifier": ("chat", "classifier", [], ""),
     "chat: a file as the model": ("chat", "a file", [], ""),
     "chat: an empty folder": ("chat", "an empty folder", [], "no config.json"),
-    "chat: max new tokens 0": ("chat", "gpt2", ["--max-new-tokens", "0"], "at least 1"),
+    "chat: max new tokens 0": ("chat", "gpt2", ["--max-new-tokens", "0"], "--max-new-tokens must be between 1"),
     "serve: missing model": ("serve", "missing", ["--port", "0"], "does not exist"),
     "serve: a file as the model": ("serve", "a file", ["--port", "0"], ""),
     "serve: an empty folder": ("serve", "an empty folder", ["--port", "0"], "no config.json"),

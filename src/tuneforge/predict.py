@@ -138,8 +138,8 @@ def predict_file(
 
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
-    if max_length is not None and max_length < 1:
-        raise ConfigError(f"--max-length must be at least 1, got {max_length}")
+    if max_length is not None and not 1 <= max_length <= 1 << 20:
+        raise ConfigError(f"--max-length must be between 1 and {1 << 20}, got {max_length}")
     check_model_path(model_dir)
     check_output_file(output_path, input_path, model_dir)
     reader = getattr(_task_class_of(model_dir), "read_predict_inputs", None)  # a task with its own input rows
