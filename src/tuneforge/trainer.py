@@ -63,6 +63,10 @@ class _OfTheRun:
 
 
 class Trainer:
+    """Fits or validates the model of `config`. `trainer.state` is where the run stands (a Progress);
+    `trainer.run` what fit or validate set up, read through `trainer.model`, `.backend`, `.optimizer`,
+    `.scheduler`, `.tokenizer`, `.train_data`, `.eval_data` and `.report`."""
+
     backend = _OfTheRun()
     model = _OfTheRun()  # wrapped by the backend
     optimizer = _OfTheRun()
