@@ -318,25 +318,25 @@ def test_lr_schedule_is_remade_at_the_restored_step(scheduler, tmp_path):
         optim={"lr": 1e-3, "warmup_steps": 3, "scheduler": scheduler},
     )
 
-    def run(trainer, schedule, steps):
+    def run(optimizer, schedule, steps):
         lrs = []
         for _ in range(steps):
-            trainer.optimizer.step()
+            optimizer.step()
             schedule.step()
-            lrs.append(([g["lr"] for g in trainer.optimizer.param_groups], schedule.get_last_lr()))
+            lrs.append(([g["lr"] for g in optimizer.param_groups], schedule.get_last_lr()))
         return lrs
 
-    def trainer_with_optimizer():
-        trainer = Trainer(cfg)
-        trainer.optimizer = trainer.make_optimizer(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)))
-        return trainer
+    trainer = Trainer(cfg)
 
-    planned = trainer_with_optimizer()  # a run planned over 20 steps from the start
-    expected = run(planned, planned.make_scheduler(20), 20)
+    def new_optimizer():
+        return trainer.make_optimizer(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)))
 
-    resumed = trainer_with_optimizer()  # 5 steps of a 12-step plan, then re-planned to 20 steps
-    run(resumed, resumed.make_scheduler(12), 5)
-    schedule = resumed.make_scheduler(20, start_step=5)
-    at_resume = ([g["lr"] for g in resumed.optimizer.param_groups], schedule.get_last_lr())
+    planned = new_optimizer()  # a run planned over 20 steps from the start
+    expected = run(planned, trainer.make_scheduler(planned, 20), 20)
+
+    resumed = new_optimizer()  # 5 steps of a 12-step plan, then re-planned to 20 steps
+    run(resumed, trainer.make_scheduler(resumed, 12), 5)
+    schedule = trainer.make_scheduler(resumed, 20, start_step=5)
+    at_resume = ([g["lr"] for g in resumed.param_groups], schedule.get_last_lr())
     assert at_resume == expected[4] and schedule.last_epoch == 5
     assert run(resumed, schedule, 15) == expected[5:]

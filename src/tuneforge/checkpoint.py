@@ -13,7 +13,7 @@ Layout of `OUTPUT_DIR/checkpoint-STEP/`:
     scheduler.pt           LR scheduler state
     rank{R}.pt             per rank: python / numpy / torch (/ cuda) RNG states and the logging window
     trainer_state.json     the Progress: step, epoch, data position (consumed examples, order batch),
-                           best metric and evaluation, early-stopping counter
+                           best metric and evaluation, early-stopping counter, records in metrics.jsonl
     meta.json              what the checkpoint is of (`describe`): task, label set, model architecture,
                            backend, world size, examples per optimizer step, weight tensors trained
     config.yaml            the resolved config of the run that wrote it
@@ -42,7 +42,7 @@ without iterating the batches before it. Data-order rule when the world size or 
 the global batch that epoch was started with, and training continues from the consumed example
 count in batches of the new size, so no example of that epoch is skipped or seen twice; later
 epochs use the new global batch. The remaining steps are re-planned to finish the configured
-epochs (`planned_steps`), and the Trainer re-makes the LR schedule over that total at the
+epochs (`plan.StepPlan.resumed_at`), and the Trainer re-makes the LR schedule over that total at the
 restored step.
 """
 
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -62,7 +61,6 @@ import numpy as np
 import torch
 
 from tuneforge.adapters import TRAINABLE_FILE
-from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
 from tuneforge.paths import check_inputs_outside_run, check_no_clashes, check_output_dir, run_entries
@@ -321,8 +319,7 @@ class Checkpointer:
         if b.is_main:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             _pause_hook("mid-write", step)
-            state = {**progress.shared_dict(), "metrics_records": _count_records(out)}
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+            (tmp / "trainer_state.json").write_text(json.dumps(progress.shared_dict(), indent=2))
             (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2))
             if self.run_config is not None:
                 self.run_config.save(tmp / "config.yaml")
@@ -376,8 +373,6 @@ class Checkpointer:
             ) from None
         if rank is not None:
             set_rng_state(rank)
-        if b.is_main and saved.get("metrics_records") is not None:
-            _cut_metrics(self.output_dir, saved["metrics_records"])
         return progress
 
 
@@ -522,50 +517,3 @@ def _resumed_window(path: Path, rank: int, state: dict | None, same_world: bool)
     for f in path.glob("rank*.pt"):
         total += torch.load(f, weights_only=True).get("log_window", torch.zeros(2))
     return tuple(total.tolist())
-
-
-def _count_records(out: Path) -> int:
-    f = out / "metrics.jsonl"
-    return sum(1 for ln in f.read_text().splitlines() if ln.strip()) if f.exists() else 0
-
-
-def _cut_metrics(out: Path, records: int) -> None:
-    """metrics.jsonl keeps the records written before the checkpoint: it reads like an uninterrupted run."""
-    f = out / "metrics.jsonl"
-    if not f.exists():
-        return
-    lines = [ln for ln in f.read_text().splitlines() if ln.strip()]
-    if len(lines) > records:
-        write_text(f, "".join(ln + "\n" for ln in lines[:records]))
-
-
-def planned_steps(progress: Progress, lengths, config, dp_size: int, steps_per_epoch: int, total_steps: int) -> int:
-    """Total steps after a resume: the configured epochs, counted from the restored data position.
-
-    With the same batch geometry this equals the original plan (`total_steps`). After a world-size or
-    batch-size change, the rest of the interrupted epoch and the later epochs are counted at the new
-    global batch (`config.batch_size` x `dp_size`).
-    """
-    cfg, st = config, progress
-    if cfg.max_steps:
-        return total_steps
-    global_batch = cfg.batch_size * dp_size
-    step_examples = global_batch * cfg.grad_accum
-    order = epoch_order(
-        np.asarray(lengths),
-        seed=cfg.seed,
-        epoch=st.epoch,
-        global_batch=st.order_global_batch,
-        group_by_length=cfg.data.group_by_length,
-    )
-    batches_left = len(rank_batches(order, start=st.consumed, global_batch=global_batch, dp_rank=0, dp_size=dp_size))
-    left_in_epoch = math.ceil(batches_left / cfg.grad_accum)
-    whole = int(cfg.epochs)
-    last_part = math.ceil(cfg.epochs * steps_per_epoch) - whole * steps_per_epoch  # steps of a final partial epoch
-    if st.epoch < whole:
-        left = left_in_epoch + (whole - st.epoch - 1) * steps_per_epoch + last_part
-    elif st.epoch == whole and last_part:
-        left = min(left_in_epoch, math.ceil(max(0, last_part * step_examples - st.consumed) / step_examples))
-    else:
-        left = 0
-    return st.step + left

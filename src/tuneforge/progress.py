@@ -22,6 +22,7 @@ class Progress:
     log_loss: float = 0.0  # this rank's loss sum since the last log line
     log_count: float = 0.0  # this rank's item count since the last log line
     skipped_steps: int = 0  # steps skipped for a nan/inf loss or gradient (skip_nonfinite allows them)
+    metrics_records: int | None = None  # records in metrics.jsonl at the last save (a resume cuts it back to them)
 
     PER_RANK: ClassVar[tuple[str, ...]] = ("log_loss", "log_count")  # saved per rank, not in trainer_state.json
 

@@ -1,4 +1,5 @@
-"""What a run shows and leaves behind: progress bar, metrics.jsonl, TensorBoard, a plot.
+"""What a run shows and leaves behind: progress bar, metrics.jsonl (and cutting it back to a checkpoint's
+records on a resume), TensorBoard, a plot.
 
 Only the main rank writes. Human-readable lines go to stderr so that stdout stays clean for
 `--json` (its last line is the result object).
@@ -12,6 +13,10 @@ import math
 import sys
 import time
 from pathlib import Path
+
+from tuneforge.files import write_text
+
+METRICS_FILE = "metrics.jsonl"
 
 
 class _DropDeepSpeedCpuNotice(logging.Filter):
@@ -53,7 +58,7 @@ class Reporter:
         if not self.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics_file = open(self.run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._metrics_file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
         if "tensorboard" in self.config.report_to:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -87,6 +92,21 @@ class Reporter:
         elif split == "eval":
             shown = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float) and k != "time_s")
             self.print(f"eval @ step {record['step']} (epoch {record.get('epoch')}): {shown}")
+
+    def count_records(self) -> int | None:
+        """The records metrics.jsonl holds now (main rank; None on the others, which write none)."""
+        if not self.is_main:
+            return None
+        return len(read_metrics_lines(self.run_dir))
+
+    def keep_records(self, records: int | None) -> None:
+        """Cut metrics.jsonl back to its first `records` records (a resume: those written before the checkpoint),
+        so that it reads like an uninterrupted run. Before `start`; main rank."""
+        if not self.is_main or records is None:
+            return
+        lines = read_metrics_lines(self.run_dir)
+        if len(lines) > records:
+            write_text(self.run_dir / METRICS_FILE, "".join(ln + "\n" for ln in lines[:records]))
 
     def advance(self) -> None:
         if self.bar is not None:
@@ -123,11 +143,14 @@ class Reporter:
             self.print(f"(no plot: {err})")
 
 
+def read_metrics_lines(run_dir: Path) -> list[str]:
+    """The non-empty lines of RUN/metrics.jsonl (none where there is no file)."""
+    path = Path(run_dir) / METRICS_FILE
+    return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in read_metrics_lines(run_dir)]
 
 
 def plot_run(run_dir: Path) -> Path | None:

@@ -1,18 +1,21 @@
-"""The training loop.
+"""The Trainer: orchestrates a run, and owns the training loop and evaluation.
 
 High level:  `Trainer(TrainConfig(task="glue/mrpc")).fit()` builds tokenizer, data and model
 from the config. Low level: pass your own model/tokenizer/datasets to `fit`, subclass and
-override `forward_step` / `compute_loss`, or add `Callback`s.
+override `forward_step` / `compute_loss` / `train_step`, or add `Callback`s.
 
-Everything backend-specific sits behind `self.backend` (tuneforge/backends/base.py), everything
-task-specific behind `self.task` (tuneforge/tasks/base.py).
+`fit` sets a run up whole (`tuneforge.run`: backend, data, model, optimizer, step plan, checkpointer,
+a resume) and then runs the loop: optimizer steps from the step plan (`tuneforge.plan`), logged, with the
+callbacks told each step's and epoch's end. Evaluation and save cadence, best-model tracking and early
+stopping are built-in callbacks (`tuneforge.callbacks`). Everything backend-specific sits behind
+`trainer.backend` (tuneforge/backends/base.py), everything task-specific behind `trainer.task`
+(tuneforge/tasks/base.py).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -20,38 +23,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from tuneforge import adapters, checkpoint, export, launch
+from tuneforge import checkpoint, export, launch
 from tuneforge.backends import check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
-from tuneforge.checkpoint import Checkpointer
+from tuneforge.callbacks import Callback
 from tuneforge.config import TrainConfig, build_config
-from tuneforge.data.samplers import epoch_order, eval_batches, rank_batches
-from tuneforge.errors import ConfigError, NonFiniteError
-from tuneforge.freezing import freeze_bottom
+from tuneforge.data.samplers import eval_batches
+from tuneforge.errors import NonFiniteError
 from tuneforge.progress import Progress
-from tuneforge.reporting import Reporter
+from tuneforge.run import Given, Run, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
 from tuneforge.tasks.base import EvalTools
 
+__all__ = ["Callback", "Trainer", "TrainState"]
+
 TrainState = Progress  # the name of before: `trainer.state` is a Progress
-
-
-class Callback:
-    """Hooks; each gets the trainer (with `.state`, `.model`, `.backend`)."""
-
-    def on_train_begin(self, trainer) -> None: ...
-    def on_log(self, trainer, logs: dict) -> None: ...
-    def on_evaluate(self, trainer, metrics: dict) -> None: ...
-    def on_save(self, trainer, path: Path) -> None: ...
-    def on_epoch_end(self, trainer) -> None: ...
-    def on_train_end(self, trainer, result: dict) -> None: ...
-
-
-def _with_length(ds):
-    if ds is None or "length" in ds.column_names:
-        return ds
-    return ds.add_column("length", [len(x) for x in ds["input_ids"]])
 
 
 def _nonfinite_what(what: str, step: int, local_loss: float) -> str:
@@ -62,13 +49,33 @@ def _nonfinite_what(what: str, step: int, local_loss: float) -> str:
     return f"the {what} at step {step} are not finite"
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+class _OfTheRun:
+    """`trainer.NAME` reads the run's NAME (None before fit or validate sets a run up)."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, trainer, owner=None):
+        return self if trainer is None else getattr(trainer.run, self.name, None)
+
+    def __set__(self, trainer, value) -> None:
+        raise AttributeError(f"trainer.{self.name} belongs to the run that fit or validate sets up")
 
 
 class Trainer:
+    """Fits or validates the model of `config`. `trainer.state` is where the run stands (a Progress);
+    `trainer.run` what fit or validate set up, read through `trainer.model`, `.backend`, `.optimizer`,
+    `.scheduler`, `.tokenizer`, `.train_data`, `.eval_data` and `.report`."""
+
+    backend = _OfTheRun()
+    model = _OfTheRun()  # wrapped by the backend
+    optimizer = _OfTheRun()
+    scheduler = _OfTheRun()
+    tokenizer = _OfTheRun()
+    train_data = _OfTheRun()
+    eval_data = _OfTheRun()
+    report = _OfTheRun()
+
     def __init__(
         self, config: TrainConfig | dict | None = None, callbacks: list[Callback] | None = None, **overrides: Any
     ):
@@ -80,18 +87,7 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         self.task = get_task(config)
         self.state = Progress()
-        # built by fit / validate
-        self.backend = None
-        self.report: Reporter | None = None
-        self.tokenizer = None
-        self.train_data = self.eval_data = None
-        self.model = None
-        self.optimizer = None
-        self.scheduler = None
-        self.checkpointer: Checkpointer | None = None
-        self.resumed_from: Path | None = None  # the checkpoint this run continues
-        self.best_weights: dict | None = None  # load_best_model_at_end: the best evaluation's weights (main rank)
-        self.adapter: adapters.Adapter | None = None  # --adapter lora: the adapter around self.model
+        self.run: Run | None = None  # built whole by fit / validate
 
     # ---- overridable steps (FlagAI's MyTrainer pattern) ------------------------------------
     def forward_step(self, model, batch: dict[str, torch.Tensor]):
@@ -114,250 +110,107 @@ class Trainer:
             fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in decay + no_decay)
         return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=bool(fused))
 
-    def _set_attention(self, model) -> None:
-        wanted = self.config.attn_implementation
-        chosen = self.backend.default_attention(padded=self.task.pads_batches) if wanted == "auto" else wanted
-        if chosen is None or not hasattr(model, "set_attn_implementation"):
-            return
-        try:
-            model.set_attn_implementation(chosen)
-        except (ValueError, ImportError) as e:
-            if wanted != "auto":  # asked for by name: say why it cannot be had
-                raise ConfigError(
-                    f"attn_implementation {wanted!r} is not available for this model: {e}. Use auto, eager or sdpa"
-                ) from None
+    def make_scheduler(self, optimizer, total_steps: int, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+        """The LR schedule of `optimizer` over `total_steps`, at `start_step` (a resume that re-plans the run)."""
+        o = self.config.optim
+        warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
+        return lr_schedule(o.scheduler, optimizer, warmup, total_steps, start_step)
 
     # ---- public entry points ---------------------------------------------------------------
     def fit(self, model=None, tokenizer=None, train_dataset=None, eval_dataset=None) -> dict:
         """Train; returns the final metrics. Launches its own workers when nproc > 1."""
-        cfg = self.config
-        if launch.restart_count() > 0 and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
-            cfg = self.config = cfg.model_copy(update={"resume": "latest"})  # elastic restart: continue
-        if not cfg.resume and not launch.launched_by_us() and launch.restart_count() == 0:
+        cfg, restarted = self.config, launch.restart_count() > 0
+        if restarted and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
+            cfg = cfg.model_copy(update={"resume": "latest"})  # elastic restart: this run continues the last one
+        if not cfg.resume and not launch.launched_by_us() and not restarted:
             checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
-        return self._on_backend(model, lambda: self._fit(model, tokenizer, train_dataset, eval_dataset))
+        given = Given(model, tokenizer, train_dataset, eval_dataset)
+        return self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given))
 
     train = fit
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
         """Evaluate a model (the config's, or the task's default) on the validation split."""
-        return self._on_backend(model, lambda: self._validate(model, tokenizer, eval_dataset))
+        given = Given(model, tokenizer, None, eval_dataset)
+        return self._on_backend(self.config, model, lambda backend: self._validate(backend, given))
 
-    def _on_backend(self, model, run) -> dict:
-        """Launch the workers (nproc > 1 from a plain process), or set this process's backend up, `run()`
+    def _on_backend(self, cfg: TrainConfig, model, work) -> dict:
+        """Launch the workers (nproc > 1 from a plain process), or set this process's backend up, do the `work`
         on it and hand the result back to the launching process."""
-        cfg = self.config
         model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
             check_launchable(cfg, launch.dist_env(), model_config)
             return launch.launch_workers(cfg)
-        self.backend = get_backend(cfg, launch.dist_env())
-        self.backend.check(model_config)
-        self.backend.setup()
+        backend = get_backend(cfg, launch.dist_env())
+        backend.check(model_config)
+        backend.setup()
         try:
-            return launch.hand_back(run(), self.backend.is_main)
+            return launch.hand_back(work(backend), backend.is_main)
         finally:
-            self.backend.teardown()
+            backend.teardown()
 
-    def _validate(self, model, tokenizer, eval_dataset) -> dict:
+    def _validate(self, backend, given: Given) -> dict:
         t0 = time.perf_counter()
-        model = self._set_up(model, tokenizer, None, eval_dataset, training=False)
-        self.model, _ = self.backend.wrap(model, None)  # evaluation only: no optimizer
+        self.run = set_up_evaluation(self.config, self.task, backend, given, self.callbacks)
         metrics = self.evaluate()
         metrics["wall_s"] = round(time.perf_counter() - t0, 2)
         return metrics
 
-    def _fit(self, model, tokenizer, train_dataset, eval_dataset) -> dict:
-        cfg, b = self.config, self.backend
+    def _fit(self, cfg: TrainConfig, backend, given: Given) -> dict:
         t0 = time.perf_counter()
-        model = self._set_up(model, tokenizer, train_dataset, eval_dataset, training=True)
-        self._enable_gradient_checkpointing(model)
-        model.train()
-        self.model, self.optimizer = b.wrap(model, self.make_optimizer)
-
-        global_batch = cfg.batch_size * b.dp_size
-        n_train = len(self.train_data)
-        batches_per_epoch = max(1, n_train // global_batch + (n_train % global_batch >= b.dp_size))
-        steps_per_epoch = max(1, math.ceil(batches_per_epoch / cfg.grad_accum))
-        total_steps = cfg.max_steps or math.ceil(cfg.epochs * steps_per_epoch)
-        self.scheduler = self.make_scheduler(total_steps)
-        self.checkpointer = self._make_checkpointer(step_examples=global_batch * cfg.grad_accum)
-        # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
-        self.state = Progress(order_global_batch=global_batch * cfg.grad_accum)
-        if cfg.resume:
-            total_steps = self._resume(total_steps, steps_per_epoch)
+        self.run, self.state = set_up_training(
+            cfg, self.task, backend, given, self.callbacks, self.make_optimizer, self.make_scheduler
+        )
+        plan = self.run.plan
         replace_old = cfg.overwrite and not cfg.resume and launch.restart_count() == 0
-        checkpoint.write_run_files(cfg, b.is_main, replace_old=replace_old)
-        self.report.start(total_steps, self.state.step, n_train, global_batch * cfg.grad_accum, b)
-        for cb in self.callbacks:
-            cb.on_train_begin(self)
+        checkpoint.write_run_files(cfg, backend.is_main, replace_old=replace_old)
+        self.report.start(plan.total_steps, self.state.step, plan.n_train, plan.step_examples, backend)
+        self._fire("on_train_begin")
+        self._loop()
+        if self.run.window[1].item() > 0:
+            self._log_train()
+        if cfg.eval_strategy == "no" or not self.state.last_eval:
+            self.evaluate_and_log(scheduled=False)
+        return self._finish(t0)
 
-        lengths = np.asarray(self.train_data["length"])
-        # loss sum and item count since the last log line, per rank (a resume continues the saved window)
-        window = (self.state.log_loss, self.state.log_count)
-        win_loss, win_count = (torch.tensor(v, dtype=torch.float32, device=b.device) for v in window)
-        while self.state.step < total_steps and not self.state.stop:
-            st = self.state
-            order = epoch_order(
-                lengths,
-                seed=cfg.seed,
-                epoch=st.epoch,
-                global_batch=st.order_global_batch,
-                group_by_length=cfg.data.group_by_length,
-            )
-            my_batches = rank_batches(
-                order, start=st.consumed, global_batch=global_batch, dp_rank=b.dp_rank, dp_size=b.dp_size
-            )
-            groups = [my_batches[i : i + cfg.grad_accum] for i in range(0, len(my_batches), cfg.grad_accum)]
-            for gi, group in enumerate(groups):
-                loss_sum, count = self.train_step(group)
-                self.scheduler.step()
+    def _loop(self) -> None:
+        """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
+        step logged and then heard by the callbacks (evaluation, checkpoint); an epoch's end likewise."""
+        run, st, plan = self.run, self.state, self.run.plan
+        lengths = np.asarray(run.train_data["length"])
+        while st.step < plan.total_steps and not st.stop:
+            steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank)
+            for i, micro_batches in enumerate(steps):
+                loss_sum, count = self.train_step(micro_batches)
+                run.scheduler.step()
                 st.step += 1
-                st.consumed = min(len(order), st.consumed + global_batch * len(group))
-                win_loss += loss_sum
-                win_count += count
-                if st.step % cfg.logging_steps == 0 or st.step == total_steps:
-                    self._log_train(win_loss, win_count)
-                    win_loss.zero_(), win_count.zero_()
-                self.report.advance()
-                if cfg.eval_strategy == "steps" and st.step % cfg.eval_steps == 0:
-                    self._evaluate_and_track()
-                if cfg.save_strategy == "steps" and st.step % cfg.save_steps == 0:
-                    self._save(win_loss, win_count)
-                if (st.step >= total_steps or st.stop) and gi < len(groups) - 1:
+                st.consumed = min(order_size, st.consumed + plan.global_batch * len(micro_batches))
+                run.window[0] += loss_sum
+                run.window[1] += count
+                if st.step % run.config.logging_steps == 0 or st.step == plan.total_steps:
+                    self._log_train()
+                run.report.advance()
+                self._fire("on_step_end")
+                if (st.step >= plan.total_steps or st.stop) and i < len(steps) - 1:
                     break
             else:  # the epoch ran to its end
-                st.epoch, st.consumed, st.order_global_batch = st.epoch + 1, 0, global_batch * cfg.grad_accum
-                for cb in self.callbacks:
-                    cb.on_epoch_end(self)
-                if cfg.eval_strategy == "epoch":
-                    self._evaluate_and_track()
-                if cfg.save_strategy == "epoch":
-                    self._save(win_loss, win_count)
-        if win_count.item() > 0:
-            self._log_train(win_loss, win_count)
-        if cfg.eval_strategy == "no" or not self.state.last_eval:
-            self._evaluate_and_track(track=False)
-        result = self._finish(t0)
-        return result
+                st.epoch, st.consumed, st.order_global_batch = st.epoch + 1, 0, plan.step_examples
+                self._fire("on_epoch_end")
 
-    def _set_up(self, model, tokenizer, train_dataset, eval_dataset, training: bool):
-        """What fit and validate share: seed, reporter, tokenizer, data, and the model (its attention set)."""
-        cfg, task = self.config, self.task
-        seed_everything(cfg.seed)  # same seed on every rank: identical head initialisation
-        self.report = Reporter(cfg, is_main=self.backend.is_main)
-        task.log = self.report.print
-        self.tokenizer = tokenizer or task.load_tokenizer()
-        if not training and model is None:
-            task.adopt_model_labels()
-        if training and cfg.adapter == "lora":  # a target that matches no layer: one line before any data work
-            adapters.check_targets(task.peek_model_config(), cfg.lora_targets)
-            adapters.check_quantize(cfg)
-        splits = ("train", "validation") if training else ("validation",)
-        self.train_data, self.eval_data = self._prepare_data(train_dataset, eval_dataset, splits=splits)
-        if training and self.train_data is None:  # clm/seq2seq load a validation split alone (for eval)
-            raise ConfigError(
-                "training needs training data: pass --train-file (seq2seq: --source-file and --target-file)"
-            )
-        model = model if model is not None else task.load_model(self.tokenizer)
-        self._set_attention(model)  # evaluation runs the kernel training runs: the same numbers
-        if training and cfg.adapter == "lora":  # LoRA layers in place: `model` keeps its class
-            self.adapter = adapters.add_lora(model, cfg, base_model=task.model_path(), log=self.report.print)
-        elif training:
-            self._freeze(model)
-        if training:
-            task.set_up_reference(model, self.adapter)
-        return model
+    def _fire(self, hook: str, *args, callbacks: list | None = None) -> None:
+        """Tell the run's callbacks (or `callbacks`) an event; a callback without that hook skips it."""
+        for cb in self.run.callbacks if callbacks is None else callbacks:
+            handler = getattr(cb, hook, None)
+            if handler is not None:
+                handler(self, *args)
 
-    def _freeze(self, model) -> None:
-        """Keep the embeddings and the bottom layers fixed: config.freeze_embeddings and freeze_layers, whose
-        `auto` freezes a classifier's embeddings and bottom layer (a generating model's embeddings are
-        usually its output layer too)."""
-        config = self.config
-        classifier = not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None
-        embeddings = classifier if config.freeze_embeddings == "auto" else config.freeze_embeddings == "on"
-        layers = int(classifier and embeddings) if config.freeze_layers == "auto" else config.freeze_layers
-        if not (layers or embeddings):
-            return
-        frozen = freeze_bottom(model, layers, embeddings=embeddings)
-        total = sum(p.numel() for p in model.parameters())
-        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        of = f" of {frozen.of}" if frozen.of is not None else ""
-        fixed = f"the embeddings and the bottom {frozen.layers}{of} layers" if frozen.layers else "the embeddings"
-        chosen = "auto" in (config.freeze_embeddings, config.freeze_layers)
-        how = " (a classifier's default; --freeze-layers 0 --freeze-embeddings off trains every weight)"
-        self.report.print(
-            f"training {trained / 1e6:.1f}M of {total / 1e6:.1f}M parameters: {fixed} stay fixed{how if chosen else ''}"
-        )
-
-    def _enable_gradient_checkpointing(self, model) -> None:
-        if not self.config.gradient_checkpointing:
-            return
-        if not self.backend.supports_gradient_checkpointing:
-            raise ConfigError(
-                f"backend {self.backend.name!r} does not support gradient checkpointing; drop --gradient-checkpointing"
-            )
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-    def _make_checkpointer(self, step_examples: int) -> Checkpointer:
-        cfg, b = self.config, self.backend
-        meta = checkpoint.describe(
-            b.unwrap(self.model),
-            b,
-            task=cfg.task,
-            labels=self.task.label_names,
-            step_examples=step_examples,
-            adapter=self.adapter.settings() if self.adapter else None,
-        )
-        return Checkpointer(
-            cfg.output_dir,
-            b,
-            meta,
-            save_total_limit=cfg.save_total_limit,
-            run_config=cfg,
-            tokenizer=self.tokenizer,
-            model_info=self.task.export_info(),
-        )
-
-    def _resume(self, total_steps: int, steps_per_epoch: int) -> int:
-        """Continue from `config.resume`; returns the total steps of the (re-planned) run."""
-        cfg, b = self.config, self.backend
-        path = checkpoint.find_checkpoint(cfg.resume, cfg.output_dir)
-        self.state = st = self.checkpointer.load(path, self.model, self.optimizer, self.scheduler)
-        self.resumed_from = path
-        if cfg.load_best_model_at_end and st.best_step is not None:
-            best = path.parent / f"checkpoint-{st.best_step}"  # the best weights come from the best step's checkpoint
-            if checkpoint.has_full_weights(best) and st.best_eval is not None:
-                if b.is_main:
-                    self.best_weights = checkpoint.full_weights(best, b.unwrap(self.model))
-            else:
-                self.report.print(
-                    f"note: the best model (step {st.best_step}) is not in a readable checkpoint; "
-                    "load_best_model_at_end will pick among the evaluations after this resume"
-                )
-                st.best_metric = st.best_step = st.best_eval = None
-        self.report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
-        lengths = self.train_data["length"]
-        planned = checkpoint.planned_steps(st, lengths, cfg, b.dp_size, steps_per_epoch, total_steps)
-        if planned != total_steps:  # the batch geometry changed: the LR schedule over the new total, at this step
-            self.scheduler = self.make_scheduler(planned, start_step=st.step)
-            self.report.print(
-                f"batch geometry changed ({checkpoint.read_meta(path).get('step_examples')} -> "
-                f"{self.checkpointer.meta['step_examples']} examples per step): {planned - st.step} steps left to "
-                f"finish {cfg.epochs:g} epochs"
-            )
-        return planned
-
-    def _save(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> Path:
-        st = self.state
-        st.log_loss, st.log_count = float(win_loss), float(win_count)  # this rank's logging window
-        path = self.checkpointer.save(self.model, self.optimizer, self.scheduler, st)
-        for cb in self.callbacks:
-            cb.on_save(self, path)
+    def save_checkpoint(self) -> Path:
+        """A checkpoint of the run as it stands (a collective: every rank calls it); returns its path."""
+        run, st = self.run, self.state
+        st.log_loss, st.log_count = run.window.tolist()  # this rank's logging window
+        st.metrics_records = run.report.count_records()
+        path = run.checkpointer.save(run.model, run.optimizer, run.scheduler, st)
+        self._fire("on_save", path)
         return path
 
     # ---- one optimizer step ----------------------------------------------------------------
@@ -425,17 +278,18 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, eval_dataset=None) -> dict[str, float]:
         """Exact metrics over the eval set: each example counted once across ranks."""
-        data = eval_dataset if eval_dataset is not None else self.eval_data
-        model, b = self.model, self.backend
+        run = self.run
+        data = eval_dataset if eval_dataset is not None else run.eval_data
+        model, b = run.model, run.backend
         was_training = model.training
         model.eval()
         stream = self.task.metric_stream()
         tools = EvalTools(
             forward=functools.partial(self.forward_step, model),
             generate=functools.partial(b.generate, model),
-            tokenizer=self.tokenizer,
+            tokenizer=run.tokenizer,
         )
-        bs = self.config.eval_batch_size or self.config.batch_size * 2
+        bs = run.config.eval_batch_size or run.config.batch_size * 2
         for idx in eval_batches(np.asarray(data["length"]), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):
             valid = torch.tensor([i >= 0 for i in idx], device=b.device)
             batch = self._to_device(self._collate(data, [max(i, 0) for i in idx]))
@@ -444,58 +298,17 @@ class Trainer:
         model.train(was_training)
         return metrics
 
-    def _evaluate_and_track(self, track: bool = True) -> dict:
-        cfg, st = self.config, self.state
+    def evaluate_and_log(self, scheduled: bool = True) -> dict:
+        """Evaluate, log the metrics and tell the callbacks: every one of the run's for a scheduled evaluation;
+        the user's alone for the final evaluation of a run that had none (the built-ins track scheduled ones)."""
+        st = self.state
         metrics = self.evaluate()
         st.last_eval = metrics
         self.report.log({"split": "eval", "step": st.step, "epoch": st.epoch, **metrics})
-        for cb in self.callbacks:
-            cb.on_evaluate(self, metrics)
-        if not track:
-            return metrics
-        name = cfg.metric_for_best or self.task.best_metric
-        if name not in metrics:
-            raise ConfigError(
-                f"metric_for_best {name!r} is not computed by this task; choose one of: {', '.join(metrics)}"
-            )
-        value = metrics[name]
-        greater = (
-            self.task.greater_is_better if cfg.metric_for_best in (None, self.task.best_metric) else name != "loss"
-        )
-        better = st.best_metric is None or (value > st.best_metric if greater else value < st.best_metric)
-        if better:
-            st.best_metric, st.best_step, st.bad_evals = value, st.step, 0
-            if cfg.load_best_model_at_end:
-                self.best_weights = self.backend.full_state_dict(self.model)
-                st.best_eval = metrics
-        else:
-            st.bad_evals += 1
-            if cfg.early_stopping_patience and st.bad_evals >= cfg.early_stopping_patience:
-                self.report.print(f"early stopping: {name} did not improve for {st.bad_evals} evaluations")
-                st.stop = True
+        self._fire("on_evaluate", metrics, callbacks=None if scheduled else self.callbacks)
         return metrics
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _prepare_data(self, train_dataset, eval_dataset, splits=("train", "validation")):
-        """Tokenized train/eval features; the main rank tokenizes first so others hit the cache."""
-        b, task = self.backend, self.task
-        given = train_dataset if train_dataset is not None else eval_dataset
-        if given is not None and "input_ids" in given.column_names:
-            feats = {"train": train_dataset, "validation": eval_dataset}
-        else:
-            for rank_turn in (True, False):
-                if b.is_main == rank_turn:
-                    if given is not None:
-                        raw = task.prepare_raw({"train": train_dataset, "validation": eval_dataset})
-                    else:
-                        raw = task.load_raw()
-                    task.use_labels(task.label_set(raw))  # the label set, decided from the raw training split
-                    raw = {k: v for k, v in task.encode_labels(raw).items() if k in splits}
-                    feats = task.tokenize(raw, self.tokenizer, log=self.report.print)
-                b.barrier()
-        train, evals = (task.select_examples(split, feats.get(split)) for split in ("train", "validation"))
-        return _with_length(train), _with_length(evals)
-
     def _collate(self, data, indices: list[int]) -> dict[str, torch.Tensor]:
         return self.task.collate(data[indices], self.tokenizer)
 
@@ -503,59 +316,40 @@ class Trainer:
         dev = self.backend.device
         return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
-    def make_scheduler(self, total_steps: int, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
-        """The LR schedule over `total_steps`, at `start_step` (a resume that re-plans the run)."""
-        o = self.config.optim
-        warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
-        return lr_schedule(o.scheduler, self.optimizer, warmup, total_steps, start_step)
-
-    def _log_train(self, win_loss: torch.Tensor, win_count: torch.Tensor) -> None:
-        totals = self.backend.reduce_sum(torch.stack([win_loss.float(), win_count.float()]))  # the true global mean
+    def _log_train(self) -> None:
+        """The loss since the last log line (the global mean over the ranks' windows); the window empties."""
+        run, st = self.run, self.state
+        totals = run.backend.reduce_sum(run.window.clone())
+        run.window.zero_()
         if totals[1] == 0:
             return  # only skipped steps since the last line: no loss to show (each skip has its own record)
-        loss = float(totals[0] / totals[1])
-        self.state.train_loss = loss
-        logs = {
-            "split": "train",
-            "step": self.state.step,
-            "epoch": self.state.epoch,
-            "loss": loss,
-            "lr": self.scheduler.get_last_lr()[0],
-        }
-        self.report.log(logs)
-        for cb in self.callbacks:
-            cb.on_log(self, logs)
+        st.train_loss = float(totals[0] / totals[1])
+        logs = {"split": "train", "step": st.step, "epoch": st.epoch, "loss": st.train_loss}
+        logs["lr"] = run.scheduler.get_last_lr()[0]
+        run.report.log(logs)
+        self._fire("on_log", logs)
 
     def _finish(self, t0: float) -> dict:
-        cfg, st = self.config, self.state
+        run, cfg, st = self.run, self.run.config, self.state
         # decided on best_eval (same on every rank), not on the weights (held by the main rank only)
         use_best = cfg.load_best_model_at_end and st.best_eval is not None
-        final_eval = st.best_eval if use_best else st.last_eval
         model_dir = export.export_live(
-            self.model,
-            self.backend,
+            run.model,
+            run.backend,
             Path(cfg.output_dir) / "model",
-            tokenizer=self.tokenizer,
+            tokenizer=run.tokenizer,
             info=self.task.export_info(),
-            state_dict=self.best_weights if use_best else None,
+            state_dict=run.best.weights if use_best else None,
             gather=not use_best,
-            adapter=self.adapter,
+            adapter=run.adapter,
         )
-        result = {k: v for k, v in (final_eval or {}).items()}
-        result.update(
-            {
-                "train_loss": st.train_loss,
-                "steps": st.step,
-                "wall_s": round(time.perf_counter() - t0, 2),
-                "model_dir": str(model_dir),
-                "output_dir": str(cfg.output_dir),
-            }
-        )
+        result = {**((st.best_eval if use_best else st.last_eval) or {})}
+        result.update(train_loss=st.train_loss, steps=st.step, wall_s=round(time.perf_counter() - t0, 2))
+        result.update(model_dir=str(model_dir), output_dir=str(cfg.output_dir))
         if st.best_step is not None:
             result["best_step"] = st.best_step
         if st.skipped_steps:
             result["skipped_steps"] = st.skipped_steps
-        self.report.finish(result)
-        for cb in self.callbacks:
-            cb.on_train_end(self, result)
+        run.report.finish(result)
+        self._fire("on_train_end", result)
         return result

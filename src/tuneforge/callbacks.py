@@ -1,0 +1,110 @@
+"""The Trainer's events (`Callback`) and the callbacks every run is built with: evaluation and save cadence,
+best-model tracking and early stopping.
+
+Each hook gets the trainer (`.state`, `.model`, `.backend`, `.config`, ...). A run's callbacks hear an event
+in this order: the user's, then the built-ins (`BestModel`, `EarlyStopping`, `EvaluationCadence`,
+`SaveCadence`), so at a step's or an epoch's end the run evaluates, tracks the best, and then saves a
+checkpoint that holds that evaluation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuneforge.errors import ConfigError
+
+
+class Callback:
+    """Hooks; each gets the trainer (with `.state`, `.model`, `.backend`)."""
+
+    def on_train_begin(self, trainer) -> None: ...
+    def on_step_end(self, trainer) -> None: ...
+    def on_log(self, trainer, logs: dict) -> None: ...
+    def on_evaluate(self, trainer, metrics: dict) -> None: ...
+    def on_save(self, trainer, path: Path) -> None: ...
+    def on_epoch_end(self, trainer) -> None: ...
+    def on_train_end(self, trainer, result: dict) -> None: ...
+
+
+class BestModel(Callback):
+    """The best of the run's scheduled evaluations by `metric`: `state.best_metric`, `best_step`, and
+    `bad_evals` (evaluations since the best). `keep_weights` (load_best_model_at_end): its weights in
+    `weights` (main rank; `restored` from the best checkpoint on a resume) and its metrics in
+    `state.best_eval` (every rank: the final model is chosen on it)."""
+
+    def __init__(self, metric: str, greater_is_better: bool, keep_weights: bool, restored: dict | None = None):
+        self.metric, self.greater_is_better, self.keep_weights = metric, greater_is_better, keep_weights
+        self.weights = restored
+
+    def on_evaluate(self, trainer, metrics: dict) -> None:
+        st = trainer.state
+        if self.metric not in metrics:
+            raise ConfigError(
+                f"metric_for_best {self.metric!r} is not computed by this task; choose one of: {', '.join(metrics)}"
+            )
+        value = metrics[self.metric]
+        if st.best_metric is None or (value > st.best_metric if self.greater_is_better else value < st.best_metric):
+            st.best_metric, st.best_step, st.bad_evals = value, st.step, 0
+            if self.keep_weights:
+                self.weights = trainer.backend.full_state_dict(trainer.model)
+                st.best_eval = metrics
+        else:
+            st.bad_evals += 1
+
+
+class EarlyStopping(Callback):
+    """Stops the run once `patience` evaluations in a row did not improve on the best (`BestModel` counts)."""
+
+    def __init__(self, patience: int, metric: str):
+        self.patience, self.metric = patience, metric
+
+    def on_evaluate(self, trainer, metrics: dict) -> None:
+        st = trainer.state
+        if st.bad_evals and st.bad_evals >= self.patience:
+            trainer.report.print(f"early stopping: {self.metric} did not improve for {st.bad_evals} evaluations")
+            st.stop = True
+
+
+class Cadence(Callback):
+    """Acts every `steps` optimizer steps (strategy "steps") or at the end of each epoch ("epoch")."""
+
+    def __init__(self, strategy: str, steps: int | None = None):
+        self.strategy, self.steps = strategy, steps
+
+    def act(self, trainer) -> None:
+        raise NotImplementedError
+
+    def on_step_end(self, trainer) -> None:
+        if self.strategy == "steps" and trainer.state.step % self.steps == 0:
+            self.act(trainer)
+
+    def on_epoch_end(self, trainer) -> None:
+        if self.strategy == "epoch":
+            self.act(trainer)
+
+
+class EvaluationCadence(Cadence):
+    """eval_strategy / eval_steps: a scheduled evaluation (its metrics go to every callback's on_evaluate)."""
+
+    def act(self, trainer) -> None:
+        trainer.evaluate_and_log()
+
+
+class SaveCadence(Cadence):
+    """save_strategy / save_steps: a checkpoint (every callback's on_save gets its path)."""
+
+    def act(self, trainer) -> None:
+        trainer.save_checkpoint()
+
+
+def built_in_callbacks(config, metric: str, greater_is_better: bool, best_weights: dict | None) -> list[Callback]:
+    """The callbacks of a training run of `config`, in the order they act; the first is its `BestModel`."""
+    best = BestModel(metric, greater_is_better, keep_weights=config.load_best_model_at_end, restored=best_weights)
+    found = [best]
+    if config.early_stopping_patience:
+        found.append(EarlyStopping(config.early_stopping_patience, metric))
+    if config.eval_strategy != "no":
+        found.append(EvaluationCadence(config.eval_strategy, config.eval_steps))
+    if config.save_strategy != "no":
+        found.append(SaveCadence(config.save_strategy, config.save_steps))
+    return found

@@ -1,0 +1,264 @@
+"""A run's set-up: what one `Trainer.fit` or `Trainer.validate` works with, built whole before the loop
+starts (`Run`), and the steps that build it: seeding, rank-ordered data preparation, the model's attention
+kernel, freezing, gradient checkpointing, the step plan, the checkpointer, a resume, the built-in callbacks.
+
+Everything here gets what it needs as arguments; the Trainer calls `set_up_training` / `set_up_evaluation`
+and then only reads the `Run` they return.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tuneforge import adapters, checkpoint
+from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
+from tuneforge.checkpoint import Checkpointer
+from tuneforge.errors import ConfigError
+from tuneforge.freezing import freeze_bottom
+from tuneforge.plan import StepPlan
+from tuneforge.progress import Progress
+from tuneforge.reporting import Reporter
+
+MakeScheduler = Callable[..., Any]  # (optimizer, total_steps, start_step=0) -> LR scheduler
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the caller of fit / validate passed in place of the config's model, tokenizer and data."""
+
+    model: torch.nn.Module | None = None
+    tokenizer: Any = None
+    train_dataset: Any = None
+    eval_dataset: Any = None
+
+
+@dataclass
+class Run:
+    """One fit or validate: its config (an elastic restart's says `resume: latest`), backend, reporter,
+    tokenizer, tokenized data and the model (wrapped by the backend); for training also the optimizer, LR
+    schedule, step plan, checkpointer and callbacks (the user's, then the built-ins)."""
+
+    config: Any
+    backend: Any
+    report: Reporter
+    tokenizer: Any
+    train_data: Any
+    eval_data: Any
+    model: torch.nn.Module
+    adapter: adapters.Adapter | None = None  # --adapter lora: the adapter around the model
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None
+    plan: StepPlan | None = None
+    checkpointer: Checkpointer | None = None
+    callbacks: list[Callback] = field(default_factory=list)
+    best: BestModel | None = None  # the built-in that tracks the best evaluation (and its weights)
+    resumed_from: Path | None = None  # the checkpoint this run continues
+    window: torch.Tensor | None = None  # this rank's loss sum and item count since the last log line
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_up_evaluation(config, task, backend, given: Given, callbacks: list[Callback]) -> Run:
+    report = Reporter(config, is_main=backend.is_main)
+    model, tokenizer, (train, evals), _ = _load(config, task, backend, report, given, training=False)
+    model, _ = backend.wrap(model, None)  # evaluation only: no optimizer
+    return Run(config, backend, report, tokenizer, train, evals, model, callbacks=list(callbacks))
+
+
+def set_up_training(
+    config, task, backend, given: Given, callbacks: list[Callback], make_optimizer, make_scheduler: MakeScheduler
+) -> tuple[Run, Progress]:
+    """The run and the Progress it starts at (a resume's, or step 0)."""
+    report = Reporter(config, is_main=backend.is_main)
+    model, tokenizer, (train, evals), adapter = _load(config, task, backend, report, given, training=True)
+    enable_gradient_checkpointing(model, config, backend)
+    model.train()
+    model, optimizer = backend.wrap(model, make_optimizer)
+    plan = StepPlan.of(config, len(train), backend.dp_size)
+    run = Run(config, backend, report, tokenizer, train, evals, model, adapter, optimizer, plan=plan)
+    run.scheduler = make_scheduler(optimizer, plan.total_steps)
+    run.checkpointer = make_checkpointer(run, task)
+    # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
+    state, best_weights = Progress(order_global_batch=plan.step_examples), None
+    if config.resume:
+        state, best_weights = resume(run, make_scheduler)
+    metric = config.metric_for_best or task.best_metric
+    greater = task.greater_is_better if config.metric_for_best in (None, task.best_metric) else metric != "loss"
+    built_ins = built_in_callbacks(config, metric, greater, best_weights)
+    run.callbacks, run.best = [*callbacks, *built_ins], built_ins[0]
+    # loss sum and item count since the last log line, per rank (a resume continues the saved window)
+    run.window = torch.tensor([state.log_loss, state.log_count], dtype=torch.float32, device=backend.device)
+    return run, state
+
+
+def _load(config, task, backend, report: Reporter, given: Given, training: bool):
+    """What fit and validate share: seed, tokenizer, data, and the model (its attention set; for training,
+    LoRA layers or frozen layers, and the task's reference model). Returns (model, tokenizer, (train, eval),
+    adapter)."""
+    seed_everything(config.seed)  # same seed on every rank: identical head initialisation
+    task.log = report.print  # the task's notes (held-out splits, label schemes) go where the run's go
+    tokenizer = given.tokenizer or task.load_tokenizer()
+    if not training and given.model is None:
+        task.adopt_model_labels()
+    if training and config.adapter == "lora":  # a target that matches no layer: one line before any data work
+        adapters.check_targets(task.peek_model_config(), config.lora_targets)
+        adapters.check_quantize(config)
+    splits = ("train", "validation") if training else ("validation",)
+    data = prepare_data(task, backend, tokenizer, given, splits, log=report.print)
+    if training and data[0] is None:  # clm/seq2seq load a validation split alone (for eval)
+        raise ConfigError("training needs training data: pass --train-file (seq2seq: --source-file and --target-file)")
+    model = given.model if given.model is not None else task.load_model(tokenizer)
+    set_attention(model, config.attn_implementation, backend, task)  # evaluation runs the kernel training runs
+    adapter = None
+    if training and config.adapter == "lora":  # LoRA layers in place: `model` keeps its class
+        adapter = adapters.add_lora(model, config, base_model=task.model_path(), log=report.print)
+    elif training:
+        freeze(model, config, log=report.print)
+    if training:
+        task.set_up_reference(model, adapter)
+    return model, tokenizer, data, adapter
+
+
+def prepare_data(task, backend, tokenizer, given: Given, splits, log) -> tuple[Any, Any]:
+    """Tokenized train/eval features; the main rank tokenizes first so the others hit the cache."""
+    train_dataset, eval_dataset = given.train_dataset, given.eval_dataset
+    some = train_dataset if train_dataset is not None else eval_dataset
+    if some is not None and "input_ids" in some.column_names:
+        feats = {"train": train_dataset, "validation": eval_dataset}
+    else:
+        for rank_turn in (True, False):
+            if backend.is_main == rank_turn:
+                if some is not None:
+                    raw = task.prepare_raw({"train": train_dataset, "validation": eval_dataset})
+                else:
+                    raw = task.load_raw()
+                task.use_labels(task.label_set(raw))  # the label set, decided from the raw training split
+                raw = {k: v for k, v in task.encode_labels(raw).items() if k in splits}
+                feats = task.tokenize(raw, tokenizer, log=log)
+            backend.barrier()
+    train, evals = (task.select_examples(split, feats.get(split)) for split in ("train", "validation"))
+    return _with_length(train), _with_length(evals)
+
+
+def _with_length(ds):
+    if ds is None or "length" in ds.column_names:
+        return ds
+    return ds.add_column("length", [len(x) for x in ds["input_ids"]])
+
+
+def set_attention(model, wanted: str, backend, task) -> None:
+    """The attention kernel: `wanted` by name, or (auto) the backend's choice for the task's batches."""
+    chosen = backend.default_attention(padded=task.pads_batches) if wanted == "auto" else wanted
+    if chosen is None or not hasattr(model, "set_attn_implementation"):
+        return
+    try:
+        model.set_attn_implementation(chosen)
+    except (ValueError, ImportError) as e:
+        if wanted != "auto":  # asked for by name: say why it cannot be had
+            raise ConfigError(
+                f"attn_implementation {wanted!r} is not available for this model: {e}. Use auto, eager or sdpa"
+            ) from None
+
+
+def freeze(model, config, log) -> None:
+    """Keep the embeddings and the bottom layers fixed: config.freeze_embeddings and freeze_layers, whose
+    `auto` freezes a classifier's embeddings and bottom layer (a generating model's embeddings are
+    usually its output layer too)."""
+    classifier = not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None
+    embeddings = classifier if config.freeze_embeddings == "auto" else config.freeze_embeddings == "on"
+    layers = int(classifier and embeddings) if config.freeze_layers == "auto" else config.freeze_layers
+    if not (layers or embeddings):
+        return
+    frozen = freeze_bottom(model, layers, embeddings=embeddings)
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    of = f" of {frozen.of}" if frozen.of is not None else ""
+    fixed = f"the embeddings and the bottom {frozen.layers}{of} layers" if frozen.layers else "the embeddings"
+    chosen = "auto" in (config.freeze_embeddings, config.freeze_layers)
+    how = " (a classifier's default; --freeze-layers 0 --freeze-embeddings off trains every weight)"
+    log(f"training {trained / 1e6:.1f}M of {total / 1e6:.1f}M parameters: {fixed} stay fixed{how if chosen else ''}")
+
+
+def enable_gradient_checkpointing(model, config, backend) -> None:
+    if not config.gradient_checkpointing:
+        return
+    if not backend.supports_gradient_checkpointing:
+        raise ConfigError(
+            f"backend {backend.name!r} does not support gradient checkpointing; drop --gradient-checkpointing"
+        )
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def make_checkpointer(run: Run, task) -> Checkpointer:
+    cfg, b = run.config, run.backend
+    meta = checkpoint.describe(
+        b.unwrap(run.model),
+        b,
+        task=cfg.task,
+        labels=task.label_names,
+        step_examples=run.plan.step_examples,
+        adapter=run.adapter.settings() if run.adapter else None,
+    )
+    return Checkpointer(
+        cfg.output_dir,
+        b,
+        meta,
+        save_total_limit=cfg.save_total_limit,
+        run_config=cfg,
+        tokenizer=run.tokenizer,
+        model_info=task.export_info(),
+    )
+
+
+def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | None]:
+    """Continue from `config.resume`: model, optimizer, scheduler and RNG states restored into `run`, metrics.jsonl
+    cut back to the checkpoint, the plan (and LR schedule) re-made where the batch geometry changed. Returns the
+    restored Progress and, for load_best_model_at_end, the best evaluation's weights (main rank)."""
+    cfg, report = run.config, run.report
+    path = checkpoint.find_checkpoint(cfg.resume, cfg.output_dir)
+    st = run.checkpointer.load(path, run.model, run.optimizer, run.scheduler)
+    run.resumed_from = path
+    report.keep_records(st.metrics_records)  # metrics.jsonl reads like an uninterrupted run
+    best_weights = _best_weights(path, st, run) if cfg.load_best_model_at_end else None
+    report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
+    plan = run.plan.resumed_at(st, run.train_data["length"])
+    if plan.total_steps != run.plan.total_steps:  # the batch geometry changed: the schedule over the new total
+        run.scheduler = make_scheduler(run.optimizer, plan.total_steps, start_step=st.step)
+        report.print(
+            f"batch geometry changed ({checkpoint.read_meta(path).get('step_examples')} -> "
+            f"{plan.step_examples} examples per step): {plan.total_steps - st.step} steps left to "
+            f"finish {cfg.epochs:g} epochs"
+        )
+    run.plan = plan
+    return st, best_weights
+
+
+def _best_weights(path: Path, st: Progress, run: Run) -> dict | None:
+    """The best evaluation's weights, from the best step's checkpoint (main rank); where that checkpoint cannot
+    be read, the best is forgotten and picked again among the evaluations after the resume."""
+    if st.best_step is None:
+        return None
+    best = path.parent / f"checkpoint-{st.best_step}"
+    if checkpoint.has_full_weights(best) and st.best_eval is not None:
+        return checkpoint.full_weights(best, run.backend.unwrap(run.model)) if run.backend.is_main else None
+    run.report.print(
+        f"note: the best model (step {st.best_step}) is not in a readable checkpoint; "
+        "load_best_model_at_end will pick among the evaluations after this resume"
+    )
+    st.best_metric = st.best_step = st.best_eval = None
+    return None

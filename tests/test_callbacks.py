@@ -1,0 +1,102 @@
+"""The built-in callbacks every training run has (tuneforge.callbacks): evaluation and save cadence, best-model
+tracking and early stopping, heard in order after the user's callbacks; and the hooks a user's callback gets.
+
+Runs are real (tiny BERT, 48 rows). A Trainer whose loss is zeroed (an override the API offers) never moves its
+weights (no weight decay), so no evaluation after the first improves on it: early stopping must act."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import read_jsonl, write_sentiment_csv
+from tuneforge.config import build_config
+from tuneforge.errors import ConfigError
+from tuneforge.trainer import Callback, Trainer
+
+
+def run_config(tmp_path: Path, tiny_bert: str, cache_dir: str, **extra):
+    train = write_sentiment_csv(tmp_path / "train.csv", 48, seed=1)
+    val = write_sentiment_csv(tmp_path / "val.csv", 8, seed=2)
+    values = dict(
+        task="classification",
+        model=tiny_bert,
+        output_dir=str(tmp_path / "run"),
+        max_steps=8,
+        batch_size=8,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=1,
+        quiet=True,
+        precision="fp32",
+        optim={"lr": 1e-3, "warmup_ratio": 0.0, "weight_decay": 0.0},
+        data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir},
+    )
+    return build_config({**values, **extra})
+
+
+class StandStill(Trainer):
+    """Zero loss: the weights never move, so every evaluation equals the first."""
+
+    def compute_loss(self, outputs, batch):
+        loss_sum, count = super().compute_loss(outputs, batch)
+        return loss_sum * 0.0, count
+
+
+class Events(Callback):
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, trainer):
+        self.seen.append(("step", trainer.state.step))
+
+    def on_evaluate(self, trainer, metrics):
+        self.seen.append(("evaluate", trainer.state.step, trainer.state.bad_evals))
+
+    def on_save(self, trainer, path):
+        self.seen.append(("save", trainer.state.step))
+
+
+def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path, tiny_bert, cache_dir, capsys):
+    events = Events()
+    config = run_config(tmp_path, tiny_bert, cache_dir, early_stopping_patience=2, save_steps=1, quiet=False)
+    result = StandStill(config, callbacks=[events]).fit()
+
+    assert result["steps"] == 3 and result["best_step"] == 1  # evaluations 2 and 3 did not improve on step 1
+    assert "early stopping: accuracy did not improve for 2 evaluations" in capsys.readouterr().err
+    # the user's callback hears each evaluation before the built-in tracker counts it, then the checkpoint
+    assert events.seen == [
+        ("step", 1), ("evaluate", 1, 0), ("save", 1),
+        ("step", 2), ("evaluate", 2, 0), ("save", 2),
+        ("step", 3), ("evaluate", 3, 1), ("save", 3),
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"] == [1, 2, 3]
+    saved = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())  # holds step 3's evaluation
+    assert saved["stop"] is True and saved["bad_evals"] == 2 and saved["best_step"] == 1
+
+
+def test_without_patience_the_run_goes_on_and_the_best_is_still_tracked(tmp_path, tiny_bert, cache_dir):
+    result = StandStill(run_config(tmp_path, tiny_bert, cache_dir, max_steps=4)).fit()
+    assert result["steps"] == 4 and result["best_step"] == 1
+
+
+def test_a_best_metric_the_task_does_not_compute_is_one_error_at_the_first_evaluation(tmp_path, tiny_bert, cache_dir):
+    trainer = Trainer(run_config(tmp_path, tiny_bert, cache_dir, metric_for_best="bleu"))
+    with pytest.raises(ConfigError, match=r"^metric_for_best 'bleu' is not computed by this task; choose one of: "):
+        trainer.fit()
+    assert trainer.state.step == 1
+
+
+def test_a_callback_with_only_some_hooks_is_told_only_those(tmp_path, tiny_bert, cache_dir):
+    """A callback need not subclass Callback: the hooks it lacks (on_step_end came later) are skipped."""
+
+    class OnlyEnd:
+        def on_train_end(self, trainer, result):
+            self.result = result
+
+    only = OnlyEnd()
+    result = Trainer(run_config(tmp_path, tiny_bert, cache_dir, max_steps=1), callbacks=[only]).fit()
+    assert only.result == result
