@@ -76,6 +76,9 @@ class CausalFamily:
     def prompt_text(self, text: str, info: dict) -> str:
         return text
 
+    def encode(self, tokenizer, text: str, info: dict, add_special_tokens: bool) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
     def max_prompt_tokens(self, info: dict) -> int | None:
         return None
 
@@ -97,6 +100,12 @@ class Seq2SeqFamily:
 
     def prompt_text(self, text: str, info: dict) -> str:
         return (info.get("source_prefix") or "") + text
+
+    def encode(self, tokenizer, text: str, info: dict, add_special_tokens: bool) -> list[int]:
+        """With the source prefix, truncated to the training max_length; the tokenizer's special tokens always."""
+        limit = self.max_prompt_tokens(info)
+        text = self.prompt_text(text, info)
+        return list(tokenizer(text, truncation=limit is not None, max_length=limit)["input_ids"])
 
     def max_prompt_tokens(self, info: dict) -> int | None:
         return info.get("max_length")
@@ -160,16 +169,12 @@ class Generator:
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """One prompt's token ids as this model reads them (a seq2seq model's source prefix in front, truncated
         to its training max_length)."""
-        limit = self.kind.max_prompt_tokens(self.info)
-        text = self.kind.prompt_text(text, self.info)
-        if limit is not None:
-            return list(self.tokenizer(text, truncation=True, max_length=limit)["input_ids"])
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        return self.kind.encode(self.tokenizer, text, self.info, add_special_tokens)
 
     def context_room(self, lengths: list[int], max_new_tokens: int) -> tuple[int, str]:
         """(the new tokens that fit after prompts of `lengths` tokens, why fewer than asked or ""); DataError for a
         prompt that leaves no room."""
-        return context_room(self.family, self.context, lengths, max_new_tokens)
+        return context_room(self.kind.continues_prompt, self.context, lengths, max_new_tokens)
 
     def room_in_context(self, lengths: list[int], max_new_tokens: int) -> int:
         """`max_new_tokens`, or fewer where the model's context ends first (a `note:` line on stderr)."""
@@ -177,6 +182,29 @@ class Generator:
         if why:
             print(f"note: {why}, not {max_new_tokens}", file=sys.stderr, flush=True)
         return room
+
+    def _encode_batch(self, prompts: Sequence[str], add_special_tokens: bool):
+        """The prompts as one padded batch on the model's device; DataError for a prompt with nothing to continue."""
+        texts = [self.kind.prompt_text(t, self.info) for t in prompts]
+        max_length = self.kind.max_prompt_tokens(self.info)
+        enc = self.tokenizer(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+            return_token_type_ids=False,
+            add_special_tokens=add_special_tokens,
+        ).to(self.device)
+        if self.kind.continues_prompt:
+            lengths = enc["attention_mask"].sum(1).tolist()
+            empty = [i for i, n in enumerate(lengths) if n == 0]
+            if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
+                raise DataError(
+                    f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
+                    "a text, so give it at least a word"
+                )
+        return enc
 
     def make_batch(self, pad_id: int):
         """The engine's running batch for this model's family."""
@@ -204,25 +232,8 @@ class Generator:
             from transformers import set_seed
 
             set_seed(seed)
-        texts = [self.kind.prompt_text(t, self.info) for t in prompts]
-        max_length = self.kind.max_prompt_tokens(self.info)
-        enc = self.tokenizer(
-            texts,
-            return_tensors="pt",
-            padding=True,
-            truncation=max_length is not None,
-            max_length=max_length,
-            return_token_type_ids=False,
-            add_special_tokens=add_special_tokens,
-        ).to(self.device)
+        enc = self._encode_batch(prompts, add_special_tokens)
         lengths = enc["attention_mask"].sum(1).tolist()
-        if self.kind.continues_prompt:
-            empty = [i for i, n in enumerate(lengths) if n == 0]
-            if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
-                raise DataError(
-                    f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
-                    "a text, so give it at least a word"
-                )
         max_new_tokens = self.room_in_context(lengths, max_new_tokens)
         options = {
             "max_new_tokens": max_new_tokens,
@@ -240,7 +251,9 @@ class Generator:
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
-def context_room(family: str, context: int | None, lengths: list[int], max_new_tokens: int) -> tuple[int, str]:
+def context_room(
+    continues_prompt: bool, context: int | None, lengths: list[int], max_new_tokens: int
+) -> tuple[int, str]:
     """(the new tokens that fit the model's `context` after prompts of `lengths` tokens, why fewer than asked or
     ""); DataError for a prompt that leaves no room. A causal LM's prompt and continuation share the positions,
     a seq2seq model's encoder reads the prompt and its decoder has the positions for itself."""
@@ -248,7 +261,7 @@ def context_room(family: str, context: int | None, lengths: list[int], max_new_t
         return max_new_tokens, ""
     longest = max(lengths, default=0)
     which = lengths.index(longest) + 1 if lengths else 1
-    if family == "seq2seq":
+    if not continues_prompt:
         if longest > context:
             raise DataError(f"input {which} has {longest} tokens; the model reads at most {context}: shorten it")
         room = context - 1  # the decoder's start token takes a position
@@ -261,7 +274,7 @@ def context_room(family: str, context: int | None, lengths: list[int], max_new_t
         room = context - longest
     if max_new_tokens <= room:
         return max_new_tokens, ""
-    whose = f"after prompt {which}'s {longest} tokens " if family == "clm" else ""
+    whose = f"after prompt {which}'s {longest} tokens " if continues_prompt else ""
     return room, f"generation stops at the model's context of {context} tokens: {room} new tokens {whose}at most"
 
 

@@ -9,7 +9,7 @@ One background thread owns the model. It keeps a *running batch* of sequences an
    `max_tokens`, stop strings, the model's context);
 3. finished or cancelled rows leave the batch.
 
-**Causal LMs join at the next step**: the running batch holds one key/value cache, left padded to a
+**Causal LMs join at the next step** (serve/batches.py): the running batch holds one key/value cache, left padded to a
 common length, with an attention mask marking each row's real positions and explicit position ids.
 A prefilled newcomer's cache is padded on the left to the batch's length (or the batch's to the
 newcomer's) and concatenated along the batch dimension; a row that leaves is dropped from the cache,
@@ -22,6 +22,12 @@ The engine knows nothing of HTTP or asyncio: each `Sequence` carries an `emit(te
 callback that the engine calls from its thread with each new piece of text (held back while it may be
 the start of a stop string, or an incomplete character), and once with the reason it finished
 ("stop", "length", "cancelled", or "error"). The waiting list is bounded: `submit` raises `QueueFull`.
+Text is decoded incrementally (serve/detokenize.py): a few tokens' window per token, not the whole answer.
+
+**Generation callable from training.** `GenerationEngine.from_model(model, tokenizer)` runs on a live model (the
+very object: a training step's new weights are what the next call uses) and `engine.generate(prompts, params)`
+returns the completions synchronously, running the loop in the caller's thread (or waiting for the engine's
+thread once `start`ed). The batch type (which rows may join a running batch) is the generator's family's.
 
 **A request fails alone.** Sampling runs row by row: a row whose sampling fails finishes with "error" and the
 others go on. A prefill that fails for a group is retried with its first sequence alone (the others go back to
@@ -142,7 +148,6 @@ class GenerationEngine:
         self.tokenizer = generator.tokenizer
         self.model = generator.model
         self.generator = generator
-        self.family = generator.family
         self.context = context
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
