@@ -24,7 +24,7 @@ import torch
 
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.export import read_model_info
-from tuneforge.serve.batches import CausalBatch, Seq2SeqBatch
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch
 
 NOT_GENERATIVE_HEADS = (
     "ForSequenceClassification",

@@ -13,8 +13,8 @@ If the generation engine dies (the model fails even a one-token forward pass), /
 The package, in layers as vLLM's entrypoints: options.py (ServeOptions and their flags), app.py (the app factory,
 the server's state and own routes, the errors), gate.py (API key, body size, draining, metrics of every request),
 routes_openai.py and routes_predict.py (one module per API), generation.py (the generation service: prompt
-encoding, context limit, sampling parameters, answers and streams), engine.py (continuous batching),
-batches.py (the running batch of each model family), detokenize.py (incremental text), batching.py
+encoding, context limit, sampling parameters, answers and streams), engine.py (continuous batching; the running
+batch of each model family is tuneforge/running_batch.py), detokenize.py (incremental text), batching.py
 (classifiers), openai_api.py (request and response shapes), metrics.py (Prometheus text), static/index.html.
 """
 

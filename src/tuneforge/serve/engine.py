@@ -9,8 +9,8 @@ One background thread owns the model. It keeps a *running batch* of sequences an
    `max_tokens`, stop strings, the model's context);
 3. finished or cancelled rows leave the batch.
 
-**Causal LMs join at the next step** (serve/batches.py): the running batch holds one key/value cache, left padded to a
-common length, with an attention mask marking each row's real positions and explicit position ids.
+**Causal LMs join at the next step** (tuneforge/running_batch.py): the running batch holds one key/value cache,
+left padded to a common length, with an attention mask marking each row's real positions and explicit position ids.
 A prefilled newcomer's cache is padded on the left to the batch's length (or the batch's to the
 newcomer's) and concatenated along the batch dimension; a row that leaves is dropped from the cache,
 and columns that became padding for every row are cut. **Seq2seq models join at the next batch**:
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tuneforge.serve.batches import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""The running batch of the generation engine, one type per model family: what a forward pass over the running
+"""The running batch of the generation engine (serve/engine.py), one type per model family (chosen by the
+generator's family in generate.py, which sits below serve/): what a forward pass over the running
 rows needs (a causal LM's left-padded key/value cache that newcomers join at any step; a seq2seq model's encoder
 outputs and decoder cache, admitted together when the batch is empty). Knows nothing of sampling or requests.
 """
