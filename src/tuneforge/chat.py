@@ -109,7 +109,7 @@ def chat(
 def cmd_chat(ns: argparse.Namespace) -> int:
     check_generation_options(ns.max_new_tokens, ns.temperature, None, ns.top_p, 1, ns.seed)  # before loading
     generator = Generator(ns.model_dir)
-    if generator.family != "clm":
+    if not generator.kind.continues_prompt:
         raise ConfigError(f"model {ns.model_dir!r} is a seq2seq model; `tuneforge chat` talks to causal LMs")
     options = {"max_new_tokens": ns.max_new_tokens, "do_sample": ns.do_sample, "seed": ns.seed}
     if ns.do_sample:

@@ -24,6 +24,7 @@ import torch
 
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.export import read_model_info
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch
 
 NOT_GENERATIVE_HEADS = (
     "ForSequenceClassification",
@@ -64,36 +65,150 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
     return "seq2seq" if getattr(model_config, "is_encoder_decoder", False) else "clm"
 
 
+class CausalFamily:
+    """A causal LM: the output continues the prompt, and prompt and continuation share the model's positions."""
+
+    name = "clm"
+    auto_class = "AutoModelForCausalLM"
+    continues_prompt = True
+    padding_side = "left"  # prompts end where generation starts
+
+    def prompt_text(self, text: str, info: dict) -> str:
+        return text
+
+    def encode(self, tokenizer, text: str, info: dict, add_special_tokens: bool) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def max_prompt_tokens(self, info: dict) -> int | None:
+        return None
+
+    def positions_used(self, prompt_tokens: int, generated: int) -> int:
+        return prompt_tokens + generated
+
+    def batch(self, model, pad_id: int):
+        return CausalBatch(model, pad_id)
+
+
+class Seq2SeqFamily:
+    """An encoder-decoder model: its encoder reads the prompt (with the source prefix it was trained with), its
+    decoder has the positions for itself."""
+
+    name = "seq2seq"
+    auto_class = "AutoModelForSeq2SeqLM"
+    continues_prompt = False
+    padding_side = None  # the tokenizer's own
+
+    def prompt_text(self, text: str, info: dict) -> str:
+        return (info.get("source_prefix") or "") + text
+
+    def encode(self, tokenizer, text: str, info: dict, add_special_tokens: bool) -> list[int]:
+        """With the source prefix, truncated to the training max_length; the tokenizer's special tokens always."""
+        limit = self.max_prompt_tokens(info)
+        text = self.prompt_text(text, info)
+        return list(tokenizer(text, truncation=limit is not None, max_length=limit)["input_ids"])
+
+    def max_prompt_tokens(self, info: dict) -> int | None:
+        return info.get("max_length")
+
+    def positions_used(self, prompt_tokens: int, generated: int) -> int:
+        return generated
+
+    def batch(self, model, pad_id: int):
+        return Seq2SeqBatch(model, pad_id)
+
+
+FAMILIES = {f.name: f for f in (CausalFamily(), Seq2SeqFamily())}
+
+
 class Generator:
+    """A model and its tokenizer ready to generate: loaded from a folder, or (`from_model`) a live model, e.g. the
+    one being trained, used as it is (no copy of its weights)."""
+
     def __init__(self, model_dir: str | Path, device: str | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+        import transformers
 
         from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
 
         model_dir = str(model_dir)
         check_model_path(model_dir)
+        info = read_model_info(model_dir)
+        model_config = from_pretrained(transformers.AutoConfig, model_dir, "the model config")
+        family = FAMILIES[model_family(model_dir, model_config, info)]
+        tokenizer = load_tokenizer(model_dir)
+        model = from_pretrained(getattr(transformers, family.auto_class), model_dir, "the model").eval()
+        model.to(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+        self._bind(model, tokenizer, family, info)
         self.model_dir = model_dir
-        self.info = read_model_info(model_dir)
-        model_config = from_pretrained(AutoConfig, model_dir, "the model config")
-        self.family = model_family(model_dir, model_config, self.info)
-        auto = AutoModelForSeq2SeqLM if self.family == "seq2seq" else AutoModelForCausalLM
-        self.tokenizer = load_tokenizer(model_dir)
-        self.model = from_pretrained(auto, model_dir, "the model").eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device)
-        if self.tokenizer.pad_token is None and self.tokenizer.eos_token is not None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        if self.family == "clm":
-            self.tokenizer.padding_side = "left"  # prompts end where generation starts
+
+    @classmethod
+    def from_model(cls, model, tokenizer, family: str | None = None, info: dict | None = None) -> Generator:
+        """A generator over a live `model` (the very object: it sees every later change of its weights); `family`
+        'clm' or 'seq2seq' (default: from the model's config)."""
+        generator = cls.__new__(cls)
+        encoder_decoder = getattr(model.config, "is_encoder_decoder", False)
+        generator._bind(model, tokenizer, FAMILIES[family or ("seq2seq" if encoder_decoder else "clm")], info or {})
+        generator.model_dir = None
+        return generator
+
+    def _bind(self, model, tokenizer, family, info: dict) -> None:
+        self.model, self.tokenizer, self.kind, self.info = model, tokenizer, family, info
+        self.family = family.name
+        self.device = next(model.parameters()).device
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if family.padding_side is not None:
+            tokenizer.padding_side = family.padding_side
+
+    @property
+    def context(self) -> int | None:
+        """The model's context: the positions it has (None: no limit)."""
+        from tuneforge.tasks.base import context_length
+
+        return context_length(self.model.config)
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """One prompt's token ids as this model reads them (a seq2seq model's source prefix in front, truncated
+        to its training max_length)."""
+        return self.kind.encode(self.tokenizer, text, self.info, add_special_tokens)
+
+    def context_room(self, lengths: list[int], max_new_tokens: int) -> tuple[int, str]:
+        """(the new tokens that fit after prompts of `lengths` tokens, why fewer than asked or ""); DataError for a
+        prompt that leaves no room."""
+        return context_room(self.kind.continues_prompt, self.context, lengths, max_new_tokens)
 
     def room_in_context(self, lengths: list[int], max_new_tokens: int) -> int:
         """`max_new_tokens`, or fewer where the model's context ends first (a `note:` line on stderr)."""
-        from tuneforge.tasks.base import context_length
-
-        room, why = context_room(self.family, context_length(self.model.config), lengths, max_new_tokens)
+        room, why = self.context_room(lengths, max_new_tokens)
         if why:
             print(f"note: {why}, not {max_new_tokens}", file=sys.stderr, flush=True)
         return room
+
+    def _encode_batch(self, prompts: Sequence[str], add_special_tokens: bool):
+        """The prompts as one padded batch on the model's device; DataError for a prompt with nothing to continue."""
+        texts = [self.kind.prompt_text(t, self.info) for t in prompts]
+        max_length = self.kind.max_prompt_tokens(self.info)
+        enc = self.tokenizer(
+            texts,
+            return_tensors="pt",
+            padding=True,
+            truncation=max_length is not None,
+            max_length=max_length,
+            return_token_type_ids=False,
+            add_special_tokens=add_special_tokens,
+        ).to(self.device)
+        if self.kind.continues_prompt:
+            lengths = enc["attention_mask"].sum(1).tolist()
+            empty = [i for i, n in enumerate(lengths) if n == 0]
+            if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
+                raise DataError(
+                    f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
+                    "a text, so give it at least a word"
+                )
+        return enc
+
+    def make_batch(self, pad_id: int):
+        """The engine's running batch for this model's family."""
+        return self.kind.batch(self.model, pad_id)
 
     @torch.inference_mode()
     def generate(
@@ -117,28 +232,8 @@ class Generator:
             from transformers import set_seed
 
             set_seed(seed)
-        texts = list(prompts)
-        if self.family == "seq2seq":
-            prefix = self.info.get("source_prefix") or ""
-            texts = [prefix + t for t in texts]
-        max_length = self.info.get("max_length") if self.family == "seq2seq" else None
-        enc = self.tokenizer(
-            texts,
-            return_tensors="pt",
-            padding=True,
-            truncation=max_length is not None,
-            max_length=max_length,
-            return_token_type_ids=False,
-            add_special_tokens=add_special_tokens,
-        ).to(self.device)
+        enc = self._encode_batch(prompts, add_special_tokens)
         lengths = enc["attention_mask"].sum(1).tolist()
-        if self.family == "clm":
-            empty = [i for i, n in enumerate(lengths) if n == 0]
-            if empty:  # no BOS token either: nothing to continue from (transformers fails deep inside generate)
-                raise DataError(
-                    f"prompt {empty[0] + 1} ({prompts[empty[0]]!r}) has no tokens; a causal language model continues "
-                    "a text, so give it at least a word"
-                )
         max_new_tokens = self.room_in_context(lengths, max_new_tokens)
         options = {
             "max_new_tokens": max_new_tokens,
@@ -151,12 +246,14 @@ class Generator:
                 {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
             )
         out = self.model.generate(**enc, **options)
-        if self.family == "clm":  # the prompt (left-padded to one width) comes first: drop it
+        if self.kind.continues_prompt:  # the prompt (left-padded to one width) comes first: drop it
             out = out[:, enc["input_ids"].shape[1] :]
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
 
 
-def context_room(family: str, context: int | None, lengths: list[int], max_new_tokens: int) -> tuple[int, str]:
+def context_room(
+    continues_prompt: bool, context: int | None, lengths: list[int], max_new_tokens: int
+) -> tuple[int, str]:
     """(the new tokens that fit the model's `context` after prompts of `lengths` tokens, why fewer than asked or
     ""); DataError for a prompt that leaves no room. A causal LM's prompt and continuation share the positions,
     a seq2seq model's encoder reads the prompt and its decoder has the positions for itself."""
@@ -164,7 +261,7 @@ def context_room(family: str, context: int | None, lengths: list[int], max_new_t
         return max_new_tokens, ""
     longest = max(lengths, default=0)
     which = lengths.index(longest) + 1 if lengths else 1
-    if family == "seq2seq":
+    if not continues_prompt:
         if longest > context:
             raise DataError(f"input {which} has {longest} tokens; the model reads at most {context}: shorten it")
         room = context - 1  # the decoder's start token takes a position
@@ -177,7 +274,7 @@ def context_room(family: str, context: int | None, lengths: list[int], max_new_t
         room = context - longest
     if max_new_tokens <= room:
         return max_new_tokens, ""
-    whose = f"after prompt {which}'s {longest} tokens " if family == "clm" else ""
+    whose = f"after prompt {which}'s {longest} tokens " if continues_prompt else ""
     return room, f"generation stops at the model's context of {context} tokens: {room} new tokens {whose}at most"
 
 
@@ -217,7 +314,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
         seed=ns.seed,
     )
     for prompt, text in zip(ns.prompt, outputs):
-        shown = prompt + text if generator.family == "clm" else text
+        shown = prompt + text if generator.kind.continues_prompt else text
         if not ns.json:
             print(shown, flush=True)
     if ns.json:

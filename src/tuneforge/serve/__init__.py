@@ -10,8 +10,12 @@ This module owns the command line: its arguments, their checks (finite bounds; o
 the port before anything heavy, and the uvicorn server (SIGTERM: stop taking requests, finish those in flight).
 If the generation engine dies (the model fails even a one-token forward pass), /health answers
 {"status": "error"} and the process exits 1 with one `error:` line, so that a supervisor restarts it.
-The package: app.py (routes, gate, errors), engine.py (generation), batching.py (classifiers),
-openai_api.py (request and response shapes), metrics.py (Prometheus text), static/index.html (the page).
+The package, in layers as vLLM's entrypoints: options.py (ServeOptions and their flags), app.py (the app factory,
+the server's state and own routes, the errors), gate.py (API key, body size, draining, metrics of every request),
+routes_openai.py and routes_predict.py (one module per API), generation.py (the generation service: prompt
+encoding, context limit, sampling parameters, answers and streams), engine.py (continuous batching; the running
+batch of each model family is tuneforge/running_batch.py), detokenize.py (incremental text), batching.py
+(classifiers), openai_api.py (request and response shapes), metrics.py (Prometheus text), static/index.html.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import socket
 import sys
 
 from tuneforge.errors import ConfigError
+from tuneforge.serve.options import add_flags, from_namespace
 
 API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
 
@@ -87,30 +92,41 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     check_model_path(ns.model_dir)
     try:
         import fastapi  # noqa: F401  (the app's)
-        import uvicorn
+        import uvicorn  # noqa: F401  (the server's)
     except ImportError as err:
         raise ConfigError(
             f"`tuneforge serve` needs fastapi and uvicorn ({err.name or err} is missing): pip install fastapi uvicorn"
         ) from None
     from tuneforge.predict import load_servable
-    from tuneforge.serve.app import ServeOptions, create_app
+    from tuneforge.serve.app import create_app
 
     sock = bind_socket(ns.host, ns.port)
-    options = ServeOptions(
-        model_dir=ns.model_dir,
-        served_model_name=ns.served_model_name or ns.model_dir,
-        max_batch_size=ns.max_batch_size,
-        max_wait_ms=ns.max_wait_ms,
-        max_queue=ns.max_queue,
-        max_body_bytes=ns.max_body_bytes,
-        request_timeout_s=ns.request_timeout,
-        default_max_tokens=ns.default_max_tokens,
-        api_key=ns.api_key,
-    )
     failed: list[BaseException] = []
 
+    def on_fatal(err: BaseException) -> None:  # the model failed to load, or the engine died (its thread)
+        failed.append(err)
+        server.should_exit = True
+
+    app = create_app(lambda: load_servable(ns.model_dir, max_length=ns.max_length), from_namespace(ns), on_fatal)
+    server = draining_server(app, ns.request_timeout)
+    host, port = sock.getsockname()[:2]
+    print(
+        f"serving {ns.model_dir} on http://{host}:{port} (the page at /, GET /health, GET /metrics; POST /predict "
+        f"for classifiers, /v1/completions and /v1/chat/completions for text generation); batches of up to "
+        f"{ns.max_batch_size}, at most {ns.max_queue} waiting{'; API key required' if ns.api_key else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
+    server.run(sockets=[sock])
+    return exit_status(failed[0] if failed else None, app.state.server.served is not None)
+
+
+def draining_server(app, request_timeout: float):
+    """A uvicorn server whose SIGTERM / Ctrl-C stops taking requests and finishes those in flight."""
+    import uvicorn
+
     class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:  # SIGTERM / Ctrl-C: stop taking requests, finish the rest
+        def handle_exit(self, sig, frame) -> None:
             app.state.server.begin_draining()
             super().handle_exit(sig, frame)
 
@@ -125,25 +141,10 @@ def cmd_serve(ns: argparse.Namespace) -> int:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    def on_fatal(err: BaseException) -> None:  # the model failed to load, or the engine died (its thread)
-        failed.append(err)
-        server.should_exit = True
-
-    app = create_app(lambda: load_servable(ns.model_dir, max_length=ns.max_length), options, on_fatal)
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(ns.request_timeout) + 5
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=int(request_timeout) + 5
     )
-    server = Server(config)
-    host, port = sock.getsockname()[:2]
-    print(
-        f"serving {ns.model_dir} on http://{host}:{port} (the page at /, GET /health, GET /metrics; POST /predict "
-        f"for classifiers, /v1/completions and /v1/chat/completions for text generation); batches of up to "
-        f"{ns.max_batch_size}, at most {ns.max_queue} waiting{'; API key required' if ns.api_key else ''}",
-        file=sys.stderr,
-        flush=True,
-    )
-    server.run(sockets=[sock])
-    return exit_status(failed[0] if failed else None, app.state.server.served is not None)
+    return Server(config)
 
 
 def exit_status(failed: BaseException | None, served: bool) -> int:
@@ -168,18 +169,6 @@ def add_arguments(p) -> None:
     p.add_argument("model_dir", help="a model folder tuneforge exported (OUTPUT_DIR/model, an adapter folder too)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--max-batch-size",
-        type=int,
-        default=32,
-        help="classifiers: most inputs in one batch; generation: most sequences decoding together (1: batching off)",
-    )
-    p.add_argument(
-        "--max-wait-ms", type=float, default=10.0, help="classifiers: longest a request waits for others to join"
-    )
-    p.add_argument(
-        "--max-queue", type=int, default=256, help="most requests (sequences) waiting; beyond it: 503 with Retry-After"
-    )
     p.add_argument("--max-length", type=int, default=None, help="truncate inputs (default: the training max_length)")
     p.add_argument(
         "--api-key",
@@ -189,12 +178,5 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--served-model-name", default=None, help="the model name of the OpenAI routes (default: MODEL_DIR as given)"
     )
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger request bodies get 413")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds a request may take (then 504)")
-    p.add_argument(
-        "--default-max-tokens",
-        type=int,
-        default=512,
-        help="a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
-    )
+    add_flags(p)  # the server's settings: flags and defaults from ServeOptions (serve/options.py)
     p.set_defaults(func=cmd_serve)

@@ -9,8 +9,8 @@ One background thread owns the model. It keeps a *running batch* of sequences an
    `max_tokens`, stop strings, the model's context);
 3. finished or cancelled rows leave the batch.
 
-**Causal LMs join at the next step**: the running batch holds one key/value cache, left padded to a
-common length, with an attention mask marking each row's real positions and explicit position ids.
+**Causal LMs join at the next step** (tuneforge/running_batch.py): the running batch holds one key/value cache,
+left padded to a common length, with an attention mask marking each row's real positions and explicit position ids.
 A prefilled newcomer's cache is padded on the left to the batch's length (or the batch's to the
 newcomer's) and concatenated along the batch dimension; a row that leaves is dropped from the cache,
 and columns that became padding for every row are cut. **Seq2seq models join at the next batch**:
@@ -22,6 +22,12 @@ The engine knows nothing of HTTP or asyncio: each `Sequence` carries an `emit(te
 callback that the engine calls from its thread with each new piece of text (held back while it may be
 the start of a stop string, or an incomplete character), and once with the reason it finished
 ("stop", "length", "cancelled", or "error"). The waiting list is bounded: `submit` raises `QueueFull`.
+Text is decoded incrementally (serve/detokenize.py): a few tokens' window per token, not the whole answer.
+
+**Generation callable from training.** `GenerationEngine.from_model(model, tokenizer)` runs on a live model (the
+very object: a training step's new weights are what the next call uses) and `engine.generate(prompts, params)`
+returns the completions synchronously, running the loop in the caller's thread (or waiting for the engine's
+thread once `start`ed). The batch type (which rows may join a running batch) is the generator's family's.
 
 **A request fails alone.** Sampling runs row by row: a row whose sampling fails finishes with "error" and the
 others go on. A prefill that fails for a group is retried with its first sequence alone (the others go back to
@@ -35,7 +41,6 @@ supervisor restarts it, rather than live on answering nothing).
 from __future__ import annotations
 
 import collections
-import inspect
 import logging
 import threading
 import time
@@ -44,6 +49,9 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
+
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
+from tuneforge.serve.detokenize import IncrementalText
 
 log = logging.getLogger(__name__)
 SAMPLING_EPS = 1e-5  # a temperature below it samples greedily (vLLM's _SAMPLING_EPS): dividing by it overflows
@@ -66,6 +74,15 @@ class SamplingParams:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Completion:
+    """What `GenerationEngine.generate` gives back for one prompt."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
 @dataclass(eq=False)
 class Sequence:
     """One generated text: its prompt, its parameters, what it has produced so far."""
@@ -79,182 +96,11 @@ class Sequence:
     finish_reason: str | None = None
     cancelled: bool = False
     generator: torch.Generator | None = None
+    detokenizer: IncrementalText | None = None  # set by the engine when the sequence joins
 
     def cancel(self) -> None:
         """Called from any thread: the engine drops the row at its next step."""
         self.cancelled = True
-
-
-def _forward_kwarg(model) -> str:
-    """The name the model's forward takes its key/value cache by (`cache` from transformers 5.x, before it
-    `past_key_values`)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _output_cache(outputs):
-    cache = getattr(outputs, "cache", None)
-    return cache if cache is not None else outputs.past_key_values
-
-
-def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(keys, values) of each layer, each [batch, heads, length, head_dim]."""
-    return [(layer[0], layer[1]) for layer in cache]
-
-
-def _dynamic_cache(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
-    from transformers import DynamicCache
-
-    return DynamicCache(tensors)
-
-
-def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
-    """`t` ([batch, heads, length, dim] or [batch, length]) with `width` zero positions in front."""
-    if width == 0:
-        return t
-    shape = list(t.shape)
-    dim = 2 if t.dim() == 4 else 1
-    shape[dim] = width
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
-class CausalBatch:
-    """The running rows of a causal LM: one left-padded key/value cache; newcomers join at any step."""
-
-    joins_running = True
-
-    def __init__(self, model, pad_id: int) -> None:
-        self.model = model
-        self.pad_id = pad_id
-        self.kwarg = _forward_kwarg(model)
-        self.device = next(model.parameters()).device
-        self.cache = None
-        self.mask: torch.Tensor | None = None  # [rows, cached length], 1 where a real token is cached
-        self.next_pos: torch.Tensor | None = None  # [rows], the position id of each row's next token
-
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Run the prompts (left padded), add them to the batch (after the running rows); their last logits."""
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
-        self._merge(_output_cache(out), mask)
-        return out.logits[:, -1, :]
-
-    def _merge(self, cache, mask: torch.Tensor) -> None:
-        new = _cache_tensors(cache)
-        if self.cache is None:
-            self.cache, self.mask, self.next_pos = _dynamic_cache(new), mask, mask.sum(-1)
-            return
-        old = _cache_tensors(self.cache)
-        length = max(self.mask.shape[1], mask.shape[1])
-        a, b = length - self.mask.shape[1], length - mask.shape[1]
-        merged = [
-            (torch.cat([_pad_left(ko, a), _pad_left(kn, b)]), torch.cat([_pad_left(vo, a), _pad_left(vn, b)]))
-            for (ko, vo), (kn, vn) in zip(old, new)
-        ]
-        self.cache = _dynamic_cache(merged)
-        self.mask = torch.cat([_pad_left(self.mask, a), _pad_left(mask, b)])
-        self.next_pos = torch.cat([self.next_pos, mask.sum(-1)])
-
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One step: each row's last sampled token in, the next logits [rows, vocab] out."""
-        mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
-        out = self.model(
-            input_ids=tokens.to(self.device)[:, None],
-            attention_mask=mask,
-            position_ids=self.next_pos[:, None],
-            use_cache=True,
-            **{self.kwarg: self.cache},
-        )
-        self.cache, self.mask, self.next_pos = _output_cache(out), mask, self.next_pos + 1
-        return out.logits[:, -1, :]
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only these rows (in this order); cut the columns that are padding for all of them."""
-        if not rows:
-            self.cache = self.mask = self.next_pos = None
-            return
-        index = torch.tensor(rows, device=self.device)
-        mask = self.mask.index_select(0, index)
-        used = mask.any(0).nonzero()
-        start = int(used[0]) if len(used) else mask.shape[1]
-        self.cache = _dynamic_cache(
-            [
-                (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
-                for k, v in _cache_tensors(self.cache)
-            ]
-        )
-        self.mask, self.next_pos = mask[:, start:], self.next_pos.index_select(0, index)
-
-    def cached_length(self) -> int:
-        return 0 if self.mask is None else self.mask.shape[1]
-
-    def probe(self) -> None:
-        """One token through the model, the batch untouched: raises when the model itself is broken."""
-        self.model(input_ids=torch.full((1, 1), self.pad_id, device=self.device), use_cache=False)
-
-
-class Seq2SeqBatch:
-    """The running rows of an encoder-decoder model: admitted together when the batch is empty."""
-
-    joins_running = False
-
-    def __init__(self, model, pad_id: int) -> None:
-        self.model = model
-        self.pad_id = pad_id
-        self.kwarg = _forward_kwarg(model)
-        self.device = next(model.parameters()).device
-        start = model.config.decoder_start_token_id
-        if start is None and model.generation_config is not None:
-            start = model.generation_config.decoder_start_token_id
-        self.start_id = start if start is not None else pad_id
-        self.cache = self.encoded = self.mask = None
-
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        width = max(map(len, prompts))
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p)
-            mask[i, : len(p)] = 1
-        ids, self.mask = ids.to(self.device), mask.to(self.device)
-        self.encoded = self.model.get_encoder()(input_ids=ids, attention_mask=self.mask).last_hidden_state
-        start = torch.full((len(prompts),), self.start_id, dtype=torch.long)
-        self.cache = None
-        return self.decode(start)
-
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        cache = {self.kwarg: self.cache} if self.cache is not None else {}
-        out = self.model(
-            encoder_outputs=(self.encoded,),
-            attention_mask=self.mask,
-            decoder_input_ids=tokens.to(self.device)[:, None],
-            use_cache=True,
-            **cache,
-        )
-        self.cache = _output_cache(out)
-        return out.logits[:, -1, :]
-
-    def keep(self, rows: list[int]) -> None:
-        if not rows:
-            self.cache = self.encoded = self.mask = None
-            return
-        index = torch.tensor(rows, device=self.device)
-        self.cache.batch_select_indices(index)
-        self.encoded, self.mask = self.encoded.index_select(0, index), self.mask.index_select(0, index)
-
-    def cached_length(self) -> int:
-        return 0  # the decoder's length is counted per row
-
-    def probe(self) -> None:
-        one = torch.full((1, 1), self.pad_id, device=self.device)
-        self.model(input_ids=one, decoder_input_ids=torch.full_like(one, self.start_id), use_cache=False)
 
 
 def sample(logits: torch.Tensor, rows: Seq[Sequence]) -> list[int | None]:
@@ -301,7 +147,7 @@ class GenerationEngine:
     ) -> None:
         self.tokenizer = generator.tokenizer
         self.model = generator.model
-        self.family = generator.family
+        self.generator = generator
         self.context = context
         self.max_batch_size = max_batch_size
         self.max_queue = max_queue
@@ -310,8 +156,7 @@ class GenerationEngine:
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
-        batch_class = Seq2SeqBatch if self.family == "seq2seq" else CausalBatch
-        self.batch = batch_class(self.model, pad)
+        self.batch = generator.make_batch(pad)
         self.eos_ids = self._eos_ids()
         self.running: list[Sequence] = []
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -366,6 +211,39 @@ class GenerationEngine:
             self.waiting.extend(seqs)
             self._wake.notify()
 
+    @classmethod
+    def from_model(cls, model, tokenizer, family: str | None = None, **options) -> GenerationEngine:
+        """An engine over a live model (e.g. the one being trained): the very object, no copy of its weights."""
+        from tuneforge.generate import Generator
+
+        return cls(Generator.from_model(model, tokenizer, family), **options)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[Completion]:
+        """Synchronous generation, e.g. inside a training step: one completion per prompt. The loop runs in the
+        caller's thread (or, once `start`ed, the engine's thread runs it and this waits); the model is put in
+        eval mode for the while (no dropout) and given back in the mode it was in."""
+        each = params if isinstance(params, list) else [params] * len(prompts)
+        done = threading.Semaphore(0)
+        seqs = [
+            Sequence(list(p), sp, lambda text, reason: reason is None or done.release()) for p, sp in zip(prompts, each)
+        ]
+        training = self.model.training
+        self.model.eval()
+        try:
+            self.submit(seqs)
+            if self._thread is None:
+                with torch.inference_mode():
+                    while any(s.finish_reason is None for s in seqs):
+                        with self._wake:
+                            admitted = self._admit()
+                        self._step(admitted)
+            else:
+                for _ in seqs:
+                    done.acquire()
+        finally:
+            self.model.train(training)
+        return [Completion(s.text, list(s.token_ids), s.finish_reason) for s in seqs]
+
     @property
     def queue_depth(self) -> int:
         return len(self.waiting)
@@ -391,12 +269,7 @@ class GenerationEngine:
                         if self._stopping and not self.waiting and not self.running:
                             return
                         admitted = self._admit()
-                    if admitted:
-                        self._prefill(admitted)
-                    self._drop_finished()
-                    if self.running:
-                        self._decode()
-                        self._drop_finished()
+                    self._step(admitted)
         except BaseException as err:  # the model itself failed (or a bug here): every open request learns of it
             with self._wake:  # with the lock: `submit` takes nothing more once the error is set
                 self.error = err
@@ -411,6 +284,15 @@ class GenerationEngine:
                 self.on_death(err)
             else:
                 log.error("the generation engine stopped: %s: %s", type(err).__name__, err)
+
+    def _step(self, admitted: list[Sequence]) -> None:
+        """Prefill the admitted sequences, then one decode step of the running batch."""
+        if admitted:
+            self._prefill(admitted)
+        self._drop_finished()
+        if self.running:
+            self._decode()
+            self._drop_finished()
 
     def _admit(self) -> list[Sequence]:
         if not self.batch.joins_running and self.running:
@@ -485,13 +367,14 @@ class GenerationEngine:
             self._update_text(seq)
             if seq.finish_reason is not None:
                 continue
-            # the positions used: a causal LM's prompt and continuation; a seq2seq decoder's own tokens
-            used = len(seq.token_ids) + (len(seq.prompt_ids) if self.family != "seq2seq" else 0)
+            used = self.generator.kind.positions_used(len(seq.prompt_ids), len(seq.token_ids))
             if len(seq.token_ids) >= seq.params.max_tokens or (self.context and used >= self.context):
                 self._finish(seq, "length")
 
     def _update_text(self, seq: Sequence) -> None:
-        seq.text = self.tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        if seq.detokenizer is None:
+            seq.detokenizer = IncrementalText(self.tokenizer)
+        seq.text = seq.detokenizer.add(seq.token_ids[-1])  # a window decoded, not the whole answer again
         stops = seq.params.stop
         if stops:
             start = max(0, seq.sent - max(map(len, stops)))

@@ -48,7 +48,7 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class _Sampling(BaseModel):
+class SamplingRequest(BaseModel):
     """What completions and chat completions share."""
 
     model_config = STRICT
@@ -87,7 +87,7 @@ class _Sampling(BaseModel):
         return tuple(stops)
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[str]
     echo: bool | None = None
     suffix: str | None = None
@@ -118,7 +118,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatRequest(_Sampling):
+class ChatRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     tools: Any = None

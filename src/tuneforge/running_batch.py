@@ -1,0 +1,183 @@
+"""The running batch of the generation engine (serve/engine.py), one type per model family (chosen by the
+generator's family in generate.py, which sits below serve/): what a forward pass over the running
+rows needs (a causal LM's left-padded key/value cache that newcomers join at any step; a seq2seq model's encoder
+outputs and decoder cache, admitted together when the batch is empty). Knows nothing of sampling or requests.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _forward_kwarg(model) -> str:
+    """The name the model's forward takes its key/value cache by (`cache` from transformers 5.x, before it
+    `past_key_values`)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(outputs):
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else outputs.past_key_values
+
+
+def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) of each layer, each [batch, heads, length, head_dim]."""
+    return [(layer[0], layer[1]) for layer in cache]
+
+
+def _dynamic_cache(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
+    from transformers import DynamicCache
+
+    return DynamicCache(tensors)
+
+
+def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
+    """`t` ([batch, heads, length, dim] or [batch, length]) with `width` zero positions in front."""
+    if width == 0:
+        return t
+    shape = list(t.shape)
+    dim = 2 if t.dim() == 4 else 1
+    shape[dim] = width
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class CausalBatch:
+    """The running rows of a causal LM: one left-padded key/value cache; newcomers join at any step."""
+
+    joins_running = True
+
+    def __init__(self, model, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.kwarg = _forward_kwarg(model)
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.mask: torch.Tensor | None = None  # [rows, cached length], 1 where a real token is cached
+        self.next_pos: torch.Tensor | None = None  # [rows], the position id of each row's next token
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Run the prompts (left padded), add them to the batch (after the running rows); their last logits."""
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        self._merge(_output_cache(out), mask)
+        return out.logits[:, -1, :]
+
+    def _merge(self, cache, mask: torch.Tensor) -> None:
+        new = _cache_tensors(cache)
+        if self.cache is None:
+            self.cache, self.mask, self.next_pos = _dynamic_cache(new), mask, mask.sum(-1)
+            return
+        old = _cache_tensors(self.cache)
+        length = max(self.mask.shape[1], mask.shape[1])
+        a, b = length - self.mask.shape[1], length - mask.shape[1]
+        merged = [
+            (torch.cat([_pad_left(ko, a), _pad_left(kn, b)]), torch.cat([_pad_left(vo, a), _pad_left(vn, b)]))
+            for (ko, vo), (kn, vn) in zip(old, new)
+        ]
+        self.cache = _dynamic_cache(merged)
+        self.mask = torch.cat([_pad_left(self.mask, a), _pad_left(mask, b)])
+        self.next_pos = torch.cat([self.next_pos, mask.sum(-1)])
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One step: each row's last sampled token in, the next logits [rows, vocab] out."""
+        mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=1)
+        out = self.model(
+            input_ids=tokens.to(self.device)[:, None],
+            attention_mask=mask,
+            position_ids=self.next_pos[:, None],
+            use_cache=True,
+            **{self.kwarg: self.cache},
+        )
+        self.cache, self.mask, self.next_pos = _output_cache(out), mask, self.next_pos + 1
+        return out.logits[:, -1, :]
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order); cut the columns that are padding for all of them."""
+        if not rows:
+            self.cache = self.mask = self.next_pos = None
+            return
+        index = torch.tensor(rows, device=self.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(0).nonzero()
+        start = int(used[0]) if len(used) else mask.shape[1]
+        self.cache = _dynamic_cache(
+            [
+                (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+                for k, v in _cache_tensors(self.cache)
+            ]
+        )
+        self.mask, self.next_pos = mask[:, start:], self.next_pos.index_select(0, index)
+
+    def cached_length(self) -> int:
+        return 0 if self.mask is None else self.mask.shape[1]
+
+    def probe(self) -> None:
+        """One token through the model, the batch untouched: raises when the model itself is broken."""
+        self.model(input_ids=torch.full((1, 1), self.pad_id, device=self.device), use_cache=False)
+
+
+class Seq2SeqBatch:
+    """The running rows of an encoder-decoder model: admitted together when the batch is empty."""
+
+    joins_running = False
+
+    def __init__(self, model, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.kwarg = _forward_kwarg(model)
+        self.device = next(model.parameters()).device
+        start = model.config.decoder_start_token_id
+        if start is None and model.generation_config is not None:
+            start = model.generation_config.decoder_start_token_id
+        self.start_id = start if start is not None else pad_id
+        self.cache = self.encoded = self.mask = None
+
+    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, : len(p)] = torch.tensor(p)
+            mask[i, : len(p)] = 1
+        ids, self.mask = ids.to(self.device), mask.to(self.device)
+        self.encoded = self.model.get_encoder()(input_ids=ids, attention_mask=self.mask).last_hidden_state
+        start = torch.full((len(prompts),), self.start_id, dtype=torch.long)
+        self.cache = None
+        return self.decode(start)
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        cache = {self.kwarg: self.cache} if self.cache is not None else {}
+        out = self.model(
+            encoder_outputs=(self.encoded,),
+            attention_mask=self.mask,
+            decoder_input_ids=tokens.to(self.device)[:, None],
+            use_cache=True,
+            **cache,
+        )
+        self.cache = _output_cache(out)
+        return out.logits[:, -1, :]
+
+    def keep(self, rows: list[int]) -> None:
+        if not rows:
+            self.cache = self.encoded = self.mask = None
+            return
+        index = torch.tensor(rows, device=self.device)
+        self.cache.batch_select_indices(index)
+        self.encoded, self.mask = self.encoded.index_select(0, index), self.mask.index_select(0, index)
+
+    def cached_length(self) -> int:
+        return 0  # the decoder's length is counted per row
+
+    def probe(self) -> None:
+        one = torch.full((1, 1), self.pad_id, device=self.device)
+        self.model(input_ids=one, decoder_input_ids=torch.full_like(one, self.start_id), use_cache=False)

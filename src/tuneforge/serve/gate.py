@@ -1,0 +1,136 @@
+"""The gate every HTTP request passes first (pure ASGI middleware): the metrics of every response, the API key,
+draining, and the body size limit (413 from the Content-Length header or while the body arrives, before anything
+parses it)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import time
+
+from fastapi.responses import JSONResponse
+
+from tuneforge.serve import openai_api as oa
+
+ROUTES = ("/", "/health", "/metrics", "/predict", "/v1/models", "/v1/completions", "/v1/chat/completions")
+OPEN_ROUTES = ("/health",)  # answered without the API key
+RETRY_AFTER_S = 1  # what a 503 (busy, loading, shutting down) asks the client to wait
+
+
+def error_response(err: oa.ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The OpenAI error body every refusal shares; a 503 asks the client to retry after RETRY_AFTER_S."""
+    if err.status == 503:
+        headers = {"Retry-After": str(RETRY_AFTER_S), **(headers or {})}
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def _given_key(headers: dict[bytes, bytes]) -> str:
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, credentials = auth.partition(" ")
+    if scheme.lower() == "bearer":
+        return credentials.strip()
+    if scheme.lower() == "basic":  # the browser's login prompt for the page: any user name, the key as password
+        try:
+            user, _, password = base64.b64decode(credentials.strip()).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return ""
+        return password or user
+    return headers.get(b"x-api-key", b"").decode("latin-1")
+
+
+class Gate:
+    """Pure ASGI middleware: metrics of every response, the API key, draining, and the body size limit (413 from
+    the Content-Length header or while the body arrives, before anything parses it)."""
+
+    def __init__(self, app, state) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        route = path if path in ROUTES else "other"
+        start, status, done = time.perf_counter(), [500], [False]
+
+        async def send_observed(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body") and not done[0]:
+                done[0] = True
+                self.state.metrics.observe_request(route, status[0], time.perf_counter() - start)
+
+        try:
+            refusal = self._refusal(scope, path)
+            if refusal is not None:
+                await refusal(scope, receive, send_observed)
+                return
+            body = await self._read_body(scope, receive)
+            if isinstance(body, JSONResponse):
+                await body(scope, receive, send_observed)
+                return
+            await self.app(scope, _replay(body, receive), send_observed)
+        finally:
+            if not done[0]:  # the client went away mid-response
+                self.state.metrics.observe_request(route, status[0], time.perf_counter() - start)
+
+    def _refusal(self, scope, path: str) -> JSONResponse | None:
+        options = self.state.options
+        if options.api_key and path not in OPEN_ROUTES:
+            headers = dict(scope["headers"])
+            if not hmac.compare_digest(_given_key(headers).encode(), options.api_key.encode()):
+                extra = {"WWW-Authenticate": 'Basic realm="tuneforge"'}  # a browser asks for it (the key as password)
+                return error_response(
+                    oa.ApiError(
+                        401, "missing or wrong API key: send Authorization: Bearer KEY", kind="authentication_error"
+                    ),
+                    extra,
+                )
+        if self.state.draining and path not in OPEN_ROUTES:
+            return error_response(oa.ApiError(503, "the server is shutting down", kind="server_busy"))
+        return None
+
+    async def _read_body(self, scope, receive) -> bytes | JSONResponse:
+        limit = self.state.options.max_body_bytes
+        too_large = oa.ApiError(
+            413, f"the request body is larger than {limit} bytes; send less per request", kind="request_too_large"
+        )
+        if _declared_too_large(scope, limit):
+            return error_response(too_large, {"Connection": "close"})
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return b""
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return error_response(too_large, {"Connection": "close"})
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+
+def _declared_too_large(scope, limit: int) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value) > limit
+            except ValueError:
+                return False
+    return False
+
+
+def _replay(body: bytes, receive):
+    sent = [False]
+
+    async def replay():
+        if not sent[0]:
+            sent[0] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
