@@ -65,7 +65,8 @@ def test_autocast_is_the_precisions(plugin, autocasts):
 
 def test_backend_delegates_precision_autocast_and_attention():
     backend = single_backend(precision="bf16")
-    assert backend.precision == "bf16" == backend.precision_plugin.name and backend.scaler is None
+    assert backend.precision == "bf16" == backend.precision_plugin.name
+    assert backend.precision_plugin.scaler is None
     with backend.autocast():
         assert torch.is_autocast_enabled("cpu")
     assert backend.default_attention(padded=True) == "eager"  # CPU SDPA with a padding mask is slower under bf16

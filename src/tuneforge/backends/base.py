@@ -16,6 +16,13 @@ The Trainer names no backend. It calls, in order:
     Backend.read_weights(checkpoint_dir)              # classmethod: offline, for `tuneforge export`
     backend.teardown()
 
+The Backend owns the process group, the device, wrapping (and sharding) the model, the gradient sync
+seam and the step, and the collectives. Beside it, as Fabric's Strategy has its plugins, it holds two
+parts it delegates to: `backend.precision_plugin` (backends/precision.py: autocast, fp16's grad scaler,
+the precisions it refuses, the attention kernel for `auto`; `backend.precision` is its name) and
+`backend.layout` (backends/layouts.py: the files its checkpoints hold, an adapter run's included, and
+reading their weights offline). A backend class names their kinds: `precision_type`, `checkpoint_layout`.
+
 A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`. Its own
 settings are its `Options` (a pydantic model): they become `config.backend_options`, flat config
 keys (`zero_stage: 3`) and CLI flags (`--zero-stage`) without naming the backend anywhere else.
@@ -89,16 +96,12 @@ class Backend:
         self.device = torch.device("cpu")
         self.precision_plugin = self.precision_type(config.precision, self.name, self.supported_precisions)
         # an adapter run's checkpoints hold the weights that train; the base comes from its model folder
-        self.layout = layouts.layout_for(self.checkpoint_layout, adapter=self.trains_adapter)
+        self.layout = layouts.layout_for(self.checkpoint_layout, adapter=config.adapter != "none")
 
     @property
     def precision(self) -> str:
         """The precision this run computes in ("auto" resolved in setup)."""
         return self.precision_plugin.name
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        return self.precision_plugin.scaler
 
     @classmethod
     def usable(cls) -> str:
@@ -274,11 +277,6 @@ class Backend:
             return None
         # a copy even on CPU (`.cpu()` would alias the live parameters): the best-model snapshot must not move
         return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
-
-    @property
-    def trains_adapter(self) -> bool:
-        """An adapter run: checkpoints hold the weights that train, the base comes from its model folder."""
-        return self.config.adapter != "none"
 
     def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write model + optimizer (+ scaler) state into the checkpoint folder `path` (its layout's files)."""
