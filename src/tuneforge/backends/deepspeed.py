@@ -205,6 +205,7 @@ class DeepSpeedBackend(Backend):
         return super().usable()
 
     def check(self, model_config=None) -> None:
+        super().check(model_config)
         cfg, opts = self.config, self.options
         if opts.zero_stage not in (1, 2, 3):
             raise ConfigError(
