@@ -88,6 +88,13 @@ def test_fp16_refusals_are_one_line_each():
     Precision("fp16", "single").check_requested()  # the device decides: a GPU runs it
 
 
+def test_the_backends_that_hold_a_4bit_base_declare_it():
+    """config.py's --quantize rule (single and ddp: each rank holds the whole 4-bit model), as a capability."""
+    names = ("single", "ddp", "fsdp", "tp", "deepspeed")
+    holds = {name for name in names if backend_class(name).supports_quantized_base}
+    assert holds == {"single", "ddp"}
+
+
 def test_4bit_compute_dtype_follows_the_precision():
     assert quantized_compute_dtype("fp16") == torch.float16
     assert quantized_compute_dtype("bf16") == torch.bfloat16

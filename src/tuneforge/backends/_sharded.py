@@ -36,6 +36,7 @@ class ShardedBackend(Backend):
     sharded = True
     supported_precisions = ("fp32", "bf16")  # fp16 needs a sharded grad scaler: use bf16
     precision_type = ShardedPrecision
+    supports_quantized_base = False  # sharding would split the packed 4-bit weights
     checkpoint_layout = "dcp"  # sharded/: torch.distributed.checkpoint, every rank writes its shards
 
     # ---- state ----------------------------------------------------------------------------

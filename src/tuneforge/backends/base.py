@@ -82,6 +82,7 @@ class Backend:
     precision_type: type[Precision] = Precision  # autocast, grad scaler, refusals (backends/precision.py)
     checkpoint_layout = "full"  # model.safetensors + optimizer.pt, written by the main rank (backends/layouts.py)
     supports_adapters = True  # --adapter lora: the adapters train, every base weight is fixed
+    supports_quantized_base = True  # --quantize 4bit: each rank holds the whole packed 4-bit model
     Options: type[BackendOptions] = BackendOptions
 
     def __init__(self, config, env) -> None:

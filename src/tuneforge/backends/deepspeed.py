@@ -191,6 +191,7 @@ class DeepSpeedBackend(Backend):
     supported_precisions = ("fp32", "bf16", "fp16")
     checkpoint_layout = "deepspeed"  # checkpoint-STEP/deepspeed/: DeepSpeed's own ZeRO shards
     precision_type = EnginePrecision  # no autocast, no torch grad scaler: the engine's own
+    supports_quantized_base = False  # ZeRO would partition the packed 4-bit weights
     Options = DeepSpeedOptions
 
     @classmethod
