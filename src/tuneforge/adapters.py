@@ -5,7 +5,9 @@
   `qa_outputs`) trains whole (peft's modules_to_save). The Trainer goes on training the same HF
   model object, so every backend sees the class it knows; the returned `Adapter` keeps the
   `PeftModel` around it for the export.
-- `trainable_state(model)`: the weights a checkpoint of an adapter run holds (the adapters and the head).
+- The checkpoint of an adapter run (trainable.safetensors, `trainable_state`) is the `adapter` layout of
+  backends/layouts.py; the 4-bit loading settings of QLoRA (`check_quantize`, `quantization_kwargs`) are
+  precision's (backends/precision.py); both are re-exported here for the callers that train adapters.
 - `write_adapter_folder(...)`: OUTPUT_DIR/model as peft writes it (adapter_config.json,
   adapter_model.safetensors) plus config.json, the tokenizer and tuneforge.json, so that
   `peft.PeftModel.from_pretrained(base, folder)` loads it and tuneforge's predict/generate/serve too.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -30,10 +31,14 @@ from typing import Any
 
 import torch
 
+from tuneforge.backends.layouts import TRAINABLE_FILE as TRAINABLE_FILE
+from tuneforge.backends.layouts import trainable_state as trainable_state
+from tuneforge.backends.precision import check_quantize as check_quantize
+from tuneforge.backends.precision import quantization_kwargs as quantization_kwargs
+from tuneforge.backends.precision import quiet_bitsandbytes
 from tuneforge.errors import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
-TRAINABLE_FILE = "trainable.safetensors"  # an adapter run's checkpoint: the weights that train, no others
 PEFT_PREFIX = "base_model.model."  # the PeftModel's name for the model it wraps
 
 
@@ -75,12 +80,6 @@ def loads_a_model(loader) -> bool:
     return hasattr(loader, "from_config") or hasattr(loader, "_from_config")
 
 
-def _quiet_bitsandbytes() -> None:
-    """peft imports bitsandbytes where it is installed, and on a CPU its import warns that it cannot fetch a
-    kernel from the hub; it then runs its own CPU code, so the line asks nothing of the user."""
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-
-
 # ---- which layers get adapters, which train whole ---------------------------------------------
 def _is_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's linear
@@ -114,7 +113,7 @@ def linear_layer_names(model: torch.nn.Module, skip: list[str] = ()) -> list[str
 def choose_targets(model: torch.nn.Module, targets: str, heads: list[str]) -> list[str]:
     """`--lora-targets` resolved to layer names: auto (peft's table for the architecture, else every
     linear layer), all-linear, or the names given; a name that matches no layer is one line."""
-    _quiet_bitsandbytes()
+    quiet_bitsandbytes()
     from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULTS
 
     linear = linear_layer_names(model, skip=heads)
@@ -172,44 +171,6 @@ def fingerprint(
 
 
 # ---- QLoRA: a 4-bit base ------------------------------------------------------------------------
-def check_quantize(config) -> None:
-    """--quantize where bitsandbytes cannot be imported (not installed, or no build for this machine): one line,
-    before any data is read."""
-    if config.quantize == "none":
-        return
-    _quiet_bitsandbytes()
-    try:
-        import bitsandbytes  # noqa: F401
-    except (ImportError, RuntimeError, OSError) as err:  # a build without this machine's native library
-        reason = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise ConfigError(
-            f"--quantize {config.quantize} needs bitsandbytes, which cannot run here ({reason}); pip install "
-            "'tuneforge[quantize]' on a machine it supports, or drop --quantize (LoRA on the full-precision base)"
-        ) from None
-
-
-def quantization_kwargs(config) -> dict:
-    """`from_pretrained` arguments that load the base in 4-bit NF4 (--quantize 4bit), else none. bitsandbytes
-    runs on CUDA GPUs and, in its recent releases, on CPUs; where it cannot run, one line says so."""
-    if config.quantize == "none":
-        return {}
-    check_quantize(config)
-    from transformers import BitsAndBytesConfig
-
-    cuda = torch.cuda.is_available()
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
-    compute = torch.float16 if config.precision == "fp16" else torch.bfloat16 if bf16 else torch.float32
-    quantization = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=compute,
-    )
-    # each rank quantizes onto its own device (set by the backend before any model loads)
-    device = torch.cuda.current_device() if cuda else "cpu"
-    return {"quantization_config": quantization, "device_map": {"": device}}
-
-
 def quantized_config(model_config) -> bool:
     return getattr(model_config, "quantization_config", None) is not None
 
@@ -245,7 +206,7 @@ def file_weights(base_model: str, model: torch.nn.Module) -> Callable[[str], tor
 # ---- training ----------------------------------------------------------------------------------
 def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str], None] = print) -> Adapter:
     """Inject LoRA into `model` in place (it keeps its class); returns the Adapter around it."""
-    _quiet_bitsandbytes()
+    quiet_bitsandbytes()
     from peft import LoraConfig, get_peft_model
 
     heads = head_modules(model)
@@ -285,11 +246,6 @@ def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str
         f"{config.lora_r} alpha={config.lora_alpha:g} on {', '.join(targets)}{head}{base}"
     )
     return Adapter(peft_model=peft_model, base_model=str(base_model), fingerprint=fp)
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The weights that train (adapters and head), by the model's own names, on CPU."""
-    return {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters() if p.requires_grad}
 
 
 # ---- export and loading -------------------------------------------------------------------------
@@ -357,7 +313,7 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
     The folder's config.json (labels, task head) is the model's config. A base whose weights differ
     from the ones the adapter was trained on is refused, in one line.
     """
-    _quiet_bitsandbytes()
+    quiet_bitsandbytes()
     from peft import PeftModel
     from transformers import AutoConfig
 

@@ -6,10 +6,11 @@
 the plain `tuneforge.progress.Progress`), and the Trainer fires its callbacks itself.
 
 Layout of `OUTPUT_DIR/checkpoint-STEP/`:
-    model + optimizer      written by the backend: model.safetensors + optimizer.pt (+ scaler.pt) for
-                           single/ddp, per-rank shards for sharded backends (fsdp, tp, deepspeed); an
-                           adapter run (--adapter lora) holds only the weights that train (single/ddp:
-                           trainable.safetensors) and their optimizer state
+    model + optimizer      written by the backend in its checkpoint layout (backends/layouts.py, the one
+                           place that knows these files): model.safetensors + optimizer.pt for single/ddp,
+                           per-rank shards for sharded backends (fsdp, tp, deepspeed); an adapter run
+                           (--adapter lora) holds only the weights that train (single/ddp:
+                           trainable.safetensors) and their optimizer state; scaler.pt: fp16's grad scaler
     scheduler.pt           LR scheduler state
     rank{R}.pt             per rank: python / numpy / torch (/ cuda) RNG states and the logging window
     trainer_state.json     the Progress: step, epoch, data position (consumed examples, order batch),
@@ -60,12 +61,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tuneforge.adapters import TRAINABLE_FILE
+from tuneforge.backends.layouts import full_weights as full_weights
+from tuneforge.backends.layouts import has_full_weights as has_full_weights
+from tuneforge.backends.layouts import holds_unsharded_weights
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
 from tuneforge.paths import check_inputs_outside_run, check_no_clashes, check_output_dir, run_entries
 from tuneforge.progress import Progress
-from tuneforge.weights import share_tied
 
 MANIFEST = "manifest.json"
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
@@ -462,19 +464,6 @@ def read_meta(path: Path) -> dict:
         ) from None
 
 
-def has_full_weights(path: Path) -> bool:
-    """Whether a checkpoint holds the full weights in one file (single/ddp), readable by any backend."""
-    return (Path(path) / "model.safetensors").exists()
-
-
-def full_weights(path: Path, model) -> dict[str, torch.Tensor]:
-    """The full weights of a single/ddp checkpoint (CPU), with every alias of a tied weight filled in."""
-    from safetensors.torch import load_file
-
-    # safetensors stores tied weights once: give every alias of a stored tensor its value
-    return share_tied(load_file(str(Path(path) / "model.safetensors")), model)
-
-
 def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
     """Refuse a checkpoint (meta.json `saved`) that is not of this run (`now`) or that `backend` cannot read."""
     for key in CHECK_KEYS:
@@ -497,7 +486,7 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
             f"checkpoint {str(path)!r} trained {trained} weight tensors but this run trains {trains}: resume "
             "with the --freeze-layers and --freeze-embeddings it was saved with (its config.yaml has them)"
         )
-    if not backend.sharded and not has_full_weights(path) and not (path / TRAINABLE_FILE).exists():
+    if not backend.sharded and not holds_unsharded_weights(path):
         raise CheckpointError(
             f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which "
             "backend "

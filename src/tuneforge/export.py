@@ -3,8 +3,8 @@
 Online, from a live model (`export_live`): the Trainer's OUTPUT_DIR/model; the backend gathers
 the full weights (a collective on sharded backends). Offline, from any checkpoint folder
 (`export_checkpoint`, `tuneforge export CHECKPOINT OUT_DIR`): no process group, any machine; the
-backend named in the checkpoint's meta.json reads its own layout (`Backend.read_weights(path)`:
-model.safetensors for single/ddp, DCP shards for fsdp/tp, ZeRO shards for deepspeed), and the
+backend named in the checkpoint's meta.json names its checkpoint layout, which reads the weights
+(backends/layouts.py: model.safetensors for single/ddp, DCP shards for fsdp/tp, ZeRO shards for deepspeed), and the
 model is rebuilt from the checkpoint's config.json, so the export needs no original model.
 
 tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the model was trained for
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from tuneforge import adapters, checkpoint
-from tuneforge.backends import available_backends, backend_class
+from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
 from tuneforge.weights import share_tied
@@ -131,7 +131,7 @@ def read_weights(path: str | os.PathLike, meta: dict) -> dict:
             f"the checkpoint was written by backend {name!r}, which this tuneforge lacks (it has: "
             f"{', '.join(available_backends())})"
         ) from None
-    return writer.read_weights(Path(path))
+    return layouts.read_weights(writer.checkpoint_layout, Path(path), writer.name)
 
 
 def _load_weights(model, weights: dict, path: Path) -> None:

@@ -2,7 +2,9 @@
 
 Adding a backend is adding one file; nothing else names it. Its class attributes say what the
 rest of tuneforge needs to know: `Options` (its settings: config keys and CLI flags),
-`distributed`, `checkpoint_layout`. Messages that list backends are built from them here.
+`distributed`, `checkpoint_layout` (a layout of `layouts.py`: how its checkpoints lie on disk) and
+`precision_type` (a class of `precision.py`: autocast, grad scaler, refusals). Messages that list
+backends are built from them here.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
 
 __all__ = ["BackendOptions", "available_backends", "backend_class", "get_backend", "check_launchable"]
-_NOT_BACKENDS = {"base", "options"}
+_NOT_BACKENDS = {"base", "options", "precision", "layouts"}  # the parts backends are made of
 
 
 def available_backends() -> list[str]:

@@ -16,6 +16,13 @@ The Trainer names no backend. It calls, in order:
     Backend.read_weights(checkpoint_dir)              # classmethod: offline, for `tuneforge export`
     backend.teardown()
 
+The Backend owns the process group, the device, wrapping (and sharding) the model, the gradient sync
+seam and the step, and the collectives. Beside it, as Fabric's Strategy has its plugins, it holds two
+parts it delegates to: `backend.precision_plugin` (backends/precision.py: autocast, fp16's grad scaler,
+the precisions it refuses, the attention kernel for `auto`; `backend.precision` is its name) and
+`backend.layout` (backends/layouts.py: the files its checkpoints hold, an adapter run's included, and
+reading their weights offline). A backend class names their kinds: `precision_type`, `checkpoint_layout`.
+
 A backend lives in `tuneforge/backends/<name>.py` and exposes a subclass named `BACKEND`. Its own
 settings are its `Options` (a pydantic model): they become `config.backend_options`, flat config
 keys (`zero_stage: 3`) and CLI flags (`--zero-stage`) without naming the backend anywhere else.
@@ -31,9 +38,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tuneforge.adapters import TRAINABLE_FILE, trainable_state
+from tuneforge.backends import layouts
 from tuneforge.backends.options import BackendOptions
-from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.backends.precision import Precision, cpu_has_native_bf16, resolve_precision
+from tuneforge.errors import ConfigError
+
+__all__ = ["Backend", "MakeOptimizer", "NonFiniteStep", "cpu_has_native_bf16", "detect_device", "resolve_precision"]
 
 MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
 
@@ -47,25 +57,6 @@ class NonFiniteStep(Exception):
     def __init__(self, what: str, applied: bool = False) -> None:
         super().__init__(f"non-finite {what}")
         self.what, self.applied = what, applied
-
-
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """'auto' → bf16 where the hardware does it natively, fp16 on older CUDA, else fp32."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if device.type == "cpu":
-        return "bf16" if cpu_has_native_bf16() else "fp32"  # bf16 autocast without it is slower than fp32
-    return "fp32"
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matmuls in hardware. (torch has no public query for these two.)"""
-    return (
-        getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-    )
 
 
 def detect_device(local_rank: int = 0) -> torch.device:
@@ -88,8 +79,10 @@ class Backend:
     sharded = False  # weights/optimizer saved per rank (fsdp, deepspeed zero-3, tp)
     supports_gradient_checkpointing = True
     supported_precisions = ("fp32", "bf16", "fp16")
-    checkpoint_layout = "full"  # model.safetensors + optimizer.pt, written by the main rank
+    precision_type: type[Precision] = Precision  # autocast, grad scaler, refusals (backends/precision.py)
+    checkpoint_layout = "full"  # model.safetensors + optimizer.pt, written by the main rank (backends/layouts.py)
     supports_adapters = True  # --adapter lora: the adapters train, every base weight is fixed
+    supports_quantized_base = True  # --quantize 4bit: each rank holds the whole packed 4-bit model
     Options: type[BackendOptions] = BackendOptions
 
     def __init__(self, config, env) -> None:
@@ -102,8 +95,14 @@ class Backend:
         self.world_size = 1
         self.local_rank = 0
         self.device = torch.device("cpu")
-        self.precision = "fp32"
-        self.scaler: torch.amp.GradScaler | None = None
+        self.precision_plugin = self.precision_type(config.precision, self.name, self.supported_precisions)
+        # an adapter run's checkpoints hold the weights that train; the base comes from its model folder
+        self.layout = layouts.layout_for(self.checkpoint_layout, adapter=config.adapter != "none")
+
+    @property
+    def precision(self) -> str:
+        """The precision this run computes in ("auto" resolved in setup)."""
+        return self.precision_plugin.name
 
     @classmethod
     def usable(cls) -> str:
@@ -122,6 +121,7 @@ class Backend:
     def check(self, model_config=None) -> None:
         """Config-time checks, before any work (also run once by the launching parent, before any
         worker starts). `model_config`: the model's HF config where it is cheaply known, else None."""
+        self.precision_plugin.check_requested()
 
     def setup(self) -> None:
         if self.distributed:
@@ -129,19 +129,7 @@ class Backend:
         self.device = detect_device(self.local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.precision = resolve_precision(self.config.precision, self.device)
-        self.check_precision()
-        if self.precision == "fp16" and self.device.type == "cuda":
-            self.scaler = torch.amp.GradScaler("cuda")
-
-    def check_precision(self) -> None:
-        if self.precision not in self.supported_precisions:
-            raise ConfigError(
-                f"backend {self.name!r} does not support precision {self.precision!r}; "
-                f"use one of: {', '.join(self.supported_precisions)}"
-            )
-        if self.precision == "fp16" and self.device.type == "cpu":
-            raise ConfigError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
+        self.precision_plugin.setup(self.device)
 
     def _init_process_group(self) -> None:
         if not dist.is_initialized():
@@ -184,22 +172,15 @@ class Backend:
         return model, make_optimizer(model) if make_optimizer else None
 
     def default_attention(self, padded: bool = True) -> str | None:
-        """The attention kernel `attn_implementation: auto` trains with (None: the model's own default).
-
-        Under bf16 autocast on CPU with padded batches, eager attention: torch's CPU SDPA kernel with a
-        padding mask is slower there, forward + backward (benchmarks/cpu_step_kernels.py). Unpadded
-        (packed causal LM) batches need no mask and SDPA's causal kernel is the faster one
-        (benchmarks/README.md, causal LM). In fp32 SDPA is not slower, and on GPUs it is the fast one."""
-        return "eager" if self.device.type == "cpu" and self.precision == "bf16" and padded else None
+        """The attention kernel `attn_implementation: auto` trains with: the precision's choice."""
+        return self.precision_plugin.default_attention(padded)
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)
 
     def autocast(self):
-        if self.precision in ("bf16", "fp16"):
-            dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
-            return torch.autocast(self.device.type, dtype=dtype)
-        return contextlib.nullcontext()
+        """The autocast context of this run's precision on its device (none where the engine casts)."""
+        return self.precision_type.autocast_for(self.precision, self.device)
 
     def generate(self, model: torch.nn.Module, **kwargs: Any) -> torch.Tensor:
         """`generate` on the unwrapped model under this run's autocast. Sharded weights (FSDP, ZeRO-3, tp)
@@ -215,7 +196,7 @@ class Backend:
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor, model: torch.nn.Module) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        self.precision_plugin.scale(loss).backward()
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
@@ -228,22 +209,16 @@ class Backend:
         Raises NonFiniteStep, with nothing updated and the gradients zeroed, when `loss` (this rank's) or the
         gradients are nan/inf on any rank. Under fp16's GradScaler an overflowing gradient is the scaler's to
         skip (it lowers the scale and goes on), not a failure: there only the loss is checked."""
-        max_norm = self.config.optim.max_grad_norm
-        if self.scaler:
-            self.scaler.unscale_(optimizer)
+        max_norm, precision = self.config.optim.max_grad_norm, self.precision_plugin
+        precision.unscale(optimizer)
         norm = self.clip_grad_norm(model, max_norm) if max_norm else None
-        grads = None if self.scaler else norm if norm is not None else self.largest_grad(model)
+        grads = None if precision.skips_overflow else norm if norm is not None else self.largest_grad(model)
         bad = self.nonfinite(loss, grads)
         if bad:
             optimizer.zero_grad(set_to_none=True)
-            if self.scaler:
-                self.scaler.update()  # unscale_ was called: the scaler must close this step
+            precision.close_skipped_step()
             raise NonFiniteStep(bad)
-        if self.scaler:
-            self.scaler.step(optimizer)
-            self.scaler.update()
-        else:
-            optimizer.step()
+        precision.optimizer_step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -304,62 +279,18 @@ class Backend:
         # a copy even on CPU (`.cpu()` would alias the live parameters): the best-model snapshot must not move
         return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
 
-    @property
-    def trains_adapter(self) -> bool:
-        """An adapter run: checkpoints hold the weights that train, the base comes from its model folder."""
-        return self.config.adapter != "none"
-
     def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Write model + optimizer (+ scaler) state into the checkpoint folder `path`."""
-        from safetensors.torch import save_file, save_model
-
+        """Write model + optimizer (+ scaler) state into the checkpoint folder `path` (its layout's files)."""
+        self.layout.save(self, path, model, optimizer)
         if self.is_main:
-            if self.trains_adapter:
-                save_file(trainable_state(self.unwrap(model)), str(path / TRAINABLE_FILE))
-            else:
-                save_model(self.unwrap(model), str(path / "model.safetensors"))
-            torch.save(optimizer.state_dict(), path / "optimizer.pt")
-            if self.scaler:
-                torch.save(self.scaler.state_dict(), path / "scaler.pt")
+            self.precision_plugin.save(path)
 
     def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        from safetensors.torch import load_model
-
-        if self.trains_adapter:
-            load_trainable(self.unwrap(model), path, self.device)
-        else:
-            load_model(self.unwrap(model), str(path / "model.safetensors"), device=str(self.device))
-        if optimizer is not None:
-            optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True))
-        if self.scaler and (path / "scaler.pt").exists():
-            self.scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
+        self.layout.load(self, path, model, optimizer)
+        self.precision_plugin.load(path)
 
     @classmethod
     def read_weights(cls, path: Path) -> dict[str, torch.Tensor]:
         """The full model weights (CPU) of a checkpoint folder this backend wrote, read without a
-        process group (`tuneforge export`). Here: model.safetensors (single, ddp)."""
-        from safetensors.torch import load_file
-
-        weights = Path(path) / "model.safetensors"
-        if not weights.is_file():
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} (backend {cls.name!r}) holds no weights tuneforge can read: "
-                "no model.safetensors"
-            )
-        return load_file(str(weights))
-
-
-def load_trainable(model: torch.nn.Module, path: Path, device: torch.device) -> None:
-    """An adapter run's checkpoint weights (trainable.safetensors) into `model`, whose frozen base
-    weights are already those it was trained on; every trained weight must be there."""
-    from safetensors.torch import load_file
-
-    weights = load_file(str(Path(path) / TRAINABLE_FILE), device=str(device))
-    trained = {name for name, p in model.named_parameters() if p.requires_grad}
-    if set(weights) != trained:
-        differ = sorted(set(weights) ^ trained)
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} holds other trained weights than this run's adapter ({differ[:2]}...); "
-            "resume with the --adapter and --lora-* flags of its config.yaml"
-        )
-    model.load_state_dict(weights, strict=False)
+        process group (`tuneforge export`), the way its checkpoint layout lies on disk."""
+        return layouts.read_weights(cls.checkpoint_layout, Path(path), cls.name)

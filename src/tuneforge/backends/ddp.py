@@ -26,6 +26,7 @@ class DDPBackend(Backend):
     distributed = True
 
     def check(self, model_config=None) -> None:
+        super().check(model_config)
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if gpus and self.config.nproc > gpus and not self.config.hostfile:
             raise ConfigError(

@@ -20,10 +20,12 @@ How the engine fits the Trainer's loop:
   optimizer step is a real step. The result equals one process on the global batch.
 - Process group: the Trainer's gloo (CPU) / NCCL (CUDA) group, handed to DeepSpeed; on CPU
   DeepSpeed needs neither oneCCL nor Intel's extension.
-- Checkpoints: DeepSpeed's own format (`checkpoint-STEP/deepspeed/`, each rank writes its
-  ZeRO shard); resume with the same number of processes. `tuneforge export` consolidates them
-  offline (zero_to_fp32). The HF export gathers the fp32 master weights (never ZeRO-3's empty
-  placeholders).
+- Precision: `EnginePrecision` (no autocast; DeepSpeed keeps the model in bf16/fp16 and scales
+  fp16 losses itself).
+- Checkpoints: DeepSpeed's own format (the `deepspeed` layout of backends/layouts.py:
+  `checkpoint-STEP/deepspeed/`, each rank writes its ZeRO shard); resume with the same number of
+  processes. `tuneforge export` consolidates them offline (zero_to_fp32). The HF export gathers the
+  fp32 master weights (never ZeRO-3's empty placeholders).
 """
 
 from __future__ import annotations
@@ -40,10 +42,10 @@ from pydantic import Field
 
 from tuneforge.backends.base import Backend, MakeOptimizer, NonFiniteStep
 from tuneforge.backends.options import BackendOptions
-from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.backends.precision import EnginePrecision
+from tuneforge.errors import ConfigError
 from tuneforge.weights import parameter_names
 
-CHECKPOINT_TAG = "deepspeed"  # checkpoint-STEP/deepspeed/: DeepSpeed's files
 RESOLVED_CONFIG = "deepspeed_config.json"
 
 # DeepSpeed keys that tuneforge's config decides: path -> (tuneforge name, flag to change it)
@@ -188,6 +190,8 @@ class DeepSpeedBackend(Backend):
     sharded = True  # each rank writes its ZeRO shard
     supported_precisions = ("fp32", "bf16", "fp16")
     checkpoint_layout = "deepspeed"  # checkpoint-STEP/deepspeed/: DeepSpeed's own ZeRO shards
+    precision_type = EnginePrecision  # no autocast, no torch grad scaler: the engine's own
+    supports_quantized_base = False  # ZeRO would partition the packed 4-bit weights
     Options = DeepSpeedOptions
 
     @classmethod
@@ -202,6 +206,7 @@ class DeepSpeedBackend(Backend):
         return super().usable()
 
     def check(self, model_config=None) -> None:
+        super().check(model_config)
         cfg, opts = self.config, self.options
         if opts.zero_stage not in (1, 2, 3):
             raise ConfigError(
@@ -233,7 +238,6 @@ class DeepSpeedBackend(Backend):
         from deepspeed.accelerator import get_accelerator
 
         super().setup()
-        self.scaler = None  # fp16 loss scaling is DeepSpeed's own
         accel = get_accelerator().device_name()
         if accel != self.device.type:
             raise ConfigError(
@@ -276,9 +280,6 @@ class DeepSpeedBackend(Backend):
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)
 
-    def autocast(self):
-        return contextlib.nullcontext()  # bf16/fp16: DeepSpeed keeps the model in that dtype, fp32 master weights
-
     def micro_step(self, model, sync: bool):
         # the boundary decides whether ZeRO reduces this micro-batch's gradients and whether the
         # next step() steps
@@ -300,7 +301,7 @@ class DeepSpeedBackend(Backend):
         model.step()
         norm = model.get_global_grad_norm()
         norm = None if norm is None else torch.as_tensor(norm, dtype=torch.float32, device=self.device)
-        bad = self.nonfinite(loss, None if self.precision == "fp16" else norm)
+        bad = self.nonfinite(loss, None if self.precision_plugin.skips_overflow else norm)
         if bad:
             raise NonFiniteStep(bad, applied=model.skipped_steps == skipped)
         return norm
@@ -330,49 +331,6 @@ class DeepSpeedBackend(Backend):
             return None
         # buffers are never partitioned; the state dict's order and names are the module's
         return {key: full[key] if key in full else buf.detach().cpu() for key, buf in module.state_dict().items()}
-
-    def save(self, path: Path, model, optimizer) -> None:
-        # every rank writes its ZeRO shard into checkpoint-STEP/deepspeed/; tuneforge keeps its own `latest`
-        # an adapter run: the weights that train only (the frozen base comes from its model folder)
-        model.save_checkpoint(
-            str(path), tag=CHECKPOINT_TAG, save_latest=False, exclude_frozen_parameters=self.trains_adapter
-        )
-
-    def load(self, path: Path, model, optimizer) -> None:
-        folder = Path(path) / CHECKPOINT_TAG
-        if not folder.is_dir():
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} holds no DeepSpeed state ({CHECKPOINT_TAG}/); backend 'deepspeed' resumes "
-                "only its own checkpoints: resume with the backend that wrote it, or `tuneforge export` it and train "
-                "from the exported model"
-            )
-        shards = len(list(folder.glob("*optim_states.pt")))
-        if optimizer is not None and shards and shards != self.dp_size:
-            raise CheckpointError(
-                f"DeepSpeed checkpoint {str(path)!r} holds {shards} ZeRO shards, this run has {self.dp_size} "
-                f"process{'es' if self.dp_size > 1 else ''}; "
-                f"resume with --nproc {shards}, or `tuneforge export` it and train from the exported model"
-            )
-        loaded, _ = model.load_checkpoint(
-            str(path),
-            tag=CHECKPOINT_TAG,
-            load_optimizer_states=optimizer is not None,
-            load_lr_scheduler_states=False,
-            load_module_strict=not self.trains_adapter,
-        )
-        if loaded is None:
-            raise CheckpointError(
-                f"DeepSpeed could not load checkpoint {str(path)!r}; resume from an earlier checkpoint-STEP folder"
-            )
-
-    @classmethod
-    def read_weights(cls, path: Path) -> dict[str, torch.Tensor]:
-        """Consolidated fp32 weights of a checkpoint folder, without a process group (`tuneforge export`)."""
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        if not (Path(path) / CHECKPOINT_TAG).is_dir():
-            raise CheckpointError(f"checkpoint {str(path)!r} holds no DeepSpeed state ({CHECKPOINT_TAG}/)")
-        return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=CHECKPOINT_TAG)
 
 
 BACKEND = DeepSpeedBackend

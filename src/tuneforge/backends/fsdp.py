@@ -6,9 +6,10 @@ reduce-scattered and averaged over ranks; the Trainer scales each rank's summed 
 dp_size / global item count, so that average is the gradient of the global mean loss.
 
 - bf16: a MixedPrecisionPolicy (bf16 compute and all-gather, fp32 gradient reduction and fp32
-  master weights); fp16 is refused (it would need a sharded grad scaler): use bf16.
+  master weights), from its precision (`NoAutocastPrecision`: no autocast); fp16 is refused (it
+  would need a sharded grad scaler): use bf16.
 - Gradient accumulation: gradient sync (reduce-scatter) only on the last micro-batch.
-- Checkpoints: per-rank DCP shards (see _sharded.py), reshardable to another world size;
+- Checkpoints: per-rank DCP shards (the `dcp` layout, backends/layouts.py), reshardable to another world size;
   the HF export gathers full weights to rank 0 on CPU.
 """
 
@@ -21,11 +22,13 @@ from torch import nn
 
 from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
+from tuneforge.backends.precision import NoAutocastPrecision
 from tuneforge.errors import ConfigError
 
 
 class FSDPBackend(ShardedBackend):
     name = "fsdp"
+    precision_type = NoAutocastPrecision  # the MixedPrecisionPolicy casts parameters and inputs
 
     @classmethod
     def usable(cls) -> str:
@@ -40,7 +43,7 @@ class FSDPBackend(ShardedBackend):
 
     def wrap(self, model: nn.Module, make_optimizer: MakeOptimizer | None = None):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
         blocks = transformer_blocks(model)
         if not blocks:
@@ -49,24 +52,16 @@ class FSDPBackend(ShardedBackend):
             )
         model.to(self.device)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
-        policy = MixedPrecisionPolicy()
-        if self.precision == "bf16":
-            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        policy = self.precision_plugin.mixed_precision_policy()
         for block in blocks:
             fully_shard(block, mesh=mesh, mp_policy=policy)
         fully_shard(model, mesh=mesh, mp_policy=policy)
         # the optimizer holds the sharded parameters: each rank steps its own shard
         return model, make_optimizer(model) if make_optimizer else None
 
-    def autocast(self):
-        return contextlib.nullcontext()  # the MixedPrecisionPolicy casts parameters and inputs
-
     def micro_step(self, model: nn.Module, sync: bool):
         model.set_requires_gradient_sync(sync)  # no reduce-scatter on accumulation micro-batches
         return contextlib.nullcontext()
-
-    def backward(self, loss: torch.Tensor, model: nn.Module) -> None:
-        loss.backward()
 
     def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
         from torch.distributed.tensor import DTensor

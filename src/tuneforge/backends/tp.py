@@ -7,12 +7,14 @@ attention modules are told their per-rank head counts. Embeddings, norms and hea
 replicated. Plans exist for BERT-family, GPT-2 and Llama-family models.
 
 With world size > tp size the ranks form a 2-D mesh ("dp", "tp"): ranks of one tp group see
-the same batches; gradients are averaged over the "dp" axis once per optimizer step, and
-metrics are reduced over "dp" only. Checkpoints are per-rank DCP shards (see _sharded.py).
+the same batches; gradients are averaged over the "dp" axis once per optimizer step, at the end
+of the last micro-batch (`micro_step`, the sync seam every backend has), and metrics are reduced
+over "dp" only. Checkpoints are per-rank DCP shards (the `dcp` layout, backends/layouts.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -203,12 +205,13 @@ class TPBackend(ShardedBackend):
         if optimizer is not None:
             _step_one_by_one(optimizer)  # a loaded state brings back the flags of the run that saved it
 
-    def step(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None
-    ) -> torch.Tensor | None:
-        if self.dp_size > 1:
+    @contextlib.contextmanager
+    def micro_step(self, model: nn.Module, sync: bool):
+        """Ranks of one tp group compute the same gradients; the "dp" replicas average theirs once their
+        last micro-batch's backward is done (`sync`), before `step`."""
+        yield
+        if sync and self.dp_size > 1:
             self._average_grads_over_dp(model)
-        return super().step(model, optimizer, loss)
 
     def _average_grads_over_dp(self, model: nn.Module) -> None:
         grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
