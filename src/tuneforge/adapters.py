@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from tuneforge.artifacts import read_model_info, write_model_info
 from tuneforge.errors import ConfigError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -313,14 +314,14 @@ def write_adapter_folder(
             (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        (tmp / "tuneforge.json").write_text(json.dumps({**info, "adapter": adapter.info()}, indent=2))
+        write_model_info(tmp, {**info, "adapter": adapter.info()})
     return out
 
 
 def _adapter_info(folder: Path) -> dict:
     try:
-        info = json.loads((folder / "tuneforge.json").read_text())
-    except (OSError, ValueError):
+        info = read_model_info(folder)
+    except ConfigError:  # unreadable: fall back on peft's own config, as for a folder peft wrote
         info = {}
     if info.get("adapter"):
         return info["adapter"]

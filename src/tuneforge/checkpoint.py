@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from tuneforge.adapters import TRAINABLE_FILE
+from tuneforge.artifacts import write_model_info
 from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
@@ -330,7 +331,7 @@ class Checkpointer:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             if self.model_info is not None:
-                (tmp / "tuneforge.json").write_text(json.dumps(self.model_info, indent=2))
+                write_model_info(tmp, self.model_info)
         b.barrier()
         if b.is_main:
             _write_manifest(tmp)

@@ -424,7 +424,7 @@ class ClassificationPredictor:
     def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
-        from tuneforge.export import read_model_info
+        from tuneforge.artifacts import read_model_info
         from tuneforge.tasks.base import check_model_path, load_tokenizer
 
         model_dir = str(model_dir)

@@ -231,7 +231,7 @@ class ChoicePredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoModelForMultipleChoice
 
-        from tuneforge.export import read_model_info
+        from tuneforge.artifacts import read_model_info
 
         self.max_length = max_length or read_model_info(model_dir).get("max_length") or 512
         self.tokenizer = load_tokenizer(model_dir)

@@ -344,7 +344,7 @@ class EntityPredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoModelForTokenClassification
 
-        from tuneforge.export import read_model_info
+        from tuneforge.artifacts import read_model_info
 
         info = read_model_info(model_dir)
         self.max_length = max_length or info.get("max_length") or 512

@@ -499,7 +499,7 @@ class AnswerPredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-        from tuneforge.export import read_model_info
+        from tuneforge.artifacts import read_model_info
         from tuneforge.tasks.base import check_model_path
 
         model_dir = str(model_dir)
