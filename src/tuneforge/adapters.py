@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from tuneforge.artifacts import read_model_info, write_model_info
 from tuneforge.backends.layouts import TRAINABLE_FILE as TRAINABLE_FILE
 from tuneforge.backends.layouts import trainable_state as trainable_state
 from tuneforge.backends.precision import check_quantize as check_quantize
@@ -269,14 +270,14 @@ def write_adapter_folder(
             (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        (tmp / "tuneforge.json").write_text(json.dumps({**info, "adapter": adapter.info()}, indent=2))
+        write_model_info(tmp, {**info, "adapter": adapter.info()})
     return out
 
 
 def _adapter_info(folder: Path) -> dict:
     try:
-        info = json.loads((folder / "tuneforge.json").read_text())
-    except (OSError, ValueError):
+        info = read_model_info(folder)
+    except ConfigError:  # unreadable: fall back on peft's own config, as for a folder peft wrote
         info = {}
     if info.get("adapter"):
         return info["adapter"]

@@ -61,6 +61,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tuneforge.artifacts import write_model_info
 from tuneforge.backends.layouts import full_weights as full_weights
 from tuneforge.backends.layouts import has_full_weights as has_full_weights
 from tuneforge.backends.layouts import holds_unsharded_weights
@@ -329,7 +330,7 @@ class Checkpointer:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             if self.model_info is not None:
-                (tmp / "tuneforge.json").write_text(json.dumps(self.model_info, indent=2))
+                write_model_info(tmp, self.model_info)
         b.barrier()
         if b.is_main:
             _write_manifest(tmp)

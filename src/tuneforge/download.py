@@ -28,6 +28,17 @@ def check_download_folder(folder: Path) -> None:
         )
 
 
+def check_local_dir(local_dir: str) -> None:
+    """--local-dir checked before any network access: a folder (not a file), outside the places tuneforge
+    refuses to write into, holding nothing a download did not put there."""
+    from tuneforge.paths import check_output_dir
+
+    if Path(local_dir).exists() and not Path(local_dir).is_dir():
+        raise ConfigError(f"--local-dir {local_dir!r} is a file; pass a folder")
+    check_output_dir(local_dir, "--local-dir", "folder")
+    check_download_folder(Path(local_dir))
+
+
 def download(
     repo_id: str,
     local_dir: str | None = None,
@@ -47,13 +58,8 @@ def download(
         RevisionNotFoundError,
     )
 
-    if local_dir and Path(local_dir).exists() and not Path(local_dir).is_dir():
-        raise ConfigError(f"--local-dir {local_dir!r} is a file; pass a folder")
     if local_dir:
-        from tuneforge.paths import check_output_dir
-
-        check_output_dir(local_dir, "--local-dir", "folder")
-        check_download_folder(Path(local_dir))
+        check_local_dir(local_dir)
     what = f"{repo_type} {repo_id!r}"
     try:
         path = snapshot_download(

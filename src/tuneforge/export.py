@@ -8,42 +8,21 @@ backend named in the checkpoint's meta.json names its checkpoint layout, which r
 model is rebuilt from the checkpoint's config.json, so the export needs no original model.
 
 tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the model was trained for
-(task, text columns, max_length, source prefix); `read_model_info` is the one reader of it.
+(task, text columns, max_length, source prefix); it is read and written through `tuneforge.artifacts`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from tuneforge import adapters, checkpoint
+from tuneforge.artifacts import MODEL_INFO, read_model_info, write_model_info  # read_model_info: re-exported
 from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
 from tuneforge.weights import share_tied
-
-MODEL_INFO = "tuneforge.json"
-
-
-def read_model_info(model_dir: str | os.PathLike) -> dict:
-    """tuneforge.json beside an exported model: task, text columns, max_length ({} if absent)."""
-    info_file = Path(model_dir) / MODEL_INFO
-    if not info_file.exists():
-        return {}
-    try:
-        info = json.loads(info_file.read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(
-            f"{str(info_file)!r} is not valid JSON ({err}); re-export the model or delete that file"
-        ) from None
-    if not isinstance(info, dict):
-        raise ConfigError(
-            f"{str(info_file)!r} is not a JSON object (it holds a {type(info).__name__}); re-export the model or "
-            "delete that file"
-        )
-    return info
 
 
 def write_hf_folder(
@@ -57,7 +36,7 @@ def write_hf_folder(
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if info is not None:
-            (tmp / MODEL_INFO).write_text(json.dumps(info, indent=2))
+            write_model_info(tmp, info)
     return out
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tuneforge.artifacts import read_model_info
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.export import read_model_info
 from tuneforge.files import replacing
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import datasets
 
+from tuneforge.data import sources
 from tuneforge.errors import DataError
 
 FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
@@ -104,17 +105,10 @@ def check_choice_counts(choices: list[list[str]], place) -> int:
 
 def find_split_files(folder: str | Path) -> dict[str, Path]:
     """{split: file} in a folder: train.*, dev.* / val.* / validation.*, test.* (csv, tsv, jsonl, json, parquet)."""
-    d = Path(folder)
-    if not d.is_dir():
-        raise DataError(f"--data-dir {str(d)!r} is not a folder; pass the folder holding train and dev files")
-    found = {}
-    for split, stems in SPLIT_NAMES.items():
-        hit = next((d / f"{s}{x}" for s in stems for x in FORMATS if (d / f"{s}{x}").is_file()), None)
-        if hit:
-            found[split] = hit
-    if "train" not in found and "validation" not in found:
-        raise DataError(
-            f"--data-dir {str(d)!r} holds no train or dev file (train.csv, dev.tsv, ...); files there: "
-            f"{', '.join(sorted(f.name for f in d.iterdir())[:8]) or 'none'}"
-        )
-    return found
+    names = {split: [f"{s}{x}" for s in stems for x in FORMATS] for split, stems in SPLIT_NAMES.items()}
+    return sources.find_split_files(
+        folder,
+        names,
+        "holding train and dev files",
+        "train or dev file (train.csv, dev.tsv, ...)",
+    )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import datasets
 
+from tuneforge.data import sources
 from tuneforge.errors import DataError
 
 CONLL_SUFFIXES = (".txt", ".conll", ".iob", ".bio")
@@ -105,20 +106,12 @@ def read_tagged(path: str | Path, tokens_column: str = "tokens", tags_column: st
 
 def find_split_files(folder: str | Path) -> dict[str, Path]:
     """{split: file} of a CoNLL folder (train.txt, valid.txt, test.txt, or the original eng.* names)."""
-    d = Path(folder)
-    if not d.is_dir():
-        raise DataError(f"--data-dir {str(d)!r} is not a folder; pass the folder holding train.txt and valid.txt")
-    found = {}
-    for split, names in SPLIT_FILES.items():
-        hit = next((d / n for n in names if (d / n).is_file()), None)
-        if hit:
-            found[split] = hit
-    if "train" not in found and "validation" not in found:
-        raise DataError(
-            f"--data-dir {str(d)!r} holds no train.txt or valid.txt (CoNLL files); files there: "
-            f"{', '.join(sorted(f.name for f in d.iterdir())[:8]) or 'none'}"
-        )
-    return found
+    return sources.find_split_files(
+        folder,
+        SPLIT_FILES,
+        "holding train.txt and valid.txt",
+        "train.txt or valid.txt (CoNLL files)",
+    )
 
 
 def check_lengths(ds: datasets.Dataset, place) -> None:

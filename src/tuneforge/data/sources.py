@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,36 @@ import pandas as pd
 from tuneforge.errors import DataError
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "txt"}
+
+
+def find_split_files(
+    folder: str | Path,
+    splits: dict[str, Iterable[str]],
+    wants: str,
+    holds: str,
+    pick: Callable[[Path, str], Path | None] | None = None,
+) -> dict[str, Path]:
+    """{split: file} of a --data-dir folder: the first of `splits[split]`'s file names there, or the file
+    `pick(folder, split)` names (None: that split has none).
+
+    One DataError line for a path that is not a folder (`wants`: what the folder should hold) or a folder
+    with neither a train nor a validation file (`holds`: the files looked for)."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise DataError(f"--data-dir {str(d)!r} is not a folder; pass the folder {wants}")
+    pick = pick or (lambda d, split: first_file(d, splits[split]))
+    found = {split: hit for split in splits if (hit := pick(d, split)) is not None}
+    if "train" not in found and "validation" not in found:
+        raise DataError(
+            f"--data-dir {str(d)!r} holds no {holds}; files there: "
+            f"{', '.join(sorted(f.name for f in d.iterdir())[:8]) or 'none'}"
+        )
+    return found
+
+
+def first_file(folder: Path, names: Iterable[str]) -> Path | None:
+    """The first of `names` that is a file in `folder`, or None."""
+    return next((folder / n for n in names if (folder / n).is_file()), None)
 
 
 def check_file(path: str | Path) -> Path:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import datasets
 
+from tuneforge.data import sources
 from tuneforge.errors import DataError
 
 SQUAD_SUFFIXES = (".json", ".jsonl")
@@ -238,27 +239,22 @@ def check_examples(ds: datasets.Dataset, place: Callable[[int, str], str]) -> No
 
 def find_split_files(folder: str | Path) -> dict[str, Path]:
     """{split: file} of a SQuAD folder: one train* file, one dev*/valid*/validation* file (.json or .jsonl)."""
-    d = Path(folder)
-    if not d.is_dir():
-        raise DataError(f"--data-dir {str(d)!r} is not a folder; pass the folder of train*.json and dev*.json")
-    found = {}
-    for split, prefixes in SPLIT_PREFIXES.items():
-        hits = sorted(
-            f
-            for f in d.iterdir()
-            if f.is_file() and f.suffix.lower() in SQUAD_SUFFIXES and f.name.lower().startswith(prefixes)
-        )
-        if len(hits) > 1:
-            flag = "--train-file" if split == "train" else "--validation-file"
-            raise DataError(
-                f"--data-dir {str(d)!r} holds {len(hits)} {split} files ({', '.join(f.name for f in hits)}); "
-                f"pass the one to use with {flag}"
-            )
-        if hits:
-            found[split] = hits[0]
-    if not found:
+    return sources.find_split_files(
+        folder, SPLIT_PREFIXES, "of train*.json and dev*.json", "SQuAD files (train*.json, dev*.json)", _split_file
+    )
+
+
+def _split_file(d: Path, split: str) -> Path | None:
+    """The one file of `split` in folder `d` (by its name's prefix), or None; two are one error line."""
+    hits = sorted(
+        f
+        for f in d.iterdir()
+        if f.is_file() and f.suffix.lower() in SQUAD_SUFFIXES and f.name.lower().startswith(SPLIT_PREFIXES[split])
+    )
+    if len(hits) > 1:
+        flag = "--train-file" if split == "train" else "--validation-file"
         raise DataError(
-            f"--data-dir {str(d)!r} holds no SQuAD files (train*.json, dev*.json); files there: "
-            f"{', '.join(sorted(f.name for f in d.iterdir())[:8]) or 'none'}"
+            f"--data-dir {str(d)!r} holds {len(hits)} {split} files ({', '.join(f.name for f in hits)}); "
+            f"pass the one to use with {flag}"
         )
-    return found
+    return hits[0] if hits else None

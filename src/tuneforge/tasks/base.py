@@ -139,6 +139,28 @@ def context_length(model_config) -> int | None:
     return None
 
 
+def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:
+    """A predictor's max_length: the user's, else the trained one (tuneforge.json), else `default`, within the
+    model's position limit: the user's above it is one ConfigError line, the others are cut to it."""
+    chosen = max_length or trained or default
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit and chosen > limit:
+        if max_length:
+            raise ConfigError(
+                f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
+                f"{limit} or less"
+            )
+        chosen = limit
+    return chosen
+
+
+def inference_device(model, device: str | None) -> torch.device:
+    """Move a predictor's `model` to `device` (default: cuda where there is one, else cpu); returns the device."""
+    chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model.to(chosen)
+    return chosen
+
+
 @dataclass(frozen=True)
 class EvalTools:
     """What a task's `eval_step` may use; it never sees the Trainer or the backend.
@@ -160,6 +182,11 @@ class MetricStream:
 
     def compute(self, backend) -> dict[str, float]:
         raise NotImplementedError
+
+    def with_loss(self, backend, metrics: dict, num_examples: int) -> dict:
+        """`metrics` followed by the loss (mean over all ranks of a stream's `loss_sum` / `count`) and
+        `num_examples`: how the streams that score examples end `compute`."""
+        return {**metrics, "loss": mean_over_ranks(backend, self.loss_sum, self.count), "num_examples": num_examples}
 
 
 class Task:
@@ -242,6 +269,29 @@ class Task:
         if ds is None or not limit:
             return ds
         return ds.select(range(min(limit, len(ds))))
+
+    def check_local_files(self, check_file, find_in_dir) -> None:
+        """Cheap up-front checks of the data flags, before any model work: each --train-file/--validation-file by
+        `check_file(path)`; with neither, --data-dir's files by `find_in_dir(folder)`."""
+        data = self.config.data
+        given = [f for f in (data.train_file, data.validation_file) if f]
+        for f in given:
+            check_file(f)
+        if data.data_dir and not given:
+            find_in_dir(data.data_dir)
+
+    def read_given_files(self, needs: str, read) -> dict:
+        """{split: read(path, split)} of --train-file/--validation-file, each split's file kept in `self.files`;
+        neither given: one ConfigError line saying what the task `needs` (and how to pass it)."""
+        data = self.config.data
+        if not data.train_file and not data.validation_file:
+            raise ConfigError(f"task {self.name!r} needs {needs}")
+        splits = {}
+        for split, path in (("train", data.train_file), ("validation", data.validation_file)):
+            if path:
+                self.files[split] = str(path)
+                splits[split] = read(path, split)
+        return splits
 
     def read_local_splits(self, find_in_dir, read) -> dict | None:
         """{split: raw Dataset} of train/validation from --train-file/--validation-file, or from --data-dir (its

@@ -424,8 +424,8 @@ class ClassificationPredictor:
     def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
-        from tuneforge.export import read_model_info
-        from tuneforge.tasks.base import check_model_path, load_tokenizer
+        from tuneforge.artifacts import read_model_info
+        from tuneforge.tasks.base import check_model_path, inference_device, load_tokenizer, predict_max_length
 
         model_dir = str(model_dir)
         if max_length is not None and max_length < 1:
@@ -440,19 +440,10 @@ class ClassificationPredictor:
                 f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge "
                 "generate` for language models"
             )
-        self.max_length = max_length or self.info.get("max_length") or 512
-        limit = getattr(config, "max_position_embeddings", None)
-        if limit and self.max_length > limit:
-            if max_length:
-                raise ConfigError(
-                    f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
-                    f"{limit} or less"
-                )
-            self.max_length = limit
+        self.max_length = predict_max_length(max_length, self.info.get("max_length"), 512, config)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = from_pretrained(AutoModelForSequenceClassification, model_dir, "the model").eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device)
+        self.device = inference_device(self.model, device)
         self.regression = config.num_labels == 1
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")

@@ -108,7 +108,17 @@ def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) ->
         (tmp / "tuneforge-source.json").write_text(json.dumps(source))
 
 
+def text_generator(model_dir: str):
+    """The `tuneforge.generate.Generator` of an exported model (the `make_generator` of the tasks whose
+    models generate text: clm and its kin, seq2seq)."""
+    from tuneforge.generate import Generator
+
+    return Generator(model_dir)
+
+
 # ---- metrics -----------------------------------------------------------------------------
+
+
 class TokenLossStream(MetricStream):
     """Sum of token losses and number of target tokens; perplexity from the global totals."""
 
@@ -219,17 +229,12 @@ class CausalLMTask(Task):
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
         data = self.config.data
-        if not data.train_file and not data.validation_file:
-            raise ConfigError(
-                "task 'clm' needs text: pass --train-file train.txt and --validation-file valid.txt "
-                "(plain text, or csv/jsonl with a text column)"
-            )
-        splits = {}
-        if data.train_file:
-            splits["train"] = self._read(data.train_file, "train")
-        if data.validation_file:
-            splits["validation"] = self._read(data.validation_file, "validation")
-        elif "train" in splits:  # hold out 10% of train, fixed by split_seed
+        splits = self.read_given_files(
+            "text: pass --train-file train.txt and --validation-file valid.txt (plain text, or csv/jsonl with a text "
+            "column)",
+            self._read,
+        )
+        if "validation" not in splits:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training text for validation")
             splits = hold_out_validation(splits["train"], data.split_seed, "line", "add text or pass --validation-file")
         return datasets.DatasetDict(splits)
@@ -314,11 +319,7 @@ class CausalLMTask(Task):
     def metric_stream(self):
         return TokenLossStream(self)
 
-    @staticmethod
-    def make_generator(model_dir: str):
-        from tuneforge.generate import Generator
-
-        return Generator(model_dir)
+    make_generator = staticmethod(text_generator)  # serve's OpenAI routes run the exported model
 
     def export_info(self) -> dict:
         return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}

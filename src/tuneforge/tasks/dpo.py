@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.data import chat, preference
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import DataError
 from tuneforge.tasks.base import MetricStream
 from tuneforge.tasks.clm import CausalLMTask
 
@@ -106,18 +106,13 @@ class DPOTask(CausalLMTask):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        data = self.config.data
-        if not data.train_file and not data.validation_file:
-            raise ConfigError(
-                "task 'dpo' needs preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, "
-                "or hh-rlhf chosen/rejected dialogues) and --validation-file"
-            )
-        splits = {}
-        for split, path in (("train", data.train_file), ("validation", data.validation_file)):
-            if path:
-                self.files[split] = str(path)
-                pairs = preference.read_pairs(path, data.drop_identical_pairs, self.log)
-                splits[split] = self._as_dataset(pairs)
+        splits = self.read_given_files(
+            "preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, or hh-rlhf "
+            "chosen/rejected dialogues) and --validation-file",
+            lambda path, _split: self._as_dataset(
+                preference.read_pairs(path, self.config.data.drop_identical_pairs, self.log)
+            ),
+        )
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
 
     @staticmethod

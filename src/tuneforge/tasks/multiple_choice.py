@@ -14,14 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.data.choices import check_choice_counts, find_split_files, read_choices
+from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
     empty_check,
     from_pretrained,
+    inference_device,
     load_tokenizer,
-    mean_over_ranks,
+    predict_max_length,
     set_dropout,
 )
 
@@ -52,11 +54,8 @@ class ChoiceStream(MetricStream):
         gathered = backend.gather_objects(mine)
         preds = np.concatenate([g[0] for g in gathered])
         labels = np.concatenate([g[1] for g in gathered])
-        return {
-            "accuracy": float((preds == labels).mean()) if len(labels) else float("nan"),
-            "loss": mean_over_ranks(backend, self.loss_sum, self.count),
-            "num_examples": int(len(labels)),
-        }
+        accuracy = float((preds == labels).mean()) if len(labels) else float("nan")
+        return self.with_loss(backend, {"accuracy": accuracy}, int(len(labels)))
 
 
 class MultipleChoiceTask(Task):
@@ -66,15 +65,7 @@ class MultipleChoiceTask(Task):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        data = config.data
-        if data.train_file or data.validation_file:
-            from tuneforge.data.sources import check_file
-
-            for f in (data.train_file, data.validation_file):
-                if f:
-                    check_file(f)
-        elif data.data_dir:
-            find_split_files(data.data_dir)
+        self.check_local_files(check_file, find_split_files)
 
     # ---- model -------------------------------------------------------------------------
     def load_tokenizer(self):
@@ -231,13 +222,12 @@ class ChoicePredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoModelForMultipleChoice
 
-        from tuneforge.export import read_model_info
+        from tuneforge.artifacts import read_model_info
 
-        self.max_length = max_length or read_model_info(model_dir).get("max_length") or 512
+        self.max_length = predict_max_length(max_length, read_model_info(model_dir).get("max_length"), 512)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = from_pretrained(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device)
+        self.device = inference_device(self.model, device)
 
     @staticmethod
     def check_inputs(rows: list[dict]) -> None:

@@ -34,8 +34,9 @@ from tuneforge.tasks.base import (
     Task,
     empty_check,
     from_pretrained,
+    inference_device,
     load_tokenizer,
-    mean_over_ranks,
+    predict_max_length,
     set_dropout,
 )
 
@@ -101,10 +102,7 @@ class EntityStream(MetricStream):
         names = self.task.label_names
         gold = [[names[i] for i in s] for g in gathered for s in g[0]]
         pred = [[names[i] for i in s] for g in gathered for s in g[1]]
-        out = entity_metrics(gold, pred)
-        out["loss"] = mean_over_ranks(backend, self.loss_sum, self.count)
-        out["num_examples"] = len(gold)
-        return out
+        return self.with_loss(backend, entity_metrics(gold, pred), len(gold))
 
 
 class TokenClassificationTask(Task):
@@ -124,11 +122,7 @@ class TokenClassificationTask(Task):
         self.tokens_column = data.text_columns[0] if data.text_columns else "tokens"
         self.tags_column = data.label_column or "tags"
         self.label_names = None
-        for f in (data.train_file, data.validation_file):
-            if f:
-                check_tagged_file(f)
-        if data.data_dir and not (data.train_file or data.validation_file):
-            find_split_files(data.data_dir)
+        self.check_local_files(check_tagged_file, find_split_files)
 
     # ---- model -------------------------------------------------------------------------
     def load_tokenizer(self):
@@ -344,15 +338,14 @@ class EntityPredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoModelForTokenClassification
 
-        from tuneforge.export import read_model_info
+        from tuneforge.artifacts import read_model_info
 
         info = read_model_info(model_dir)
-        self.max_length = max_length or info.get("max_length") or 512
+        self.max_length = predict_max_length(max_length, info.get("max_length"), 512)
         self.tokenizer = word_tokenizer(model_dir)
         self.model = from_pretrained(AutoModelForTokenClassification, model_dir, "a token-classification model")
         self.model.eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device)
+        self.device = inference_device(self.model, device)
         self.labels = [self.model.config.id2label[i] for i in sorted(self.model.config.id2label)]
 
     @torch.inference_mode()

@@ -39,7 +39,6 @@ from tuneforge.tasks.base import (
     empty_check,
     from_pretrained,
     load_tokenizer,
-    mean_over_ranks,
     set_dropout,
 )
 
@@ -266,9 +265,7 @@ class AnswerStream(MetricStream):
             chosen = pick(spans[example], nulls[example], self.task.version_2, data.null_score_diff_threshold)
             predictions.append("" if chosen is None else examples["context"][example][chosen[1] : chosen[2]])
         out = squad_metrics(predictions, [examples["answers"][i] for i in order], self.task.version_2)
-        out["loss"] = mean_over_ranks(backend, self.loss_sum, self.count)
-        out["num_examples"] = len(order)
-        return out
+        return self.with_loss(backend, out, len(order))
 
 
 class QuestionAnsweringTask(Task):
@@ -289,11 +286,7 @@ class QuestionAnsweringTask(Task):
         self.doc_stride = self._stride()
         self.version_2 = False  # set from the data: some question without answers
         self.eval_examples: dict[str, list] | None = None  # the validation questions' ids, contexts, answers
-        for f in (data.train_file, data.validation_file):
-            if f:
-                check_squad_file(f)
-        if data.data_dir and not (data.train_file or data.validation_file):
-            find_split_files(data.data_dir)
+        self.check_local_files(check_squad_file, find_split_files)
 
     def _stride(self) -> int:
         given = self.config.data.doc_stride
@@ -499,8 +492,8 @@ class AnswerPredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoConfig, AutoModelForQuestionAnswering
 
-        from tuneforge.export import read_model_info
-        from tuneforge.tasks.base import check_model_path
+        from tuneforge.artifacts import read_model_info
+        from tuneforge.tasks.base import check_model_path, inference_device, predict_max_length
 
         model_dir = str(model_dir)
         if max_length is not None and max_length < 1:
@@ -511,15 +504,7 @@ class AnswerPredictor:
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForQuestionAnswering") for a in archs):
             raise ConfigError(f"model {model_dir!r} is a {archs[0]}, not a question-answering model")
-        limit = getattr(config, "max_position_embeddings", None)
-        self.max_length = max_length or info.get("max_length") or DEFAULT_MAX_LENGTH
-        if limit and self.max_length > limit:
-            if max_length:
-                raise ConfigError(
-                    f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
-                    f"{limit} or less"
-                )
-            self.max_length = limit
+        self.max_length = predict_max_length(max_length, info.get("max_length"), DEFAULT_MAX_LENGTH, config)
         # the trained windows' stride, or a third of other windows (--max-length, or the model's limit)
         same = self.max_length == info.get("max_length") and info.get("doc_stride")
         self.doc_stride = int(info["doc_stride"]) if same else self.max_length // 3
@@ -530,8 +515,7 @@ class AnswerPredictor:
         self.tokenizer = load_tokenizer(model_dir)
         require_fast(self.tokenizer, model_dir)
         self.model = from_pretrained(AutoModelForQuestionAnswering, model_dir, "a question-answering model").eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model.to(self.device)
+        self.device = inference_device(self.model, device)
         self.labels: list[str] = []  # serve's /health: a QA model has no classes
 
     @torch.inference_mode()

@@ -28,6 +28,7 @@ from tuneforge.tasks.base import (
     hold_out_validation,
     set_dropout,
 )
+from tuneforge.tasks.clm import text_generator
 
 NOT_SEQ2SEQ_HEADS = (
     "ForSequenceClassification",
@@ -321,11 +322,7 @@ class Seq2SeqTask(Task):
     def metric_stream(self):
         return GenerationStream(self)
 
-    @staticmethod
-    def make_generator(model_dir: str):
-        from tuneforge.generate import Generator
-
-        return Generator(model_dir)
+    make_generator = staticmethod(text_generator)  # serve's OpenAI routes run the exported model
 
     def export_info(self) -> dict:
         data = self.config.data

@@ -48,18 +48,15 @@ class ChatSFTTask(CausalLMTask):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        data = self.config.data
-        if not data.train_file and not data.validation_file:
-            raise ConfigError(
-                "task 'sft' needs conversations: pass --train-file chats.jsonl (rows with `messages`, or Alpaca rows "
-                "with instruction/input/output) and --validation-file"
-            )
-        splits = {}
-        for split, path in (("train", data.train_file), ("validation", data.validation_file)):
-            if path:
-                self.files[split] = str(path)
-                conversations = chat.read_conversations(path, data.chat_format)
-                splits[split] = datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
+        def read(path, _split) -> datasets.Dataset:
+            conversations = chat.read_conversations(path, self.config.data.chat_format)
+            return datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
+
+        splits = self.read_given_files(
+            "conversations: pass --train-file chats.jsonl (rows with `messages`, or Alpaca rows with "
+            "instruction/input/output) and --validation-file",
+            read,
+        )
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "conversation"))
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
