@@ -466,6 +466,27 @@ def train_ok(*args: str) -> dict:
     return last_json(proc.stdout)
 
 
+def tiny_run_config(folder: Path, tiny_bert: str, cache_dir: str, **values):
+    """The TrainConfig of a quiet fp32 classification run of `tiny_bert` on 48 training and 8 validation rows written
+    into `folder` (the run goes to folder/run), one log line a step; `values` set or replace any key."""
+    from tuneforge.config import build_config
+
+    folder.mkdir(exist_ok=True)
+    train = write_sentiment_csv(folder / "train.csv", 48, seed=1)
+    val = write_sentiment_csv(folder / "val.csv", 8, seed=2)
+    base = dict(
+        task="classification",
+        model=tiny_bert,
+        output_dir=str(folder / "run"),
+        batch_size=8,
+        logging_steps=1,
+        quiet=True,
+        precision="fp32",
+        data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir},
+    )
+    return build_config({**base, **values})
+
+
 def cli_main(capsys, *args: str) -> tuple[int, str, str]:
     """The real CLI entry point, in this process (the subprocess start-up costs more than a tiny run)."""
     from tuneforge.cli import main

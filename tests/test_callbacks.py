@@ -11,30 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_jsonl, write_sentiment_csv
-from tuneforge.config import build_config
+from conftest import read_jsonl, tiny_run_config
 from tuneforge.errors import ConfigError
 from tuneforge.trainer import Callback, Trainer
 
 
 def run_config(tmp_path: Path, tiny_bert: str, cache_dir: str, **extra):
-    train = write_sentiment_csv(tmp_path / "train.csv", 48, seed=1)
-    val = write_sentiment_csv(tmp_path / "val.csv", 8, seed=2)
-    values = dict(
-        task="classification",
-        model=tiny_bert,
-        output_dir=str(tmp_path / "run"),
-        max_steps=8,
-        batch_size=8,
-        logging_steps=1,
-        eval_strategy="steps",
-        eval_steps=1,
-        quiet=True,
-        precision="fp32",
-        optim={"lr": 1e-3, "warmup_ratio": 0.0, "weight_decay": 0.0},
-        data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir},
-    )
-    return build_config({**values, **extra})
+    values = dict(max_steps=8, eval_strategy="steps", eval_steps=1)
+    values["optim"] = {"lr": 1e-3, "warmup_ratio": 0.0, "weight_decay": 0.0}
+    return tiny_run_config(tmp_path, tiny_bert, cache_dir, **{**values, **extra})
 
 
 class StandStill(Trainer):

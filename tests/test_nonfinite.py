@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_main, read_jsonl, run_cli, write_sentiment_csv
+from conftest import cli_main, read_jsonl, run_cli, tiny_run_config
 from tuneforge import checkpoint
 from tuneforge.config import build_config
 from tuneforge.errors import NonFiniteError
@@ -21,23 +21,8 @@ from tuneforge.trainer import Trainer
 
 
 def run_config(tmp_path: Path, tiny_bert: str, cache_dir: str, **extra):
-    tmp_path.mkdir(exist_ok=True)
-    train = write_sentiment_csv(tmp_path / "train.csv", 48, seed=1)
-    val = write_sentiment_csv(tmp_path / "val.csv", 8, seed=2)
-    values = dict(
-        task="classification",
-        model=tiny_bert,
-        output_dir=str(tmp_path / "run"),
-        max_steps=6,
-        batch_size=8,
-        logging_steps=1,
-        eval_strategy="no",
-        quiet=True,
-        precision="fp32",
-        optim={"lr": 1e-3, "warmup_ratio": 0.0},
-        data={"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir},
-    )
-    return build_config({**values, **extra})
+    values = dict(max_steps=6, eval_strategy="no", optim={"lr": 1e-3, "warmup_ratio": 0.0})
+    return tiny_run_config(tmp_path, tiny_bert, cache_dir, **{**values, **extra})
 
 
 class BadAt(Trainer):
