@@ -69,7 +69,7 @@ def tuneforge_reference(model: str, train: Path, folder: Path) -> tuple[list[flo
     computes them: its tokens, its collate, `sequence_logps`."""
     import torch
 
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
     from tuneforge.tasks import get_task
     from tuneforge.tasks.dpo import sequence_logps
 

@@ -95,7 +95,7 @@ def run_seq2seq_trainer(args) -> dict:
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
     from _peer import generative_training_args
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
     from tuneforge.tasks.seq2seq import Seq2SeqTask, corpus_bleu
 
     task = Seq2SeqTask(build_config(tuneforge_config(args, "runs/bench-seq2seq-hf")))

@@ -469,7 +469,7 @@ def train_ok(*args: str) -> dict:
 def tiny_run_config(folder: Path, tiny_bert: str, cache_dir: str, **values):
     """The TrainConfig of a quiet fp32 classification run of `tiny_bert` on 48 training and 8 validation rows written
     into `folder` (the run goes to folder/run), one log line a step; `values` set or replace any key."""
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
 
     folder.mkdir(exist_ok=True)
     train = write_sentiment_csv(folder / "train.csv", 48, seed=1)
@@ -498,7 +498,7 @@ def cli_main(capsys, *args: str) -> tuple[int, str, str]:
 
 def quiet_task(task: str, model: str | None, **data):
     """The task object for `task` and `model` with these data settings; its log lines dropped."""
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
     from tuneforge.tasks import get_task
 
     built = get_task(build_config(task=task, model=model, data=data))

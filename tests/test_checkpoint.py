@@ -15,7 +15,7 @@ import yaml
 
 from conftest import cli_flags, run_cli, save_tiny_bert, sentiment_split, train_command
 from tuneforge import checkpoint
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.progress import Progress
 from tuneforge.trainer import Trainer
 

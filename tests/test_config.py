@@ -8,7 +8,8 @@ import yaml
 
 from conftest import REPO, cli_main, run_cli, write_sentiment_csv
 from tuneforge.backends import available_backends
-from tuneforge.config import TrainConfig, apply_overrides, build_config, config_from_sources, load_yaml
+from tuneforge.config import TrainConfig, apply_overrides, load_yaml
+from tuneforge.configure import build_config, config_from_sources, resolve
 from tuneforge.errors import ConfigError
 from tuneforge.tasks import task_names
 
@@ -152,7 +153,7 @@ def test_cli_train_with_yaml_and_override(tmp_path, tiny_bert, cache_dir):
 
 
 def test_save_steps_alone_means_saving_every_n_steps():
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
 
     assert build_config({"save_steps": 50}).save_strategy == "steps"
     assert build_config({"save_steps": 50, "save_strategy": "no"}).save_strategy == "no"  # explicit wins
@@ -164,7 +165,7 @@ def test_backend_options_flat_nested_and_layered(tmp_path):
     flat = build_config({"backend": "deepspeed", "zero_stage": 3, "offload": "both"})
     nested = build_config({"backend": "deepspeed", "backend_options": {"zero_stage": 3, "offload": "both"}})
     assert flat == nested and flat.backend_options.zero_stage == 3 and flat.backend_options.offload == "both"
-    assert TrainConfig(backend="tp", tp_size=2).backend_options.tp_size == 2  # the Python API, flat
+    assert resolve(TrainConfig(backend="tp", tp_size=2)).backend_options.tp_size == 2  # the Python API, flat
     assert build_config({"backend": "deepspeed"}).backend_options.zero_stage == 2  # the backend's default
     assert build_config({}).backend_options.model_dump() == {}  # single has no options
     # YAML < key=value < flags, whichever spelling each layer uses
@@ -227,18 +228,25 @@ def test_another_backends_flag_is_one_clear_line(capsys):
 # ---- the CLI's flags are generated from the config models ------------------------------------------
 def test_every_config_field_and_backend_option_has_a_flag():
     from tuneforge.backends import backend_classes
-    from tuneforge.cli import EVAL_KEYS, eval_flags, train_flags
+    from tuneforge.cli import eval_flags, eval_keys, train_flags
     from tuneforge.config import DataConfig, OptimConfig
+    from tuneforge.tasks import task_classes
 
     keys = {key for key, _ in train_flags().values()}
-    assert {name for name in TrainConfig.model_fields if name not in ("optim", "data", "backend_options")} <= keys
+    sections = ("optim", "data", "task_options", "backend_options", "pending_options")
+    assert {name for name in TrainConfig.model_fields if name not in sections} <= keys
     for name, cls in backend_classes().items():
         assert {f"backend_options.{option}" for option in cls.Options.model_fields} <= keys, name
+    for name, cls in task_classes().items():
+        assert {f"task_options.{option}" for option in cls.Options.model_fields} <= keys, name
+        assert {f"task_options.{option}" for option in cls.Options.model_fields} <= set(eval_keys()), name
     for prefix, model in (("optim.", OptimConfig), ("data.", DataConfig)):
         for name, field in model.model_fields.items():
             no_flag = (field.json_schema_extra or {}).get("flag", "") is None
             assert (prefix + name in keys) != no_flag, prefix + name
-    assert {key for key, _ in eval_flags().values()} == set(EVAL_KEYS)
+    assert {key for key, _ in eval_flags().values()} == set(eval_keys())
+    assert {"data.max_length", "data.validation_file", "batch_size", "backend", "task"} <= set(eval_keys())
+    assert "optim.lr" not in eval_keys() and "epochs" not in eval_keys()
     # the names and behaviours users know
     assert train_flags()["--lr"][0] == "optim.lr" and train_flags()["--data-dir"][0] == "data.data_dir"
     assert train_flags()["--text-column"] == (
@@ -278,11 +286,12 @@ def test_flags_reach_the_config():
     ns = build_parser().parse_args(
         ["train", "--backend", "deepspeed", "--zero-stage", "3", "--offload", "both", "--lr", "1e-4", "--resume"]
         + ["--text-column", "a", "--text-column", "b", "--no-packing", "--report-to", "jsonl", "tensorboard"]
+        + ["--task", "clm"]
     )
     config = config_from_sources(None, [], _flags(ns, train_flags()))
     assert config.backend_options.zero_stage == 3 and config.backend_options.offload == "both"
     assert config.optim.lr == 1e-4 and config.resume == "latest" and config.data.text_columns == ["a", "b"]
-    assert config.data.packing is False and config.report_to == ["jsonl", "tensorboard"]
+    assert config.task_options.packing is False and config.report_to == ["jsonl", "tensorboard"]
 
 
 # ---- the task follows from the data files, in the Python API as on the command line -----------------
@@ -300,13 +309,13 @@ def test_flags_reach_the_config():
 )
 def test_task_inferred_from_files_in_the_python_api(values, task):
     assert build_config(values).task == task
-    assert TrainConfig(**values).task == task
+    assert resolve(TrainConfig(**values)).task == task
 
 
 def test_task_inferred_from_a_data_section_object():
     from tuneforge.config import DataConfig
 
-    assert TrainConfig(data=DataConfig(train_file="notes.txt")).task == "clm"
+    assert resolve(TrainConfig(data=DataConfig(train_file="notes.txt"))).task == "clm"
 
 
 def test_task_inferred_the_same_from_the_cli():
@@ -343,12 +352,12 @@ def test_a_tasks_own_defaults_fill_only_what_the_user_left_unset(tmp_path):
     from tuneforge.config import DataConfig, OptimConfig
     from tuneforge.tasks import task_class
 
-    defaults = task_class("ner").defaults
+    defaults = task_class("ner").Options.run_defaults
     assert defaults, "ner declares its own schedule (benchmarks/README.md, NER)"
     for key, value in defaults.items():
-        assert _get(TrainConfig(task="ner"), key) == value, key
+        assert _get(resolve(TrainConfig(task="ner")), key) == value, key
         assert _get(build_config({"task": "ner"}), key) == value, key
-        assert _get(TrainConfig(task="ner", optim=OptimConfig(), data=DataConfig()), key) == value, key
+        assert _get(resolve(TrainConfig(task="ner", optim=OptimConfig(), data=DataConfig())), key) == value, key
         assert _get(TrainConfig(), key) == _get(TrainConfig(task="classification"), key), key  # others: the field's
         assert _get(TrainConfig(), key) != value, f"{key}: the test needs a default that differs from the field's"
 
@@ -359,7 +368,7 @@ def test_a_tasks_own_defaults_fill_only_what_the_user_left_unset(tmp_path):
         assert _get(build_config({"task": "ner", **given}), key) == mine, key
         if section:
             objects = {"optim": OptimConfig, "data": DataConfig}
-            assert _get(TrainConfig(task="ner", **{section: objects[section](**{field: mine})}), key) == mine, key
+            assert _get(resolve(TrainConfig(task="ner", **{section: objects[section](**{field: mine})})), key) == mine
         yaml_file = tmp_path / "ner.yaml"
         yaml_file.write_text(yaml.safe_dump({"task": "ner", **given}))
         assert _get(config_from_sources(str(yaml_file), [], {}), key) == mine, key
@@ -367,7 +376,7 @@ def test_a_tasks_own_defaults_fill_only_what_the_user_left_unset(tmp_path):
         assert _get(config_from_sources(None, [], {"task": "ner", key: mine}), key) == mine, key
 
     # the saved config records what ran, and reloading it keeps it (now set by the file)
-    config = TrainConfig(task="ner")
+    config = resolve(TrainConfig(task="ner"))
     config.save(tmp_path / "config.yaml")
     reloaded = config_from_sources(str(tmp_path / "config.yaml"), [], {})
     assert all(_get(reloaded, key) == value for key, value in defaults.items())
@@ -381,6 +390,7 @@ def numeric_keys() -> list[tuple[str, str, dict]]:
     models so a new field is covered without naming it here."""
     from tuneforge.backends import backend_classes
     from tuneforge.config import DataConfig, OptimConfig, allowed_range
+    from tuneforge.tasks import task_classes
 
     keys = []
     for section, model in (("", TrainConfig), ("optim", OptimConfig), ("data", DataConfig)):
@@ -391,6 +401,12 @@ def numeric_keys() -> list[tuple[str, str, dict]]:
         keys += [
             (f"backend_options.{name}", backend) for name, f in cls.Options.model_fields.items() if allowed_range(f)
         ]
+    seen = set()
+    for task, cls in task_classes().items():
+        for name, f in cls.Options.model_fields.items():
+            if allowed_range(f) and name not in seen:  # a family's shared option once
+                seen.add(name)
+                keys.append((f"task_options.{name}", task))
     return keys
 
 
@@ -399,6 +415,8 @@ def values_with(key: str, backend: str, value) -> dict:
     value = (0.9, value) if name == "betas" else value
     if section == "backend_options":
         return {"backend": backend, name: value}
+    if section == "task_options":
+        return {"task": backend, name: value}  # (the task that owns it)
     return {section: {name: value}} if section else {name: value}
 
 
@@ -408,7 +426,8 @@ NUMERIC_KEYS = numeric_keys()
 def test_the_walk_finds_every_numeric_field():
     keys = {key for key, _ in NUMERIC_KEYS}
     assert len(keys) >= 40  # the walk really walks: a broken one would pass the tests below vacuously
-    assert {"epochs", "seed", "dpo_beta", "lora_alpha", "optim.lr", "optim.betas", "data.max_length"} <= keys
+    assert {"epochs", "seed", "task_options.dpo_beta", "lora_alpha", "optim.lr", "optim.betas"} <= keys
+    assert {"data.max_length", "task_options.doc_stride", "task_options.block_size"} <= keys
     assert {"backend_options.zero_stage", "backend_options.tp_size", "skip_nonfinite"} <= keys
 
 
@@ -432,7 +451,7 @@ def test_every_numeric_field_refuses_inf_nan_and_huge_values(key, backend):
         (["optim.lr=nan"], ["'optim.lr'", "finite", "allowed: a finite number > 0 and <= 1000"]),
         (["epochs=1e400"], ["'epochs'", "finite", "<= 1000000"]),
         (["epochs=.inf"], ["'epochs'", "finite"]),
-        (["dpo_beta=inf", "task=dpo"], ["'dpo_beta'", "finite"]),
+        (["dpo_beta=inf", "task=dpo"], ["'task_options.dpo_beta'", "finite"]),
         (["lora_alpha=.nan", "adapter=lora"], ["'lora_alpha'", "finite"]),
         (["seed=4294967296"], ["'seed'", "allowed: a whole number >= 0 and <= 4294967295"]),
         (["data.max_length=1000000000000000000000000000000"], ["'data.max_length'", "<= 16777216"]),
@@ -471,14 +490,17 @@ def test_trainer_overrides_are_validated_too():
     "args,needle",
     [
         (["train", "--epochs", "inf"], "'epochs'"),
-        (["train", "--task", "dpo", "--dpo-beta", "inf"], "'dpo_beta'"),
+        (["train", "--task", "dpo", "--dpo-beta", "inf"], "'task_options.dpo_beta'"),
         (["train", "--adapter", "lora", "--lora-alpha", "inf"], "'lora_alpha'"),
         (["train", "--lr", "nan"], "'optim.lr'"),
         (["train", "--seed", str(2**40)], "'seed'"),
         (["train", "--max-grad-norm=-inf"], "'optim.max_grad_norm'"),
         (["train", "--batch-size", str(10**30)], "'batch_size'"),
         (["eval", "MODEL", "--max-length", str(10**30)], "'data.max_length'"),
-        (["eval", "MODEL", "--null-score-diff-threshold", "nan"], "'data.null_score_diff_threshold'"),
+        (
+            ["eval", "MODEL", "--task", "qa", "--null-score-diff-threshold", "nan"],
+            "'task_options.null_score_diff_threshold'",
+        ),
         (["eval", "MODEL", "--seed=-1"], "'seed'"),
     ],
 )
@@ -492,3 +514,60 @@ def test_cli_refuses_non_finite_flags_in_one_line_before_any_work(capsys, tmp_pa
     assert code == 2 and stderr.count("\n") == 1 and stderr.startswith("error: bad value for ") and needle in stderr
     assert "allowed: " in stderr and not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.csv"]  # nothing written
+
+
+# ---- config.yaml files written before tasks owned their options still load ---------------------------------
+SAVED = Path(__file__).parent / "fixtures" / "config-f111d58"  # written by f111d58's `Config.save`, one per family
+SAVED_OPTIONS = {  # what each file set that now lives in the task's options
+    "classification": {},
+    "glue-mrpc": {},
+    "clm": {"block_size": 256, "packing": False},
+    "sft": {"chat_format": "alpaca", "chat_template": "template.jinja", "block_size": 512},
+    "dpo": {"drop_identical_pairs": True, "block_size": 384, "dpo_beta": 0.2},
+    "seq2seq": {"source_file": "train.en", "source_prefix": "translate: ", "num_beams": 4, "generation_max_length": 48},
+    "ner": {},
+    "qa": {"doc_stride": 128, "n_best_size": 10, "max_answer_length": 40, "null_score_diff_threshold": 0.5},
+    "multiple-choice": {"data_format": "codah"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAVED_OPTIONS))
+def test_a_config_saved_before_task_options_still_loads(name, tmp_path):
+    old = load_yaml(SAVED / f"{name}.yaml")
+    config = build_config(old)
+    assert config.task == old["task"] and config.backend == old["backend"]
+    assert {k: getattr(config.task_options, k) for k in SAVED_OPTIONS[name]} == SAVED_OPTIONS[name]
+    assert config.data.max_length == old["data"]["max_length"] and config.epochs == old["epochs"]
+    assert config.backend_options.model_dump() == old["backend_options"]
+    config.save(tmp_path / "config.yaml")  # saved again in today's layout, it loads to the same config
+    assert build_config(load_yaml(tmp_path / "config.yaml")) == config
+    assert (
+        "task_options" in load_yaml(tmp_path / "config.yaml")
+        and "doc_stride" not in load_yaml(tmp_path / "config.yaml")["data"]
+    )
+
+
+def test_a_saved_config_of_one_task_refuses_another_tasks_option_it_sets():
+    old = load_yaml(SAVED / "qa.yaml")  # doc_stride 128: a value, not a default
+    with pytest.raises(ConfigError, match=r"doc_stride \(--doc-stride\) is an option of task 'qa', not of task 'clm'"):
+        build_config({**old, "task": "clm"})
+
+
+@pytest.mark.parametrize(
+    "args,owner",
+    [
+        (["--task", "clm", "--doc-stride", "64"], "'qa'"),
+        (["--dpo-beta", "0.2"], "'dpo'"),
+        (["--task", "qa", "--block-size", "64"], "'clm' or 'sft' or 'dpo'"),
+        (["--task", "ner", "--num-beams", "4"], "'seq2seq'"),
+        (["--task", "sft", "--data-format", "codah"], "'multiple-choice'"),
+    ],
+)
+def test_a_flag_of_another_task_is_one_line_naming_its_task(capsys, tmp_path, args, owner):
+    from tuneforge import cli
+
+    out = tmp_path / "out"
+    rc = cli.main(["train", *args, "--train-file", str(tmp_path / "train.csv"), "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert f"is an option of task {owner}" in err and not out.exists()

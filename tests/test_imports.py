@@ -106,3 +106,134 @@ def test_the_walker_sees_function_local_imports_registries_and_cycles():
 def test_no_import_cycle_in_src():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# ---- the house: each module on a floor, imports only from its floor or below -----------------------------
+# Lowest first. A module is on the floor of the longest prefix that names it; a new module must be placed here.
+FLOORS = {
+    "ground": (  # what every part uses: errors, options and config (inert data), files, model folders, progress
+        "tuneforge.errors",
+        "tuneforge.options",
+        "tuneforge.config",
+        "tuneforge.files",
+        "tuneforge.paths",
+        "tuneforge.artifacts",
+        "tuneforge.progress",
+        "tuneforge.weights",
+        "tuneforge.schedules",
+        "tuneforge.freezing",
+        "tuneforge.launch",
+        "tuneforge.reporting",
+        "tuneforge.callbacks",
+        "tuneforge.plan",
+        "tuneforge.running_batch",
+        "tuneforge.data.samplers",
+        "tuneforge.serve.detokenize",
+        "tuneforge.serve.metrics",
+        "tuneforge.serve.options",
+    ),
+    "data": ("tuneforge.data", "tuneforge.download"),  # reading and tokenizing files; hub downloads
+    "engines": (  # process groups and wrapping, adapters, checkpoints, exports, generation
+        "tuneforge.backends",
+        "tuneforge.adapters",
+        "tuneforge.checkpoint",
+        "tuneforge.environment",
+        "tuneforge.export",
+        "tuneforge.generate",
+    ),
+    "tasks": ("tuneforge.tasks",),
+    "runs and services": (  # a resolved config, the training run, predict, chat, the server
+        "tuneforge.configure",
+        "tuneforge.run",
+        "tuneforge.trainer",
+        "tuneforge.predict",
+        "tuneforge.chat",
+        "tuneforge.serve.",
+    ),
+    "entry points": ("tuneforge.cli", "tuneforge.serve", "tuneforge"),  # commands, the package's API
+}
+
+
+def floor_of(module: str) -> int:
+    best = (-1, -1)  # (prefix length, floor)
+    for floor, prefixes in enumerate(FLOORS.values()):
+        for prefix in prefixes:
+            if module == prefix or (module.startswith(prefix) and (prefix.endswith(".") or module[len(prefix)] == ".")):
+                best = max(best, (len(prefix), floor))
+    assert best[1] >= 0, f"{module} is on no floor: place it in FLOORS (tests/test_imports.py)"
+    return best[1]
+
+
+def test_no_module_imports_from_a_floor_above_it():
+    names = list(FLOORS)
+    upward = [
+        f"{module} ({names[floor_of(module)]}) imports {target} ({names[floor_of(target)]})"
+        for module, targets in sorted(import_graph().items())
+        for target in sorted(targets)
+        if floor_of(target) > floor_of(module)
+    ]
+    assert not upward, "imports that run up the house:\n" + "\n".join(upward)
+
+
+def test_the_floors_are_read_as_meant():
+    assert floor_of("tuneforge.serve") == 5 and floor_of("tuneforge.serve.engine") == 4
+    assert floor_of("tuneforge.serve.options") == 0 and floor_of("tuneforge.tasks.qa") == 3
+    assert floor_of("tuneforge.data.samplers") == 0 and floor_of("tuneforge.data.chat") == 1
+
+
+# ---- capabilities, not names: no task or backend is named outside its own file and its registry ------------
+# the modules that serve every task and backend alike (the registries, tasks/ and backends/, may name them)
+GENERIC = ("config.py", "configure.py", "cli.py", "reporting.py", "generate.py", "trainer.py", "run.py", "serve")
+
+
+def registered_names() -> list[str]:
+    from tuneforge.backends import available_backends
+    from tuneforge.tasks import TASKS
+
+    return [name.rstrip("/") for name in TASKS] + available_backends()
+
+
+def strings_in(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string constant in `path` except docstrings (prose about what a module serves)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def generic_files() -> list[Path]:
+    root = SRC / "tuneforge"
+    return sorted(
+        p for entry in GENERIC for p in ([root / entry] if entry.endswith(".py") else (root / entry).glob("*.py"))
+    )
+
+
+def test_no_task_or_backend_name_outside_its_own_files():
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, registered_names())) + r")(?![\w-])")
+    found = [
+        f"{path.relative_to(SRC)}:{line}: {match[0]!r} in {text[:80]!r}"
+        for path in generic_files()
+        for line, text in strings_in(path)
+        for match in pattern.finditer(text)
+    ]
+    assert not found, "names that belong in a task's or backend's own file (use a capability):\n" + "\n".join(found)
+
+
+def test_the_name_check_sees_names_in_strings_and_skips_docstrings(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        '"""serves qa models."""\n\ndef f(task):\n    """for ddp."""\n    return task == "qa" or "--backend tp"\n'
+    )
+    assert sorted(text for _, text in strings_in(sample)) == ["--backend tp", "qa"]
+    assert {"qa", "ddp", "bbc-news", "glue"} <= set(registered_names())
+    assert len(generic_files()) > 10

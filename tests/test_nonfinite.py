@@ -15,7 +15,7 @@ import torch
 
 from conftest import cli_main, read_jsonl, run_cli, tiny_run_config
 from tuneforge import checkpoint
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.errors import NonFiniteError
 from tuneforge.trainer import Trainer
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import save_tiny_bert, sentiment_split
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.trainer import Trainer
 
 # 96 rows; per-process batch 8 -> DDP x2: global batch 16, 6 steps per epoch, 12 steps in 2 epochs
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.trainer import Callback, Trainer
 
 spec = json.loads(sys.argv[1])

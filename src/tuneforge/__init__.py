@@ -1,6 +1,7 @@
 """tuneforge: fine-tune, evaluate and serve Hugging Face transformer models."""
 
-from tuneforge.config import DataConfig, OptimConfig, TrainConfig, build_config
+from tuneforge.config import DataConfig, OptimConfig, TrainConfig
+from tuneforge.configure import build_config
 from tuneforge.errors import UserError
 
 __version__ = "0.1.0"

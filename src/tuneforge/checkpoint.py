@@ -72,34 +72,12 @@ from tuneforge.progress import Progress
 
 MANIFEST = "manifest.json"
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
-INPUT_FLAGS = {  # config key -> the flag that names an input file or folder of a run
-    "model": "--model",
-    "resume": "--resume",
-    "data.train_file": "--train-file",
-    "data.validation_file": "--validation-file",
-    "data.source_file": "--source-file",
-    "data.target_file": "--target-file",
-    "data.validation_source_file": "--validation-source-file",
-    "data.validation_target_file": "--validation-target-file",
-    "data.data_dir": "--data-dir",
-    "data.chat_template": "--chat-template",
-}
 
 
 # ---- output directory ---------------------------------------------------------------------
 def holds_run(path: Path) -> bool:
     """`path` holds what a tuneforge run writes (a crashed save's temporaries alone do not count)."""
     return any(not e.name.startswith(TMP_PREFIX) for e in run_entries(Path(path)))
-
-
-def run_inputs(config) -> dict[str, str | None]:
-    """flag -> path of every file or folder the run reads (None where not given); the config file, which the
-    config does not record, is checked by `tuneforge train` itself."""
-    inputs = {}
-    for key, flag in INPUT_FLAGS.items():
-        section, _, name = key.rpartition(".")
-        inputs[flag] = getattr(getattr(config, section) if section else config, name, None)
-    return inputs
 
 
 def prepare_output_dir(config) -> None:
@@ -111,7 +89,7 @@ def prepare_output_dir(config) -> None:
         return
     out = Path(config.output_dir)
     check_output_dir(str(out))  # a file, or a folder that cannot be created or written: one line, before any work
-    check_inputs_outside_run(out, run_inputs(config))
+    check_inputs_outside_run(out, config.inputs())
     check_no_clashes(out)
     if holds_run(out):
         if not config.overwrite:
@@ -132,7 +110,7 @@ def write_run_files(config, is_main: bool, replace_old: bool) -> None:
         return
     out = Path(config.output_dir)
     if replace_old:
-        check_inputs_outside_run(out, run_inputs(config))  # as checked up front; the folder may have changed
+        check_inputs_outside_run(out, config.inputs())  # as checked up front; the folder may have changed
         for entry in run_entries(out):
             discard(entry) if entry.is_dir() else entry.unlink()
     out.mkdir(parents=True, exist_ok=True)

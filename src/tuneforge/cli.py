@@ -75,37 +75,57 @@ def _model_flags(model, prefix: str = "", skip: tuple[str, ...] = ()) -> dict[st
     return out
 
 
-def _backend_option_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
-    """Each backend's Options as flags (`--zero-stage`), and the help group of each."""
-    from tuneforge.backends import backend_classes, option_owners
-
-    owners = option_owners()
+def _options_flags(classes: dict[str, type], kind: str) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
+    """Each task's or backend's Options as flags (`--doc-stride`, `--zero-stage`), and the help group of each.
+    `classes`: {name: task or backend class}; `kind`: "task" or "backend"."""
+    owners: dict[str, list[str]] = {}
+    for name, cls in classes.items():
+        for option in cls.Options.model_fields:
+            owners.setdefault(option, []).append(name)
     flags, groups = {}, {}
-    for cls in backend_classes().values():
-        for flag, (key, kwargs) in _model_flags(cls.Options, "backend_options.").items():
-            if flag not in flags:  # an option two backends share (a subclass's) is one flag
+    for cls in classes.values():
+        for flag, (key, kwargs) in _model_flags(cls.Options, f"{kind}_options.").items():
+            if flag not in flags:  # an option several share (a parent's, or a backend subclass's) is one flag
                 flags[flag] = (key, kwargs)
-                groups[key] = f"backend {' or '.join(owners[key.split('.', 1)[1]])} options (backend_options.*)"
+                groups[key] = f"{kind} {' or '.join(owners[key.split('.', 1)[1]])} options ({kind}_options.*)"
     return flags, groups
 
 
 @functools.cache
-def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
-    """(flag table, help group of each config key). Built on first use: it imports every backend."""
+def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str], tuple[str, ...]]:
+    """(flag table, help group of each config key, the keys `eval` takes). Built on first use: it imports every
+    task and backend."""
+    from tuneforge.backends import backend_classes
     from tuneforge.config import DataConfig, OptimConfig, TrainConfig
+    from tuneforge.tasks import task_classes, task_names
 
-    option_flags, groups = _backend_option_flags()
+    task_flags, task_groups = _options_flags(task_classes(), "task")
+    backend_flags, backend_groups = _options_flags(backend_classes(), "backend")
     flags = {
-        **_model_flags(TrainConfig, skip=("optim", "data", "backend_options")),
-        **option_flags,
+        **_model_flags(TrainConfig, skip=("optim", "data", "task_options", "backend_options")),
+        **task_flags,
+        **backend_flags,
         **_model_flags(OptimConfig, "optim."),
         **_model_flags(DataConfig, "data."),
     }
+    flags["--task"][1]["help"] += f"; one of: {', '.join(task_names())}"
+    groups = {**task_groups, **backend_groups}
     titles = {"": "run options", "optim": "optimizer options (optim.*)", "data": "data options (data.*)"}
     for key, _ in flags.values():
         if key not in groups:
             groups[key] = titles[key.rpartition(".")[0]]
-    return flags, groups
+    models = {"": TrainConfig, "data": DataConfig}
+    eval_keys = tuple(
+        key
+        for key, _ in flags.values()
+        if key.startswith("task_options.") or _marked_eval(models.get(key.rpartition(".")[0]), key)
+    )
+    return flags, groups, eval_keys
+
+
+def _marked_eval(model, key: str) -> bool:
+    field = model.model_fields.get(key.rpartition(".")[2]) if model else None
+    return field is not None and isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("eval")
 
 
 def train_flags() -> dict[str, tuple[str, dict[str, Any]]]:
@@ -113,47 +133,15 @@ def train_flags() -> dict[str, tuple[str, dict[str, Any]]]:
     return _train_flags()[0]
 
 
-# `tuneforge eval`: the config keys that matter for evaluating a model
-EVAL_KEYS = (
-    "task",
-    "data.data_dir",
-    "data.train_file",
-    "data.validation_file",
-    "data.text_columns",
-    "data.label_column",
-    "data.source_file",
-    "data.target_file",
-    "data.validation_source_file",
-    "data.validation_target_file",
-    "data.source_column",
-    "data.target_column",
-    "data.source_prefix",
-    "data.max_length",
-    "data.max_target_length",
-    "data.block_size",
-    "data.packing",
-    "data.max_eval_samples",
-    "data.data_format",
-    "data.doc_stride",
-    "data.max_answer_length",
-    "data.n_best_size",
-    "data.null_score_diff_threshold",
-    "batch_size",
-    "eval_batch_size",
-    "precision",
-    "seed",
-    "backend",
-    "nproc",
-    "num_beams",
-    "generation_max_length",
-    "quiet",
-    "data.cache_dir",
-)
+def eval_keys() -> tuple[str, ...]:
+    """The config keys `tuneforge eval` takes: the fields marked EVAL (config.py) and every task's options."""
+    return _train_flags()[2]
 
 
 def eval_flags() -> dict[str, tuple[str, dict[str, Any]]]:
-    """`tuneforge eval`'s flags: those of train whose config key is in EVAL_KEYS, in EVAL_KEYS' order."""
-    return {flag: spec for key in EVAL_KEYS for flag, spec in train_flags().items() if spec[0] == key}
+    """`tuneforge eval`'s flags: those of train whose config key `eval_keys` lists."""
+    keys = set(eval_keys())
+    return {flag: spec for flag, spec in train_flags().items() if spec[0] in keys}
 
 
 def _add_flags(parser: argparse.ArgumentParser, table: dict) -> None:
@@ -213,7 +201,7 @@ def machine() -> str:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from tuneforge.config import config_from_sources
+    from tuneforge.configure import config_from_sources
     from tuneforge.trainer import Trainer
 
     yaml_path, overrides = _split_positionals(ns.config)
@@ -245,7 +233,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
     from tuneforge.trainer import Trainer
 
     flags = _flags(ns, eval_flags())
@@ -336,8 +324,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "predict": ("predict labels for a csv/tsv/jsonl file", _predict_arguments),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
     "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),
-    "generate": ("generate text with a causal LM or seq2seq model", _module_arguments("tuneforge.generate")),
-    "chat": ("talk to a chat model (an --task sft run) in the terminal", _module_arguments("tuneforge.chat")),
+    "generate": ("generate text with a causal LM or sequence-to-sequence model", _module_arguments("tuneforge.generate")),
+    "chat": ("talk to a chat model (one fine-tuned on conversations) in the terminal", _module_arguments("tuneforge.chat")),
     "serve": (
         "serve a model over HTTP: OpenAI-compatible generation, /predict for classifiers, a web page",
         _module_arguments("tuneforge.serve"),
@@ -368,8 +356,7 @@ def _quiet_libraries(command: str) -> None:
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     huggingface_hub.utils.logging.set_verbosity_error()
-    if command not in ("train", "eval"):  # a run hides DeepSpeed's CPU notice unless it is the backend
-        hide_deepspeed_cpu_notice()
+    hide_deepspeed_cpu_notice()
 
 
 def _internal_error(err: BaseException, argv: list[str]) -> int:

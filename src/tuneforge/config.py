@@ -1,13 +1,17 @@
-"""Typed run configuration, validated once at the edge.
+"""Typed run configuration: inert data, validated once at the edge.
 
-A run is described by one `TrainConfig` (flat training/launch fields plus the `optim` and
-`data` sections, and `backend_options`: the chosen backend's own `Options`, also accepted as
-flat keys such as `zero_stage: 3`). It can be built in Python, read from YAML, and overridden
-with dotted `key=value` pairs (`optim.lr=3e-5`). Every problem is reported as one `ConfigError`
-line that names the key and what is allowed, before any work starts. Every number is finite (no inf or
-nan, from YAML, a flag or an override) and within stated bounds that keep it from overflowing what it
-feeds (seeds below 2**32, token counts, step counts); a refusal states the range. The CLI's flags are
-generated from these fields (cli.py): a field's description is its flag's help.
+A run is described by one `TrainConfig`: what every run has (model, output, schedule, precision,
+adapters, evaluation, checkpoints, launch) plus the `optim` and `data` sections, and two slots for the
+options of the run's task and backend (`task_options`, `backend_options`: subclasses of the bases in
+options.py). This module names no task and no backend: `configure.build_config` resolves which task and
+backend a run has, moves their options into those slots (keys given flat, such as `zero_stage: 3` or
+`doc_stride: 64`, and under `data:` as config files of 0.x wrote them) and fills in the task's own
+defaults. `TrainConfig(...)` built directly holds such keys in `pending_options` until then.
+
+Every number is finite (no inf or nan, from YAML, a flag or an override) and within stated bounds that keep it
+from overflowing what it feeds (seeds below 2**32, token counts, step counts); a refusal states the range.
+The CLI's flags are generated from these fields (cli.py): a field's description is its flag's help; fields
+marked `EVAL` are also `tuneforge eval`'s, fields marked `INPUT` name a file or folder the run reads.
 """
 
 from __future__ import annotations
@@ -19,22 +23,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializeAsAny,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
+from tuneforge.options import BackendOptions, Options, TaskOptions
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
+EVAL: dict[str, Any] = {"eval": True}  # json_schema_extra of a field `tuneforge eval` takes too
+INPUT: dict[str, Any] = {"input": True}  # a file or folder the run reads (never inside what it writes)
 
 
 # Upper bounds: every number a run takes is finite and fits what it feeds (numpy's and torch's seeds are
@@ -50,15 +47,10 @@ MAX_LR = 1e3
 Probability = Annotated[float, Field(ge=0, lt=1)]
 
 
-class _Section(BaseModel):
-    # allow_inf_nan: inf and nan (YAML .inf/.nan, `--lr nan`, "1e400") are refused, not trained on
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-class OptimConfig(_Section):
-    lr: float = Field(
-        8e-5, gt=0, le=MAX_LR, description="peak learning rate (a task may have its own default: ner 1.5e-4)"
-    )
+# Options (options.py): unknown keys refused; inf and nan (YAML .inf/.nan, `--lr nan`, "1e400") refused, not
+# trained on
+class OptimConfig(Options):
+    lr: float = Field(8e-5, gt=0, le=MAX_LR, description="peak learning rate (a task may set its own default)")
     weight_decay: float = Field(0.01, ge=0, le=100, description="AdamW weight decay (not on biases and norms)")
     betas: tuple[Probability, Probability] = Field((0.9, 0.999), json_schema_extra=NO_FLAG)
     eps: float = Field(1e-8, gt=0, le=1, json_schema_extra=NO_FLAG)
@@ -73,105 +65,81 @@ class OptimConfig(_Section):
     fused: bool | None = Field(None, description="fused AdamW; null = where available", json_schema_extra=NO_FLAG)
 
 
-class DataConfig(_Section):
-    # sources
+class DataConfig(Options):
+    # sources (a task's own, such as seq2seq's parallel files, are its options)
     data_dir: str | None = Field(
         None,
-        description="a folder with train and validation files (GLUE: the task folder; ner: CoNLL train.txt, "
-        "valid.txt; qa: SQuAD JSON files; multiple-choice: train and dev files)",
+        description="a folder with the task's train and validation files (a GLUE task's folder, CoNLL's "
+        "train.txt and valid.txt, SQuAD JSON files, ...)",
+        json_schema_extra={**EVAL, **INPUT},
     )
     train_file: str | None = Field(
-        None, description="csv/tsv/jsonl (classification) or .txt (causal LM); without --task it picks the task"
-    )
-    validation_file: str | None = Field(None, description="validation split (default: split off the training file)")
-    text_columns: list[str] | None = Field(
-        None, description="text column: once or twice (sentence pairs)", json_schema_extra={"flag": "--text-column"}
-    )
-    label_column: str | None = Field(None, description="label column (default: label)")
-    # seq2seq parallel text / columns
-    source_file: str | None = Field(None, description="seq2seq: source lines (one example per line)")
-    target_file: str | None = Field(None, description="seq2seq: target lines, parallel to --source-file")
-    validation_source_file: str | None = Field(None, description="seq2seq: validation source lines")
-    validation_target_file: str | None = Field(None, description="seq2seq: validation target lines")
-    source_column: str | None = Field(None, description="seq2seq from csv/jsonl: the source column")
-    target_column: str | None = Field(None, description="seq2seq from csv/jsonl: the target column")
-    source_prefix: str = Field("", description="text put before every source (e.g. 'translate German to English: ')")
-    # multiple choice
-    data_format: Literal["auto", "codah"] = Field(
-        "auto",
-        description="multiple-choice: auto reads SWAG columns (sent1, sent2, ending0..) or question + choices; "
-        "codah reads CODAH's headerless TSV (category, question, 4 endings, answer index)",
-    )
-    # chat / instruction SFT
-    chat_format: Literal["auto", "messages", "alpaca"] = Field(
-        "auto",
-        description="sft: rows with `messages` ([{role, content}]) or Alpaca rows (instruction, input, output); "
-        "auto: from the first row",
-    )
-    chat_template: str | None = Field(
-        None, description="sft: a Jinja chat template file, for a tokenizer that has none (or to replace its own)"
-    )
-    # extractive question answering
-    doc_stride: int | None = Field(
         None,
+        description="csv/tsv/jsonl/json rows or a .txt corpus; without --task its kind picks the task",
+        json_schema_extra={**EVAL, **INPUT},
+    )
+    validation_file: str | None = Field(
+        None,
+        description="validation split (default: split off the training file)",
+        json_schema_extra={**EVAL, **INPUT},
+    )
+    text_columns: list[str] | None = Field(
+        None,
+        description="text column: once or twice (sentence pairs)",
+        json_schema_extra={"flag": "--text-column", **EVAL},
+    )
+    label_column: str | None = Field(None, description="label column (default: label)", json_schema_extra=EVAL)
+    # tokenization
+    max_length: int | None = Field(
+        128,
         gt=0,
         le=MAX_TOKENS,
-        description="qa: tokens that consecutive windows of a long context share (default: max_length // 3)",
+        description="tokens per example (of its input, where the task also has targets)",
+        json_schema_extra=EVAL,
     )
-    max_answer_length: int = Field(30, gt=0, le=MAX_TOKENS, description="qa: longest answer, in tokens")
-    n_best_size: int = Field(20, gt=0, le=10_000, description="qa: start and end candidates scored per window")
-    null_score_diff_threshold: float = Field(
-        0.0,
-        ge=-1e6,
-        le=1e6,
-        description="qa (SQuAD v2): answer nothing when the null score beats the best span by more than this",
-    )
-    # tokenization
-    max_length: int | None = Field(128, gt=0, le=MAX_TOKENS, description="tokens per example (seq2seq: per source)")
-    max_target_length: int = Field(128, gt=0, le=MAX_TOKENS, description="seq2seq: tokens per target")
-    block_size: int | None = Field(
-        None, gt=0, le=MAX_TOKENS, description="causal LM: tokens per training block (sft, dpo: the longest sequence)"
-    )
-    drop_identical_pairs: bool = Field(
-        False, description="dpo: drop (and count) pairs whose chosen and rejected are identical instead of refusing"
-    )
-    packing: bool = Field(True, description="causal LM: pack texts into full blocks of block_size tokens")
     # sampling
     max_train_samples: int | None = Field(
         None,
         gt=0,
         le=MAX_EXAMPLES,
-        description="train on the first N training examples the model sees: rows for classification and "
-        "seq2seq, packed blocks for clm (one non-blank text each with --no-packing); the label set still comes "
-        "from the whole training split",
+        description="train on the first N training examples the model sees: rows, or packed blocks where a "
+        "task packs texts; the label set still comes from the whole training split",
     )
-    max_eval_samples: int | None = Field(None, gt=0, le=MAX_EXAMPLES, description="evaluate on the first N examples")
+    max_eval_samples: int | None = Field(
+        None, gt=0, le=MAX_EXAMPLES, description="evaluate on the first N examples", json_schema_extra=EVAL
+    )
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
-    cache_dir: str | None = Field(None, description="where tokenized datasets are cached")
+    cache_dir: str | None = Field(None, description="where tokenized datasets are cached", json_schema_extra=EVAL)
     split_seed: int = Field(42, ge=0, le=MAX_SEED, json_schema_extra=NO_FLAG)
 
 
-class TrainConfig(_Section):
-    task: str = Field(
-        "bbc-news",
-        description="task: classification, regression, clm, sft, dpo, seq2seq, ner, qa, multiple-choice, glue/NAME, "
-        "bbc-news; "
-        "default from the files: --source-file seq2seq, a .txt --train-file clm, another --train-file classification",
+class TrainConfig(Options):
+    task: str | None = Field(
+        None,
+        description="the task (its list: `tuneforge train --help`); default: the one the data files say, else "
+        "the registry's default",
+        json_schema_extra=EVAL,
     )
-    model: str | None = Field(None, description="HF folder or hub id; default: the task's bundled model")
+    model: str | None = Field(
+        None, description="HF folder or hub id; default: the task's bundled model", json_schema_extra=INPUT
+    )
     output_dir: str = Field("runs/latest", description="run folder: config, metrics, checkpoints, model")
     overwrite: bool = Field(False, description="replace an existing run in output_dir")
 
     # schedule
     # 2 epochs at lr 8e-5: MRPC dev F1 0.005-0.008 below 3 at 5e-5 (seeds 1-3) in two thirds of the time (benchmarks/)
     epochs: float = Field(
-        2, gt=0, le=MAX_EPOCHS, description="passes over the training data (a task may have its own default: ner 3)"
+        2, gt=0, le=MAX_EPOCHS, description="passes over the training data (a task may set its own default)"
     )
     max_steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="optimizer steps (overrides epochs)")
-    batch_size: int = Field(16, gt=0, le=MAX_BATCH, description="per process")
-    eval_batch_size: int | None = Field(None, gt=0, le=MAX_BATCH, description="per process (default: 2 x batch_size)")
+    batch_size: int = Field(16, gt=0, le=MAX_BATCH, description="per process", json_schema_extra=EVAL)
+    eval_batch_size: int | None = Field(
+        None, gt=0, le=MAX_BATCH, description="per process (default: 2 x batch_size)", json_schema_extra=EVAL
+    )
     grad_accum: int = Field(1, gt=0, le=MAX_BATCH, description="micro-batches per optimizer step")
-    seed: int = Field(42, ge=0, le=MAX_SEED, description="seed for initialisation and data order")
+    seed: int = Field(
+        42, ge=0, le=MAX_SEED, description="seed for initialisation and data order", json_schema_extra=EVAL
+    )
     skip_nonfinite: int = Field(
         0,
         ge=0,
@@ -181,7 +149,9 @@ class TrainConfig(_Section):
         json_schema_extra={"flag_kwargs": {"metavar": "N"}},
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="auto: bf16 where the hardware does it natively, fp16 on older GPUs, else fp32"
+        "auto",
+        description="auto: bf16 where the hardware does it natively, fp16 on older GPUs, else fp32",
+        json_schema_extra=EVAL,
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward (less memory)")
     # 0: on CPU dropout's random masks cost ~1/4 of a training step, and short fine-tuning runs did
@@ -229,9 +199,6 @@ class TrainConfig(_Section):
         description="4bit: load the base model in 4-bit NF4 through bitsandbytes and train LoRA adapters on it "
         "(QLoRA; needs --adapter lora)",
     )
-    dpo_beta: float = Field(
-        0.1, gt=0, le=1e3, description="dpo: how far the model may move from the reference (the rewards' scale)"
-    )
     attn_implementation: str = Field(
         "auto",
         description="attention kernel for training and evaluation: auto (eager under bf16 on CPU when batches "
@@ -248,10 +215,6 @@ class TrainConfig(_Section):
         None, gt=0, le=MAX_STEPS, description="stop after N evaluations without improvement"
     )
     load_best_model_at_end: bool = Field(False, description="export the best evaluated model, not the last")
-    num_beams: int = Field(1, gt=0, le=1000, description="seq2seq evaluation: beam search width")
-    generation_max_length: int = Field(
-        128, gt=0, le=MAX_TOKENS, description="seq2seq evaluation: tokens generated at most"
-    )
 
     # checkpoints
     save_strategy: Literal["epoch", "steps", "no"] = Field("no", description="when to save a checkpoint")
@@ -262,12 +225,18 @@ class TrainConfig(_Section):
     resume: str | None = Field(
         None,
         description="'latest' (the flag alone) or a checkpoint folder",
-        json_schema_extra={"flag_kwargs": {"nargs": "?", "const": "latest"}},
+        json_schema_extra={"flag_kwargs": {"nargs": "?", "const": "latest"}, **INPUT},
     )
 
     # backend and launch
-    backend: str = Field("single", description="parallelism engine: one of the files in tuneforge/backends/")
-    nproc: int = Field(1, gt=0, le=4096, description="processes per node (tuneforge launches them)")
+    backend: str | None = Field(
+        None,
+        description="parallelism engine: one of the files in tuneforge/backends/ (default: one process)",
+        json_schema_extra=EVAL,
+    )
+    nproc: int = Field(
+        1, gt=0, le=4096, description="processes per node (tuneforge launches them)", json_schema_extra=EVAL
+    )
     nnodes: int = Field(1, gt=0, le=100_000, description="nodes of a multi-node run")
     node_rank: int = Field(0, ge=0, le=100_000, description="this node's rank in a multi-node run")
     master_addr: str = Field("127.0.0.1", description="address of node 0 (multi-node)")
@@ -275,58 +244,26 @@ class TrainConfig(_Section):
     rdzv_endpoint: str | None = Field(None, description="HOST:PORT of a c10d rendezvous (elastic multi-node)")
     hostfile: str | None = Field(None, description="DeepSpeed-style hostfile ('node1 slots=2' per line)")
     max_restarts: int = Field(0, ge=0, le=1000, description="restart failed workers up to N times (they resume)")
-    # the chosen backend's own settings (its `Options`); flat keys (zero_stage=3) are moved in here
+    # the run's task's and backend's own settings (their `Options`), put here by configure.build_config
+    task_options: SerializeAsAny[TaskOptions] = Field(
+        default_factory=TaskOptions, description="the task's own settings (its Options), also accepted as flat keys"
+    )
     backend_options: SerializeAsAny[BackendOptions] = Field(
         default_factory=BackendOptions,
-        validate_default=True,
         description="the backend's own settings (its Options), also accepted as flat keys",
     )
+    # keys of a task's or backend's options given to `TrainConfig(...)` directly (flat, under data, or as a
+    # task_options/backend_options mapping), by dotted key, until configure.build_config moves them to their owner
+    pending_options: dict[str, Any] = Field(default_factory=dict, exclude=True, json_schema_extra=NO_FLAG)
 
     # output
-    quiet: bool = Field(False, description="no progress bar or log lines, only errors (and --json)")
+    quiet: bool = Field(
+        False, description="no progress bar or log lines, only errors (and --json)", json_schema_extra=EVAL
+    )
     report_to: list[Literal["jsonl", "tensorboard"]] = Field(["jsonl"], description="where metrics are written")
 
     optim: OptimConfig = OptimConfig()
     data: DataConfig = DataConfig()
-
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str) -> str:
-        from tuneforge.backends import available_backends
-
-        names = available_backends()
-        if value not in names:
-            raise ValueError(f"unknown backend {value!r}; choose one of: {', '.join(names)}")
-        return value
-
-    @field_validator("backend_options", mode="before")
-    @classmethod
-    def _options_of_the_backend(cls, value: Any, info: ValidationInfo) -> Any:
-        from tuneforge.backends import backend_class, option_owners
-
-        backend = info.data.get("backend")
-        if backend is None:  # an unknown backend, reported on its own
-            return BackendOptions()
-        options = backend_class(backend).Options
-        given = value.model_dump() if isinstance(value, BaseModel) else value
-        if not isinstance(given, dict):
-            return given  # pydantic says what is wrong with it
-        for key in list(given):
-            if key in options.model_fields:
-                continue
-            owners = option_owners().get(key)
-            if owners and _is_default(key, given[key], owners):
-                # says nothing (a config saved before options moved here lists every backend's defaults)
-                given = {k: v for k, v in given.items() if k != key}
-                continue
-            if owners:
-                raise PydanticCustomError("backend_option", _foreign_option(key, owners, backend))
-            allowed = ", ".join(sorted(options.model_fields)) or "none"
-            raise PydanticCustomError(
-                "backend_option",
-                f"unknown config key 'backend_options.{key}'; backend {backend!r} has options: {allowed}",
-            )
-        return options.model_validate(given)
 
     @field_validator("eval_strategy", "save_strategy", mode="before")
     @classmethod
@@ -362,19 +299,24 @@ class TrainConfig(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _task_and_its_defaults(cls, values: Any) -> Any:
-        # the same for the CLI, YAML and the Python API: one place decides the task, then its defaults fill in
+    def _hold_options(cls, values: Any) -> Any:
+        # keys this model does not have are a task's or a backend's options (or typos): held, by dotted key, for
+        # configure.build_config, which knows the owners
         if not isinstance(values, dict):
             return values
-        return _with_task_defaults(_task_from_files(values))
-
-    @model_validator(mode="before")
-    @classmethod
-    def _flat_backend_options(cls, values: Any) -> Any:
-        # `zero_stage: 3` (YAML, API) is backend_options.zero_stage
-        if not isinstance(values, dict):
-            return values
-        return nest_backend_options(values)
+        out, pending = {}, dict(values.get("pending_options") or {})
+        for key, value in values.items():
+            if key == "data" and isinstance(value, dict):
+                out[key] = {k: v for k, v in value.items() if k in DataConfig.model_fields}
+                pending.update({f"data.{k}": v for k, v in value.items() if k not in DataConfig.model_fields})
+            elif key in ("task_options", "backend_options") and isinstance(value, dict):
+                pending.update({f"{key}.{k}": v for k, v in value.items()})
+            elif key in cls.model_fields:
+                out[key] = value
+            else:
+                pending[key] = value
+        out.pop("pending_options", None)
+        return {**out, "pending_options": pending} if pending else out
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -386,26 +328,46 @@ class TrainConfig(_Section):
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         if self.adapter != "none":
             _check_adapter(self)
-        if self.quantize != "none":
-            _check_quantize(self)
+        if self.quantize != "none" and self.adapter == "none":
+            raise ValueError(
+                f"--quantize {self.quantize} keeps the base model in 4-bit, which cannot train; add --adapter lora "
+                "(QLoRA: the adapters train on the quantized base)"
+            )
         if self.early_stopping_patience and self.eval_strategy == "no":
             raise ValueError("early_stopping_patience needs evaluation: set eval_strategy to epoch or steps")
         return self
 
     # ---- helpers -----------------------------------------------------------------------
+    def given_values(self, update: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What this config was given (fields set, its options' fields set, pending keys), with `update` on top:
+        the input that builds it again. A new task or backend in `update` starts from its own options' defaults;
+        an options key in `update` (flat: `zero_stage=3`) replaces the one given before."""
+        update = dict(update or {})
+        values = {**self.model_dump(exclude_unset=True), **self.pending_options}
+        for name, section in (("task", "task_options"), ("backend", "backend_options")):
+            if name in update and update[name] != getattr(self, name):
+                values.pop(section, None)
+            elif isinstance(values.get(section), dict):
+                values[section] = {k: v for k, v in values[section].items() if k not in update}
+        return {**values, **update}
+
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> TrainConfig:
-        """As pydantic's, but an update of the backend or of a backend option (`zero_stage=3`, flat or
-        under backend_options) is validated, so the options stay those of the chosen backend."""
-        backend_keys = set(update or ()) - (set(type(self).model_fields) - {"backend", "backend_options"})
-        if not backend_keys:
-            copied = super().model_copy(update=update, deep=deep)
-            if update:  # pydantic's copy validates nothing: `Trainer(config, epochs=inf)` is refused here
-                build_config(copied.model_dump())
-            return copied
-        values = self.model_dump()
-        if update.get("backend", self.backend) != self.backend:
-            values.pop("backend_options")  # the new backend's defaults, not the old one's options
-        return build_config(nest_backend_options({**values, **update}, override=True))
+        """As pydantic's, but an update is validated (pydantic's copy validates nothing, and `epochs=inf` must be
+        refused); options keys in it wait in pending_options for configure.build_config."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return validate_config(self.given_values(update))
+
+    def inputs(self) -> dict[str, Any]:
+        """flag -> value of every field marked INPUT (the files and folders the run reads; None where not given),
+        its task's options included."""
+        found = {}
+        for part in (self, self.data, self.task_options):
+            for name, field in type(part).model_fields.items():
+                extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+                if extra.get("input"):
+                    found[extra.get("flag") or "--" + name.replace("_", "-")] = getattr(part, name)
+        return found
 
     @property
     def run_dir(self) -> Path:
@@ -419,8 +381,6 @@ class TrainConfig(_Section):
 
 
 def _check_adapter(config: TrainConfig) -> None:
-    from tuneforge.backends import backend_class
-
     freezes = {
         "freeze_layers": config.freeze_layers not in ("auto", 0),
         "freeze_embeddings": config.freeze_embeddings == "on",
@@ -431,134 +391,14 @@ def _check_adapter(config: TrainConfig) -> None:
             f"{' and '.join(given)} do not combine with --adapter {config.adapter}: an adapter run keeps every base "
             "weight fixed already; drop them"
         )
-    if not backend_class(config.backend).supports_adapters:
-        raise ValueError(
-            f"backend {config.backend!r} does not train adapters (--adapter {config.adapter}); use --backend fsdp for "
-            "sharded weights, or single, ddp, deepspeed"
-        )
     if not [t for t in config.lora_targets.split(",") if t.strip()]:
         raise ValueError("--lora-targets is empty; pass auto, all-linear or layer names such as q_proj,v_proj")
 
 
-def _check_quantize(config: TrainConfig) -> None:
-    if config.adapter == "none":
-        raise ValueError(
-            f"--quantize {config.quantize} keeps the base model in 4-bit, which cannot train; add --adapter lora "
-            "(QLoRA: the adapters train on the quantized base)"
-        )
-    if config.backend not in ("single", "ddp"):
-        raise ValueError(
-            f"--quantize {config.quantize} runs on the single and ddp backends (each rank holds the whole 4-bit "
-            f"model); backend {config.backend!r} would shard the packed 4-bit weights: use --backend ddp"
-        )
-
-
-def _task_from_files(values: dict[str, Any]) -> dict[str, Any]:
-    """No task given: the data files say which."""
-    if "task" in values:
-        return values
-    data = values.get("data") or {}
-    get = data.get if isinstance(data, dict) else lambda key: getattr(data, key, None)
-    if get("source_file"):
-        return {**values, "task": "seq2seq"}
-    if get("train_file"):
-        return {**values, "task": "clm" if str(get("train_file")).endswith(".txt") else "classification"}
-    return values
-
-
-def _with_task_defaults(values: dict[str, Any]) -> dict[str, Any]:
-    """The task's own defaults (`Task.defaults`: "epochs", "optim.lr", ...) for the keys `values` leaves unset."""
-    from tuneforge.tasks import task_class
-
-    name = values.get("task", TrainConfig.model_fields["task"].default)
-    try:
-        defaults = task_class(name).defaults if isinstance(name, str) else {}
-    except ConfigError:
-        return values  # an unknown task is reported where the task is built, with the list of tasks
-    out = dict(values)
-    for key, value in defaults.items():
-        section, _, field = key.rpartition(".")
-        if not section:
-            out.setdefault(field, value)
-            continue
-        given = out.get(section)
-        if isinstance(given, BaseModel):  # a section built in Python: what it was given is its fields_set
-            if field not in given.model_fields_set:
-                out[section] = given.model_copy(update={field: value})
-        else:
-            out[section] = {field: value, **(given or {})}
-    return out
-
-
 # ---------------------------------------------------------------------------------------
-# Building a config from dicts, YAML files and dotted overrides, with actionable errors.
+# One-line errors, and configs from YAML files and dotted overrides.
 
-_SECTIONS = {"optim": OptimConfig, "data": DataConfig}
-
-
-def _allowed_keys(prefix: str) -> list[str]:
-    if not prefix:
-        from tuneforge.backends import option_owners
-
-        return sorted({*TrainConfig.model_fields, *option_owners()})  # backend options are accepted flat too
-    model = _SECTIONS.get(prefix.split(".")[0])
-    return sorted(model.model_fields) if model else []
-
-
-def _foreign_option(key: str, owners: list[str], backend: str) -> str:
-    names = " or ".join(repr(name) for name in owners)
-    return (
-        f"{key} (--{key.replace('_', '-')}) is an option of backend {names}, not of backend {backend!r}; "
-        f"add --backend {owners[0]}, or drop it"
-    )
-
-
-def _is_default(key: str, value: Any, owners: list[str]) -> bool:
-    from tuneforge.backends import backend_class
-
-    return all(backend_class(name).Options.model_fields[key].default == value for name in owners)
-
-
-def nest_backend_options(values: dict[str, Any], override: bool = False) -> dict[str, Any]:
-    """Flat backend options (`zero_stage: 3`) moved under `backend_options`; a new dict.
-
-    `override`: a flat value wins over a nested one (a later layer: YAML < key=value < flags);
-    otherwise the two must agree.
-    """
-    flat = [key for key in values if key not in TrainConfig.model_fields]
-    if not flat:
-        return values
-    from tuneforge.backends import option_owners
-
-    owners = option_owners()
-    flat = [key for key in flat if key in owners]
-    if not flat:
-        return values  # unknown keys: pydantic names them
-    out = dict(values)
-    nested = out.get("backend_options")
-    nested = nested.model_dump() if isinstance(nested, BaseModel) else dict(nested or {})
-    for key in flat:
-        value = out.pop(key)
-        if not override and key in nested and nested[key] != value:
-            raise PydanticCustomError(
-                "backend_option",
-                f"{key} is given twice with different values ({key}={value!r}, "
-                f"backend_options.{key}={nested[key]!r}); keep one",
-            )
-        nested[key] = value
-    out["backend_options"] = nested
-    return out
-
-
-def _field_at(loc: str, backend: str | None):
-    """The pydantic FieldInfo of a dotted config key (None when there is none)."""
-    from tuneforge.backends import backend_class
-
-    section, _, name = loc.rpartition(".")
-    model = {"": TrainConfig, "optim": OptimConfig, "data": DataConfig}.get(section)
-    if section == "backend_options" and backend:
-        model = backend_class(backend).Options
-    return model.model_fields.get(name) if model else None
+SECTIONS = {"": TrainConfig, "optim": OptimConfig, "data": DataConfig}
 
 
 def _number(value: float) -> str:
@@ -592,35 +432,42 @@ def allowed_range(field) -> str | None:
     return f"{each}{kind} {' and '.join(bounds)}".strip() + (" (or null)" if type(None) in kinds else "")
 
 
-def _format_error(err: ValidationError, backend: str | None = None) -> str:
+def field_at(loc: str, options: Mapping[str, type[BaseModel]] | None = None):
+    """The pydantic FieldInfo of a dotted config key (None when there is none); `options`: the models of the
+    task_options and backend_options sections, where they are known."""
+    section, _, name = loc.rpartition(".")
+    model = {**SECTIONS, **(options or {})}.get(section)
+    return model.model_fields.get(name) if model else None
+
+
+def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | None = None, prefix: str = "") -> str:
+    """A ValidationError as one line naming each key, what was wrong and the allowed range. `prefix`: the
+    section the validated model sits in (`task_options.`)."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
-        if e["type"] == "backend_option":  # already one whole line
-            lines.append(e["msg"])
-        elif e["type"] == "extra_forbidden":
-            parent = loc.rsplit(".", 1)[0] if "." in loc else ""
-            lines.append(f"unknown config key '{loc}'; allowed: {', '.join(_allowed_keys(parent))}")
+        loc = prefix + ".".join(str(p) for p in e["loc"] if not isinstance(p, int))
+        if e["type"] == "extra_forbidden":
+            parent, _, _ = loc.rpartition(".")
+            model = {**SECTIONS, **(options or {})}.get(parent)
+            allowed = ", ".join(sorted(model.model_fields)) if model else ""
+            lines.append(f"unknown config key '{loc}'; allowed: {allowed}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
             got = e.get("input")
             where = f"'{loc}'" if loc else "config"
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
-            field = _field_at(loc, backend) if loc else None
+            field = field_at(loc, options) if loc else None
             allowed = allowed_range(field) if field is not None else None
             lines.append(f"bad value for {where}: {msg}{shown}" + (f"; allowed: {allowed}" if allowed else ""))
     return "; ".join(lines)
 
 
-def build_config(values: dict[str, Any] | None = None, **kwargs: Any) -> TrainConfig:
-    """Validate `values` (+ kwargs) into a TrainConfig, raising one ConfigError line."""
-    merged = dict(values or {})
-    merged.update(kwargs)
+def validate_config(values: Mapping[str, Any]) -> TrainConfig:
+    """`values` as a TrainConfig (options keys pending, not yet resolved), or one ConfigError line."""
     try:
-        return TrainConfig.model_validate(merged)
+        return TrainConfig.model_validate(dict(values))
     except ValidationError as err:
-        backend = merged.get("backend", TrainConfig.model_fields["backend"].default)
-        raise ConfigError(_format_error(err, backend if isinstance(backend, str) else None)) from None
+        raise ConfigError(format_error(err)) from None
 
 
 def _parse_scalar(text: str) -> Any:
@@ -661,16 +508,35 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def config_from_sources(yaml_path: str | None, overrides: list[str], flags: dict[str, Any]) -> TrainConfig:
-    """YAML file < dotted overrides < explicit CLI flags."""
-    values = nest_backend_options(load_yaml(yaml_path)) if yaml_path else {}
-    values = nest_backend_options(apply_overrides(values, overrides), override=True)
+def merge_sources(yaml_path: str | None, overrides: list[str], flags: dict[str, Any]) -> dict[str, Any]:
+    """The raw values of a run: YAML file < dotted overrides < explicit CLI flags (`data.max_length`:
+    dotted flag keys go to their section); unset flags (None) are left out. An options key a later layer sets,
+    in any spelling (`zero_stage`, `backend_options.zero_stage`), replaces the earlier layers' in every spelling."""
+    values = load_yaml(yaml_path) if yaml_path else {}
+    for item in overrides:
+        values = apply_overrides(_forget_option(values, item.split("=", 1)[0].strip()), [item])
     for key, value in flags.items():
         if value is None:
             continue
+        values = _forget_option(values, key)
         if "." in key:
             section, name = key.split(".", 1)
             values.setdefault(section, {})[name] = value
         else:
             values[key] = value
-    return build_config(values)
+    return values
+
+
+def _forget_option(values: dict[str, Any], key: str) -> dict[str, Any]:
+    """`values` without the options key that `key` (dotted) names, in any of its spellings; a key of the
+    config's own fields is left alone (the later layer simply replaces it)."""
+    section, _, name = key.rpartition(".")
+    if section not in ("", "data", "task_options", "backend_options"):
+        return values
+    if name in SECTIONS.get(section, TrainConfig).model_fields or name in TrainConfig.model_fields:
+        return values
+    out = {k: v for k, v in values.items() if k != name}
+    for part in ("data", "task_options", "backend_options"):
+        if isinstance(out.get(part), dict):
+            out[part] = {k: v for k, v in out[part].items() if k != name}
+    return out

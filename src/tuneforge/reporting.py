@@ -35,8 +35,7 @@ def hide_deepspeed_cpu_notice() -> None:
 
 class Reporter:
     def __init__(self, config, is_main: bool = True) -> None:
-        if config.backend != "deepspeed":
-            hide_deepspeed_cpu_notice()
+        hide_deepspeed_cpu_notice()  # also where it is the backend: the run's own lines say where it runs
         self.config = config
         self.is_main = is_main
         self.quiet = config.quiet or not is_main

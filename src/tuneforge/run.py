@@ -116,8 +116,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
         adapters.check_quantize(config)
     splits = ("train", "validation") if training else ("validation",)
     data = prepare_data(task, backend, tokenizer, given, splits, log=report.print)
-    if training and data[0] is None:  # clm/seq2seq load a validation split alone (for eval)
-        raise ConfigError("training needs training data: pass --train-file (seq2seq: --source-file and --target-file)")
+    if training and data[0] is None:  # a task may load a validation split alone (for eval)
+        raise ConfigError(f"training needs training data: pass {task.training_data_flags}")
     model = given.model if given.model is not None else task.load_model(tokenizer)
     set_attention(model, config.attn_implementation, backend, task)  # evaluation runs the kernel training runs
     adapter = None

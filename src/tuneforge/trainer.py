@@ -27,7 +27,8 @@ from tuneforge import checkpoint, export, launch
 from tuneforge.backends import check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
 from tuneforge.callbacks import Callback
-from tuneforge.config import TrainConfig, build_config
+from tuneforge.config import TrainConfig
+from tuneforge.configure import build_config, resolve
 from tuneforge.data.samplers import eval_batches
 from tuneforge.errors import NonFiniteError
 from tuneforge.progress import Progress
@@ -79,8 +80,10 @@ class Trainer:
     def __init__(
         self, config: TrainConfig | dict | None = None, callbacks: list[Callback] | None = None, **overrides: Any
     ):
+        # resolved here (its task, backend, their options and the task's defaults), whether built as
+        # TrainConfig(...), by build_config, or given as a dict
         if isinstance(config, TrainConfig):
-            config = config.model_copy(update=overrides) if overrides else config
+            config = resolve(config, **overrides)
         else:
             config = build_config(config or {}, **overrides)
         self.config = config
@@ -268,7 +271,7 @@ class Trainer:
         """What of this run's settings and data can turn a loss or gradient nan/inf."""
         cfg = self.config
         suspects = ["the learning rate (--lr)"]
-        suspects += ["--dpo-beta"] if cfg.task == "dpo" else []
+        suspects += list(self.task.options.nonfinite_suspects)
         suspects += ["--lora-alpha"] if cfg.adapter == "lora" else []
         suspects += ["unclipped gradients (--max-grad-norm)"] if not cfg.optim.max_grad_norm else []
         suspects += ["fp16's range (--precision bf16 or fp32)"] if self.backend.precision == "fp16" else []

@@ -39,7 +39,7 @@ def test_ddp_checkpoint_is_the_main_ranks_full_copy(backend_runs):
 
 
 def in_process_run(backend_runs, out, **overrides) -> dict:
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
     from tuneforge.trainer import Trainer
 
     data = backend_runs.data("clip")

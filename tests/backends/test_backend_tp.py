@@ -66,7 +66,7 @@ from transformers import AutoModelForCausalLM
 
 from tuneforge import launch
 from tuneforge.backends.tp import BACKEND
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.freezing import freeze_bottom
 
 backend = BACKEND(build_config(backend="tp", tp_size=2, precision="fp32"), launch.dist_env())

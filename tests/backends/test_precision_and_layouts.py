@@ -18,7 +18,7 @@ from tuneforge.backends.precision import (
     ShardedPrecision,
     quantized_compute_dtype,
 )
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.errors import CheckpointError, ConfigError
 
 CPU = torch.device("cpu")

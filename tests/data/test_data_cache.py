@@ -4,7 +4,7 @@ max_length, column choice or data never does."""
 import pytest
 
 from conftest import cli_flags, run_cli, train_command, write_sentiment_csv
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.tasks.classification import ClassificationTask
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest import run_cli
-from tuneforge.config import build_config
+from tuneforge.configure import build_config
 from tuneforge.errors import DataError
 from tuneforge.tasks.classification import ClassificationTask
 

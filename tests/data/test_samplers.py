@@ -56,7 +56,7 @@ def test_plain_shuffling_is_a_seeded_permutation(lengths):
 
 def test_no_group_by_length_flag_gives_plain_shuffling():
     from tuneforge.cli import _flags, build_parser, train_flags
-    from tuneforge.config import config_from_sources
+    from tuneforge.configure import config_from_sources
 
     ns = build_parser().parse_args(["train", "--task", "classification", "--no-group-by-length"])
     assert config_from_sources(None, [], _flags(ns, train_flags())).data.group_by_length is False

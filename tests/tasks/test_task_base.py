@@ -131,7 +131,7 @@ def test_eval_step_uses_only_its_tools(tmp_path):
     task.eval_step(batch, torch.tensor([True, True]), stream, EvalTools(forward, generate, Tok()))
     assert calls["forward"] is batch
     assert calls["generate"]["input_ids"] is batch["input_ids"] and "synced_gpus" not in calls["generate"]
-    assert calls["generate"]["max_new_tokens"] == task.config.generation_max_length
+    assert calls["generate"]["max_new_tokens"] == task.options.generation_max_length
     assert stream.predictions == ["4 3", "2"] and stream.references == ["4 3", "2 2 2"]
     assert stream.generated_tokens == 3
 

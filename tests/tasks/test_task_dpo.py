@@ -172,7 +172,7 @@ def test_the_loss_and_rewards_are_the_dpo_formula_against_a_frozen_reference(tas
     with torch.no_grad():
         outputs = task.forward(model, batch)
         loss_sum, pairs = task.compute_loss(outputs, batch)
-    beta, n = task.config.dpo_beta, 6
+    beta, n = task.options.dpo_beta, 6
     margin = beta * ((moved[:n] - original[:n]) - (moved[n:] - original[n:]))
     assert pairs.item() == n
     assert loss_sum.item() == pytest.approx(-F.logsigmoid(margin).sum().item(), abs=1e-5)
@@ -186,7 +186,7 @@ def test_with_lora_the_reference_is_the_model_with_its_adapters_off(task_and_bat
     from transformers import AutoModelForCausalLM
 
     from tuneforge import adapters
-    from tuneforge.config import build_config
+    from tuneforge.configure import build_config
 
     task, batch = task_and_batch
     model = task.load_model(task.load_tokenizer()).eval()

@@ -12,11 +12,19 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
+from tuneforge.options import BackendOptions
 
-__all__ = ["BackendOptions", "available_backends", "backend_class", "get_backend", "check_launchable"]
-_NOT_BACKENDS = {"base", "options", "precision", "layouts"}  # the parts backends are made of
+__all__ = [
+    "DEFAULT_BACKEND",
+    "BackendOptions",
+    "available_backends",
+    "backend_class",
+    "get_backend",
+    "check_launchable",
+]
+DEFAULT_BACKEND = "single"  # one process
+_NOT_BACKENDS = {"base", "precision", "layouts"}  # the parts backends are made of
 
 
 def available_backends() -> list[str]:

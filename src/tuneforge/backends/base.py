@@ -39,9 +39,9 @@ import torch
 import torch.distributed as dist
 
 from tuneforge.backends import layouts
-from tuneforge.backends.options import BackendOptions
 from tuneforge.backends.precision import Precision, cpu_has_native_bf16, resolve_precision
 from tuneforge.errors import ConfigError
+from tuneforge.options import BackendOptions
 
 __all__ = ["Backend", "MakeOptimizer", "NonFiniteStep", "cpu_has_native_bf16", "detect_device", "resolve_precision"]
 

@@ -41,9 +41,9 @@ import torch.distributed as dist
 from pydantic import Field
 
 from tuneforge.backends.base import Backend, MakeOptimizer, NonFiniteStep
-from tuneforge.backends.options import BackendOptions
 from tuneforge.backends.precision import EnginePrecision
 from tuneforge.errors import ConfigError
+from tuneforge.options import BackendOptions
 from tuneforge.weights import parameter_names
 
 RESOLVED_CONFIG = "deepspeed_config.json"

@@ -24,8 +24,8 @@ from torch import nn
 
 from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
-from tuneforge.backends.options import BackendOptions
 from tuneforge.errors import ConfigError
+from tuneforge.options import BackendOptions
 
 
 # ---- plans (module names inside one transformer block) ------------------------------------------

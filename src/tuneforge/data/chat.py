@@ -155,7 +155,7 @@ def check_template_parses(template: str, template_file: str) -> None:
 
 def template_name(config) -> str:
     """How an error names the chat template of a run: its --chat-template file, else the model's own."""
-    given = config.data.chat_template
+    given = getattr(config.task_options, "chat_template", None)
     return repr(given) if given else f"of {config.model or 'the model'!r}"
 
 

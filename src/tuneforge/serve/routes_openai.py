@@ -67,7 +67,7 @@ def chat_prompt(service: GenerationService, body: oa.ChatRequest) -> str:
     """The messages rendered by the model's chat template."""
     if not service.has_chat_template:
         raise oa.ApiError(
-            400, "this model has no chat template; use POST /v1/completions (or train it with --task sft)"
+            400, "this model has no chat template; use POST /v1/completions (or fine-tune it on conversations)"
         )
     if not body.messages:
         raise oa.ApiError(400, "messages is empty; send at least one message", "messages")

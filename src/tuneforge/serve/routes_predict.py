@@ -15,8 +15,8 @@ router = APIRouter()
 
 class PredictRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    texts: list[str] | None = Field(None, description="single texts")
-    pairs: list[tuple[str, str]] | None = Field(None, description="sentence pairs (qa: question, context)")
+    texts: list[str] | None = Field(None, description="one text per input")
+    pairs: list[tuple[str, str]] | None = Field(None, description="text pairs (sentence pairs; question and context)")
     inputs: list[dict[str, Any]] | None = Field(None, description='multiple choice: {"question", "choices"}')
 
 

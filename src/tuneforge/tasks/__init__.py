@@ -1,5 +1,9 @@
-"""Task families: classification (GLUE, BBC News, files), causal LM, chat SFT, DPO, sequence-to-sequence,
-NER, extractive question answering, multiple choice."""
+"""The task registry: task names, the class of each (imported on demand), the default task, which task the
+data files point to, and which tasks own each option.
+
+Task families: classification (GLUE, BBC News, files), causal LM, chat SFT, DPO, sequence-to-sequence,
+NER, extractive question answering, multiple choice. Each declares its own settings as an `Options` model
+(a `TaskOptions`)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,34 @@ TASKS = {
     "qa": "tuneforge.tasks.qa:QuestionAnsweringTask",
     "multiple-choice": "tuneforge.tasks.multiple_choice:MultipleChoiceTask",
 }
+
+
+DEFAULT_TASK = "bbc-news"  # a run that names no task and no data: the demo
+
+
+def infer_task(train_file: str | None, options: dict) -> str | None:
+    """The task the data files point to when none is given: parallel source files seq2seq, a .txt training
+    file clm, another training file classification. `options`: the options keys given (name -> value)."""
+    if options.get("source_file"):
+        return "seq2seq"
+    if train_file:
+        return "clm" if str(train_file).endswith(".txt") else "classification"
+    return None
+
+
+def task_classes() -> dict[str, type]:
+    """{name: class} of every registered task (GLUE's tasks as glue/NAME)."""
+    shown = [name + "NAME" if name.endswith("/") else name for name in TASKS]
+    return {name: task_class(name) for name in shown}
+
+
+def task_option_owners() -> dict[str, list[str]]:
+    """{option name: the tasks whose `Options` have it}, e.g. {"doc_stride": ["qa"]}."""
+    owners: dict[str, list[str]] = {}
+    for name, cls in task_classes().items():
+        for option in cls.Options.model_fields:
+            owners.setdefault(option, []).append(name)
+    return owners
 
 
 def task_names() -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from tuneforge.errors import ConfigError, DataError, UserError
+from tuneforge.options import TaskOptions
 from tuneforge.paths import check_output_dir
 
 
@@ -195,13 +196,19 @@ class Task:
     best_metric = "loss"  # default metric_for_best
     greater_is_better = False
     pads_batches = True  # batches carry padding (an attention mask): picks the CPU attention kernel
+    training_data_flags = "--train-file"  # what a run without training data is told to pass
     label_names: list[str] | None = None  # the adopted label set, in id order (tasks without classes: None)
-    # The task's own defaults for config keys ("epochs", "optim.lr", ...): applied where the user (YAML, flags,
-    # Python) did not set the key, before validation, so the saved config.yaml records what ran.
-    defaults: ClassVar[dict[str, Any]] = {}
+    # the task's own settings (config keys under task_options, and flags); its run_defaults ("epochs") too
+    Options: ClassVar[type[TaskOptions]] = TaskOptions
 
     def __init__(self, config) -> None:
+        if not isinstance(config.task_options, self.Options):
+            raise TypeError(
+                f"task {config.task!r} needs its options ({self.Options.__name__}) in the config: build the config "
+                "with tuneforge.configure.build_config (Trainer does it)"
+            )
         self.config = config
+        self.options = config.task_options
         self.log = print
         self.files: dict[str, str] = {}  # split -> the file it was read from (errors name it)
         if config.model:  # a typo in --model fails before any tokenizer, data or model work

@@ -20,13 +20,16 @@ from pathlib import Path
 import datasets
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
+from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import default_cache_dir
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import replacing
+from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
@@ -141,8 +144,26 @@ class TokenLossStream(MetricStream):
 
 
 # ---- the task ------------------------------------------------------------------------------
+class BlockOptions(TaskOptions):
+    """What every causal-LM task has: the longest sequence it trains on."""
+
+    block_size: int | None = Field(
+        None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="tokens per training block (sft, dpo: the longest sequence); default: min(1024, the model's "
+        "context)",
+        json_schema_extra=EVAL,
+    )
+
+
+class CausalLMOptions(BlockOptions):
+    packing: bool = Field(True, description="pack texts into full blocks of block_size tokens", json_schema_extra=EVAL)
+
+
 class CausalLMTask(Task):
     name = "clm"
+    Options = CausalLMOptions
     model_kind = "a causal language model"
     best_metric = "loss"
     greater_is_better = False
@@ -155,7 +176,7 @@ class CausalLMTask(Task):
 
     @property
     def pads_batches(self) -> bool:  # packed blocks are full (only the text's last block can be short)
-        return not self.config.data.packing
+        return not self.options.packing
 
     # ---- model -----------------------------------------------------------------------------
     def default_model(self) -> str:
@@ -180,7 +201,7 @@ class CausalLMTask(Task):
     def resolve_block_size(self) -> int:
         """--block-size, or min(1024, the model's context); never above the model's context."""
         limit = context_length(self._model_config())
-        want = self.config.data.block_size
+        want = self.options.block_size
         if want is None:
             want = min(DEFAULT_BLOCK_SIZE, limit or DEFAULT_BLOCK_SIZE)
         if limit and want > limit:
@@ -265,7 +286,7 @@ class CausalLMTask(Task):
     # ---- features --------------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
         block_size = self.resolve_block_size()
-        packing = self.config.data.packing
+        packing = self.options.packing
 
         def fn(batch):
             if packing:  # whole texts; blocks are cut after tokenization, across text boundaries
@@ -322,4 +343,4 @@ class CausalLMTask(Task):
     make_generator = staticmethod(text_generator)  # serve's OpenAI routes run the exported model
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}
+        return {"task": self.config.task, "block_size": self.block_size, "packing": self.options.packing}

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 import datasets
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
+from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
 from tuneforge.errors import DataError
 from tuneforge.tasks.base import MetricStream
-from tuneforge.tasks.clm import CausalLMTask
+from tuneforge.tasks.clm import BlockOptions, CausalLMTask
 
 IGNORE = -100
 
@@ -71,7 +73,7 @@ class PreferenceStream(MetricStream):
         self.sums = torch.zeros(len(self.NAMES) + 1, dtype=torch.float64)
 
     def update(self, outputs, batch, valid) -> None:
-        chosen, rejected = outputs.rewards(self.task.config.dpo_beta)
+        chosen, rejected = outputs.rewards(self.task.options.dpo_beta)
         keep = valid.bool().to(chosen.device)
         c, r = chosen[keep].double(), rejected[keep].double()
         losses = -F.logsigmoid(c - r)
@@ -85,8 +87,29 @@ class PreferenceStream(MetricStream):
         return {**out, "num_pairs": int(n)}
 
 
+class DPOOptions(BlockOptions):
+    dpo_beta: float = Field(
+        0.1,
+        gt=0,
+        le=1e3,
+        description="how far the model may move from the reference (the rewards' scale)",
+        json_schema_extra=EVAL,
+    )
+    drop_identical_pairs: bool = Field(
+        False, description="drop (and count) pairs whose chosen and rejected are identical instead of refusing"
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template file for conversational pairs, for a tokenizer that has none (or to "
+        "replace its own)",
+        json_schema_extra={**EVAL, **INPUT},
+    )
+    nonfinite_suspects = ("--dpo-beta",)
+
+
 class DPOTask(CausalLMTask):
     name = "dpo"
+    Options = DPOOptions
     model_kind = "a causal language model"
 
     def __init__(self, config) -> None:
@@ -100,8 +123,8 @@ class DPOTask(CausalLMTask):
 
     def load_tokenizer(self):
         tokenizer = super().load_tokenizer()
-        if self.config.data.chat_template:  # for conversational pairs of a model without a template
-            chat.set_chat_template(tokenizer, self.config.data.chat_template, self.model_path())
+        if self.options.chat_template:  # for conversational pairs of a model without a template
+            chat.set_chat_template(tokenizer, self.options.chat_template, self.model_path())
         return tokenizer
 
     # ---- raw data --------------------------------------------------------------------------
@@ -110,7 +133,7 @@ class DPOTask(CausalLMTask):
             "preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, or hh-rlhf "
             "chosen/rejected dialogues) and --validation-file",
             lambda path, _split: self._as_dataset(
-                preference.read_pairs(path, self.config.data.drop_identical_pairs, self.log)
+                preference.read_pairs(path, self.options.drop_identical_pairs, self.log)
             ),
         )
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
@@ -132,7 +155,7 @@ class DPOTask(CausalLMTask):
             pairs = [preference.to_pair(row, f"the {split} dataset, row {i}") for i, row in enumerate(rows, 1)]
             where = f"the {split} dataset"
             raw[split] = self._as_dataset(
-                preference.distinct(pairs, where, self.config.data.drop_identical_pairs, self.log)
+                preference.distinct(pairs, where, self.options.drop_identical_pairs, self.log)
             )
         return datasets.DatasetDict(raw)
 
@@ -239,7 +262,7 @@ class DPOTask(CausalLMTask):
 
     def compute_loss(self, outputs, batch, row_mask=None):
         """(sum of the pairs' DPO losses, number of pairs)."""
-        chosen, rejected = outputs.rewards(self.config.dpo_beta)
+        chosen, rejected = outputs.rewards(self.options.dpo_beta)
         losses = -F.logsigmoid(chosen - rejected)
         if row_mask is not None:
             losses = losses * row_mask.to(losses.dtype)
@@ -252,4 +275,4 @@ class DPOTask(CausalLMTask):
         return PreferenceStream(self)
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "dpo_beta": self.config.dpo_beta}
+        return {"task": self.config.task, "block_size": self.block_size, "dpo_beta": self.options.dpo_beta}

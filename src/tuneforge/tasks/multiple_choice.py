@@ -8,14 +8,19 @@ every rank (each row once).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
+from tuneforge.config import EVAL
 from tuneforge.data.choices import check_choice_counts, find_split_files, read_choices
 from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
+from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
@@ -58,7 +63,17 @@ class ChoiceStream(MetricStream):
         return self.with_loss(backend, {"accuracy": accuracy}, int(len(labels)))
 
 
+class MultipleChoiceOptions(TaskOptions):
+    data_format: Literal["auto", "codah"] = Field(
+        "auto",
+        description="auto reads SWAG columns (sent1, sent2, ending0..) or question + choices; codah reads "
+        "CODAH's headerless TSV (category, question, 4 endings, answer index)",
+        json_schema_extra=EVAL,
+    )
+
+
 class MultipleChoiceTask(Task):
+    Options = MultipleChoiceOptions
     model_kind = "a multiple-choice model"
     best_metric = "accuracy"
     greater_is_better = True
@@ -87,7 +102,7 @@ class MultipleChoiceTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        splits = self.read_local_splits(find_split_files, lambda path: read_choices(path, self.config.data.data_format))
+        splits = self.read_local_splits(find_split_files, lambda path: read_choices(path, self.options.data_format))
         if splits is None:
             return self._from_hub()
         for split, ds in splits.items():

@@ -30,9 +30,12 @@ import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
+from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.squad import check_examples, check_squad_file, find_split_files, from_hf, read_squad
 from tuneforge.errors import ConfigError, DataError
+from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
@@ -237,14 +240,14 @@ class AnswerStream(MetricStream):
         self.count = torch.zeros((), dtype=torch.float64)
 
     def update(self, outputs, batch, valid) -> None:
-        data = self.task.config.data
+        options = self.task.options
         starts = outputs.start_logits.detach().float().cpu().numpy()
         ends = outputs.end_logits.detach().float().cpu().numpy()
         for row in torch.nonzero(valid).flatten().tolist():
             offsets = batch["offset_mapping"][row]
             n, cls = len(offsets), int(batch["cls_index"][row])
             s, e = starts[row, :n], ends[row, :n]
-            span = best_span(s, e, offsets, data.n_best_size, data.max_answer_length)
+            span = best_span(s, e, offsets, options.n_best_size, options.max_answer_length)
             null = float(s[cls]) + float(e[cls])
             self.windows.append((int(batch["example"][row]), null, span[:3] if span else None))
         loss, n = self.task.compute_loss(outputs, batch, row_mask=valid)
@@ -252,7 +255,7 @@ class AnswerStream(MetricStream):
         self.count += n.detach().double().cpu()
 
     def compute(self, backend) -> dict[str, float]:
-        data, examples = self.task.config.data, self.task.eval_examples
+        threshold, examples = self.task.options.null_score_diff_threshold, self.task.eval_examples
         nulls: dict[int, float] = {}
         spans: dict[int, tuple | None] = {}
         for part in backend.gather_objects(self.windows):
@@ -262,13 +265,37 @@ class AnswerStream(MetricStream):
         order = sorted(nulls)
         predictions = []
         for example in order:
-            chosen = pick(spans[example], nulls[example], self.task.version_2, data.null_score_diff_threshold)
+            chosen = pick(spans[example], nulls[example], self.task.version_2, threshold)
             predictions.append("" if chosen is None else examples["context"][example][chosen[1] : chosen[2]])
         out = squad_metrics(predictions, [examples["answers"][i] for i in order], self.task.version_2)
         return self.with_loss(backend, out, len(order))
 
 
+class QAOptions(TaskOptions):
+    doc_stride: int | None = Field(
+        None,
+        gt=0,
+        le=MAX_TOKENS,
+        description="tokens that consecutive windows of a long context share (default: max_length // 3)",
+        json_schema_extra=EVAL,
+    )
+    max_answer_length: int = Field(
+        30, gt=0, le=MAX_TOKENS, description="longest answer, in tokens", json_schema_extra=EVAL
+    )
+    n_best_size: int = Field(
+        20, gt=0, le=10_000, description="start and end candidates scored per window", json_schema_extra=EVAL
+    )
+    null_score_diff_threshold: float = Field(
+        0.0,
+        ge=-1e6,
+        le=1e6,
+        description="SQuAD v2: answer nothing when the null score beats the best span by more than this",
+        json_schema_extra=EVAL,
+    )
+
+
 class QuestionAnsweringTask(Task):
+    Options = QAOptions
     model_kind = "a question-answering model"
     best_metric = "f1"
     greater_is_better = True
@@ -289,7 +316,7 @@ class QuestionAnsweringTask(Task):
         self.check_local_files(check_squad_file, find_split_files)
 
     def _stride(self) -> int:
-        given = self.config.data.doc_stride
+        given = self.options.doc_stride
         stride = given or self.max_length // 3
         if stride >= self.max_length:
             length = f"--max-length {self.max_length}" + ("" if self.user_max_length else " (qa's default)")
@@ -450,14 +477,14 @@ class QuestionAnsweringTask(Task):
         return AnswerStream(self)
 
     def export_info(self) -> dict:
-        data = self.config.data
+        options = self.options
         return {
             **super().export_info(),
             "max_length": self.max_length,
             "doc_stride": self.doc_stride,
-            "max_answer_length": data.max_answer_length,
-            "n_best_size": data.n_best_size,
-            "null_score_diff_threshold": data.null_score_diff_threshold,
+            "max_answer_length": options.max_answer_length,
+            "n_best_size": options.n_best_size,
+            "null_score_diff_threshold": options.null_score_diff_threshold,
             "version_2": self.version_2,
             "text_columns": ["question", "context"],  # `tuneforge predict` reads these columns unless told others
         }

@@ -13,11 +13,14 @@ from __future__ import annotations
 import datasets
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
+from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
 from tuneforge.errors import ConfigError, DataError
+from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
@@ -83,17 +86,47 @@ class GenerationStream(MetricStream):
         }
 
 
+class Seq2SeqOptions(TaskOptions):
+    source_file: str | None = Field(
+        None, description="source lines (one example per line)", json_schema_extra={**EVAL, **INPUT}
+    )
+    target_file: str | None = Field(
+        None, description="target lines, parallel to --source-file", json_schema_extra={**EVAL, **INPUT}
+    )
+    validation_source_file: str | None = Field(
+        None, description="validation source lines", json_schema_extra={**EVAL, **INPUT}
+    )
+    validation_target_file: str | None = Field(
+        None, description="validation target lines", json_schema_extra={**EVAL, **INPUT}
+    )
+    source_column: str | None = Field(
+        None, description="the source column of csv/jsonl rows (default: source)", json_schema_extra=EVAL
+    )
+    target_column: str | None = Field(
+        None, description="the target column of csv/jsonl rows (default: target)", json_schema_extra=EVAL
+    )
+    source_prefix: str = Field(
+        "", description="text put before every source (e.g. 'translate German to English: ')", json_schema_extra=EVAL
+    )
+    max_target_length: int = Field(128, gt=0, le=MAX_TOKENS, description="tokens per target", json_schema_extra=EVAL)
+    num_beams: int = Field(1, gt=0, le=1000, description="evaluation: beam search width", json_schema_extra=EVAL)
+    generation_max_length: int = Field(
+        128, gt=0, le=MAX_TOKENS, description="evaluation: tokens generated at most", json_schema_extra=EVAL
+    )
+
+
 class Seq2SeqTask(Task):
     name = "seq2seq"
+    Options = Seq2SeqOptions
+    training_data_flags = "--source-file and --target-file (or a --train-file of source and target columns)"
     model_kind = "a sequence-to-sequence model"
     best_metric = "bleu"
     greater_is_better = True
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        data = config.data
-        self.source_column = data.source_column or "source"
-        self.target_column = data.target_column or "target"
+        self.source_column = self.options.source_column or "source"
+        self.target_column = self.options.target_column or "target"
         if self.source_column == self.target_column:  # the model would learn to copy its input
             raise ConfigError(
                 f"--source-column and --target-column both name {self.source_column!r}; pass the column holding "
@@ -102,17 +135,17 @@ class Seq2SeqTask(Task):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
-        data = self.config.data
+        data, opts = self.config.data, self.options
         splits = {}
         train = self._read_split(
-            "train", data.source_file, data.target_file, data.train_file, ("--source-file", "--target-file")
+            "train", opts.source_file, opts.target_file, data.train_file, ("--source-file", "--target-file")
         )
         if train is not None:
             splits["train"] = train
         validation = self._read_split(
             "validation",
-            data.validation_source_file,
-            data.validation_target_file,
+            opts.validation_source_file,
+            opts.validation_target_file,
             data.validation_file,
             ("--validation-source-file", "--validation-target-file"),
         )
@@ -174,8 +207,8 @@ class Seq2SeqTask(Task):
         )
 
     def tokenize(self, raw, tokenizer, log=print):
-        data = self.config.data
-        prefix = data.source_prefix
+        data, opts = self.config.data, self.options
+        prefix = opts.source_prefix
         # BERT-style tokenizers start the target with [CLS], which for an encoder-decoder is the
         # decoder start token itself: the decoder must learn what follows it, not to repeat it
         start_id = self._decoder_start_token_id(tokenizer)
@@ -187,7 +220,7 @@ class Seq2SeqTask(Task):
                 truncation=True,
                 return_token_type_ids=False,
             )
-            labels = tokenizer(text_target=batch["target"], max_length=data.max_target_length, truncation=True)[
+            labels = tokenizer(text_target=batch["target"], max_length=opts.max_target_length, truncation=True)[
                 "input_ids"
             ]
             if start_id is not None:
@@ -203,7 +236,7 @@ class Seq2SeqTask(Task):
             "task": "seq2seq",
             "prefix": prefix,
             "max_length": data.max_length,
-            "max_target_length": data.max_target_length,
+            "max_target_length": opts.max_target_length,
             "strip_start": start_id,
         }
         out = {}
@@ -300,8 +333,8 @@ class Seq2SeqTask(Task):
     def generation_kwargs(self) -> dict:
         # max_new_tokens overrides the model's generation_config max_length (20 by default)
         return {
-            "num_beams": self.config.num_beams,
-            "max_new_tokens": self.config.generation_max_length,
+            "num_beams": self.options.num_beams,
+            "max_new_tokens": self.options.generation_max_length,
             "do_sample": False,
         }
 
@@ -325,12 +358,12 @@ class Seq2SeqTask(Task):
     make_generator = staticmethod(text_generator)  # serve's OpenAI routes run the exported model
 
     def export_info(self) -> dict:
-        data = self.config.data
+        data, opts = self.config.data, self.options
         return {
             "task": self.config.task,
             "max_length": data.max_length,
-            "max_target_length": data.max_target_length,
-            "source_prefix": data.source_prefix,
-            "num_beams": self.config.num_beams,
-            "generation_max_length": self.config.generation_max_length,
+            "max_target_length": opts.max_target_length,
+            "source_prefix": opts.source_prefix,
+            "num_beams": self.options.num_beams,
+            "generation_max_length": self.options.generation_max_length,
         }

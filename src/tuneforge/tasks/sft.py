@@ -19,17 +19,35 @@ it has when its conversation runs alone; a padding position sees only itself.
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import datasets
 import torch
+from pydantic import Field
 
+from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.clm import CausalLMTask
+from tuneforge.tasks.clm import CausalLMOptions, CausalLMTask
+
+
+class ChatSFTOptions(CausalLMOptions):
+    chat_format: Literal["auto", "messages", "alpaca"] = Field(
+        "auto",
+        description="rows with `messages` ([{role, content}]) or Alpaca rows (instruction, input, output); "
+        "auto: from the first row",
+        json_schema_extra=EVAL,
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template file, for a tokenizer that has none (or to replace its own)",
+        json_schema_extra={**EVAL, **INPUT},
+    )
 
 
 class ChatSFTTask(CausalLMTask):
     name = "sft"
+    Options = ChatSFTOptions
     model_kind = "a chat model"
 
     @property
@@ -38,7 +56,7 @@ class ChatSFTTask(CausalLMTask):
 
     def load_tokenizer(self):
         tokenizer = super().load_tokenizer()
-        chat.set_chat_template(tokenizer, self.config.data.chat_template, self.model_path())
+        chat.set_chat_template(tokenizer, self.options.chat_template, self.model_path())
         if not tokenizer.is_fast:
             raise ConfigError(
                 f"the tokenizer of {self.model_path()!r} is not a fast tokenizer; --task sft needs its character "
@@ -49,7 +67,7 @@ class ChatSFTTask(CausalLMTask):
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
         def read(path, _split) -> datasets.Dataset:
-            conversations = chat.read_conversations(path, self.config.data.chat_format)
+            conversations = chat.read_conversations(path, self.options.chat_format)
             return datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
 
         splits = self.read_given_files(
@@ -130,7 +148,7 @@ class ChatSFTTask(CausalLMTask):
                 "--block-size"
             )
         groups = (
-            chat.pack([len(x) for x in ids], block_size) if self.config.data.packing else [[i] for i in range(len(ids))]
+            chat.pack([len(x) for x in ids], block_size) if self.options.packing else [[i] for i in range(len(ids))]
         )
         blocks = {
             "input_ids": [sum((ids[i] for i in g), []) for g in groups],
@@ -173,4 +191,4 @@ class ChatSFTTask(CausalLMTask):
         return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}
+        return {"task": self.config.task, "block_size": self.block_size, "packing": self.options.packing}

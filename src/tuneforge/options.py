@@ -1,0 +1,36 @@
+"""The bases of every options model: a task's, a backend's and a command's own settings.
+
+Each is a pydantic model whose fields are config keys and CLI flags (the field's description is the flag's
+help, a Literal its choices). They refuse unknown keys, inf and nan; give each number its bounds. This
+module imports pydantic only, so the config at the ground floor can name these bases without knowing
+any task or backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Options(BaseModel):
+    """Settings validated once at the edge: unknown keys, inf and nan refused."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class TaskOptions(Options):
+    """A task's own settings. Subclass it as `Options` in the task class: each field becomes a config key
+    under `task_options` (also accepted flat, and under `data` where config files of 0.x wrote it) and a
+    CLI flag that `train` and `eval` take. A task family shares its parent's options by subclassing them."""
+
+    # the task's own defaults for run keys ("epochs", "optim.lr"): applied where the user (YAML, flags,
+    # Python) did not set the key, so the saved config.yaml records what ran
+    run_defaults: ClassVar[dict[str, Any]] = {}
+    # flags to name when a step's loss or gradients are not finite (besides the learning rate)
+    nonfinite_suspects: ClassVar[tuple[str, ...]] = ()
+
+
+class BackendOptions(Options):
+    """A backend's own settings. Subclass it as `Options` in the backend class: each field becomes a
+    config key under `backend_options` (also accepted flat) and a CLI flag."""
