@@ -324,8 +324,14 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "predict": ("predict labels for a csv/tsv/jsonl file", _predict_arguments),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
     "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),
-    "generate": ("generate text with a causal LM or sequence-to-sequence model", _module_arguments("tuneforge.generate")),
-    "chat": ("talk to a chat model (one fine-tuned on conversations) in the terminal", _module_arguments("tuneforge.chat")),
+    "generate": (
+        "generate text with a causal LM or sequence-to-sequence model",
+        _module_arguments("tuneforge.generate"),
+    ),
+    "chat": (
+        "talk to a chat model (one fine-tuned on conversations) in the terminal",
+        _module_arguments("tuneforge.chat"),
+    ),
     "serve": (
         "serve a model over HTTP: OpenAI-compatible generation, /predict for classifiers, a web page",
         _module_arguments("tuneforge.serve"),
