@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import default_cache_dir
@@ -30,10 +31,7 @@ from tuneforge.files import replacing
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
-    check_model_path,
-    context_length,
     empty_check,
-    from_pretrained,
     hold_out_validation,
     set_dropout,
 )
@@ -146,6 +144,8 @@ class CausalLMTask(Task):
     model_kind = "a causal language model"
     best_metric = "loss"
     greater_is_better = False
+    generates = True
+    family = FAMILY_CAUSAL
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -322,4 +322,9 @@ class CausalLMTask(Task):
     make_generator = staticmethod(text_generator)  # serve's OpenAI routes run the exported model
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}
+        return {
+            "task": self.config.task,
+            "block_size": self.block_size,
+            "packing": self.config.data.packing,
+            **self.capabilities(),
+        }

@@ -252,4 +252,9 @@ class DPOTask(CausalLMTask):
         return PreferenceStream(self)
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "dpo_beta": self.config.dpo_beta}
+        return {
+            "task": self.config.task,
+            "block_size": self.block_size,
+            "dpo_beta": self.config.dpo_beta,
+            **self.capabilities(),
+        }

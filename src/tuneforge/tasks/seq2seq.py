@@ -15,19 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import FAMILY_SEQ2SEQ, bundled_minilm, check_model_path, from_pretrained
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import (
-    MetricStream,
-    Task,
-    bundled_minilm,
-    check_model_path,
-    empty_check,
-    from_pretrained,
-    hold_out_validation,
-    set_dropout,
-)
+from tuneforge.tasks.base import MetricStream, Task, empty_check, hold_out_validation, set_dropout
 from tuneforge.tasks.clm import text_generator
 
 NOT_SEQ2SEQ_HEADS = (
@@ -86,6 +79,8 @@ class GenerationStream(MetricStream):
 class Seq2SeqTask(Task):
     name = "seq2seq"
     model_kind = "a sequence-to-sequence model"
+    generates = True
+    family = FAMILY_SEQ2SEQ
     best_metric = "bleu"
     greater_is_better = True
 
@@ -251,7 +246,7 @@ class Seq2SeqTask(Task):
                 "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)"
             )
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
-        return from_pretrained(
+        return load_pretrained_model(
             AutoModelForSeq2SeqLM,
             path,
             "a sequence-to-sequence model",
@@ -333,4 +328,5 @@ class Seq2SeqTask(Task):
             "source_prefix": data.source_prefix,
             "num_beams": self.config.num_beams,
             "generation_max_length": self.config.generation_max_length,
+            **self.capabilities(),
         }

@@ -173,4 +173,9 @@ class ChatSFTTask(CausalLMTask):
         return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "packing": self.config.data.packing}
+        return {
+            "task": self.config.task,
+            "block_size": self.block_size,
+            "packing": self.config.data.packing,
+            **self.capabilities(),
+        }
