@@ -52,7 +52,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> str:
-    from tuneforge.tasks.base import bundled_minilm
+    from tuneforge.artifacts import bundled_minilm
 
     return bundled_minilm()
 

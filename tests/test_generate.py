@@ -94,8 +94,8 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
     assert code == 2
     assert err.strip() == (
         f"error: model {str(classifier)!r} is a BertForSequenceClassification, not a text-generation "
-        "model; `tuneforge generate` needs a causal LM (--task clm) or seq2seq model (--task seq2seq); "
-        "for classifiers use `tuneforge predict`"
+        "model; `tuneforge generate` needs a causal LM or a sequence-to-sequence model (one trained to generate "
+        "text); for classifiers use `tuneforge predict`"
     )
 
 

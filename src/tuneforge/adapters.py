@@ -13,6 +13,8 @@
   `peft.PeftModel.from_pretrained(base, folder)` loads it and tuneforge's predict/generate/serve too.
 - `load_merged(loader, folder)`: the base model of an adapter folder with the adapter merged in:
   `tuneforge export --merge` (export.py) writes that as a standalone HF folder.
+- `load_pretrained_model(loader, path, what)`: a model folder's model, an adapter folder's merged: how the tasks,
+  predict, generate and serve load every model (artifacts.from_pretrained loads configs and plain folders).
 
 The base model is recorded (its path or hub id, and a fingerprint of the weights the adapters sit
 on), so an adapter is never merged into a model it was not trained on.
@@ -31,7 +33,15 @@ from typing import Any
 
 import torch
 
-from tuneforge.artifacts import read_model_info, write_model_info
+from tuneforge.artifacts import (
+    ADAPTER_CONFIG,
+    first_error_line,
+    from_pretrained,
+    is_adapter_folder,
+    loads_a_model,
+    read_model_info,
+    write_model_info,
+)
 from tuneforge.backends.layouts import TRAINABLE_FILE as TRAINABLE_FILE
 from tuneforge.backends.layouts import trainable_state as trainable_state
 from tuneforge.backends.precision import check_quantize as check_quantize
@@ -39,7 +49,6 @@ from tuneforge.backends.precision import quantization_kwargs as quantization_kwa
 from tuneforge.backends.precision import quiet_bitsandbytes
 from tuneforge.errors import ConfigError
 
-ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."  # the PeftModel's name for the model it wraps
 
 
@@ -70,15 +79,6 @@ class Adapter:
     def disabled(self):
         """A context in which the model runs as its base alone (DPO's reference): no second copy of the weights."""
         return self.peft_model.disable_adapter()
-
-
-def is_adapter_folder(path: str | os.PathLike) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
-
-
-def loads_a_model(loader) -> bool:
-    """Whether `loader.from_pretrained` builds a model (AutoModelFor..., BertFor...), not a config or tokenizer."""
-    return hasattr(loader, "from_config") or hasattr(loader, "_from_config")
 
 
 # ---- which layers get adapters, which train whole ---------------------------------------------
@@ -345,3 +345,20 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
     with warnings.catch_warnings():  # peft asks transformers a deprecated question about checkpointing
         warnings.filterwarnings("ignore", category=FutureWarning)
         return PeftModel.from_pretrained(model, folder).merge_and_unload()
+
+
+def load_pretrained_model(loader, path: str, what: str, **kwargs):
+    """The model of a model folder, by `loader` (AutoModelFor..., BertFor...): an adapter folder's base with its
+    adapter merged in (`load_merged`), any other folder through `artifacts.from_pretrained`; a folder that cannot be
+    loaded is one ConfigError line.
+
+    It lives here, not in artifacts.py with `from_pretrained`: merging needs peft and the base's fingerprint (this
+    module's), and artifacts.py sits below every module that reads a model folder, this one included."""
+    from safetensors import SafetensorError
+
+    if not (loads_a_model(loader) and is_adapter_folder(path)):
+        return from_pretrained(loader, path, what, **kwargs)
+    try:
+        return load_merged(loader, path, **kwargs)  # an adapter run's OUTPUT_DIR/model
+    except (OSError, ValueError, SafetensorError) as err:
+        raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None

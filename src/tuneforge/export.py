@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from tuneforge import adapters, checkpoint
-from tuneforge.artifacts import MODEL_INFO, read_model_info, write_model_info  # read_model_info: re-exported
+from tuneforge.artifacts import ADAPTER_CONFIG, MODEL_INFO, is_adapter_folder, read_model_info, write_model_info
 from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
@@ -79,9 +79,9 @@ def export_merged(
     import transformers
 
     folder = Path(adapter_dir)
-    if not adapters.is_adapter_folder(folder):
+    if not is_adapter_folder(folder):
         raise ConfigError(
-            f"{str(folder)!r} is not an adapter folder (no {adapters.ADAPTER_CONFIG}); --merge takes the "
+            f"{str(folder)!r} is not an adapter folder (no {ADAPTER_CONFIG}); --merge takes the "
             "OUTPUT_DIR/model of an --adapter lora run"
         )
     inputs = {"the adapter folder": str(folder), "the base model": base or adapters.base_of(folder)}

@@ -22,53 +22,42 @@ from pathlib import Path
 
 import torch
 
-from tuneforge.errors import ConfigError, DataError
-from tuneforge.export import read_model_info
-from tuneforge.running_batch import CausalBatch, Seq2SeqBatch
-
-NOT_GENERATIVE_HEADS = (
-    "ForSequenceClassification",
-    "ForTokenClassification",
-    "ForQuestionAnswering",
-    "ForMultipleChoice",
-    "ForMaskedLM",
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import (
+    FAMILY_CAUSAL,
+    FAMILY_SEQ2SEQ,
+    check_model_path,
+    context_length,
+    from_pretrained,
+    generation_family,
+    inference_device,
+    load_tokenizer,
+    read_model_info,
 )
-
-
-def generates_text(model_config, info: dict) -> bool:
-    """Whether a model folder (its config and tuneforge.json) holds a model that generates text."""
-    archs = getattr(model_config, "architectures", None) or []
-    return info.get("task") in ("clm", "seq2seq", "sft") or bool(
-        archs
-        and not any(a.endswith(NOT_GENERATIVE_HEADS) for a in archs)
-        and any(
-            a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "EncoderDecoderModel")) for a in archs
-        )
-    )
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch
 
 
 def model_family(model_dir: str, model_config, info: dict) -> str:
-    """'clm' or 'seq2seq' for a model that can generate; ConfigError for anything else."""
-    task = info.get("task")
-    archs = getattr(model_config, "architectures", None) or []
-    kind = archs[0] if archs else model_config.model_type
-    if task == "sft":  # a chat model is a causal LM
-        return "clm"
-    if not generates_text(model_config, info):
+    """FAMILY_CAUSAL or FAMILY_SEQ2SEQ for a model that generates text (`artifacts.generation_family`: what its
+    tuneforge.json declares, else its architecture); ConfigError for anything else."""
+    family = generation_family(model_config, info)
+    if family is None:
+        task = info.get("task")
+        archs = getattr(model_config, "architectures", None) or []
+        kind = archs[0] if archs else model_config.model_type
         what = f"a {kind} trained for {task!r}" if task else f"a {kind}"
         raise ConfigError(
             f"model {model_dir!r} is {what}, not a text-generation model; `tuneforge generate` needs a causal LM "
-            "(--task clm) or seq2seq model (--task seq2seq); for classifiers use `tuneforge predict`"
+            "or a sequence-to-sequence model (one trained to generate text); for classifiers use `tuneforge predict`"
         )
-    if task in ("clm", "seq2seq"):
-        return task
-    return "seq2seq" if getattr(model_config, "is_encoder_decoder", False) else "clm"
+    return family
 
 
 class CausalFamily:
     """A causal LM: the output continues the prompt, and prompt and continuation share the model's positions."""
 
-    name = "clm"
+    name = FAMILY_CAUSAL
     auto_class = "AutoModelForCausalLM"
     continues_prompt = True
     padding_side = "left"  # prompts end where generation starts
@@ -93,7 +82,7 @@ class Seq2SeqFamily:
     """An encoder-decoder model: its encoder reads the prompt (with the source prefix it was trained with), its
     decoder has the positions for itself."""
 
-    name = "seq2seq"
+    name = FAMILY_SEQ2SEQ
     auto_class = "AutoModelForSeq2SeqLM"
     continues_prompt = False
     padding_side = None  # the tokenizer's own
@@ -127,26 +116,25 @@ class Generator:
     def __init__(self, model_dir: str | Path, device: str | None = None) -> None:
         import transformers
 
-        from tuneforge.tasks.base import check_model_path, from_pretrained, load_tokenizer
-
         model_dir = str(model_dir)
         check_model_path(model_dir)
         info = read_model_info(model_dir)
         model_config = from_pretrained(transformers.AutoConfig, model_dir, "the model config")
         family = FAMILIES[model_family(model_dir, model_config, info)]
         tokenizer = load_tokenizer(model_dir)
-        model = from_pretrained(getattr(transformers, family.auto_class), model_dir, "the model").eval()
-        model.to(torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
+        model = load_pretrained_model(getattr(transformers, family.auto_class), model_dir, "the model").eval()
+        model.to(inference_device(device))
         self._bind(model, tokenizer, family, info)
         self.model_dir = model_dir
 
     @classmethod
     def from_model(cls, model, tokenizer, family: str | None = None, info: dict | None = None) -> Generator:
         """A generator over a live `model` (the very object: it sees every later change of its weights); `family`
-        'clm' or 'seq2seq' (default: from the model's config)."""
+        FAMILY_CAUSAL or FAMILY_SEQ2SEQ (default: from the model's config)."""
         generator = cls.__new__(cls)
         encoder_decoder = getattr(model.config, "is_encoder_decoder", False)
-        generator._bind(model, tokenizer, FAMILIES[family or ("seq2seq" if encoder_decoder else "clm")], info or {})
+        family = family or (FAMILY_SEQ2SEQ if encoder_decoder else FAMILY_CAUSAL)
+        generator._bind(model, tokenizer, FAMILIES[family], info or {})
         generator.model_dir = None
         return generator
 
@@ -162,8 +150,6 @@ class Generator:
     @property
     def context(self) -> int | None:
         """The model's context: the positions it has (None: no limit)."""
-        from tuneforge.tasks.base import context_length
-
         return context_length(self.model.config)
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -326,7 +312,7 @@ def cmd_generate(ns: argparse.Namespace) -> int:
 
 def add_arguments(p) -> None:
     """`tuneforge generate`'s arguments (the CLI lists the command and its help)."""
-    p.add_argument("model_dir", help="HF model folder (e.g. OUTPUT_DIR/model of a clm or seq2seq run)")
+    p.add_argument("model_dir", help="HF model folder (e.g. OUTPUT_DIR/model of a run that generates text)")
     p.add_argument("--prompt", action="append", required=True, help="input text; repeat for several")
     p.add_argument("--max-new-tokens", type=int, default=50)
     p.add_argument("--do-sample", action="store_true", help="sample instead of greedy / beam search")

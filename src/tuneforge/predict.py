@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tuneforge.artifacts import read_model_info
+from tuneforge.artifacts import check_model_path, from_pretrained, generation_family, read_model_info
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import replacing
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
@@ -46,11 +46,10 @@ def load_servable(model_dir: str | Path, max_length: int | None = None):
         return generator if generator is not None else cls.make_predictor(str(model_dir), max_length=max_length)
     from transformers import AutoConfig
 
-    from tuneforge.generate import Generator, generates_text
-    from tuneforge.tasks.base import from_pretrained
+    from tuneforge.generate import Generator
 
     model_config = from_pretrained(AutoConfig, str(model_dir), "the model config")
-    if generates_text(model_config, read_model_info(str(model_dir))):
+    if generation_family(model_config, read_model_info(str(model_dir))) is not None:
         return Generator(model_dir)
     return Predictor(model_dir, max_length=max_length)
 
@@ -134,8 +133,6 @@ def predict_file(
     max_length: int | None = None,
 ) -> int:
     """Write one JSON line per input row (in input order); returns the number of rows."""
-    from tuneforge.tasks.base import check_model_path
-
     if batch_size <= 0:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
     if max_length is not None and not 1 <= max_length <= 1 << 20:

@@ -83,8 +83,8 @@ def check_arguments(ns: argparse.Namespace) -> None:
 
 
 def cmd_serve(ns: argparse.Namespace) -> int:
+    from tuneforge.artifacts import check_model_path
     from tuneforge.launch import env_flag
-    from tuneforge.tasks.base import check_model_path
 
     if ns.api_key is None:
         ns.api_key = env_flag(API_KEY_VARIABLE)

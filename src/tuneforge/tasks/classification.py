@@ -12,9 +12,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import check_model_path, from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, empty_check, from_pretrained, hold_out_validation, set_dropout
+from tuneforge.tasks.base import MetricStream, Task, empty_check, hold_out_validation, predict_max_length, set_dropout
 from tuneforge.tasks.glue import GLUE, glue_files
 
 TEXT_GUESSES = (
@@ -386,7 +388,7 @@ class ClassificationTask(Task):
             }
         model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config", **kwargs), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(
+        return load_pretrained_model(
             AutoModelForSequenceClassification,
             path,
             "a sequence-classification model",
@@ -425,7 +427,6 @@ class ClassificationPredictor:
         from transformers import AutoConfig, AutoModelForSequenceClassification
 
         from tuneforge.artifacts import read_model_info
-        from tuneforge.tasks.base import check_model_path, inference_device, load_tokenizer, predict_max_length
 
         model_dir = str(model_dir)
         if max_length is not None and max_length < 1:
@@ -442,8 +443,9 @@ class ClassificationPredictor:
             )
         self.max_length = predict_max_length(max_length, self.info.get("max_length"), 512, config)
         self.tokenizer = load_tokenizer(model_dir)
-        self.model = from_pretrained(AutoModelForSequenceClassification, model_dir, "the model").eval()
-        self.device = inference_device(self.model, device)
+        self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
+        self.device = inference_device(device)
+        self.model.to(self.device)
         self.regression = config.num_labels == 1
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")

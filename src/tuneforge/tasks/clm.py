@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
+from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
@@ -33,10 +34,7 @@ from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
     MetricStream,
     Task,
-    check_model_path,
-    context_length,
     empty_check,
-    from_pretrained,
     hold_out_validation,
     set_dropout,
 )
@@ -167,6 +165,8 @@ class CausalLMTask(Task):
     model_kind = "a causal language model"
     best_metric = "loss"
     greater_is_better = False
+    generates = True
+    family = FAMILY_CAUSAL
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -343,4 +343,9 @@ class CausalLMTask(Task):
     make_generator = staticmethod(text_generator)  # serve's OpenAI routes run the exported model
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "packing": self.options.packing}
+        return {
+            "task": self.config.task,
+            "block_size": self.block_size,
+            "packing": self.options.packing,
+            **self.capabilities(),
+        }

@@ -275,4 +275,9 @@ class DPOTask(CausalLMTask):
         return PreferenceStream(self)
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "dpo_beta": self.options.dpo_beta}
+        return {
+            "task": self.config.task,
+            "block_size": self.block_size,
+            "dpo_beta": self.options.dpo_beta,
+            **self.capabilities(),
+        }

@@ -16,21 +16,14 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL
 from tuneforge.data.choices import check_choice_counts, find_split_files, read_choices
 from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import (
-    MetricStream,
-    Task,
-    empty_check,
-    from_pretrained,
-    inference_device,
-    load_tokenizer,
-    predict_max_length,
-    set_dropout,
-)
+from tuneforge.tasks.base import MetricStream, Task, empty_check, predict_max_length, set_dropout
 
 
 def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
@@ -96,7 +89,7 @@ class MultipleChoiceTask(Task):
         path = self.model_path()
         model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config"), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(
+        return load_pretrained_model(
             AutoModelForMultipleChoice, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
         )
 
@@ -241,8 +234,9 @@ class ChoicePredictor:
 
         self.max_length = predict_max_length(max_length, read_model_info(model_dir).get("max_length"), 512)
         self.tokenizer = load_tokenizer(model_dir)
-        self.model = from_pretrained(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
-        self.device = inference_device(self.model, device)
+        self.model = load_pretrained_model(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
+        self.device = inference_device(device)
+        self.model.to(self.device)
 
     @staticmethod
     def check_inputs(rows: list[dict]) -> None:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.conll import (
     check_lengths,
     check_tagged_file,
@@ -30,16 +32,7 @@ from tuneforge.data.conll import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import (
-    MetricStream,
-    Task,
-    empty_check,
-    from_pretrained,
-    inference_device,
-    load_tokenizer,
-    predict_max_length,
-    set_dropout,
-)
+from tuneforge.tasks.base import MetricStream, Task, empty_check, predict_max_length, set_dropout
 
 IGNORE = -100
 WORD = re.compile(r"\w+|[^\w\s]")  # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation
@@ -154,7 +147,7 @@ class TokenClassificationTask(Task):
         )
         set_dropout(model_config, self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(
+        return load_pretrained_model(
             AutoModelForTokenClassification, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
         )
 
@@ -350,9 +343,10 @@ class EntityPredictor:
         info = read_model_info(model_dir)
         self.max_length = predict_max_length(max_length, info.get("max_length"), 512)
         self.tokenizer = word_tokenizer(model_dir)
-        self.model = from_pretrained(AutoModelForTokenClassification, model_dir, "a token-classification model")
+        self.model = load_pretrained_model(AutoModelForTokenClassification, model_dir, "a token-classification model")
         self.model.eval()
-        self.device = inference_device(self.model, device)
+        self.device = inference_device(device)
+        self.model.to(self.device)
         self.labels = [self.model.config.id2label[i] for i in sorted(self.model.config.id2label)]
 
     @torch.inference_mode()

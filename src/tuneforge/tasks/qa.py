@@ -32,18 +32,13 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import check_model_path, context_length, from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.squad import check_examples, check_squad_file, find_split_files, from_hf, read_squad
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import (
-    MetricStream,
-    Task,
-    empty_check,
-    from_pretrained,
-    load_tokenizer,
-    set_dropout,
-)
+from tuneforge.tasks.base import MetricStream, Task, empty_check, predict_max_length, set_dropout
 
 DEFAULT_MAX_LENGTH = 384  # run_qa.py's max_seq_length: a question and its context want more than classification's 128
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -329,7 +324,7 @@ class QuestionAnsweringTask(Task):
 
     def _fit_to_model(self, model_config) -> None:
         """No --max-length given: windows of at most the model's positions (run_qa.py takes the smaller too)."""
-        limit = getattr(model_config, "max_position_embeddings", None) if model_config is not None else None
+        limit = context_length(model_config)
         if self.user_max_length is None and limit and limit < self.max_length:
             self.max_length = limit
             self.doc_stride = self._stride()
@@ -355,12 +350,12 @@ class QuestionAnsweringTask(Task):
             model_config.num_labels = 2
         set_dropout(model_config, self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return from_pretrained(
+        return load_pretrained_model(
             AutoModelForQuestionAnswering, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
         )
 
     def check_max_length(self, tokenizer, model_config) -> None:
-        limit = getattr(model_config, "max_position_embeddings", None)
+        limit = context_length(model_config)
         if limit and self.max_length > limit:
             raise ConfigError(
                 f"max_length {self.max_length} is above the model's limit of {limit} positions; use --max-length "
@@ -520,7 +515,6 @@ class AnswerPredictor:
         from transformers import AutoConfig, AutoModelForQuestionAnswering
 
         from tuneforge.artifacts import read_model_info
-        from tuneforge.tasks.base import check_model_path, inference_device, predict_max_length
 
         model_dir = str(model_dir)
         if max_length is not None and max_length < 1:
@@ -541,8 +535,11 @@ class AnswerPredictor:
         self.threshold = float(info.get("null_score_diff_threshold") or 0.0)
         self.tokenizer = load_tokenizer(model_dir)
         require_fast(self.tokenizer, model_dir)
-        self.model = from_pretrained(AutoModelForQuestionAnswering, model_dir, "a question-answering model").eval()
-        self.device = inference_device(self.model, device)
+        self.model = load_pretrained_model(
+            AutoModelForQuestionAnswering, model_dir, "a question-answering model"
+        ).eval()
+        self.device = inference_device(device)
+        self.model.to(self.device)
         self.labels: list[str] = []  # serve's /health: a QA model has no classes
 
     @torch.inference_mode()

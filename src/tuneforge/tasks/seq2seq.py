@@ -16,21 +16,14 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import FAMILY_SEQ2SEQ, bundled_minilm, check_model_path, from_pretrained
 from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import (
-    MetricStream,
-    Task,
-    bundled_minilm,
-    check_model_path,
-    empty_check,
-    from_pretrained,
-    hold_out_validation,
-    set_dropout,
-)
+from tuneforge.tasks.base import MetricStream, Task, empty_check, hold_out_validation, set_dropout
 from tuneforge.tasks.clm import text_generator
 
 NOT_SEQ2SEQ_HEADS = (
@@ -120,6 +113,8 @@ class Seq2SeqTask(Task):
     Options = Seq2SeqOptions
     training_data_flags = "--source-file and --target-file (or a --train-file of source and target columns)"
     model_kind = "a sequence-to-sequence model"
+    generates = True
+    family = FAMILY_SEQ2SEQ
     best_metric = "bleu"
     greater_is_better = True
 
@@ -284,7 +279,7 @@ class Seq2SeqTask(Task):
                 "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)"
             )
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
-        return from_pretrained(
+        return load_pretrained_model(
             AutoModelForSeq2SeqLM,
             path,
             "a sequence-to-sequence model",
@@ -366,4 +361,5 @@ class Seq2SeqTask(Task):
             "source_prefix": opts.source_prefix,
             "num_beams": self.options.num_beams,
             "generation_max_length": self.options.generation_max_length,
+            **self.capabilities(),
         }

@@ -191,4 +191,9 @@ class ChatSFTTask(CausalLMTask):
         return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
 
     def export_info(self) -> dict:
-        return {"task": self.config.task, "block_size": self.block_size, "packing": self.options.packing}
+        return {
+            "task": self.config.task,
+            "block_size": self.block_size,
+            "packing": self.options.packing,
+            **self.capabilities(),
+        }
