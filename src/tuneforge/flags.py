@@ -8,6 +8,10 @@ gives the choices, int or float the type, a list a repeatable flag, a bool a swi
 to true), a required field a required flag. A field's `json_schema_extra` may rename its flag
 ({"flag": "--text-column"}), drop it ({"flag": None}), make it a positional argument (POSITIONAL), add argparse
 settings ({"flag_kwargs": {...}}) or word the refusal of a bad value ({"refusal": ...}, see `refusal_line`).
+
+It imports nothing of tuneforge but errors.py: config.py reaches the tasks (task inference), whose modules reach
+generate.py and export.py, whose options use this module. So `allowed_range`, the text of a field's bounds that
+config.py's refusals state too, is written here (config.py is to import it from here: it keeps its copy until then).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from tuneforge.config import allowed_range
 from tuneforge.errors import ConfigError
 
 POSITIONAL: dict[str, Any] = {"positional": True}  # json_schema_extra of a positional argument (MODEL_DIR)
@@ -127,6 +130,37 @@ def _wording(field, value: Any) -> str | None:
     return wording.get("low" if below else "high")
 
 
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
+
+
+def allowed_range(field) -> str | None:
+    """'a finite number > 0 and <= 1000' (or 'a whole number ...'): a numeric field's stated bounds; None for others."""
+    kinds = [field.annotation, *typing.get_args(field.annotation)]
+    metadata, each = field.metadata, ""
+    if typing.get_origin(field.annotation) is tuple:  # (beta1, beta2): the items' own bounds
+        item = typing.get_args(field.annotation)[0]
+        kinds = [typing.get_args(item)[0]]
+        metadata = [m for info in typing.get_args(item)[1:] for m in getattr(info, "metadata", [info])]
+        each = "each "
+    if any(typing.get_origin(k) is Literal for k in kinds):
+        return None  # a number or a word: the field's own message says which
+    if int in kinds:
+        kind = "a whole number"
+    elif float in kinds:
+        kind = "a finite number"
+    else:
+        return None
+    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    bounds = [
+        f"{symbol} {_number(getattr(m, name))}"
+        for m in metadata
+        for name, symbol in symbols.items()
+        if getattr(m, name, None) is not None
+    ]
+    return f"{each}{kind} {' and '.join(bounds)}".strip() + (" (or null)" if type(None) in kinds else "")
+
+
 def refusal_line(model: type[BaseModel], error: Mapping[str, Any]) -> str:
     """One pydantic error of `model` as a line naming the flag: the field's own wording (formatted with {flag},
     {value} and its bounds {ge} {gt} {le} {lt}), else "bad value for --FLAG: ... (got V); allowed: RANGE". An
@@ -135,7 +169,9 @@ def refusal_line(model: type[BaseModel], error: Mapping[str, Any]) -> str:
     if not error["loc"]:
         return message
     name = str(error["loc"][0])
-    field = model.model_fields[name]
+    field = model.model_fields.get(name)
+    if field is None:  # a key the model does not have (from a dict)
+        return f"unknown option {name!r}; allowed: {', '.join(model.model_fields)}"
     made = field_flag(name, field, name)
     flag = made[0] if made else name
     if error["type"] == "missing":
@@ -149,10 +185,11 @@ def refusal_line(model: type[BaseModel], error: Mapping[str, Any]) -> str:
 
 
 def parse_options(model: type[BaseModel], values: argparse.Namespace | Mapping[str, Any]):
-    """An instance of `model` from parsed flags (or a dict): those left out (None) take the field's default. A
-    bad value raises one ConfigError line naming its flag."""
-    given = vars(values) if isinstance(values, argparse.Namespace) else dict(values)
-    fields = {k: v for k, v in given.items() if k in model.model_fields and v is not None}
+    """An instance of `model` from parsed flags (or a dict, where a key the model lacks is refused): those left
+    out (None) take the field's default. A bad value raises one ConfigError line naming its flag."""
+    if isinstance(values, argparse.Namespace):  # it holds the CLI's own entries too (command, func)
+        values = {k: v for k, v in vars(values).items() if k in model.model_fields}
+    fields = {k: v for k, v in values.items() if v is not None}
     try:
         return model.model_validate(fields)
     except ValidationError as err:

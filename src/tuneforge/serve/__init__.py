@@ -49,8 +49,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from tuneforge.launch import env_flag
     from tuneforge.tasks.base import check_model_path
 
-    given = vars(ns) if ns.api_key is not None else {**vars(ns), "api_key": env_flag(API_KEY_VARIABLE)}
-    options = parse_options(ServeOptions, given)  # every flag checked before any work: one line naming it
+    if ns.api_key is None:  # no --api-key: the environment's
+        ns = argparse.Namespace(**{**vars(ns), "api_key": env_flag(API_KEY_VARIABLE)})
+    options = parse_options(ServeOptions, ns)  # every flag checked before any work: one line naming it
     check_model_path(options.model_dir)
     try:
         import fastapi  # noqa: F401  (the app's)

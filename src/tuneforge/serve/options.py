@@ -10,6 +10,8 @@ from tuneforge.flags import POSITIONAL
 
 API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
 MAX_LENGTH = 1 << 20
+MAX_BATCH_SIZE = 32  # the defaults that the engine and the batcher take too (serve/engine.py, serve/batching.py)
+MAX_QUEUE = 256
 
 # the wording of each refusal, as the server has always said it
 POSITIVE_UP_TO = {
@@ -53,7 +55,7 @@ class ServeOptions(BaseModel):
         json_schema_extra={"refusal": "{flag} is empty; give a name or leave it out"},
     )
     max_batch_size: int = Field(
-        32,
+        MAX_BATCH_SIZE,
         ge=1,
         le=65536,
         description="classifiers: most inputs in one batch; generation: most sequences decoding together "
@@ -68,7 +70,7 @@ class ServeOptions(BaseModel):
         json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value:g}"},
     )
     max_queue: int = Field(
-        256,
+        MAX_QUEUE,
         ge=1,
         le=1_000_000,
         description="most requests (sequences) waiting; beyond it: 503 with Retry-After",
