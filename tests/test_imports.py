@@ -114,6 +114,7 @@ FLOORS = {
     "ground": (  # what every part uses: errors, options and config (inert data), files, model folders, progress
         "tuneforge.errors",
         "tuneforge.options",
+        "tuneforge.flags",
         "tuneforge.config",
         "tuneforge.files",
         "tuneforge.paths",

@@ -16,9 +16,29 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from tuneforge.artifacts import context_length
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.generate import Generator, check_generation_options
+from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.generate import Generator, MaxNewTokens, Seed, Temperature, TopP
+
+
+class ChatOptions(BaseModel):
+    """`tuneforge chat`'s arguments (the decoding settings' bounds are generate.py's), checked before the model
+    loads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    model_dir: str = Field(
+        description="a chat model folder (OUTPUT_DIR/model of an --task sft run)", json_schema_extra=POSITIONAL
+    )
+    system: str | None = Field(None, description="a system message put first")
+    max_new_tokens: MaxNewTokens = 200
+    do_sample: bool = Field(False, description="sample instead of greedy decoding")
+    temperature: Temperature = None
+    top_p: TopP = None
+    seed: Seed = None
 
 
 def template_file(model_dir: str) -> str:
@@ -106,24 +126,17 @@ def chat(
 
 
 def cmd_chat(ns: argparse.Namespace) -> int:
-    check_generation_options(ns.max_new_tokens, ns.temperature, None, ns.top_p, 1, ns.seed)  # before loading
-    generator = Generator(ns.model_dir)
+    options = parse_options(ChatOptions, ns)  # every flag checked before the model loads
+    generator = Generator(options.model_dir)
     if not generator.kind.continues_prompt:
-        raise ConfigError(f"model {ns.model_dir!r} is a seq2seq model; `tuneforge chat` talks to causal LMs")
-    options = {"max_new_tokens": ns.max_new_tokens, "do_sample": ns.do_sample, "seed": ns.seed}
-    if ns.do_sample:
-        options.update(temperature=ns.temperature, top_p=ns.top_p)
-    chat(generator, sys.stdin, sys.stdout, system=ns.system, **options)
+        raise ConfigError(f"model {options.model_dir!r} is a seq2seq model; `tuneforge chat` talks to causal LMs")
+    # temperature and top-p only when sampling: greedy decoding would warn about them
+    decoding = {"max_new_tokens", "do_sample", "seed"} | ({"temperature", "top_p"} if options.do_sample else set())
+    chat(generator, sys.stdin, sys.stdout, system=options.system, **options.model_dump(include=decoding))
     return 0
 
 
 def add_arguments(p) -> None:
-    """`tuneforge chat`'s arguments."""
-    p.add_argument("model_dir", help="a chat model folder (OUTPUT_DIR/model of an --task sft run)")
-    p.add_argument("--system", default=None, help="a system message put first")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    """`tuneforge chat`'s arguments: ChatOptions' fields."""
+    add_model_flags(p, ChatOptions)
     p.set_defaults(func=cmd_chat)

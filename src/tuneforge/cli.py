@@ -12,69 +12,17 @@ import importlib
 import json
 import re
 import sys
-import types
-import typing
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from tuneforge import launch
 from tuneforge.errors import UserError
+from tuneforge.flags import model_flags
 from tuneforge.reporting import hide_deepspeed_cpu_notice
 
 
-# ---- flags, generated from the config models --------------------------------------------------
-# flag -> (config key, argparse kwargs). Flags left unset do not override YAML/defaults. Name, type,
-# choices (a Literal) and help (the Field's description) come from the field; a field's
-# json_schema_extra may rename its flag ({"flag": "--text-column"}), add argparse settings
-# ({"flag_kwargs": {...}}) or have none ({"flag": None}). A bool that defaults to true is `--no-NAME`.
-def _field_flag(name: str, field, key: str) -> tuple[str, tuple[str, dict[str, Any]]] | None:
-    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-    flag = extra.get("flag", "--" + name.replace("_", "-"))
-    if flag is None:
-        return None
-    kind = field.annotation
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        kinds = [k for k in typing.get_args(kind) if k is not type(None)]
-        kind = kinds[0] if len(kinds) == 1 else kind
-    help_text = field.description or ""
-    kwargs: dict[str, Any] = {}
-    if kind is bool:
-        if field.default is True:
-            flag, help_text = "--no-" + flag.removeprefix("--"), f"turn off: {help_text}"
-        kwargs = {"action": "store_const", "const": field.default is not True}
-    elif typing.get_origin(kind) is Literal:
-        kwargs = {"choices": list(typing.get_args(kind))}
-    elif typing.get_origin(kind) is list:
-        (item,) = typing.get_args(kind)
-        if typing.get_origin(item) is Literal:
-            kwargs = {"nargs": "+", "choices": list(typing.get_args(item))}
-        else:
-            kwargs = {"action": "append"}
-    elif kind in (int, float):
-        kwargs = {"type": kind}
-    elif kind is not str and "flag_kwargs" not in extra:  # e.g. int | Literal["auto"]: pydantic reads the string
-        raise TypeError(f"config field {key!r} ({field.annotation}) needs json_schema_extra flag settings")
-    if "choices" not in kwargs and kind is not bool:
-        kwargs["metavar"] = name.upper()
-    kwargs.update(extra.get("flag_kwargs", {}))
-    shown = field.default
-    if kind is not bool and shown not in (None, "") and "default" not in help_text:
-        shown = " ".join(map(str, shown)) if isinstance(shown, list) else shown
-        help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
-    kwargs["help"] = help_text.replace("%", "%%")
-    return flag, (key, kwargs)
-
-
-def _model_flags(model, prefix: str = "", skip: tuple[str, ...] = ()) -> dict[str, tuple[str, dict[str, Any]]]:
-    out = {}
-    for name, field in model.model_fields.items():
-        if name not in skip:
-            made = _field_flag(name, field, prefix + name)
-            if made:
-                out[made[0]] = made[1]
-    return out
-
-
+# ---- flags, generated from the config models (tuneforge.flags) ---------------------------------
+# flag -> (config key, argparse kwargs). Flags left unset do not override YAML/defaults.
 def _options_flags(classes: dict[str, type], kind: str) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
     """Each task's or backend's Options as flags (`--doc-stride`, `--zero-stage`), and the help group of each.
     `classes`: {name: task or backend class}; `kind`: "task" or "backend"."""
@@ -84,7 +32,7 @@ def _options_flags(classes: dict[str, type], kind: str) -> tuple[dict[str, tuple
             owners.setdefault(option, []).append(name)
     flags, groups = {}, {}
     for cls in classes.values():
-        for flag, (key, kwargs) in _model_flags(cls.Options, f"{kind}_options.").items():
+        for flag, (key, kwargs) in model_flags(cls.Options, f"{kind}_options.").items():
             if flag not in flags:  # an option several share (a parent's, or a backend subclass's) is one flag
                 flags[flag] = (key, kwargs)
                 groups[key] = f"{kind} {' or '.join(owners[key.split('.', 1)[1]])} options ({kind}_options.*)"
@@ -102,11 +50,11 @@ def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str
     task_flags, task_groups = _options_flags(task_classes(), "task")
     backend_flags, backend_groups = _options_flags(backend_classes(), "backend")
     flags = {
-        **_model_flags(TrainConfig, skip=("optim", "data", "task_options", "backend_options")),
+        **model_flags(TrainConfig, skip=("optim", "data", "task_options", "backend_options")),
         **task_flags,
         **backend_flags,
-        **_model_flags(OptimConfig, "optim."),
-        **_model_flags(DataConfig, "data."),
+        **model_flags(OptimConfig, "optim."),
+        **model_flags(DataConfig, "data."),
     }
     flags["--task"][1]["help"] += f"; one of: {', '.join(task_names())}"
     groups = {**task_groups, **backend_groups}
@@ -254,21 +202,6 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_predict(ns: argparse.Namespace) -> int:
-    from tuneforge.predict import predict_file
-
-    n = predict_file(
-        ns.model_dir,
-        ns.input,
-        ns.output,
-        text_columns=ns.text_column,
-        batch_size=ns.batch_size,
-        max_length=ns.max_length,
-    )
-    print(f"wrote {n} predictions to {ns.output}", flush=True)
-    return 0
-
-
 def cmd_env(ns: argparse.Namespace) -> int:
     from tuneforge.environment import collect_env, format_env
 
@@ -293,16 +226,6 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def _predict_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model_dir")
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--text-column", action="append", default=None)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=None)
-    p.set_defaults(func=cmd_predict)
-
-
 def _env_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_env)
@@ -321,7 +244,7 @@ def _module_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "train": ("fine-tune a model (config file, key=value overrides, flags)", _train_arguments),
     "eval": ("evaluate a model on a task's validation data", _eval_arguments),
-    "predict": ("predict labels for a csv/tsv/jsonl file", _predict_arguments),
+    "predict": ("predict labels for a csv/tsv/jsonl file", _module_arguments("tuneforge.predict")),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
     "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),
     "generate": (

@@ -17,7 +17,6 @@ marked `EVAL` are also `tuneforge eval`'s, fields marked `INPUT` name a file or 
 from __future__ import annotations
 
 import os
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +26,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_va
 from pydantic_core import PydanticCustomError
 
 from tuneforge.errors import ConfigError
+from tuneforge.flags import allowed_range
 from tuneforge.options import BackendOptions, Options, TaskOptions
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
@@ -399,37 +399,6 @@ def _check_adapter(config: TrainConfig) -> None:
 # One-line errors, and configs from YAML files and dotted overrides.
 
 SECTIONS = {"": TrainConfig, "optim": OptimConfig, "data": DataConfig}
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
-
-
-def allowed_range(field) -> str | None:
-    """'a finite number > 0 and <= 1000' (or 'a whole number ...'): a numeric field's stated bounds; None for others."""
-    kinds = [field.annotation, *typing.get_args(field.annotation)]
-    metadata, each = field.metadata, ""
-    if typing.get_origin(field.annotation) is tuple:  # (beta1, beta2): the items' own bounds
-        item = typing.get_args(field.annotation)[0]
-        kinds = [typing.get_args(item)[0]]
-        metadata = [m for info in typing.get_args(item)[1:] for m in getattr(info, "metadata", [info])]
-        each = "each "
-    if any(typing.get_origin(k) is Literal for k in kinds):
-        return None  # a number or a word: the field's own message says which
-    if int in kinds:
-        kind = "a whole number"
-    elif float in kinds:
-        kind = "a finite number"
-    else:
-        return None
-    symbols = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
-    bounds = [
-        f"{symbol} {_number(getattr(m, name))}"
-        for m in metadata
-        for name, symbol in symbols.items()
-        if getattr(m, name, None) is not None
-    ]
-    return f"{each}{kind} {' and '.join(bounds)}".strip() + (" (or null)" if type(None) in kinds else "")
 
 
 def field_at(loc: str, options: Mapping[str, type[BaseModel]] | None = None):

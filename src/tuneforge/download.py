@@ -9,8 +9,33 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.errors import ConfigError
+from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+
+
+class DownloadOptions(BaseModel):
+    """`tuneforge download`'s arguments; their names are `download`'s parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: str = Field(description="e.g. sentence-transformers/all-MiniLM-L6-v2", json_schema_extra=POSITIONAL)
+    local_dir: str | None = Field(None, description="folder to download into (default: the hub cache)")
+    include: list[str] | None = Field(
+        None,
+        description="only files matching this glob (repeatable), e.g. '*.safetensors'",
+        json_schema_extra={"flag_kwargs": {"metavar": "PATTERN"}},
+    )
+    exclude: list[str] | None = Field(
+        None,
+        description="skip files matching this glob (repeatable), e.g. '*.bin'",
+        json_schema_extra={"flag_kwargs": {"metavar": "PATTERN"}},
+    )
+    repo_type: Literal["model", "dataset", "space"] = Field("model", description="what kind of hub repo REPO_ID is")
+    revision: str | None = Field(None, description="branch, tag or commit (default: main)")
 
 
 def check_download_folder(folder: Path) -> None:
@@ -99,30 +124,14 @@ def download(
 
 
 def cmd_download(ns: argparse.Namespace) -> int:
-    path = download(ns.repo_id, ns.local_dir, ns.include, ns.exclude, ns.repo_type, ns.revision)
-    print(f"downloaded {ns.repo_id} to {path}", file=sys.stderr, flush=True)
+    options = parse_options(DownloadOptions, ns)
+    path = download(**options.model_dump())
+    print(f"downloaded {options.repo_id} to {path}", file=sys.stderr, flush=True)
     print(path, flush=True)
     return 0
 
 
 def add_arguments(p) -> None:
-    """`tuneforge download`'s arguments (the CLI lists the command and its help)."""
-    p.add_argument("repo_id", help="e.g. sentence-transformers/all-MiniLM-L6-v2")
-    p.add_argument("--local-dir", default=None, help="folder to download into (default: the hub cache)")
-    p.add_argument(
-        "--include",
-        action="append",
-        default=None,
-        metavar="PATTERN",
-        help="only files matching this glob (repeatable), e.g. '*.safetensors'",
-    )
-    p.add_argument(
-        "--exclude",
-        action="append",
-        default=None,
-        metavar="PATTERN",
-        help="skip files matching this glob (repeatable), e.g. '*.bin'",
-    )
-    p.add_argument("--repo-type", default="model", choices=["model", "dataset", "space"])
-    p.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
+    """`tuneforge download`'s arguments: DownloadOptions' fields (the CLI lists the command and its help)."""
+    add_model_flags(p, DownloadOptions)
     p.set_defaults(func=cmd_download)

@@ -13,15 +13,19 @@ tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the mo
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge import adapters, checkpoint
 from tuneforge.artifacts import ADAPTER_CONFIG, MODEL_INFO, is_adapter_folder, read_model_info, write_model_info
 from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
+from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.weights import share_tied
 
 
@@ -203,30 +207,42 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
 
 
 # ---- CLI ---------------------------------------------------------------------------------------
-def cmd_export(ns) -> int:
-    if ns.merge:
-        out = export_merged(ns.checkpoint, ns.out_dir, base=ns.base, overwrite=ns.overwrite)
-    elif ns.base:
-        raise ConfigError("--base goes with --merge (the model an adapter is merged into)")
+class ExportOptions(BaseModel):
+    """`tuneforge export`'s arguments, checked before anything is read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    checkpoint: str = Field(
+        description="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder",
+        json_schema_extra=POSITIONAL,
+    )
+    out_dir: str = Field(
+        description="the HF folder to write (config, model.safetensors, tokenizer)", json_schema_extra=POSITIONAL
+    )
+    overwrite: bool = Field(False, description="replace an earlier export in OUT_DIR (a folder of model files only)")
+    merge: bool = Field(
+        False, description="CHECKPOINT is an adapter run's OUTPUT_DIR/model: merge the adapter into its base model"
+    )
+    base: str | None = Field(None, description="with --merge: the base model (default: the one it was trained on)")
+
+    @model_validator(mode="after")
+    def _base_needs_merge(self):
+        if self.base and not self.merge:
+            raise ValueError("--base goes with --merge (the model an adapter is merged into)")
+        return self
+
+
+def cmd_export(ns: argparse.Namespace) -> int:
+    options = parse_options(ExportOptions, ns)
+    if options.merge:
+        out = export_merged(options.checkpoint, options.out_dir, base=options.base, overwrite=options.overwrite)
     else:
-        out = export_checkpoint(ns.checkpoint, ns.out_dir, overwrite=ns.overwrite)
-    print(f"exported {ns.checkpoint} to {out}", flush=True)
+        out = export_checkpoint(options.checkpoint, options.out_dir, overwrite=options.overwrite)
+    print(f"exported {options.checkpoint} to {out}", flush=True)
     return 0
 
 
 def add_arguments(p) -> None:
-    """`tuneforge export`'s arguments (the CLI lists the command and its help)."""
-    p.add_argument(
-        "checkpoint", help="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder"
-    )
-    p.add_argument("out_dir", help="the HF folder to write (config, model.safetensors, tokenizer)")
-    p.add_argument(
-        "--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (a folder of model files only)"
-    )
-    p.add_argument(
-        "--merge",
-        action="store_true",
-        help="CHECKPOINT is an adapter run's OUTPUT_DIR/model: merge the adapter into its base model",
-    )
-    p.add_argument("--base", default=None, help="with --merge: the base model (default: the one it was trained on)")
+    """`tuneforge export`'s arguments: ExportOptions' fields (the CLI lists the command and its help)."""
+    add_model_flags(p, ExportOptions)
     p.set_defaults(func=cmd_export)

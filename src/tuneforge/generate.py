@@ -3,7 +3,8 @@
     Generator("runs/x/model").generate(["Once upon a time"], max_new_tokens=40, do_sample=True, top_p=0.9)
     tuneforge generate runs/x/model --prompt "Once upon a time" --do-sample --top-p 0.9 --seed 0
 
-Greedy by default; sampling with temperature / top-k / top-p; beam search with --num-beams.
+Greedy by default; sampling with temperature / top-k / top-p; beam search with --num-beams (`Sampling`: the
+decoding settings and their bounds, shared with `tuneforge chat`; `GenerateOptions`: the command's arguments).
 A causal LM returns the continuation of each prompt; a seq2seq model its output for each input
 (the source prefix it was trained with, from tuneforge.json, is put in front).
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
@@ -35,7 +37,90 @@ from tuneforge.artifacts import (
     read_model_info,
 )
 from tuneforge.errors import ConfigError, DataError
+from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch
+
+MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
+MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
+BETWEEN = "{flag} must be between {ge} and {le} (got {value})"
+AT_LEAST = "{flag} must be at least {ge} (got {value})"
+
+# the decoding settings, shared by `tuneforge generate` and `tuneforge chat`: bounds and the wording of a refusal
+MaxNewTokens = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_NEW_TOKENS,
+        description="most new tokens after each prompt (fewer where the model's context ends)",
+        json_schema_extra={"refusal": BETWEEN},
+    ),
+]
+Temperature = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        description="sampling temperature (with --do-sample)",
+        json_schema_extra={
+            "refusal": {
+                "non_finite": "{flag} must be a finite number (got {value})",
+                "low": "{flag} must be above {gt} (got {value}); for greedy decoding drop --do-sample",
+            }
+        },
+    ),
+]
+TopP = Annotated[
+    float | None,
+    Field(
+        gt=0,
+        le=1,
+        description="sample from the likeliest tokens that add up to this probability (with --do-sample)",
+        json_schema_extra={"refusal": "{flag} must be in ({gt}, {le}] (got {value})"},
+    ),
+]
+Seed = Annotated[
+    int | None,
+    Field(ge=0, le=MAX_SEED, description="makes sampling reproducible", json_schema_extra={"refusal": BETWEEN}),
+]
+
+
+class Sampling(BaseModel):
+    """How one `Generator.generate` call decodes: greedy by default, sampling with --do-sample, beam search with
+    --num-beams. Checked in one step: a bad value is one line naming its flag."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    max_new_tokens: MaxNewTokens = 50
+    do_sample: bool = Field(False, description="sample instead of greedy / beam search")
+    temperature: Temperature = None
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="sample from the k likeliest tokens (with --do-sample)",
+        json_schema_extra={"refusal": AT_LEAST},
+    )
+    top_p: TopP = None
+    num_beams: int = Field(
+        1, ge=1, description="beam search with this many beams", json_schema_extra={"refusal": AT_LEAST}
+    )
+    seed: Seed = None
+
+
+class GenerateOptions(Sampling):
+    """`tuneforge generate`'s arguments: the model, the prompts, how to decode and print."""
+
+    model_dir: str = Field(
+        description="HF model folder (e.g. OUTPUT_DIR/model of a run that generates text)", json_schema_extra=POSITIONAL
+    )
+    prompt: list[str] = Field(description="input text; repeat for several")
+    print_json: bool = Field(
+        False,
+        description="one JSON line: {generations: [{prompt, generated}]}",
+        json_schema_extra={"flag": "--json"},
+    )
+
+    def sampling(self) -> dict:
+        """The decoding settings, as `Generator.generate` takes them."""
+        return self.model_dump(include=set(Sampling.model_fields))
 
 
 def model_family(model_dir: str, model_config, info: dict) -> str:
@@ -200,37 +285,33 @@ class Generator:
     def generate(
         self,
         prompts: Sequence[str],
-        max_new_tokens: int = 50,
-        do_sample: bool = False,
+        max_new_tokens: int | None = None,
+        do_sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
-        num_beams: int = 1,
+        num_beams: int | None = None,
         seed: int | None = None,
         add_special_tokens: bool = True,
     ) -> list[str]:
-        """The generated text for each prompt (without the prompt itself). `add_special_tokens=False` for
-        prompts that carry their own (a chat template's rendering)."""
-        check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams, seed)
+        """The generated text for each prompt (without the prompt itself). A setting left out (None): Sampling's
+        default (greedy, 50 new tokens). `add_special_tokens=False` for prompts that carry their own (a chat
+        template's rendering)."""
+        given = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "num_beams": num_beams, "seed": seed}
+        settings = parse_options(Sampling, {**given, "temperature": temperature, "top_k": top_k, "top_p": top_p})
         if not prompts:
             return []
-        if seed is not None:
+        if settings.seed is not None:
             from transformers import set_seed
 
-            set_seed(seed)
+            set_seed(settings.seed)
         enc = self._encode_batch(prompts, add_special_tokens)
         lengths = enc["attention_mask"].sum(1).tolist()
-        max_new_tokens = self.room_in_context(lengths, max_new_tokens)
-        options = {
-            "max_new_tokens": max_new_tokens,
-            "num_beams": num_beams,
-            "do_sample": do_sample,
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
-        if do_sample:  # only sampling reads these; greedy/beam would warn about them
-            options.update(
-                {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if v is not None}
-            )
+        options = settings.model_dump(include={"num_beams", "do_sample"})
+        options["max_new_tokens"] = self.room_in_context(lengths, settings.max_new_tokens)
+        options["pad_token_id"] = self.tokenizer.pad_token_id
+        if settings.do_sample:  # only sampling reads these; greedy/beam would warn about them
+            options.update(settings.model_dump(include={"temperature", "top_k", "top_p"}, exclude_none=True))
         out = self.model.generate(**enc, **options)
         if self.kind.continues_prompt:  # the prompt (left-padded to one width) comes first: drop it
             out = out[:, enc["input_ids"].shape[1] :]
@@ -264,62 +345,21 @@ def context_room(
     return room, f"generation stops at the model's context of {context} tokens: {room} new tokens {whose}at most"
 
 
-MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
-MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
-
-
-def check_generation_options(max_new_tokens, temperature, top_k, top_p, num_beams, seed=None) -> None:
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise ConfigError(f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS} (got {max_new_tokens})")
-    if temperature is not None and not math.isfinite(temperature):
-        raise ConfigError(f"--temperature must be a finite number (got {temperature})")
-    if temperature is not None and temperature <= 0:
-        raise ConfigError(f"--temperature must be above 0 (got {temperature}); for greedy decoding drop --do-sample")
-    if top_k is not None and top_k < 1:
-        raise ConfigError(f"--top-k must be at least 1 (got {top_k})")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ConfigError(f"--top-p must be in (0, 1] (got {top_p})")
-    if num_beams < 1:
-        raise ConfigError(f"--num-beams must be at least 1 (got {num_beams})")
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
-
-
 # ---- CLI ---------------------------------------------------------------------------------
 def cmd_generate(ns: argparse.Namespace) -> int:
-    check_generation_options(ns.max_new_tokens, ns.temperature, ns.top_k, ns.top_p, ns.num_beams, ns.seed)  # first
-    generator = Generator(ns.model_dir)
-    outputs = generator.generate(
-        ns.prompt,
-        max_new_tokens=ns.max_new_tokens,
-        do_sample=ns.do_sample,
-        temperature=ns.temperature,
-        top_k=ns.top_k,
-        top_p=ns.top_p,
-        num_beams=ns.num_beams,
-        seed=ns.seed,
-    )
-    for prompt, text in zip(ns.prompt, outputs):
-        shown = prompt + text if generator.kind.continues_prompt else text
-        if not ns.json:
-            print(shown, flush=True)
-    if ns.json:
-        print(
-            json.dumps({"generations": [{"prompt": p, "generated": t} for p, t in zip(ns.prompt, outputs)]}), flush=True
-        )
+    options = parse_options(GenerateOptions, ns)  # every flag checked before the model loads
+    generator = Generator(options.model_dir)
+    outputs = generator.generate(options.prompt, **options.sampling())
+    if options.print_json:
+        generations = [{"prompt": p, "generated": t} for p, t in zip(options.prompt, outputs)]
+        print(json.dumps({"generations": generations}), flush=True)
+        return 0
+    for prompt, text in zip(options.prompt, outputs):
+        print(prompt + text if generator.kind.continues_prompt else text, flush=True)
     return 0
 
 
 def add_arguments(p) -> None:
-    """`tuneforge generate`'s arguments (the CLI lists the command and its help)."""
-    p.add_argument("model_dir", help="HF model folder (e.g. OUTPUT_DIR/model of a run that generates text)")
-    p.add_argument("--prompt", action="append", required=True, help="input text; repeat for several")
-    p.add_argument("--max-new-tokens", type=int, default=50)
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy / beam search")
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--num-beams", type=int, default=1)
-    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
-    p.add_argument("--json", action="store_true", help="one JSON line: {generations: [{prompt, generated}]}")
+    """`tuneforge generate`'s arguments: GenerateOptions' fields (the CLI lists the command and its help)."""
+    add_model_flags(p, GenerateOptions)
     p.set_defaults(func=cmd_generate)

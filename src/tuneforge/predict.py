@@ -1,4 +1,5 @@
-"""Prediction: `load_predictor(MODEL_DIR)` and `tuneforge predict` on files.
+"""Prediction: `load_predictor(MODEL_DIR)`, and `tuneforge predict` on files (`predict_file`; the command's
+arguments are `PredictOptions`' fields).
 
 The model folder's tuneforge.json names the task that exported it; that task's predictor runs
 (tasks/classification.py, ner.py, qa.py, multiple_choice.py). `load_servable` is what `tuneforge serve` runs:
@@ -8,17 +9,44 @@ padding), and results come back in the input's order.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.artifacts import check_model_path, from_pretrained, generation_family, read_model_info
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import replacing
+from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
+MAX_LENGTH = 1 << 20
+
+
+class PredictOptions(BaseModel):
+    """`tuneforge predict`'s arguments (and `predict_file`'s), checked before any file or model is read."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    model_dir: str = Field(
+        description="a model folder tuneforge exported (OUTPUT_DIR/model)", json_schema_extra=POSITIONAL
+    )
+    input: str = Field(description="the rows to predict: a .csv, .tsv or .jsonl file")
+    output: str = Field(description="the predictions: one JSON line per input row, in the input's order")
+    text_column: list[str] | None = Field(
+        None, description="the input's text column; twice for sentence pairs (default: the columns it trained on)"
+    )
+    batch_size: int = Field(64, ge=1, description="rows in one forward pass")
+    max_length: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_LENGTH,
+        description="truncate inputs to this many tokens (default: the training max_length)",
+        json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value}"},
+    )
 
 
 def _task_class_of(model_dir: str | Path):
@@ -129,24 +157,40 @@ def predict_file(
     input_path: str,
     output_path: str,
     text_columns: list[str] | None = None,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     max_length: int | None = None,
 ) -> int:
-    """Write one JSON line per input row (in input order); returns the number of rows."""
-    if batch_size <= 0:
-        raise ConfigError(f"--batch-size must be positive, got {batch_size}")
-    if max_length is not None and not 1 <= max_length <= 1 << 20:
-        raise ConfigError(f"--max-length must be between 1 and {1 << 20}, got {max_length}")
+    """Write one JSON line per input row (in input order); returns the number of rows. Left out (None): the
+    default of PredictOptions."""
+    given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length}
+    options = parse_options(
+        PredictOptions, {"model_dir": model_dir, "input": input_path, "output": output_path, **given}
+    )
     check_model_path(model_dir)
     check_output_file(output_path, input_path, model_dir)
     reader = getattr(_task_class_of(model_dir), "read_predict_inputs", None)  # a task with its own input rows
     texts = reader(input_path, text_columns) if reader else read_inputs(model_dir, input_path, text_columns)
     out = Path(output_path)
-    predictor = load_predictor(model_dir, max_length=max_length)
+    predictor = load_predictor(model_dir, max_length=options.max_length)
     items = [t[0] if isinstance(t, tuple) and len(t) == 1 else t for t in texts]
-    preds = predictor.predict(items, batch_size=batch_size)
+    preds = predictor.predict(items, batch_size=options.batch_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
         for i, p in enumerate(preds):
             fh.write(json.dumps({"index": i, **p}) + "\n")
     return len(preds)
+
+
+def cmd_predict(ns: argparse.Namespace) -> int:
+    options = parse_options(PredictOptions, ns)  # every flag checked before any file or model is read
+    n = predict_file(
+        options.model_dir, options.input, options.output, options.text_column, options.batch_size, options.max_length
+    )
+    print(f"wrote {n} predictions to {options.output}", flush=True)
+    return 0
+
+
+def add_arguments(p) -> None:
+    """`tuneforge predict`'s arguments: PredictOptions' fields (the CLI lists the command and its help)."""
+    add_model_flags(p, PredictOptions)
+    p.set_defaults(func=cmd_predict)

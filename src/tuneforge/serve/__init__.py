@@ -6,16 +6,17 @@ batching (serve/engine.py); a classifier, tagger, qa or multiple-choice model ge
 dynamic batching (serve/batching.py). Both get the page at `/`, `/health`, `/metrics` and the gate of
 serve/app.py (API key, body size limit, draining on SIGTERM).
 
-This module owns the command line: its arguments, their checks (finite bounds; one line each, exit 2), binding
-the port before anything heavy, and the uvicorn server (SIGTERM: stop taking requests, finish those in flight).
-If the generation engine dies (the model fails even a one-token forward pass), /health answers
-{"status": "error"} and the process exits 1 with one `error:` line, so that a supervisor restarts it.
-The package, in layers as vLLM's entrypoints: options.py (ServeOptions and their flags), app.py (the app factory,
-the server's state and own routes, the errors), gate.py (API key, body size, draining, metrics of every request),
-routes_openai.py and routes_predict.py (one module per API), generation.py (the generation service: prompt
-encoding, context limit, sampling parameters, answers and streams), engine.py (continuous batching; the running
-batch of each model family is tuneforge/running_batch.py), detokenize.py (incremental text), batching.py
-(classifiers), openai_api.py (request and response shapes), metrics.py (Prometheus text), static/index.html.
+This module owns the command: its arguments (ServeOptions' fields, serve/options.py, checked in one step: one line
+each, exit 2), binding the port before anything heavy, and the uvicorn server (SIGTERM: stop taking requests,
+finish those in flight). If the generation engine dies (the model fails even a one-token forward pass), /health
+answers {"status": "error"} and the process exits 1 with one `error:` line, so that a supervisor restarts it.
+The package, in layers as vLLM's entrypoints: options.py (ServeOptions: the arguments, their defaults and bounds),
+app.py (the app factory, the server's state and own routes, the errors), gate.py (API key, body size, draining,
+metrics of every request), routes_openai.py and routes_predict.py (one module per API), generation.py (the
+generation service: prompt encoding, context limit, sampling parameters, answers and streams), engine.py
+(continuous batching; the running batch of each model family is tuneforge/running_batch.py), detokenize.py
+(incremental text), batching.py (classifiers), openai_api.py (request and response shapes), metrics.py (Prometheus
+text), static/index.html.
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ import socket
 import sys
 
 from tuneforge.errors import ConfigError
-from tuneforge.serve.options import add_flags, from_namespace
-
-API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
+from tuneforge.flags import add_model_flags, parse_options
+from tuneforge.serve.options import API_KEY_VARIABLE, ServeOptions
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -45,51 +45,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-# each flag's finite bounds: a value outside them (inf, nan, or one that overflows what it feeds) is one line
-INT_BOUNDS = {
-    "--max-batch-size": ("max_batch_size", 1, 65536),
-    "--max-queue": ("max_queue", 1, 1_000_000),
-    "--max-body-bytes": ("max_body_bytes", 1, 1 << 31),
-    "--default-max-tokens": ("default_max_tokens", 1, 1 << 20),
-}
-MAX_WAIT_MS = 60_000.0  # a classifier request waits at most a minute for others
-MAX_REQUEST_TIMEOUT_S = 86_400.0  # a day
-
-
-def check_arguments(ns: argparse.Namespace) -> None:
-    """Every serve flag checked before any work: one line naming the flag."""
-    for flag, (name, low, high) in INT_BOUNDS.items():
-        value = getattr(ns, name)
-        if value <= 0:
-            raise ConfigError(f"{flag} must be positive, got {value}")
-        if not low <= value <= high:
-            raise ConfigError(f"{flag} must be between {low} and {high}, got {value}")
-    if not 0 <= ns.max_wait_ms <= MAX_WAIT_MS:  # false for nan too
-        raise ConfigError(f"--max-wait-ms must be between 0 and {MAX_WAIT_MS:g}, got {ns.max_wait_ms:g}")
-    if not ns.request_timeout > 0:
-        raise ConfigError(f"--request-timeout must be above 0 seconds, got {ns.request_timeout:g}")
-    if not ns.request_timeout <= MAX_REQUEST_TIMEOUT_S:
-        raise ConfigError(
-            f"--request-timeout must be at most {MAX_REQUEST_TIMEOUT_S:g} seconds (a day), got {ns.request_timeout:g}"
-        )
-    if not 0 <= ns.port < 65536:
-        raise ConfigError(f"--port must be between 0 and 65535, got {ns.port}")
-    if ns.max_length is not None and not 1 <= ns.max_length <= 1 << 20:
-        raise ConfigError(f"--max-length must be between 1 and {1 << 20}, got {ns.max_length}")
-    if ns.api_key is not None and not ns.api_key.strip():
-        raise ConfigError(f"--api-key (or {API_KEY_VARIABLE}) is empty; give a key or leave it unset")
-    if ns.served_model_name is not None and not ns.served_model_name.strip():
-        raise ConfigError("--served-model-name is empty; give a name or leave it out")
-
-
 def cmd_serve(ns: argparse.Namespace) -> int:
     from tuneforge.artifacts import check_model_path
     from tuneforge.launch import env_flag
 
-    if ns.api_key is None:
-        ns.api_key = env_flag(API_KEY_VARIABLE)
-    check_arguments(ns)
-    check_model_path(ns.model_dir)
+    if ns.api_key is None:  # no --api-key: the environment's
+        ns = argparse.Namespace(**{**vars(ns), "api_key": env_flag(API_KEY_VARIABLE)})
+    options = parse_options(ServeOptions, ns)  # every flag checked before any work: one line naming it
+    check_model_path(options.model_dir)
     try:
         import fastapi  # noqa: F401  (the app's)
         import uvicorn  # noqa: F401  (the server's)
@@ -100,20 +63,21 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from tuneforge.predict import load_servable
     from tuneforge.serve.app import create_app
 
-    sock = bind_socket(ns.host, ns.port)
+    sock = bind_socket(options.host, options.port)
     failed: list[BaseException] = []
 
     def on_fatal(err: BaseException) -> None:  # the model failed to load, or the engine died (its thread)
         failed.append(err)
         server.should_exit = True
 
-    app = create_app(lambda: load_servable(ns.model_dir, max_length=ns.max_length), from_namespace(ns), on_fatal)
-    server = draining_server(app, ns.request_timeout)
+    app = create_app(lambda: load_servable(options.model_dir, max_length=options.max_length), options, on_fatal)
+    server = draining_server(app, options.request_timeout_s)
     host, port = sock.getsockname()[:2]
     print(
-        f"serving {ns.model_dir} on http://{host}:{port} (the page at /, GET /health, GET /metrics; POST /predict "
-        f"for classifiers, /v1/completions and /v1/chat/completions for text generation); batches of up to "
-        f"{ns.max_batch_size}, at most {ns.max_queue} waiting{'; API key required' if ns.api_key else ''}",
+        f"serving {options.model_dir} on http://{host}:{port} (the page at /, GET /health, GET /metrics; POST "
+        f"/predict for classifiers, /v1/completions and /v1/chat/completions for text generation); batches of up "
+        f"to {options.max_batch_size}, at most {options.max_queue} waiting"
+        f"{'; API key required' if options.api_key else ''}",
         file=sys.stderr,
         flush=True,
     )
@@ -165,18 +129,6 @@ def exit_status(failed: BaseException | None, served: bool) -> int:
 
 
 def add_arguments(p) -> None:
-    """`tuneforge serve`'s arguments (the CLI lists the command and its help)."""
-    p.add_argument("model_dir", help="a model folder tuneforge exported (OUTPUT_DIR/model, an adapter folder too)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-length", type=int, default=None, help="truncate inputs (default: the training max_length)")
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help=f"required on every route but /health (Authorization: Bearer KEY); default: ${API_KEY_VARIABLE}",
-    )
-    p.add_argument(
-        "--served-model-name", default=None, help="the model name of the OpenAI routes (default: MODEL_DIR as given)"
-    )
-    add_flags(p)  # the server's settings: flags and defaults from ServeOptions (serve/options.py)
+    """`tuneforge serve`'s arguments: ServeOptions' fields (serve/options.py)."""
+    add_model_flags(p, ServeOptions)
     p.set_defaults(func=cmd_serve)

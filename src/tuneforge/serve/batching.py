@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tuneforge.serve.engine import QueueFull
+from tuneforge.serve.options import MAX_QUEUE
 
 
 class DynamicBatcher:
@@ -28,7 +29,7 @@ class DynamicBatcher:
         predictor,
         max_batch_size: int,
         max_wait_ms: float,
-        max_queue: int = 256,
+        max_queue: int = MAX_QUEUE,
         on_batch: Callable[[int], None] | None = None,
     ) -> None:
         self.predictor = predictor

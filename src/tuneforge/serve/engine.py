@@ -52,6 +52,7 @@ import torch
 
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
+from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
 log = logging.getLogger(__name__)
 SAMPLING_EPS = 1e-5  # a temperature below it samples greedily (vLLM's _SAMPLING_EPS): dividing by it overflows
@@ -139,8 +140,8 @@ class GenerationEngine:
     def __init__(
         self,
         generator,
-        max_batch_size: int = 32,
-        max_queue: int = 256,
+        max_batch_size: int = MAX_BATCH_SIZE,
+        max_queue: int = MAX_QUEUE,
         context: int | None = None,
         on_step: Callable[[int], None] | None = None,
         on_death: Callable[[BaseException], None] | None = None,

@@ -1,54 +1,115 @@
-"""The server's settings (`ServeOptions`) and the `tuneforge serve` flags that set them: each flag's default is
-the field's default, written once here. Imports nothing heavy: the CLI builds its parser from it."""
+"""`ServeOptions`: the server's settings and the `tuneforge serve` arguments that set them. Each default and bound
+is written once, here: the CLI generates its flags from these fields (tuneforge.flags) and `create_app` takes
+the instance. Imports nothing heavy: the CLI builds its parser from it."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tuneforge.flags import POSITIONAL
 
-@dataclass(frozen=True)
-class ServeOptions:
-    model_dir: str
-    served_model_name: str
-    max_batch_size: int = 32
-    max_wait_ms: float = 10.0
-    max_queue: int = 256
-    max_request_items: int = 1024
-    max_body_bytes: int = 4 * 1024 * 1024
-    request_timeout_s: float = 600.0
-    default_max_tokens: int = 512  # chat completions without max_tokens (completions: 16, as OpenAI)
-    api_key: str | None = None
+API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
+MAX_LENGTH = 1 << 20
+MAX_BATCH_SIZE = 32  # the defaults that the engine and the batcher take too (serve/engine.py, serve/batching.py)
+MAX_QUEUE = 256
 
-
-# flag: (its ServeOptions field, its type, its help); the default is the field's
-FLAGS = {
-    "--max-batch-size": (
-        "max_batch_size",
-        int,
-        "classifiers: most inputs in one batch; generation: most sequences decoding together (1: batching off)",
-    ),
-    "--max-wait-ms": ("max_wait_ms", float, "classifiers: longest a request waits for others to join"),
-    "--max-queue": ("max_queue", int, "most requests (sequences) waiting; beyond it: 503 with Retry-After"),
-    "--max-body-bytes": ("max_body_bytes", int, "larger request bodies get 413"),
-    "--request-timeout": ("request_timeout_s", float, "seconds a request may take (then 504)"),
-    "--default-max-tokens": (
-        "default_max_tokens",
-        int,
-        "a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
-    ),
+# the wording of each refusal, as the server has always said it
+POSITIVE_UP_TO = {
+    "low": "{flag} must be positive, got {value}",
+    "high": "{flag} must be between {ge} and {le}, got {value}",
 }
-DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServeOptions)}
+BETWEEN = "{flag} must be between {ge} and {le}, got {value}"
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    for flag, (name, kind, help_text) in FLAGS.items():
-        p.add_argument(flag, type=kind, default=DEFAULTS[name], help=help_text)
+class ServeOptions(BaseModel):
+    """`tuneforge serve`'s arguments: every number finite and bounded (a value outside is one line naming its
+    flag); `served_model_name` left out is `model_dir` as given."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-def from_namespace(ns: argparse.Namespace) -> ServeOptions:
-    """The options of parsed `tuneforge serve` arguments."""
-    tuned = {name: getattr(ns, flag[2:].replace("-", "_")) for flag, (name, _, _) in FLAGS.items()}
-    name = ns.served_model_name or ns.model_dir
-    return ServeOptions(model_dir=ns.model_dir, served_model_name=name, api_key=ns.api_key, **tuned)
+    model_dir: str = Field(
+        description="a model folder tuneforge exported (OUTPUT_DIR/model, an adapter folder too)",
+        json_schema_extra=POSITIONAL,
+    )
+    host: str = Field("127.0.0.1", description="address to listen on (default: 127.0.0.1, this machine only)")
+    port: int = Field(
+        8000, ge=0, le=65535, description="port to listen on (0: any free one)", json_schema_extra={"refusal": BETWEEN}
+    )
+    max_length: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_LENGTH,
+        description="truncate inputs (default: the training max_length)",
+        json_schema_extra={"refusal": BETWEEN},
+    )
+    api_key: str | None = Field(
+        None,
+        pattern=r"\S",
+        description=f"required on every route but /health (Authorization: Bearer KEY); default: ${API_KEY_VARIABLE}",
+        json_schema_extra={"refusal": "{flag} (or " + API_KEY_VARIABLE + ") is empty; give a key or leave it unset"},
+    )
+    served_model_name: str | None = Field(
+        None,
+        pattern=r"\S",
+        description="the model name of the OpenAI routes (default: MODEL_DIR as given)",
+        json_schema_extra={"refusal": "{flag} is empty; give a name or leave it out"},
+    )
+    max_batch_size: int = Field(
+        MAX_BATCH_SIZE,
+        ge=1,
+        le=65536,
+        description="classifiers: most inputs in one batch; generation: most sequences decoding together "
+        "(1: batching off)",
+        json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
+    max_wait_ms: float = Field(
+        10.0,
+        ge=0,
+        le=60_000,  # a classifier request waits at most a minute for others
+        description="classifiers: longest a request waits for others to join",
+        json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value:g}"},
+    )
+    max_queue: int = Field(
+        MAX_QUEUE,
+        ge=1,
+        le=1_000_000,
+        description="most requests (sequences) waiting; beyond it: 503 with Retry-After",
+        json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
+    max_request_items: int = Field(1024, ge=1, json_schema_extra={"flag": None})
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=1,
+        le=1 << 31,
+        description="larger request bodies get 413",
+        json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
+    request_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        le=86_400,  # a day
+        description="seconds a request may take (then 504)",
+        json_schema_extra={
+            "flag": "--request-timeout",
+            "flag_kwargs": {"metavar": "REQUEST_TIMEOUT"},
+            "refusal": {
+                "low": "{flag} must be above {gt} seconds, got {value:g}",
+                "high": "{flag} must be at most {le} seconds (a day), got {value:g}",
+            },
+        },
+    )
+    default_max_tokens: int = Field(
+        512,
+        ge=1,
+        le=1 << 20,
+        description="a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
+        json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_the_model(cls, values):
+        """No --served-model-name: the OpenAI routes name the model MODEL_DIR as given."""
+        if isinstance(values, dict) and values.get("served_model_name") is None:
+            values = {**values, "served_model_name": values.get("model_dir")}
+        return values

@@ -1,0 +1,167 @@
+"""Every command's flags come from one options model (tuneforge.flags): its --help lists each field, and every
+numeric field refuses a value out of its bounds (or inf/nan) through the real `tuneforge` entry point with one
+`error:` line naming the flag and exit 2, before any model is looked at."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import cli_main
+from tuneforge.chat import ChatOptions
+from tuneforge.download import DownloadOptions
+from tuneforge.errors import ConfigError
+from tuneforge.export import ExportOptions
+from tuneforge.flags import field_bounds, field_flag, parse_options
+from tuneforge.generate import GenerateOptions, Sampling
+from tuneforge.predict import PredictOptions, predict_file
+from tuneforge.serve.options import ServeOptions
+
+COMMAND_OPTIONS = {
+    "export": ExportOptions,
+    "generate": GenerateOptions,
+    "chat": ChatOptions,
+    "download": DownloadOptions,
+    "predict": PredictOptions,
+    "serve": ServeOptions,
+}
+
+
+def required_args(command: str, tmp_path) -> list[str]:
+    """The least a command takes to reach its options' check: a model folder that does not exist (a check that
+    ran after the model's would name the folder, not the flag), and the required flags."""
+    missing = str(tmp_path / "no-model")
+    return {
+        "export": [missing, str(tmp_path / "out")],
+        "generate": [missing, "--prompt", "hello"],
+        "chat": [missing],
+        "download": ["prajjwal1/bert-tiny"],
+        "predict": [missing, "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "p.jsonl")],
+        "serve": [missing],
+    }[command]
+
+
+def flags_of(model) -> dict[str, tuple[str, dict]]:
+    """field name -> (flag, argparse kwargs), for the fields that have a flag."""
+    made = {name: field_flag(name, field, name) for name, field in model.model_fields.items()}
+    return {name: (m[0], m[1][1]) for name, m in made.items() if m}
+
+
+def out_of_bounds(field, kind: type) -> list[str]:
+    """Values just outside the field's bounds, and for a float inf and nan."""
+    bounds = field_bounds(field)
+    step = 1 if kind is int else 0.5
+    values = []
+    if "ge" in bounds:
+        values.append(bounds["ge"] - step)
+    if "gt" in bounds:
+        values.append(bounds["gt"])
+    if "le" in bounds:
+        values.append(bounds["le"] + step)
+    if "lt" in bounds:
+        values.append(bounds["lt"])
+    shown = [str(kind(v)) for v in values]
+    return shown + (["nan", "inf", "-inf"] if kind is float else [])
+
+
+NUMERIC_CASES = [
+    (command, flag, value)
+    for command, model in COMMAND_OPTIONS.items()
+    for name, (flag, kwargs) in flags_of(model).items()
+    if kwargs.get("type") in (int, float)
+    for value in out_of_bounds(model.model_fields[name], kwargs["type"])
+]
+
+
+def test_every_bounded_numeric_field_is_walked():
+    walked = {(command, flag) for command, flag, _ in NUMERIC_CASES}
+    assert ("serve", "--request-timeout") in walked and ("predict", "--batch-size") in walked
+    assert ("generate", "--temperature") in walked and ("chat", "--max-new-tokens") in walked
+    for command, model in COMMAND_OPTIONS.items():
+        for name, (flag, kwargs) in flags_of(model).items():
+            if kwargs.get("type") in (int, float):
+                assert field_bounds(model.model_fields[name]), f"{command} {flag} states no bounds"
+
+
+@pytest.mark.parametrize("command", list(COMMAND_OPTIONS))
+def test_help_lists_every_field_of_the_options_model(command, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: the help compared as written
+    from tuneforge.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    assert stopped.value.code == 0
+    text = " ".join(out.split())
+    model = COMMAND_OPTIONS[command]
+    for name, (flag, _) in flags_of(model).items():
+        assert flag in text, f"{command} --help does not list {flag}"
+        description = model.model_fields[name].description
+        assert description and " ".join(description.split()) in text, f"{command} {flag} has no help"
+
+
+@pytest.mark.parametrize("command, flag, value", NUMERIC_CASES)
+def test_an_out_of_bounds_value_is_one_line_naming_the_flag(command, flag, value, tmp_path, capsys):
+    code, out, err = cli_main(capsys, command, *required_args(command, tmp_path), f"{flag}={value}")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, err
+    assert lines[0].startswith(f"error: {flag} ") or lines[0].startswith(f"error: bad value for {flag}:"), lines[0]
+    assert not (tmp_path / "no-model").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_field_without_its_own_wording_names_the_flag_and_the_allowed_range(tmp_path, capsys):
+    code, _, err = cli_main(capsys, "predict", *required_args("predict", tmp_path), "--batch-size", "0")
+    assert code == 2
+    assert err.strip() == (
+        "error: bad value for --batch-size: Input should be greater than or equal to 1 (got 0); "
+        "allowed: a whole number >= 1"
+    )
+
+
+@pytest.mark.parametrize("command", list(COMMAND_OPTIONS))
+def test_flags_left_out_take_the_models_defaults(command, tmp_path):
+    from tuneforge.cli import build_parser
+
+    args = required_args(command, tmp_path)
+    parsed = parse_options(COMMAND_OPTIONS[command], build_parser(command).parse_args([command, *args]))
+    for name, field in COMMAND_OPTIONS[command].model_fields.items():
+        if not field.is_required() and name != "served_model_name":  # that one defaults to MODEL_DIR
+            assert getattr(parsed, name) == field.default, name
+
+
+def test_serve_names_the_model_by_its_folder_unless_told():
+    assert ServeOptions(model_dir="runs/x/model").served_model_name == "runs/x/model"
+    assert ServeOptions(model_dir="runs/x/model", served_model_name="tiny").served_model_name == "tiny"
+
+
+def test_the_python_api_checks_the_same_bounds():
+    """Generator.generate and predict_file take the options' fields: the same bounds, the same line."""
+    with pytest.raises(ConfigError, match=r"^--top-p must be in \(0, 1\] \(got 2.0\)$"):
+        parse_options(Sampling, {"top_p": 2.0})
+    with pytest.raises(ConfigError, match="^--temperature must be a finite number"):
+        parse_options(Sampling, {"temperature": math.inf})
+    with pytest.raises(ConfigError, match="^bad value for --batch-size"):
+        predict_file("no-model", "in.csv", "p.jsonl", batch_size=0)
+
+
+def test_a_check_across_fields_is_its_own_line(tmp_path, capsys):
+    code, _, err = cli_main(capsys, "export", *required_args("export", tmp_path), "--base", "gpt2")
+    assert code == 2 and err.strip() == "error: --base goes with --merge (the model an adapter is merged into)"
+
+
+def test_the_range_text_is_the_configs():
+    """flags.allowed_range is config.py's (each key's refusal states its range the same way, flag or config key)."""
+    from tuneforge import config, flags
+    from tuneforge.backends import backend_classes
+
+    models = [config.TrainConfig, config.OptimConfig, config.DataConfig, *COMMAND_OPTIONS.values()]
+    models += [cls.Options for cls in backend_classes().values()]
+    for model in models:
+        for name, field in model.model_fields.items():
+            assert flags.allowed_range(field) == config.allowed_range(field), (model.__name__, name)
+
+
+def test_an_unknown_key_names_the_allowed_ones():
+    with pytest.raises(ConfigError, match="^unknown option 'top_q'; allowed: max_new_tokens, do_sample"):
+        parse_options(Sampling, {"top_q": 0.5})
