@@ -425,14 +425,25 @@ def write_conll(path: Path, n: int, seed: int = 0, scheme: str = "iob1") -> Path
     return path
 
 
-@pytest.fixture
-def conll_dir(tmp_path) -> Path:
-    """A folder of CoNLL files: train.txt (64 sentences), valid.txt (21), test.txt (10); IOB1 tags."""
-    folder = tmp_path / "conll"
+def write_conll_dir(folder: Path) -> Path:
+    """`folder` made a folder of CoNLL files: train.txt (64 sentences), valid.txt (21), test.txt (10); IOB1 tags."""
     folder.mkdir()
     write_conll(folder / "train.txt", 64, seed=1)
     write_conll(folder / "valid.txt", 21, seed=2)
     write_conll(folder / "test.txt", 10, seed=3)
+    return folder
+
+
+@pytest.fixture
+def conll_dir(tmp_path) -> Path:
+    return write_conll_dir(tmp_path / "conll")
+
+
+def one_process_run(folder: Path, command: list[str]) -> Path:
+    """The one-process run a task's ddp and sharded-engine tests all compare with, run once (a module-scoped
+    fixture of each task's tests calls this): `folder`, where `command` wrote it."""
+    proc = run_cli(*command)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     return folder
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,6 +19,7 @@ from conftest import (
     cli_flags,
     cli_main,
     max_weight_diff,
+    one_process_run,
     query_weights,
     quiet_task,
     run_cli,
@@ -57,13 +59,16 @@ def write_swag(path, rows):
     return path
 
 
-@pytest.fixture
-def choice_dir(tmp_path):
-    folder = tmp_path / "mc"
+def write_choice_dir(folder: Path) -> Path:
     folder.mkdir()
     write_jsonl(folder / "train.jsonl", choice_rows(64, seed=1))
     write_jsonl(folder / "dev.jsonl", choice_rows(21, seed=2))
     return folder
+
+
+@pytest.fixture
+def choice_dir(tmp_path):
+    return write_choice_dir(tmp_path / "mc")
 
 
 def mc_train(model, data_dir, out, **flags) -> list[str]:
@@ -174,18 +179,27 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
 
 
 # ---- backends and resume -------------------------------------------------------------------------
-def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, choice_dir, tmp_path, cache_dir):
+@pytest.fixture(scope="module")
+def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:
+    """(data folder, run folder) of the one-process run the ddp and sharded-engine tests compare with."""
+    root = tmp_path_factory.mktemp("mc-parity")
+    data = write_choice_dir(root / "mc")
+    command = mc_train(tiny_bert, data, root / "one", batch_size=8, **dict(TASK_PARITY_RUN, cache_dir=cache_dir))
+    return data, one_process_run(root / "one", command)
+
+
+def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, parity_reference, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
+    choice_dir, single = parity_reference
     common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
-    one = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "one", batch_size=8, **common))
     two = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = train_losses(single), train_losses(tmp_path / "two")
     assert a.keys() == b.keys() == {1, 2, 3, 4} and max(abs(a[s] - b[s]) for s in a) < 1e-5
     # every weight but classifier.bias: softmax over a row's choices ignores a shift shared by all of them, so
     # that bias's gradient is zero up to rounding, and Adam turns rounding noise into steps of the size of lr
-    one_w, two_w = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    one_w, two_w = (load_file(run / "model" / "model.safetensors") for run in (single, tmp_path / "two"))
     assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k != "classifier.bias") < 1e-4
     ddp = json.loads(two.stdout.strip().splitlines()[-1])
     again = Trainer(
@@ -200,16 +214,16 @@ def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, choice_dir, tm
 
 
 @pytest.mark.parametrize("engine", SHARDED_ENGINES)
-def test_sharded_engines_train_a_chooser_as_one_process_does(engine, tiny_bert, choice_dir, tmp_path, cache_dir):
+def test_sharded_engines_train_a_chooser_as_one_process_does(engine, tiny_bert, parity_reference, tmp_path, cache_dir):
+    choice_dir, single = parity_reference
     common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
-    one = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "one", batch_size=8, **common))
     two = run_cli(*mc_train(tiny_bert, choice_dir, tmp_path / "two", **common), *engine.split())
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr[-2000:], two.stderr[-2000:])
-    a, b = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = train_losses(single), train_losses(tmp_path / "two")
     assert a.keys() == b.keys() == {1, 2, 3, 4} and max(abs(a[s] - b[s]) for s in a) < 1e-4
     start, trained = query_weights(tiny_bert, tmp_path / "two" / "model")
     assert (trained - start).abs().max() > 1e-3  # the sharded weights moved (4 steps leave the loss near ln 4)
-    one_w, two_w = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    one_w, two_w = (load_file(run / "model" / "model.safetensors") for run in (single, tmp_path / "two"))
     # as in the ddp test, without classifier.bias; 5e-4 (a sixth of one step at lr 3e-3), not ddp's 1e-4: at a loss
     # still near ln 4 most gradients are tiny, and Adam turns tp's other reduction order into steps up to 1.3e-4
     assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k != "classifier.bias") < 5e-4

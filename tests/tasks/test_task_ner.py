@@ -4,6 +4,7 @@ seqeval entity scores exact across ranks, and train / eval / predict / serve / r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -16,12 +17,14 @@ from conftest import (
     cli_flags,
     cli_main,
     max_weight_diff,
+    one_process_run,
     quiet_task,
     run_cli,
     serving,
     tagged_sentences,
     train_losses,
     write_conll,
+    write_conll_dir,
 )
 
 
@@ -234,17 +237,26 @@ def test_jsonl_tokens_and_tags_through_the_python_api(tiny_bert, tmp_path, cache
 
 
 # ---- backends and resume -------------------------------------------------------------------------
-def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, tmp_path, cache_dir):
+@pytest.fixture(scope="module")
+def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:
+    """(data folder, run folder) of the one-process run the ddp and sharded-engine tests compare with."""
+    root = tmp_path_factory.mktemp("ner-parity")
+    data = write_conll_dir(root / "conll")
+    command = ner_train(tiny_bert, data, root / "one", batch_size=8, **dict(TASK_PARITY_RUN, cache_dir=cache_dir))
+    return data, one_process_run(root / "one", command)
+
+
+def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, parity_reference, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 
+    conll_dir, single = parity_reference
     common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
-    single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
     ddp = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
-    assert single.returncode == 0 and ddp.returncode == 0, (single.stderr[-2000:], ddp.stderr[-2000:])
-    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    one, two = train_losses(single), train_losses(tmp_path / "two")
     assert one.keys() == two.keys() == {1, 2, 3, 4}
     assert max(abs(one[s] - two[s]) for s in one) < 1e-5  # loss normalised by the global count of words
-    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-5
+    assert max_weight_diff(single / "model", tmp_path / "two" / "model") < 1e-5
     # 21 validation sentences on 2 ranks (one padded slot): every sentence scored once, as one process does
     ddp_scores = json.loads(ddp.stdout.strip().splitlines()[-1])
     again = Trainer(
@@ -260,15 +272,15 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, conll_dir, 
 
 
 @pytest.mark.parametrize("engine", SHARDED_ENGINES)
-def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, conll_dir, tmp_path, cache_dir):
+def test_sharded_engines_train_a_tagger_as_one_process_does(engine, tiny_bert, parity_reference, tmp_path, cache_dir):
+    conll_dir, single = parity_reference
     common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
-    single = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "one", batch_size=8, **common))
     sharded = run_cli(*ner_train(tiny_bert, conll_dir, tmp_path / "two", **common), *engine.split())
-    assert single.returncode == 0 and sharded.returncode == 0, (single.stderr[-2000:], sharded.stderr[-2000:])
-    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert sharded.returncode == 0, sharded.stderr[-2000:]
+    one, two = train_losses(single), train_losses(tmp_path / "two")
     assert one.keys() == two.keys() == {1, 2, 3, 4} and max(abs(one[s] - two[s]) for s in one) < 1e-4
     assert one[1] - one[4] > 0.05  # it learns: the comparison means something
-    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-4
+    assert max_weight_diff(single / "model", tmp_path / "two" / "model") < 1e-4
 
 
 def test_mid_epoch_resume_is_bitwise_identical(tiny_bert, conll_dir, tmp_path, cache_dir):

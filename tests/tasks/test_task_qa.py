@@ -20,6 +20,7 @@ from conftest import (
     cli_flags,
     cli_main,
     max_weight_diff,
+    one_process_run,
     quiet_task,
     run_cli,
     serving,
@@ -426,23 +427,31 @@ def test_the_python_api_takes_datasets_in_the_hub_form(tiny_bert, tmp_path, cach
 
 
 # ---- backends and resume -------------------------------------------------------------------------
-def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, cache_dir):
+@pytest.fixture(scope="module")
+def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:
+    """(data folder, run folder) of the one-process run the ddp and sharded-engine tests compare with (its
+    evaluation batch size, which the compared training does not depend on, is the ddp test's)."""
+    root = tmp_path_factory.mktemp("qa-parity")
+    common = dict(TASK_PARITY_RUN, data_dir=squad_dir(root), cache_dir=cache_dir, eval_batch_size=2, **ONE_WINDOW)
+    return common["data_dir"], one_process_run(root / "one", qa_train(tiny_bert, root / "one", batch_size=8, **common))
+
+
+def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, parity_reference, tmp_path, cache_dir):
     from safetensors.torch import load_file
 
     from tuneforge.data.samplers import eval_batches
     from tuneforge.trainer import Trainer
 
-    data = squad_dir(tmp_path)
+    data, single = parity_reference
     common = dict(TASK_PARITY_RUN, data_dir=data, cache_dir=cache_dir, eval_batch_size=2, **ONE_WINDOW)
-    single = run_cli(*qa_train(tiny_bert, tmp_path / "one", batch_size=8, **common))
     ddp = run_cli(*qa_train(tiny_bert, tmp_path / "two", backend="ddp", nproc=2, batch_size=4, **common))
-    assert single.returncode == 0 and ddp.returncode == 0, (single.stderr[-2000:], ddp.stderr[-2000:])
-    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    one, two = train_losses(single), train_losses(tmp_path / "two")
     assert one.keys() == two.keys() == {1, 2, 3, 4}
     assert max(abs(one[s] - two[s]) for s in one) < 1e-5  # the loss normalised by the global count of windows
     # the span head's bias and the LayerNorm bias under it shift all of a window's logits alike, which the softmax
     # ignores: their gradient is rounding noise (~1e-9) that Adam turns into lr-sized steps. Every other weight:
-    one_w, two_w = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    one_w, two_w = (load_file(run / "model" / "model.safetensors") for run in (single, tmp_path / "two"))
     shift = {"qa_outputs.bias", "bert.encoder.layer.1.output.LayerNorm.bias"}
     assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k not in shift) < 1e-5
 
@@ -467,17 +476,17 @@ def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, tmp_path, c
 
 
 @pytest.mark.parametrize("engine", SHARDED_ENGINES)
-def test_sharded_engines_train_a_reader_as_one_process_does(engine, tiny_bert, tmp_path, cache_dir):
+def test_sharded_engines_train_a_reader_as_one_process_does(engine, tiny_bert, parity_reference, tmp_path, cache_dir):
     from safetensors.torch import load_file
 
-    common = dict(TASK_PARITY_RUN, data_dir=squad_dir(tmp_path), cache_dir=cache_dir, **ONE_WINDOW)
-    single = run_cli(*qa_train(tiny_bert, tmp_path / "one", batch_size=8, **common))
+    data, single = parity_reference
+    common = dict(TASK_PARITY_RUN, data_dir=data, cache_dir=cache_dir, **ONE_WINDOW)
     sharded = run_cli(*qa_train(tiny_bert, tmp_path / "two", **common), *engine.split())
-    assert single.returncode == 0 and sharded.returncode == 0, (single.stderr[-2000:], sharded.stderr[-2000:])
-    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert sharded.returncode == 0, sharded.stderr[-2000:]
+    one, two = train_losses(single), train_losses(tmp_path / "two")
     assert one.keys() == two.keys() == {1, 2, 3, 4} and max(abs(one[s] - two[s]) for s in one) < 1e-4
     assert max(one.values()) - min(one.values()) > 0.01  # it learns: the comparison means something
-    one_w, two_w = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("one", "two"))
+    one_w, two_w = (load_file(run / "model" / "model.safetensors") for run in (single, tmp_path / "two"))
     shift = {"qa_outputs.bias", "bert.encoder.layer.1.output.LayerNorm.bias"}  # as in the ddp test above
     assert max((one_w[k] - two_w[k]).abs().max().item() for k in one_w if k not in shift) < 1e-4
 
