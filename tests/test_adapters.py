@@ -22,7 +22,7 @@ from conftest import (
     train_losses,
     write_sentiment_csv,
 )
-from test_bad_input import assert_refused, train_args
+from test_bad_input import assert_refused, in_process, train_args
 
 LORA = ("--adapter", "lora", "--lora-r", "4", "--lora-alpha", "8")
 
@@ -217,38 +217,42 @@ def files(tmp_path):
     return write_sentiment_csv(tmp_path / "train.csv", 24, seed=1), write_sentiment_csv(tmp_path / "val.csv", 8, seed=2)
 
 
-def test_targets_that_match_no_layer_list_the_linear_layers(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-targets", "q_proj,value"))
+def test_targets_that_match_no_layer_list_the_linear_layers(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(
+        capfd, *train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-targets", "q_proj,value")
+    )
     assert_refused(proc, tmp_path, "--lora-targets q_proj matches no linear layer", "query, value", "all-linear")
 
 
-def test_lora_rank_must_be_positive(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-r", "0"))
+def test_lora_rank_must_be_positive(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-r", "0"))
     assert_refused(proc, tmp_path, "lora_r", "greater than 0")
 
 
-def test_tensor_parallel_refuses_adapters_naming_the_backends_that_take_them(tmp_path, tiny_bert, files):
+def test_tensor_parallel_refuses_adapters_naming_the_backends_that_take_them(capfd, tmp_path, tiny_bert, files):
     extra = ("--adapter", "lora", "--backend", "tp", "--nproc", "2")
-    assert_refused(run_cli(*train_args(tmp_path, tiny_bert, *files, *extra)), tmp_path, "'tp'", "--backend fsdp")
+    assert_refused(
+        in_process(capfd, *train_args(tmp_path, tiny_bert, *files, *extra)), tmp_path, "'tp'", "--backend fsdp"
+    )
 
 
-def test_freezing_flags_do_not_combine_with_an_adapter(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--freeze-layers", "2"))
+def test_freezing_flags_do_not_combine_with_an_adapter(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--freeze-layers", "2"))
     assert_refused(proc, tmp_path, "--freeze-layers 2", "--adapter lora", "drop them")
 
 
-def test_merging_into_another_base_is_refused(single, tmp_path, minilm_dir):
+def test_merging_into_another_base_is_refused(capfd, single, tmp_path, minilm_dir):
     other = save_tiny_bert(
         tmp_path / "other", minilm_dir, dropout=0.0, initializer_range=0.3
     )  # same shapes, new weights
-    proc = run_cli("export", "--merge", str(single / "model"), str(tmp_path / "out"), "--base", other)
+    proc = in_process(capfd, "export", "--merge", str(single / "model"), str(tmp_path / "out"), "--base", other)
     assert proc.returncode == 2, proc.stderr
     assert "trained on other base weights" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
 
 
-def test_merge_needs_an_adapter_folder(tmp_path, tiny_bert):
-    proc = run_cli("export", "--merge", tiny_bert, str(tmp_path / "out"))
+def test_merge_needs_an_adapter_folder(capfd, tmp_path, tiny_bert):
+    proc = in_process(capfd, "export", "--merge", tiny_bert, str(tmp_path / "out"))
     assert proc.returncode == 2 and "is not an adapter folder" in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
 

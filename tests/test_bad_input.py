@@ -1,10 +1,13 @@
 """Every bad input: one `error:` line naming the problem and the fix, exit code 2, no traceback,
-nothing written. Each case runs the real CLI in a fresh process.
+nothing written. Each case runs the real CLI entry point in this process, with what reaches the file descriptors
+captured (`in_process`); a few run it in a fresh process too, so that nothing a library prints as it is first
+imported gets past the one line (and the cases that set the environment run in their own).
 
 "Nothing written" is checked on the output dir (never created, or left byte-for-byte as it was)
 and on a fresh tokenization cache (still empty: the error came before any tokenization).
 """
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,12 +29,24 @@ def train_args(tmp_path, tiny_bert, train, val, *extra, positional=()):
     return ["train", *positional, *files, *where, *extra]
 
 
-def train_on(tmp_path, tiny_bert, files, *extra, train: str | None = None, val: str | None = None):
-    """run_cli of train_args after writing `train` and/or `val` (UTF-8) over the train and validation files."""
+def in_process(capfd, *args: str) -> subprocess.CompletedProcess:
+    """The real CLI entry point with `args` in this process, as a finished process: its exit code and what it
+    wrote to stdout and stderr, file descriptors included (the start-up of a fresh process costs more than a
+    refusal)."""
+    from tuneforge.cli import main
+
+    capfd.readouterr()
+    code = main([str(a) for a in args])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["tuneforge", *args], code, out, err)
+
+
+def train_on(capfd, tmp_path, tiny_bert, files, *extra, train: str | None = None, val: str | None = None):
+    """train_args in this process after writing `train` and/or `val` (UTF-8) over the train and validation files."""
     for path, text in zip(files, (train, val)):
         if text is not None:
             path.write_text(text, encoding="utf-8")
-    return run_cli(*train_args(tmp_path, tiny_bert, *files, *extra))
+    return in_process(capfd, *train_args(tmp_path, tiny_bert, *files, *extra))
 
 
 def assert_refused(proc, tmp_path, *needles):
@@ -60,8 +75,8 @@ def test_unknown_task(tmp_path, tiny_bert, files):
     assert_refused(proc, tmp_path, "unknown task 'sentiment'", "choose one of", "glue/mrpc", "classification")
 
 
-def test_unknown_glue_task(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--task", "glue/mrcp"))
+def test_unknown_glue_task(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--task", "glue/mrcp"))
     assert_refused(proc, tmp_path, "'mrcp'", "glue/mrpc")
 
 
@@ -70,55 +85,55 @@ def test_misspelt_text_column(tmp_path, tiny_bert, files):
     assert_refused(proc, tmp_path, "column 'txet' not found", "columns are: text, label", "--text-column")
 
 
-def test_missing_label_column(tmp_path, tiny_bert, files):
+def test_missing_label_column(capfd, tmp_path, tiny_bert, files):
     reviews = "review,sentiment\ngood film,pos\nbad film,neg\n"
-    proc = train_on(tmp_path, tiny_bert, files, "--text-column", "review", train=reviews)
+    proc = train_on(capfd, tmp_path, tiny_bert, files, "--text-column", "review", train=reviews)
     assert_refused(proc, tmp_path, "column 'label' not found", "columns are: review, sentiment", "--label-column")
 
 
-def test_empty_dataset(tmp_path, tiny_bert, files):
-    proc = train_on(tmp_path, tiny_bert, files, train="text,label\n")
+def test_empty_dataset(capfd, tmp_path, tiny_bert, files):
+    proc = train_on(capfd, tmp_path, tiny_bert, files, train="text,label\n")
     assert_refused(proc, tmp_path, "train.csv", "no examples")
 
 
-def test_label_outside_label_set(tmp_path, tiny_bert, files):
-    proc = train_on(tmp_path, tiny_bert, files, val="text,label\na fine film,pos\nan odd film,neutral\n")
+def test_label_outside_label_set(capfd, tmp_path, tiny_bert, files):
+    proc = train_on(capfd, tmp_path, tiny_bert, files, val="text,label\na fine film,pos\nan odd film,neutral\n")
     assert_refused(proc, tmp_path, "label 'neutral'", "val.csv", "row 2", "[neg, pos]")
 
 
-def test_non_numeric_regression_label(tmp_path, tiny_bert, files):
+def test_non_numeric_regression_label(capfd, tmp_path, tiny_bert, files):
     scores = dict(train="text,label\na fine film,4.5\nan odd film,high\n", val="text,label\na film,1.0\n")
-    proc = train_on(tmp_path, tiny_bert, files, "--task", "regression", **scores)
+    proc = train_on(capfd, tmp_path, tiny_bert, files, "--task", "regression", **scores)
     assert_refused(proc, tmp_path, "regression label 'high'", "row 2", "not a number")
 
 
-def test_malformed_csv_row(tmp_path, tiny_bert, files):
-    proc = train_on(tmp_path, tiny_bert, files, train="text,label\na fine film,pos\nan odd, long film,neg\n")
+def test_malformed_csv_row(capfd, tmp_path, tiny_bert, files):
+    proc = train_on(capfd, tmp_path, tiny_bert, files, train="text,label\na fine film,pos\nan odd, long film,neg\n")
     assert_refused(proc, tmp_path, "malformed row", "Expected 2 fields in line 3, saw 3", "fix that row")
 
 
-def test_non_utf8_file(tmp_path, tiny_bert, files):
+def test_non_utf8_file(capfd, tmp_path, tiny_bert, files):
     train, val = files
     train.write_bytes("text,label\nun film très beau,pos\nnul,neg\n".encode("latin-1"))
-    proc = run_cli(*train_args(tmp_path, tiny_bert, train, val))
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, train, val))
     assert_refused(proc, tmp_path, "not UTF-8", "byte 0xe8", "re-save it as UTF-8")
 
 
-def test_model_path_not_a_model_folder(tmp_path, files):
+def test_model_path_not_a_model_folder(capfd, tmp_path, files):
     not_a_model = tmp_path / "my-model"
     not_a_model.mkdir()
     (not_a_model / "weights.txt").write_text("nothing")
-    proc = run_cli(*train_args(tmp_path, str(not_a_model), *files))
+    proc = in_process(capfd, *train_args(tmp_path, str(not_a_model), *files))
     assert_refused(proc, tmp_path, "not a Hugging Face model folder", "config.json")
 
 
-def test_output_dir_holding_a_run_is_refused(tmp_path, tiny_bert, files):
+def test_output_dir_holding_a_run_is_refused(capfd, tmp_path, tiny_bert, files):
     out = tmp_path / "out"
     (out / "model").mkdir(parents=True)
     (out / "config.yaml").write_text("task: classification\n")
     (out / "metrics.jsonl").write_text('{"split": "eval", "step": 3}\n')
     before = {p: (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns) for p in out.rglob("*")}
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files))
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "already holds a run" in lines[0] and "--overwrite" in lines[0], proc.stderr
@@ -126,28 +141,28 @@ def test_output_dir_holding_a_run_is_refused(tmp_path, tiny_bert, files):
     assert after == before
 
 
-def test_overwrite_with_bad_input_keeps_the_old_run(tmp_path, tiny_bert, files):
+def test_overwrite_with_bad_input_keeps_the_old_run(capfd, tmp_path, tiny_bert, files):
     """--overwrite replaces a run only once the new run's inputs are good: a bad column loses nothing."""
     out = tmp_path / "out"
     (out / "model").mkdir(parents=True)
     (out / "config.yaml").write_text("task: classification\n")
     (out / "metrics.jsonl").write_text('{"split": "eval", "step": 3}\n')
     before = {p: (p.read_bytes() if p.is_file() else None) for p in out.rglob("*")}
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--overwrite", "--text-column", "nope"))
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--overwrite", "--text-column", "nope"))
     assert proc.returncode == 2 and "'nope'" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert {p: (p.read_bytes() if p.is_file() else None) for p in out.rglob("*")} == before
 
 
-def test_unknown_config_key_in_yaml(tmp_path, tiny_bert, files):
+def test_unknown_config_key_in_yaml(capfd, tmp_path, tiny_bert, files):
     cfg = tmp_path / "run.yaml"
     cfg.write_text("optim:\n  learning_rate: 3.0e-5\n")
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, positional=[str(cfg)]))
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, positional=[str(cfg)]))
     line = assert_refused(proc, tmp_path, "unknown config key 'optim.learning_rate'", "allowed:")
     assert "lr" in line.split("allowed:")[1].replace(",", " ").split()
 
 
-def test_unknown_config_key_override(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, positional=["data.max_len=64"]))
+def test_unknown_config_key_override(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, positional=["data.max_len=64"]))
     line = assert_refused(proc, tmp_path, "unknown config key 'data.max_len'", "allowed:")
     assert "max_length" in line
 
@@ -155,21 +170,21 @@ def test_unknown_config_key_override(tmp_path, tiny_bert, files):
 @pytest.mark.parametrize(
     "flag,value,key", [("--lr", "0", "optim.lr"), ("--batch-size", "-8", "batch_size"), ("--epochs", "0", "epochs")]
 )
-def test_zero_or_negative_hyperparameter(tmp_path, tiny_bert, files, flag, value, key):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, flag, value))
+def test_zero_or_negative_hyperparameter(capfd, tmp_path, tiny_bert, files, flag, value, key):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, flag, value))
     assert_refused(proc, tmp_path, f"bad value for '{key}'", "greater than 0")
 
 
-def test_max_length_above_model_limit(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--max-length", "256"))
+def test_max_length_above_model_limit(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--max-length", "256"))
     assert_refused(proc, tmp_path, "max_length 256", "limit of 128", "--max-length 128")
 
 
-def test_predict_bad_column_writes_nothing(tmp_path, tiny_bert):
+def test_predict_bad_column_writes_nothing(capfd, tmp_path, tiny_bert):
     """predict checks its input before loading the model and never leaves a partial output."""
     inp = write_sentiment_csv(tmp_path / "in.csv", 4)
     out = tmp_path / "preds.jsonl"
-    proc = run_cli("predict", tiny_bert, "--input", str(inp), "--output", str(out), "--text-column", "review")
+    proc = in_process(capfd, "predict", tiny_bert, "--input", str(inp), "--output", str(out), "--text-column", "review")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "column 'review' not found" in lines[0] and "columns are: text, label" in lines[0]
@@ -207,8 +222,8 @@ def one_error(result: tuple[int, str, str], expected: str) -> None:
     assert [line for line in err.splitlines() if line.strip()] == [f"error: {expected}"]
 
 
-def test_text_column_that_is_the_label_column(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--text-column", "label"))
+def test_text_column_that_is_the_label_column(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--text-column", "label"))
     line = assert_refused(proc, tmp_path)
     assert line == (
         "error: column 'label' is both the text column and the label column; pass the column holding the text "
@@ -226,13 +241,13 @@ def test_guessed_text_column_that_is_the_label_column(tmp_path, tiny_bert, files
     assert not (tmp_path / "out").exists()
 
 
-def test_model_folder_without_weights(tmp_path, tiny_bert, files):
+def test_model_folder_without_weights(capfd, tmp_path, tiny_bert, files):
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     for f in Path(tiny_bert).iterdir():
         if f.suffix != ".safetensors":
             (no_weights / f.name).write_bytes(f.read_bytes())
-    proc = run_cli(*train_args(tmp_path, str(no_weights), *files))
+    proc = in_process(capfd, *train_args(tmp_path, str(no_weights), *files))
     line = assert_refused(proc, tmp_path)
     assert line == (
         f"error: model {str(no_weights)!r} has a config.json but no weights (model.safetensors or "
@@ -267,8 +282,8 @@ def test_model_folder_with_corrupt_weights(tmp_path, tiny_bert, files, capsys):
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
-def test_output_dir_that_cannot_be_created(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files)[:-6], "--output-dir", "/proc/forbidden/run")
+def test_output_dir_that_cannot_be_created(capfd, tmp_path, tiny_bert, files):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files)[:-6], "--output-dir", "/proc/forbidden/run")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == (
         "error: output dir '/proc/forbidden/run' cannot be created ('/proc' takes no new folders); choose another "
@@ -309,10 +324,10 @@ def test_override_without_a_value(tmp_path, tiny_bert, files, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_single_training_label_is_refused(tmp_path, tiny_bert, files):
+def test_single_training_label_is_refused(capfd, tmp_path, tiny_bert, files):
     train, _ = files
     positives = "text,label\na fine film,pos\na great film,pos\nlovely,pos\n"
-    proc = train_on(tmp_path, tiny_bert, files, train=positives, val="text,label\nan ok film,pos\n")
+    proc = train_on(capfd, tmp_path, tiny_bert, files, train=positives, val="text,label\nan ok film,pos\n")
     line = assert_refused(proc, tmp_path)
     assert line == (
         f"error: the train data ({train}) has a single label, 'pos'; a classifier needs examples of at least two "

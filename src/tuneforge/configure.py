@@ -152,8 +152,8 @@ def _run_defaults(given: TrainConfig, defaults: Mapping[str, Any]) -> dict[str, 
 def _check_capabilities(config: TrainConfig, backend) -> None:
     if config.adapter != "none" and not backend.supports_adapters:
         raise ConfigError(
-            f"backend {config.backend!r} does not train adapters (--adapter {config.adapter}); use a backend "
-            "that does: " + ", ".join(_backends_with("supports_adapters"))
+            f"backend {config.backend!r} does not train adapters (--adapter {config.adapter}); use one that does: "
+            + ", ".join(f"--backend {name}" for name in _backends_with("supports_adapters"))
         )
     if config.quantize != "none" and not backend.supports_quantized_base:
         raise ConfigError(

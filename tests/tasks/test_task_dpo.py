@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from conftest import quiet_task, run_cli, train_losses
-from test_bad_input import assert_refused
+from test_bad_input import assert_refused, in_process
 
 SUBJECTS = ["the cat", "a dog", "my bird", "the fox"]
 GOOD = ["on the mat", "in the house", "by the tree"]
@@ -304,9 +304,9 @@ def bad_args(tmp_path: Path, model: str, train: Path, *extra: str) -> list[str]:
         ({"chosen": "Human: a", "rejected": "Human: b"}, ("row 3 of", "share no dialogue", "give `prompt`")),
     ],
 )
-def test_bad_pairs_are_refused(tmp_path, tiny_llama, row, needles):
+def test_bad_pairs_are_refused(capfd, tmp_path, tiny_llama, row, needles):
     train = write_jsonl(tmp_path / "train.jsonl", [*pairs(2), row])
-    assert_refused(run_cli(*bad_args(tmp_path, tiny_llama, train)), tmp_path, *needles)
+    assert_refused(in_process(capfd, *bad_args(tmp_path, tiny_llama, train)), tmp_path, *needles)
 
 
 def test_prompts_longer_than_the_block_are_dropped_and_counted(tiny_llama, cache_dir, tmp_path):
@@ -322,12 +322,12 @@ def test_prompts_longer_than_the_block_are_dropped_and_counted(tiny_llama, cache
     assert any("1 pair(s) dropped" in s and "1 cut to their first 32 tokens" in s for s in said), said
 
 
-def test_quantize_needs_an_adapter_and_a_backend_that_holds_whole_models(tmp_path, tiny_llama):
+def test_quantize_needs_an_adapter_and_a_backend_that_holds_whole_models(capfd, tmp_path, tiny_llama):
     train = write_jsonl(tmp_path / "train.jsonl", pairs(4))
-    proc = run_cli(*bad_args(tmp_path, tiny_llama, train, "--quantize", "4bit"))
+    proc = in_process(capfd, *bad_args(tmp_path, tiny_llama, train, "--quantize", "4bit"))
     assert_refused(proc, tmp_path, "--quantize 4bit", "add --adapter lora")
-    proc = run_cli(
-        *bad_args(tmp_path, tiny_llama, train, "--quantize", "4bit", "--adapter", "lora", "--backend", "fsdp")
+    proc = in_process(
+        capfd, *bad_args(tmp_path, tiny_llama, train, "--quantize", "4bit", "--adapter", "lora", "--backend", "fsdp")
     )
     assert_refused(proc, tmp_path, "'fsdp'", "--backend ddp")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import cli_command, max_weight_diff, quiet_task, run_cli, train_losses
-from test_bad_input import assert_refused
+from test_bad_input import assert_refused, in_process
 
 # a compact template (the tiny test tokenizer spells ChatML's markers in many byte-level pieces): a role
 # marker line, the content, and a newline that ends the turn
@@ -235,15 +235,15 @@ def sft_args(tmp_path, model: str, train: Path, *extra: str) -> list[str]:
         ([{"messages": []}], ("row 3 of", "empty conversation")),
     ],
 )
-def test_bad_conversations_are_refused(tmp_path, tiny_llama, template, rows, needles):
+def test_bad_conversations_are_refused(capfd, tmp_path, tiny_llama, template, rows, needles):
     train = write_jsonl(tmp_path / "train.jsonl", [*chats(2), *rows])
-    proc = run_cli(*sft_args(tmp_path, tiny_llama, train, "--chat-template", str(template)))
+    proc = in_process(capfd, *sft_args(tmp_path, tiny_llama, train, "--chat-template", str(template)))
     assert_refused(proc, tmp_path, *needles)  # the two good rows come first
 
 
-def test_no_chat_template_and_no_flag_is_refused(tmp_path, tiny_llama):
+def test_no_chat_template_and_no_flag_is_refused(capfd, tmp_path, tiny_llama):
     train = write_jsonl(tmp_path / "train.jsonl", chats(4))
-    proc = run_cli(*sft_args(tmp_path, tiny_llama, train))
+    proc = in_process(capfd, *sft_args(tmp_path, tiny_llama, train))
     assert_refused(proc, tmp_path, "has no chat template", "--chat-template FILE")
 
 
