@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -39,6 +40,27 @@ def pytest_collection_modifyitems(config, items) -> None:
         where = Path(item.path).relative_to(Path(__file__).parent).as_posix()
         if where.startswith(SERIAL_PATHS):
             item.add_marker(pytest.mark.serial)
+
+
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """A folder that `make(folder)` fills once per test session, shared by pytest-xdist's workers.
+
+    A session or module fixture alone runs once per worker, and `make test` spreads a module's tests over both
+    workers, so its run would be made twice: here the first worker to ask makes it under a file lock, the others
+    wait for it and read it. A folder a failed `make` left half-written is made again by the next to ask."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    root = (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / "made-once"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
 
 
 @pytest.fixture(scope="session")
@@ -439,12 +461,20 @@ def conll_dir(tmp_path) -> Path:
     return write_conll_dir(tmp_path / "conll")
 
 
-def one_process_run(folder: Path, command: list[str]) -> Path:
-    """The one-process run a task's ddp and sharded-engine tests all compare with, run once (a module-scoped
-    fixture of each task's tests calls this): `folder`, where `command` wrote it."""
-    proc = run_cli(*command)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return folder
+def trained_once(tmp_path_factory, name: str, write_data, command) -> tuple[Path, Path, str]:
+    """(run folder, data folder, what the run printed) of a training run made once per session (made_once):
+    `write_data(root)` writes its data under `root` and returns its folder, `command(data, run)` is its CLI
+    command."""
+
+    def make(root: Path) -> None:
+        data = write_data(root)
+        (root / "data-folder.txt").write_text(str(data))
+        proc = run_cli(*command(data, root / "run"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (root / "stdout.txt").write_text(proc.stdout)
+
+    root = made_once(tmp_path_factory, name, make)
+    return root / "run", Path((root / "data-folder.txt").read_text()), (root / "stdout.txt").read_text()
 
 
 # ---- the task families on the sharding engines (tests/tasks) ----------------------------------
@@ -708,20 +738,20 @@ class BackendRuns:
     setup, `runs.stdout[name]` what the launching process printed (nothing for a run made in this
     process: one process needs no launcher, and the start-up of a fresh one costs more than the run)."""
 
-    def __init__(self, root: Path, model: str, cache_dir: str):
-        self.root, self.model, self.cache_dir = root, model, cache_dir
-        self.stdout: dict[str, str] = {}
-        self._data: dict[str, dict[str, Path]] = {}
+    def __init__(self, tmp_path_factory, model: str, cache_dir: str):
+        self.factory, self.model, self.cache_dir = tmp_path_factory, model, cache_dir
+        self.root = made_once(tmp_path_factory, "backend-runs", lambda folder: None)  # the runs: one per session
+        self.stdout = _Printed(self.root)
 
     def data(self, setup: str) -> dict[str, Path]:
         """{'train', 'val', 'json'}: a setup's training and evaluation CSV and its DeepSpeed user JSON."""
-        if setup not in self._data:
-            folder = self.root / f"{setup}-data"
-            folder.mkdir()
+
+        def write(folder: Path) -> None:
             (folder / "ds.json").write_text(json.dumps(DEEPSPEED_USER_JSON))
-            train, val = sentiment_split(folder, BACKEND_SETUPS[setup].n_train, BACKEND_SETUPS[setup].n_val)
-            self._data[setup] = {"train": train, "val": val, "json": folder / "ds.json"}
-        return self._data[setup]
+            sentiment_split(folder, BACKEND_SETUPS[setup].n_train, BACKEND_SETUPS[setup].n_val)
+
+        folder = made_once(self.factory, f"{setup}-data", write)
+        return {"train": folder / "train.csv", "val": folder / "validation.csv", "json": folder / "ds.json"}
 
     def args(self, setup: str, out: Path, *flags: str, precision: str = "fp32", model: str | None = None) -> list[str]:
         """The CLI arguments of a PARITY_STEPS-step run of `setup` (tiny_bert unless `model`) into `out`."""
@@ -763,9 +793,13 @@ class BackendRuns:
         return out
 
     def __getitem__(self, name: str) -> Path:
-        if not (self.root / name / "model").is_dir():
-            setup, flags = BACKEND_RUNS[name]
-            self.train(setup, name, *flags.split())
+        from filelock import FileLock
+
+        with FileLock(str(self.root / f"{name}.lock")):  # made by the first worker to ask; the others wait
+            if not (self.root / name / "model").is_dir():
+                shutil.rmtree(self.root / name, ignore_errors=True)  # what a failed attempt left
+                setup, flags = BACKEND_RUNS[name]
+                self.train(setup, name, *flags.split())
         return self.root / name
 
     def setup(self, name: str) -> BackendSetup:
@@ -787,9 +821,24 @@ class BackendRuns:
         return whole, resumed, out
 
 
+class _Printed(dict):
+    """What the launching process of each run printed, kept beside the runs (the worker that reads a run may not
+    be the one that made it)."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __setitem__(self, name: str, text: str) -> None:
+        (self.root / f"{name}.stdout").write_text(text)
+
+    def __getitem__(self, name: str) -> str:
+        return (self.root / f"{name}.stdout").read_text()
+
+
 @pytest.fixture(scope="session")
 def backend_runs(tmp_path_factory, tiny_bert, cache_dir) -> BackendRuns:
-    return BackendRuns(tmp_path_factory.mktemp("backend-runs"), tiny_bert, cache_dir)
+    return BackendRuns(tmp_path_factory, tiny_bert, cache_dir)
 
 
 REVIEWS = ["a wonderful, moving film", "a dull and tedious mess so very"]

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from conftest import (
     PARITY_STEPS,
     backend_train_args,
+    made_once,
     run_cli,
     save_tiny_bert,
     sentiment_split,
@@ -31,13 +32,18 @@ LORA = ("--adapter", "lora", "--lora-r", "4", "--lora-alpha", "8")
 def lora_base(tmp_path_factory, minilm_dir) -> str:
     """A tiny random BERT (initializer range 0.3: its features differ between texts, so a LoRA run on its
     frozen weights learns enough to compare runs step by step)."""
-    torch.manual_seed(0)
-    return save_tiny_bert(tmp_path_factory.mktemp("lora-base"), minilm_dir, dropout=0.0, initializer_range=0.3)
+
+    def make(folder: Path) -> None:
+        torch.manual_seed(0)
+        save_tiny_bert(folder, minilm_dir, dropout=0.0, initializer_range=0.3)
+
+    return str(made_once(tmp_path_factory, "lora-base", make))
 
 
 @pytest.fixture(scope="module")
 def parity_data(tmp_path_factory) -> tuple[Path, Path]:
-    return sentiment_split(tmp_path_factory.mktemp("lora-data"), 96, 33)
+    folder = made_once(tmp_path_factory, "lora-data", lambda folder: sentiment_split(folder, 96, 33))
+    return folder / "train.csv", folder / "validation.csv"
 
 
 def lora_run(lora_base, data, cache_dir, out: Path, *flags: str) -> Path:
@@ -50,10 +56,11 @@ def lora_run(lora_base, data, cache_dir, out: Path, *flags: str) -> Path:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, lora_base, parity_data, cache_dir) -> Path:
-    out = tmp_path_factory.mktemp("lora-runs") / "single"
-    return lora_run(
-        lora_base, parity_data, cache_dir, out, "--batch-size", "16", "--lora-dropout", "0.1", "--save-steps", "10"
+    flags = ("--batch-size", "16", "--lora-dropout", "0.1", "--save-steps", "10")
+    made = made_once(
+        tmp_path_factory, "lora-single", lambda f: lora_run(lora_base, parity_data, cache_dir, f / "run", *flags)
     )
+    return made / "run"
 
 
 def adapter_weights(run: Path) -> dict[str, torch.Tensor]:
@@ -181,8 +188,11 @@ PARALLEL = {
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, lora_base, parity_data, cache_dir) -> Path:
     """One process, no LoRA dropout: the run every backend is compared with."""
-    out = tmp_path_factory.mktemp("lora-runs") / "reference"
-    return lora_run(lora_base, parity_data, cache_dir, out, "--batch-size", "16", "--lora-dropout", "0")
+    flags = ("--batch-size", "16", "--lora-dropout", "0")
+    made = made_once(
+        tmp_path_factory, "lora-reference", lambda f: lora_run(lora_base, parity_data, cache_dir, f / "run", *flags)
+    )
+    return made / "run"
 
 
 @pytest.mark.parametrize("backend", sorted(PARALLEL))

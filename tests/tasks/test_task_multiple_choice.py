@@ -19,12 +19,12 @@ from conftest import (
     cli_flags,
     cli_main,
     max_weight_diff,
-    one_process_run,
     query_weights,
     quiet_task,
     run_cli,
     serving,
     train_losses,
+    trained_once,
 )
 
 COLORS = ["red", "blue", "green", "black", "white", "yellow"]
@@ -123,16 +123,21 @@ def test_each_choice_is_the_pair_context_and_prefixed_ending(tiny_bert, tmp_path
 # ---- train, eval, predict, serve ----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, minilm_dir):
-    root = tmp_path_factory.mktemp("mc")
-    data = root / "data"
-    data.mkdir()
-    write_jsonl(data / "train.jsonl", choice_rows(96, seed=1))
-    write_jsonl(data / "dev.jsonl", choice_rows(21, seed=2))
-    write_jsonl(data / "test.jsonl", choice_rows(10, seed=3))
-    run = root / "run"
-    proc = run_cli(*mc_train(minilm_dir, data, run, max_steps=40, lr="2e-4", json=True, quiet=True))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, data, json.loads(proc.stdout.strip().splitlines()[-1])
+    def write_data(root: Path) -> Path:
+        data = root / "data"
+        data.mkdir()
+        write_jsonl(data / "train.jsonl", choice_rows(96, seed=1))
+        write_jsonl(data / "dev.jsonl", choice_rows(21, seed=2))
+        write_jsonl(data / "test.jsonl", choice_rows(10, seed=3))
+        return data
+
+    run, data, stdout = trained_once(
+        tmp_path_factory,
+        "mc-trained",
+        write_data,
+        lambda data, run: mc_train(minilm_dir, data, run, max_steps=40, lr="2e-4", json=True, quiet=True),
+    )
+    return run, data, json.loads(stdout.strip().splitlines()[-1])
 
 
 def test_training_learns_to_choose_and_exports_a_multiple_choice_model(trained, capsys):
@@ -182,10 +187,14 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:
     """(data folder, run folder) of the one-process run the ddp and sharded-engine tests compare with."""
-    root = tmp_path_factory.mktemp("mc-parity")
-    data = write_choice_dir(root / "mc")
-    command = mc_train(tiny_bert, data, root / "one", batch_size=8, **dict(TASK_PARITY_RUN, cache_dir=cache_dir))
-    return data, one_process_run(root / "one", command)
+    common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
+    run, data, _ = trained_once(
+        tmp_path_factory,
+        "mc-parity",
+        lambda root: write_choice_dir(root / "mc"),
+        lambda data, run: mc_train(tiny_bert, data, run, batch_size=8, **common),
+    )
+    return data, run
 
 
 def test_ddp_matches_one_process_and_accuracy_is_exact(tiny_bert, parity_reference, tmp_path, cache_dir):

@@ -17,13 +17,12 @@ from conftest import (
     cli_flags,
     cli_main,
     max_weight_diff,
-    one_process_run,
     quiet_task,
     run_cli,
     serving,
     tagged_sentences,
     train_losses,
-    write_conll,
+    trained_once,
     write_conll_dir,
 )
 
@@ -137,16 +136,13 @@ def test_entity_scores_are_seqeval_and_truncated_words_are_misses(tiny_bert, tmp
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, minilm_dir):
     """MiniLM fine-tuned on the synthetic CoNLL files: 30 steps (its run folder and data folder)."""
-    root = tmp_path_factory.mktemp("ner")
-    data = root / "conll"
-    data.mkdir()
-    write_conll(data / "train.txt", 64, seed=1)
-    write_conll(data / "valid.txt", 21, seed=2)
-    write_conll(data / "test.txt", 10, seed=3)
-    run = root / "run"
-    proc = run_cli(*ner_train(minilm_dir, data, run, max_steps=30, lr="3e-4", json=True, quiet=True))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, data, json.loads(proc.stdout.strip().splitlines()[-1])
+    run, data, stdout = trained_once(
+        tmp_path_factory,
+        "ner-trained",
+        lambda root: write_conll_dir(root / "conll"),
+        lambda data, run: ner_train(minilm_dir, data, run, max_steps=30, lr="3e-4", json=True, quiet=True),
+    )
+    return run, data, json.loads(stdout.strip().splitlines()[-1])
 
 
 def test_training_learns_the_entities_and_exports_a_token_classifier(trained):
@@ -240,10 +236,14 @@ def test_jsonl_tokens_and_tags_through_the_python_api(tiny_bert, tmp_path, cache
 @pytest.fixture(scope="module")
 def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:
     """(data folder, run folder) of the one-process run the ddp and sharded-engine tests compare with."""
-    root = tmp_path_factory.mktemp("ner-parity")
-    data = write_conll_dir(root / "conll")
-    command = ner_train(tiny_bert, data, root / "one", batch_size=8, **dict(TASK_PARITY_RUN, cache_dir=cache_dir))
-    return data, one_process_run(root / "one", command)
+    common = dict(TASK_PARITY_RUN, cache_dir=cache_dir)
+    run, data, _ = trained_once(
+        tmp_path_factory,
+        "ner-parity",
+        lambda root: write_conll_dir(root / "conll"),
+        lambda data, run: ner_train(tiny_bert, data, run, batch_size=8, **common),
+    )
+    return data, run
 
 
 def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, parity_reference, tmp_path, cache_dir):

@@ -20,11 +20,11 @@ from conftest import (
     cli_flags,
     cli_main,
     max_weight_diff,
-    one_process_run,
     quiet_task,
     run_cli,
     serving,
     train_losses,
+    trained_once,
 )
 
 NAMES = ["Alice", "Bruno", "Chen", "Dara", "Emil", "Farah", "Goran", "Hana", "Ivan", "Jonas", "Kemal", "Lena"]
@@ -299,17 +299,21 @@ def test_the_best_span_over_all_windows_answers_whatever_rank_scored_them(tiny_b
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, minilm_dir):
     """MiniLM fine-tuned on questions about people's profiles: 40 steps (its run folder, data folder, result)."""
-    root = tmp_path_factory.mktemp("qa")
-    data = root / "data"
-    data.mkdir()
-    write_squad(data / "train.json", profiles(48, seed=1))
-    write_squad(data / "dev.json", profiles(12, seed=2))
-    write_squad(data / "test.json", profiles(6, seed=3))
-    run = root / "run"
-    flags = dict(train_file=data / "train.json", validation_file=data / "dev.json", max_length=64, max_steps=40)
-    proc = run_cli(*qa_train(minilm_dir, run, lr="2e-4", batch_size=16, json=True, quiet=True, **flags))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, data, json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def write_data(root: Path) -> Path:
+        data = root / "data"
+        data.mkdir()
+        write_squad(data / "train.json", profiles(48, seed=1))
+        write_squad(data / "dev.json", profiles(12, seed=2))
+        write_squad(data / "test.json", profiles(6, seed=3))
+        return data
+
+    def command(data: Path, run: Path) -> list[str]:
+        flags = dict(train_file=data / "train.json", validation_file=data / "dev.json", max_length=64, max_steps=40)
+        return qa_train(minilm_dir, run, lr="2e-4", batch_size=16, json=True, quiet=True, **flags)
+
+    run, data, stdout = trained_once(tmp_path_factory, "qa-trained", write_data, command)
+    return run, data, json.loads(stdout.strip().splitlines()[-1])
 
 
 def test_training_learns_to_answer_and_exports_a_qa_model(trained):
@@ -431,9 +435,14 @@ def test_the_python_api_takes_datasets_in_the_hub_form(tiny_bert, tmp_path, cach
 def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:
     """(data folder, run folder) of the one-process run the ddp and sharded-engine tests compare with (its
     evaluation batch size, which the compared training does not depend on, is the ddp test's)."""
-    root = tmp_path_factory.mktemp("qa-parity")
-    common = dict(TASK_PARITY_RUN, data_dir=squad_dir(root), cache_dir=cache_dir, eval_batch_size=2, **ONE_WINDOW)
-    return common["data_dir"], one_process_run(root / "one", qa_train(tiny_bert, root / "one", batch_size=8, **common))
+    common = dict(TASK_PARITY_RUN, cache_dir=cache_dir, eval_batch_size=2, **ONE_WINDOW)
+    run, data, _ = trained_once(
+        tmp_path_factory,
+        "qa-parity",
+        squad_dir,
+        lambda data, run: qa_train(tiny_bert, run, batch_size=8, data_dir=data, **common),
+    )
+    return data, run
 
 
 def test_ddp_matches_one_process_and_its_scores_are_exact(tiny_bert, parity_reference, tmp_path, cache_dir):
