@@ -45,11 +45,12 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# two streams at once (tests/suite.sh): the tests marked serial in tests/conftest.py one at a time, beside the
-# rest spread over both cores (pytest-xdist; each test runs one thread); the slowest tests of each stream are listed
+# two halves: the tests that need the machine to themselves (marked serial in tests/conftest.py) one at a time,
+# then the rest on both cores (pytest-xdist; each test runs one thread); the slowest tests of each half are listed
 # at its end: where CI's time goes, in every CI log
 test: lint
-	tests/suite.sh $(BIN)/python
+	$(BIN)/python -m pytest -q -m serial --durations=15 tests
+	$(BIN)/python -m pytest -q -m "not serial" -n 2 --dist worksteal --durations=25 tests
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

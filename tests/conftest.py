@@ -28,10 +28,10 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op cost more than they give
 
 
-# `make test` (tests/suite.sh) runs the suite as two streams at once: the tests here marked `serial` one at a time
-# in a pytest of their own, beside the rest spread over both cores by pytest-xdist. Serial: what must not share its
-# process or run beside itself (servers on ports with concurrent clients and module-wide state, crash and restart
-# tests that kill workers at a moment, launchers); a test elsewhere that needs it says so with @pytest.mark.serial.
+# `make test` runs the suite in two halves: the tests here marked `serial` alone, the rest spread over both cores
+# by pytest-xdist. Serial: what depends on timing or on having the CPU to itself (servers with timeouts and
+# concurrent clients, crash and restart tests that kill workers at a moment, launchers); a test elsewhere that
+# needs it says so with @pytest.mark.serial.
 SERIAL_PATHS = ("serve/", "test_crash.py", "test_launch.py", "test_resume.py")
 
 
