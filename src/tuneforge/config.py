@@ -10,8 +10,8 @@ defaults. `TrainConfig(...)` built directly holds such keys in `pending_options`
 
 Every number is finite (no inf or nan, from YAML, a flag or an override) and within stated bounds that keep it
 from overflowing what it feeds (seeds below 2**32, token counts, step counts); a refusal states the range.
-The CLI's flags are generated from these fields (cli.py): a field's description is its flag's help; fields
-marked `EVAL` are also `tuneforge eval`'s, fields marked `INPUT` name a file or folder the run reads.
+The CLI's flags are generated from these fields (cli.py, through flags.py): a field's description is its flag's
+help; fields marked `EVAL` are also `tuneforge eval`'s, fields marked `INPUT` name a file or folder the run reads.
 """
 
 from __future__ import annotations
