@@ -23,13 +23,11 @@ from tuneforge.reporting import hide_deepspeed_cpu_notice
 
 # ---- flags, generated from the config models (tuneforge.flags) ---------------------------------
 # flag -> (config key, argparse kwargs). Flags left unset do not override YAML/defaults.
-def _options_flags(classes: dict[str, type], kind: str) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
+def _options_flags(
+    classes: dict[str, type], owners: dict[str, list[str]], kind: str
+) -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str]]:
     """Each task's or backend's Options as flags (`--doc-stride`, `--zero-stage`), and the help group of each.
-    `classes`: {name: task or backend class}; `kind`: "task" or "backend"."""
-    owners: dict[str, list[str]] = {}
-    for name, cls in classes.items():
-        for option in cls.Options.model_fields:
-            owners.setdefault(option, []).append(name)
+    `classes`: {name: task or backend class}; `owners`: the registry's {option: names}; `kind`: "task" or "backend"."""
     flags, groups = {}, {}
     for cls in classes.values():
         for flag, (key, kwargs) in model_flags(cls.Options, f"{kind}_options.").items():
@@ -43,12 +41,12 @@ def _options_flags(classes: dict[str, type], kind: str) -> tuple[dict[str, tuple
 def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str], tuple[str, ...]]:
     """(flag table, help group of each config key, the keys `eval` takes). Built on first use: it imports every
     task and backend."""
-    from tuneforge.backends import backend_classes
+    from tuneforge.backends import backend_classes, option_owners
     from tuneforge.config import DataConfig, OptimConfig, TrainConfig
-    from tuneforge.tasks import task_classes, task_names
+    from tuneforge.tasks import task_classes, task_names, task_option_owners
 
-    task_flags, task_groups = _options_flags(task_classes(), "task")
-    backend_flags, backend_groups = _options_flags(backend_classes(), "backend")
+    task_flags, task_groups = _options_flags(task_classes(), task_option_owners(), "task")
+    backend_flags, backend_groups = _options_flags(backend_classes(), option_owners(), "backend")
     flags = {
         **model_flags(TrainConfig, skip=("optim", "data", "task_options", "backend_options")),
         **task_flags,
