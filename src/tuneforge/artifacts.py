@@ -213,6 +213,19 @@ def load_tokenizer(model: str):
 
 
 # ---- what the model is --------------------------------------------------------------------------
+def import_model_code(model_config) -> None:
+    """Import the transformers modules of `model_config`'s architecture (a process about to fork its workers
+    loads them once for all of them); nothing for a config transformers does not map."""
+    if model_config is None:
+        return
+    from transformers import MODEL_MAPPING
+
+    try:
+        MODEL_MAPPING[type(model_config)]
+    except KeyError:
+        pass
+
+
 def context_length(model_config) -> int | None:
     """Positions the model can attend over (None when it has no fixed limit, as T5's relative positions):
     the one rule for every check of a length against the model (max_length, block size, generation)."""

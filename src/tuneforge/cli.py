@@ -161,7 +161,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         from tuneforge.paths import check_inputs_outside_run
 
         check_inputs_outside_run(config.output_dir, {"the config file": yaml_path})
-    result = Trainer(config).fit()
+    result = Trainer(config, fork_workers=True).fit()
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0
     shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in ("wall_s",)}
@@ -191,7 +191,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     values["model"] = ns.model_dir
     values["output_dir"] = ns.output_dir or "runs/eval"
     config = build_config(values)
-    metrics = Trainer(config).validate()
+    metrics = Trainer(config, fork_workers=True).validate()
     if not metrics or not launch.prints_result():
         return 0
     if not ns.json or not config.quiet:

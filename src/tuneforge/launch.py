@@ -2,9 +2,14 @@
 
 - Under torchrun or any launcher that sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT,
   or inside Slurm (SLURM_PROCID, ...), tuneforge uses that environment and launches nothing.
-- Otherwise, with nproc > 1 or nnodes > 1, the current command (`tuneforge train ...` or
-  `python train.py`) is re-run as workers through `torch.distributed.run` (the elastic agent);
-  the parent waits, returns the main rank's result, and fails if a worker failed.
+- Otherwise, with nproc > 1 or nnodes > 1, the parent runs torch's elastic agent (torchrun's, with
+  the launch config torchrun would make of the same flags) in its own process. The agent starts the
+  workers, restarts them (--max-restarts) and stops them all when one fails; the parent waits,
+  returns the main rank's result, and fails if a worker failed. `tuneforge train`/`eval` fork their
+  workers from the parent, which has loaded the code already (a second start-up of Python, torch
+  and transformers in each worker costs more than a small run); a script (`python train.py`,
+  unless it asks `Trainer(..., fork_workers=True)`) is re-run in each worker, as torchrun would,
+  and so is any command once CUDA was set up in the parent (a forked child cannot use it).
 - With a DeepSpeed-style hostfile, DeepSpeed's launcher fans the command out over the hosts
   (one host: a local launch; several: pdsh over ssh, which must be installed).
 - Multi-node (`--nnodes N --node-rank R --master-addr A --master-port P` on every node): the
@@ -20,10 +25,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,61 +174,51 @@ def free_port() -> int:
 
 
 def _script_argv() -> list[str]:
-    """The command to re-run in each worker: this same script with the same arguments.
-
-    `-m NAME` for `python -m pkg.mod`, else the script path; then `--` (so no flag of the
-    script, such as --nproc, is taken as an abbreviation of a launcher flag) and the arguments.
-    """
+    """The Python arguments that re-run this process's command in a worker: `-m NAME` for `python -m pkg.mod`,
+    else the script's path; then its arguments."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":  # python -m pkg.mod
-        return ["-m", "--", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+        return ["-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
     script = sys.argv[0] if sys.argv else ""
     if not script or script == "-c" or not Path(script).is_file():
         raise ConfigError(
             "nproc > 1 needs a script to re-run in each worker; run your code as `python train.py`, not interactively"
         )
-    return ["--", script, *sys.argv[1:]]
+    return [script, *sys.argv[1:]]
 
 
-def torchrun_command(config) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={config.nproc}",
-        f"--max-restarts={config.max_restarts}",
-    ]
+def agent_flags(config) -> list[str]:
+    """torchrun's flags for this run's workers, nodes and rendezvous (its own parser reads them)."""
+    flags = [f"--nproc-per-node={config.nproc}", f"--max-restarts={config.max_restarts}"]
     if config.rdzv_endpoint:
-        cmd += [
+        return flags + [
             f"--nnodes={config.nnodes}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={config.rdzv_endpoint}",
             f"--rdzv-id={Path(config.output_dir).name or 'tuneforge'}",
         ]
-    elif config.nnodes > 1:
+    if config.nnodes > 1:
         if config.master_port is None:
             raise ConfigError(
                 "multi-node runs need --master-port (the same on every node), or --rdzv-endpoint HOST:PORT"
             )
-        cmd += [
+        return flags + [
             f"--nnodes={config.nnodes}",
             f"--node-rank={config.node_rank}",
             f"--master-addr={config.master_addr}",
             f"--master-port={config.master_port}",
         ]
-    elif config.max_restarts:
+    if config.max_restarts:
         # restarts need the c10d rendezvous (a fresh store per round; see launch_workers' env), else
         # restarted workers read the dead workers' gloo addresses from the static rendezvous store
-        cmd += [
+        return flags + [
             "--nnodes=1",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{config.master_port or free_port()}",
             "--rdzv-id=tuneforge",
         ]
-    else:
-        cmd += ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={config.master_port or free_port()}"]
-    return cmd + _script_argv()
+    return flags + ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={config.master_port or free_port()}"]
 
 
 def read_hostfile(path: str) -> dict[str, int]:
@@ -269,11 +267,7 @@ def hostfile_command(config) -> list[str]:
         if config.master_addr not in ("127.0.0.1", "localhost"):  # else DeepSpeed asks the first host
             cmd += ["--master_addr", config.master_addr]
     argv = _script_argv()
-    if argv[0] == "-m":
-        cmd += ["--module", *argv[2:]]  # DeepSpeed's parser needs no `--` before the script
-    else:
-        cmd += argv[1:]
-    return cmd
+    return cmd + (["--module", *argv[1:]] if argv[0] == "-m" else argv)
 
 
 def procs_on_this_node(config) -> int:
@@ -294,25 +288,97 @@ def hand_back(result: dict, is_main: bool) -> dict:
     return result
 
 
-def launch_workers(config) -> dict:
+def launch_workers(config, forked_work=None) -> dict:
     """Run the workers to completion; return the main rank's result (on node 0) or {}.
 
-    The caller checks the config first (`backends.check_launchable`): a bad one is one line, not a line per worker.
+    `forked_work`: the worker's job, run in workers forked from this process, which has loaded the code
+    already (no second start-up of Python and the libraries in each worker); None, or CUDA already set up
+    here (a forked child cannot use it), re-runs this process's command in each worker. The caller checks
+    the config first (`backends.check_launchable`): a bad one is one line, not a line per worker.
     """
-    cmd = hostfile_command(config) if config.hostfile else torchrun_command(config)
     threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs_on_this_node(config))))
     with tempfile.TemporaryDirectory(prefix="tuneforge-launch-") as tmp:
         result_file = Path(tmp) / "result.json"
-        env = {**os.environ, LAUNCHED_FLAG: "1", RESULT_FILE_VAR: str(result_file), "OMP_NUM_THREADS": threads}
+        env = {LAUNCHED_FLAG: "1", RESULT_FILE_VAR: str(result_file), "OMP_NUM_THREADS": threads}
         if config.max_restarts:  # a shared rendezvous store keeps stale keys across restarts (pytorch#135712)
-            env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-        proc = subprocess.run(cmd, env=env)
-        if proc.returncode != 0:
-            raise WorkerFailure(
-                f"training workers failed (exit code {proc.returncode}); the worker's error is shown above"
-            )
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+        if config.hostfile:
+            code = subprocess.run(hostfile_command(config), env={**os.environ, **env}).returncode
+        else:
+            with _environment(env):  # the agent hands this process's environment to the workers it starts
+                code = _run_agent(config, forked_work if forked_work and not _cuda_set_up() else None)
+        if code != 0:
+            raise WorkerFailure(f"training workers failed (exit code {code}); the worker's error is shown above")
         # the main rank runs on node 0: other nodes' parents have nothing to return
         if result_file.exists():
             return json.loads(result_file.read_text())
     run_result = Path(config.output_dir) / "result.json"  # a launcher that did not pass our environment on
     return json.loads(run_result.read_text()) if config.node_rank == 0 and run_result.exists() else {}
+
+
+def _run_agent(config, forked_work) -> int:
+    """torch's elastic agent, in this process, with the launch config torchrun would make of `agent_flags`:
+    it starts the workers (forked to run `forked_work`, or running this command again), restarts them up to
+    max_restarts times, and stops them all when one fails. Returns the exit code of the first failure, or 0."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    script = ["-u", *_script_argv()] if forked_work is None else []
+    launch_config, _, _ = config_from_args(get_args_parser().parse_args([*agent_flags(config), "tuneforge"]))
+    if forked_work is not None:
+        launch_config.start_method = "fork"
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        if forked_work is None:
+            elastic_launch(launch_config, sys.executable)(*script)
+        else:
+            elastic_launch(launch_config, _forked_worker)(forked_work, int(os.environ["OMP_NUM_THREADS"]))
+        return 0
+    except ChildFailedError as failed:
+        return next(iter(failed.failures.values())).exitcode
+    except SignalException as stopped:  # the agent stopped the workers; stop as the signal asks
+        if stopped.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        return 128 + stopped.sigval
+    finally:
+        for sig, handler in handlers.items():  # the agent's handlers raise its own exception
+            signal.signal(sig, handler)
+
+
+def _forked_worker(work, threads: int) -> None:
+    """A forked worker: the job, with this process's own threads; an error is shown here, as the command's
+    own worker would show it, and ends the worker with its exit code."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        work()
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(err.exit_code) from None
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+
+
+def _cuda_set_up() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+@contextmanager
+def _environment(changes: dict):
+    """`changes` set in this process's environment for the block, then undone."""
+    before = {key: os.environ.get(key) for key in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

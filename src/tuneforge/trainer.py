@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from tuneforge import checkpoint, export, launch
+from tuneforge.artifacts import import_model_code
 from tuneforge.backends import check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
 from tuneforge.callbacks import Callback
@@ -78,8 +79,16 @@ class Trainer:
     report = _OfTheRun()
 
     def __init__(
-        self, config: TrainConfig | dict | None = None, callbacks: list[Callback] | None = None, **overrides: Any
+        self,
+        config: TrainConfig | dict | None = None,
+        callbacks: list[Callback] | None = None,
+        *,
+        fork_workers: bool = False,
+        **overrides: Any,
     ):
+        """`fork_workers`: with nproc > 1, start the workers by forking this process when fit or validate is
+        called (no second start-up of Python and the libraries; also from a notebook) instead of running this
+        process's command again in each of them (which runs the whole script there)."""
         # resolved here (its task, backend, their options and the task's defaults), whether built as
         # TrainConfig(...), by build_config, or given as a dict
         if isinstance(config, TrainConfig):
@@ -88,6 +97,7 @@ class Trainer:
             config = build_config(config or {}, **overrides)
         self.config = config
         self.callbacks = list(callbacks or [])
+        self.fork_workers = fork_workers
         self.task = get_task(config)
         self.state = Progress()
         self.run: Run | None = None  # built whole by fit / validate
@@ -128,22 +138,27 @@ class Trainer:
         if not cfg.resume and not launch.launched_by_us() and not restarted:
             checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
         given = Given(model, tokenizer, train_dataset, eval_dataset)
-        return self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given))
+        again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
+        return self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given), again)
 
     train = fit
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
         """Evaluate a model (the config's, or the task's default) on the validation split."""
         given = Given(model, tokenizer, None, eval_dataset)
-        return self._on_backend(self.config, model, lambda backend: self._validate(backend, given))
+        again = lambda: self.validate(model, tokenizer, eval_dataset)  # noqa: E731 (in a forked worker)
+        return self._on_backend(self.config, model, lambda backend: self._validate(backend, given), again)
 
-    def _on_backend(self, cfg: TrainConfig, model, work) -> dict:
-        """Launch the workers (nproc > 1 from a plain process), or set this process's backend up, do the `work`
-        on it and hand the result back to the launching process."""
+    def _on_backend(self, cfg: TrainConfig, model, work, again) -> dict:
+        """Launch the workers (nproc > 1 from a plain process; forked ones call `again`, the entry point that
+        was called here), or set this process's backend up, do the `work` on it and hand the result back to the
+        launching process."""
         model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
             check_launchable(cfg, launch.dist_env(), model_config)
-            return launch.launch_workers(cfg)
+            if self.fork_workers:
+                import_model_code(model_config)  # once here, not again in each forked worker
+            return launch.launch_workers(cfg, again if self.fork_workers else None)
         backend = get_backend(cfg, launch.dist_env())
         backend.check(model_config)
         backend.setup()
