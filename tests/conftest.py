@@ -6,9 +6,11 @@ runs are deterministic and backends can be compared step by step.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -201,19 +203,78 @@ def cli_command(*args: str) -> list[str]:
 
 
 def run_cli(
-    *args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None
+    *args: str, env: dict | None = None, timeout: float = 600, cwd: Path | None = None, fresh: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run `python -m tuneforge.cli ARGS` in a fresh process; returns the CompletedProcess. `env`: variables
-    to set, or to remove (None)."""
-    full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
-    return subprocess.run(
-        cli_command(*args),
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=cwd or REPO,
-    )
+    """Run the CLI with ARGS in a process of its own; returns a CompletedProcess. `env`: variables to set, or to
+    remove (None).
+
+    The process is forked from this one, which has imported tuneforge and its libraries already (their start-up
+    costs more than a small run), unless `fresh` or `env` ask for `python -m tuneforge.cli` started anew (what a
+    user starts; what reads the environment at import)."""
+    if fresh or env is not None:
+        full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
+        return subprocess.run(
+            cli_command(*args), capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO
+        )
+    return forked_cli(list(args), timeout, cwd or REPO)
+
+
+def forked_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    """`tuneforge.cli.main(args)` in a child forked from this process, in its own session (so a timeout stops it
+    with the workers it started); its output is captured as a subprocess's would be."""
+    import tempfile
+    import time
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        gc.freeze()  # the child never collects what it inherits: a gloo group's destructor would wait forever there
+        pid = os.fork()
+        if pid == 0:
+            _cli_in_child(args, out.fileno(), err.fileno(), cwd)  # never returns
+        gc.unfreeze()
+        deadline = time.monotonic() + timeout
+        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired(cli_command(*args), timeout)
+            time.sleep(0.02)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode("utf-8", errors="replace") for f in (out, err))
+    return subprocess.CompletedProcess(cli_command(*args), os.waitstatus_to_exitcode(waited[1]), stdout, stderr)
+
+
+def _cli_in_child(args: list[str], out: int, err: int, cwd: Path) -> None:
+    """The forked child: stdin empty, stdout and stderr to the parent's files; leaves with os._exit, never through
+    the test process's exit handlers."""
+    code = 1
+    try:
+        os.setsid()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
+        os.chdir(cwd)
+        from tuneforge.cli import main
+
+        code = main(args)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
 
 
 def last_json(stdout: str) -> dict:
@@ -501,7 +562,7 @@ TASK_PARITY_RUN = dict(
 
 # ---- helpers shared by the test files --------------------------------------------------------
 def train_ok(*args: str) -> dict:
-    """Run `tuneforge ARGS` in a fresh process, assert it succeeded; its final JSON line."""
+    """Run `tuneforge ARGS` in a process of its own (run_cli), assert it succeeded; its final JSON line."""
     proc = run_cli(*args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return last_json(proc.stdout)

@@ -66,12 +66,12 @@ def assert_refused(proc, tmp_path, *needles):
 
 def test_missing_file(tmp_path, tiny_bert, files):
     _, val = files
-    proc = run_cli(*train_args(tmp_path, tiny_bert, tmp_path / "no-such.csv", val))
+    proc = run_cli(*train_args(tmp_path, tiny_bert, tmp_path / "no-such.csv", val), fresh=True)
     assert_refused(proc, tmp_path, "no-such.csv", "does not exist", "check the path")
 
 
 def test_unknown_task(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--task", "sentiment"))
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--task", "sentiment"), fresh=True)
     assert_refused(proc, tmp_path, "unknown task 'sentiment'", "choose one of", "glue/mrpc", "classification")
 
 
@@ -81,7 +81,7 @@ def test_unknown_glue_task(capfd, tmp_path, tiny_bert, files):
 
 
 def test_misspelt_text_column(tmp_path, tiny_bert, files):
-    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--text-column", "txet"))
+    proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--text-column", "txet"), fresh=True)
     assert_refused(proc, tmp_path, "column 'txet' not found", "columns are: text, label", "--text-column")
 
 

@@ -201,7 +201,7 @@ def test_damaged_checkpoint_is_refused(kind, run_copy, files, tiny_bert, cache_d
 
 def test_bad_checkpoint_exits_2_from_a_fresh_process(run_copy, files, tiny_bert, cache_dir):
     (run_copy / "checkpoint-12" / "trainer_state.json").write_text("{}")  # edited after the write
-    proc = run_cli(*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume")
+    proc = run_cli(*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume", fresh=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: ") and "is truncated: trainer_state.json has 2 bytes" in line

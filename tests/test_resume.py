@@ -3,7 +3,9 @@ to an uninterrupted one (single process and DDP); world-size and backend changes
 under torchrun elastic restarts.
 
 Every run records, per rank and step, the example indices it trained on and its loss sum (a
-Trainer subclass overriding `train_step`), so the tests compare runs step by step.
+Trainer subclass overriding `train_step`), so the tests compare runs step by step. Its script forks its
+workers as `tuneforge train` does (`fork_workers=True`; scripts that re-run themselves: test_launch.py), so a
+restart here is the CLI's restart.
 """
 
 import json
@@ -80,7 +82,7 @@ class DumpStart(Callback):
 
 
 if __name__ == "__main__":
-    Recording(build_config(spec), callbacks=[DumpStart()]).fit()
+    Recording(build_config(spec), callbacks=[DumpStart()], fork_workers=True).fit()
 '''
 
 

@@ -23,6 +23,7 @@ process's place in the world (`DistEnv`) to the backends, which never read it th
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -334,6 +335,9 @@ def _run_agent(config, forked_work) -> int:
         if forked_work is None:
             elastic_launch(launch_config, sys.executable)(*script)
         else:
+            # forked workers never collect what they inherit (a destructor of this process's objects, such as a
+            # process group's, may wait there on threads that were not forked with it)
+            gc.freeze()
             elastic_launch(launch_config, _forked_worker)(forked_work, int(os.environ["OMP_NUM_THREADS"]))
         return 0
     except ChildFailedError as failed:
@@ -343,6 +347,7 @@ def _run_agent(config, forked_work) -> int:
             raise KeyboardInterrupt from None
         return 128 + stopped.sigval
     finally:
+        gc.unfreeze()
         for sig, handler in handlers.items():  # the agent's handlers raise its own exception
             signal.signal(sig, handler)
 
