@@ -201,6 +201,69 @@ def test_worker_crash_fails_the_run_with_its_error_and_never_hangs(tmp_path, tin
     assert not (out / "model").exists()
 
 
+# ---- forked workers (what `tuneforge train` and `eval` do) -----------------------------------------
+FORKING = """
+import json, signal, sys
+
+from tuneforge.config import TrainConfig
+from tuneforge.trainer import Trainer
+
+train, val, model, cache, out, crash = sys.argv[1:7]
+
+
+class MaybeCrashing(Trainer):
+    def forward_step(self, model, batch):
+        if crash == "crash" and self.backend.rank == 1 and self.state.step == 2:
+            raise RuntimeError("boom on rank 1 at step 3")
+        return super().forward_step(model, batch)
+
+
+config = TrainConfig(task="classification", model=model, output_dir=out, backend="ddp", nproc=2, batch_size=8,
+                     max_steps=STEPS, precision="fp32", logging_steps=1, eval_strategy="no", quiet=True,
+                     optim={"lr": 1e-2},
+                     data={"train_file": train, "validation_file": val, "cache_dir": cache, "group_by_length": False})
+result = MaybeCrashing(config, fork_workers=True).fit()
+print("RESULT", json.dumps(result), signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+"""
+
+
+def run_forking(tmp_path, tiny_bert, data, cache_dir, crash: str):
+    """`python -c CODE`: no script a worker could re-run, so only forked workers can train it."""
+    out = tmp_path / "run"
+    code = FORKING.replace("STEPS", str(STEPS))
+    cmd = [sys.executable, "-c", code, *map(str, data), tiny_bert, cache_dir, str(out), crash]
+    [(rc, stdout, stderr)] = finish([start(cmd, tmp_path / "log", clean_env())], [tmp_path / "log"], 240)
+    return rc, stdout, stderr, out
+
+
+def test_forked_workers_train_together_from_code_that_cannot_be_re_run(tmp_path, tiny_bert, data, cache_dir, baseline):
+    rc, stdout, stderr, out = run_forking(tmp_path, tiny_bert, data, cache_dir, "no")
+    assert rc == 0, stderr[-3000:]
+    # the code after fit() runs once, in the parent: the workers ran fit() only; the agent's signal handlers
+    # are gone again
+    [line] = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    assert json.loads(line.split(" ", 1)[1].rsplit(" ", 1)[0])["steps"] == STEPS and line.endswith(" True")
+    assert_matches_baseline(out, baseline)
+
+
+def test_a_forked_worker_crash_fails_the_run_with_its_error_and_never_hangs(tmp_path, tiny_bert, data, cache_dir):
+    t0 = time.monotonic()
+    rc, stdout, stderr, out = run_forking(tmp_path, tiny_bert, data, cache_dir, "crash")
+    assert rc == 1, stderr[-3000:]  # the parent's WorkerFailure
+    assert "RuntimeError: boom on rank 1 at step 3" in stderr  # the worker's own error, shown once
+    assert stderr.count("RuntimeError: boom on rank 1 at step 3") == 1
+    assert "training workers failed (exit code 1)" in stderr and "RESULT" not in stdout
+    assert time.monotonic() - t0 < 200
+    assert not (out / "model").exists()
+
+
+def test_code_that_cannot_be_re_run_asks_for_a_script_or_forked_workers(tmp_path, tiny_bert, data, cache_dir):
+    code = FORKING.replace("STEPS", str(STEPS)).replace(", fork_workers=True", "")
+    cmd = [sys.executable, "-c", code, *map(str, data), tiny_bert, cache_dir, str(tmp_path / "run"), "no"]
+    [(rc, _, stderr)] = finish([start(cmd, tmp_path / "log", clean_env())], [tmp_path / "log"], 120)
+    assert rc != 0 and "nproc > 1 needs a script to re-run in each worker" in stderr
+
+
 # ---- several agents, external launchers ---------------------------------------------------------
 def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_bert, data, cache_dir, baseline):
     """Two agents (nproc 1 each) meet at 127.0.0.1:P. Node 0 holds the main rank and writes the
