@@ -337,8 +337,13 @@ def _run_agent(config, forked_work) -> int:
         else:
             # forked workers never collect what they inherit (a destructor of this process's objects, such as a
             # process group's, may wait there on threads that were not forked with it)
+            frozen_already = gc.get_freeze_count() > 0  # the caller's own freeze stays
             gc.freeze()
-            elastic_launch(launch_config, _forked_worker)(forked_work, int(os.environ["OMP_NUM_THREADS"]))
+            try:
+                elastic_launch(launch_config, _forked_worker)(forked_work, int(os.environ["OMP_NUM_THREADS"]))
+            finally:
+                if not frozen_already:
+                    gc.unfreeze()
         return 0
     except ChildFailedError as failed:
         return next(iter(failed.failures.values())).exitcode
@@ -347,7 +352,6 @@ def _run_agent(config, forked_work) -> int:
             raise KeyboardInterrupt from None
         return 128 + stopped.sigval
     finally:
-        gc.unfreeze()
         for sig, handler in handlers.items():  # the agent's handlers raise its own exception
             signal.signal(sig, handler)
 
