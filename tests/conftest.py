@@ -220,61 +220,116 @@ def run_cli(
 
 
 def forked_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
-    """`tuneforge.cli.main(args)` in a child forked from this process, in its own session (so a timeout stops it
-    with the workers it started); its output is captured as a subprocess's would be."""
+    """`tuneforge.cli.main(args)` in a `Forked` child; its output is captured as a subprocess's would be."""
+    from tuneforge.cli import main
+
+    return run_forked(lambda: main(args), cli_command(*args), timeout, cwd=cwd)
+
+
+def run_script(script: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python SCRIPT ARGS` as a `Forked` child (the script runs as __main__ with that argv), captured."""
+    import runpy
+
+    def run() -> int:
+        sys.argv = [str(script), *args]
+        runpy.run_path(str(script), run_name="__main__")
+        return 0
+
+    return run_forked(run, [sys.executable, str(script), *args], timeout, env=env)
+
+
+def run_forked(target, shown_as: list[str], timeout: float, **how) -> subprocess.CompletedProcess:
+    """`target()` in a `Forked` child (`how`: its cwd and env); returns what subprocess.run would, `shown_as`
+    its args. Past the timeout the child is killed with the workers it started."""
     import tempfile
-    import time
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        gc.freeze()  # the child never collects what it inherits: a gloo group's destructor would wait forever there
-        pid = os.fork()
-        if pid == 0:
-            _cli_in_child(args, out.fileno(), err.fileno(), cwd)  # never returns
-        gc.unfreeze()
-        deadline = time.monotonic() + timeout
-        while (waited := os.waitpid(pid, os.WNOHANG))[0] == 0:
-            if time.monotonic() > deadline:
-                os.killpg(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                raise subprocess.TimeoutExpired(cli_command(*args), timeout)
-            time.sleep(0.02)
+        child = Forked(target, out.fileno(), err.fileno(), **how)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise subprocess.TimeoutExpired(shown_as, timeout) from None
         out.seek(0)
         err.seek(0)
         stdout, stderr = (f.read().decode("utf-8", errors="replace") for f in (out, err))
-    return subprocess.CompletedProcess(cli_command(*args), os.waitstatus_to_exitcode(waited[1]), stdout, stderr)
+    return subprocess.CompletedProcess(shown_as, code, stdout, stderr)
 
 
-def _cli_in_child(args: list[str], out: int, err: int, cwd: Path) -> None:
-    """The forked child: stdin empty, stdout and stderr to the parent's files; leaves with os._exit, never through
-    the test process's exit handlers."""
-    code = 1
-    try:
-        os.setsid()
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.stdout = open(1, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
-        sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
-        os.chdir(cwd)
-        from tuneforge.cli import main
+class Forked:
+    """`target()` (its return value the exit code) in a child forked from this test process, which has imported
+    the libraries already, in a session of its own (`kill` stops it with the workers it started); stdin empty,
+    stdout and stderr to the file descriptors given; `env` set (None: removed) in it. The parts of
+    subprocess.Popen the tests use: pid, poll, wait, returncode, kill."""
 
-        code = main(args)
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else 1
-    except BaseException:
-        import traceback
+    def __init__(self, target, stdout: int, stderr: int, cwd: Path | None = None, env: dict | None = None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        gc.freeze()  # the child never collects what it inherits: a gloo group's destructor would wait forever there
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._child(target, stdout, stderr, cwd or REPO, env or {})  # never returns
+        gc.unfreeze()
+        self.returncode: int | None = None
 
-        traceback.print_exc()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:
-                pass
-        os._exit(code)
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.wait()
+
+    @staticmethod
+    def _child(target, stdout: int, stderr: int, cwd: Path, env: dict) -> None:
+        """Leaves with os._exit, never through the test process's exit handlers."""
+        code = 1
+        try:
+            os.setsid()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(stdout, 1)
+            os.dup2(stderr, 2)
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
+            sys.stdout = open(1, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
+            sys.stderr = open(2, "w", encoding="utf-8", closefd=False, buffering=1)  # noqa: SIM115
+            os.chdir(cwd)
+            for key, value in env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            if "OMP_NUM_THREADS" in env:  # read by torch at start-up only: a forked child is told
+                import torch
+
+                torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+            code = target()
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:
+                    pass
+            os._exit(code if isinstance(code, int) else 0)
 
 
 def last_json(stdout: str) -> dict:

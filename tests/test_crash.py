@@ -9,14 +9,13 @@ the process with SIGKILL (no cleanup of any kind runs).
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import REPO, cli_command, cli_flags, sentiment_split, train_command
+from conftest import Forked, cli_flags, sentiment_split, train_command
 from tuneforge import checkpoint
 
 
@@ -29,16 +28,13 @@ def crash_setup(tmp_path_factory, tiny_bert, cache_dir):
 
 
 def start(flags, out, log, **env):
-    # one thread in every run, so all runs reduce floats in the same order
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+    """The CLI in a child forked from this process (conftest.Forked: no start-up of the libraries again), its output
+    to files; one thread in every run, so all runs reduce floats in the same order."""
+    from tuneforge.cli import main
+
+    args = [*flags, "--output-dir", str(out)]
     with open(log.with_suffix(".out"), "w") as stdout, open(log, "w") as stderr:
-        return subprocess.Popen(
-            cli_command(*flags, "--output-dir", str(out)),
-            cwd=REPO,
-            env=full_env,
-            stdout=stdout,
-            stderr=stderr,
-        )
+        return Forked(lambda: main(args), stdout.fileno(), stderr.fileno(), env={"OMP_NUM_THREADS": "1", **env})
 
 
 def kill_in_save(flags, out, log, stage, step, marker):

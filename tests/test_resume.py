@@ -3,22 +3,21 @@ to an uninterrupted one (single process and DDP); world-size and backend changes
 under torchrun elastic restarts.
 
 Every run records, per rank and step, the example indices it trained on and its loss sum (a
-Trainer subclass overriding `train_step`), so the tests compare runs step by step. Its script forks its
-workers as `tuneforge train` does (`fork_workers=True`; scripts that re-run themselves: test_launch.py), so a
-restart here is the CLI's restart.
+Trainer subclass overriding `train_step`), so the tests compare runs step by step. The script runs in a child
+forked from the test process (conftest.run_script) and forks its workers as `tuneforge train` does
+(`fork_workers=True`; scripts that re-run themselves in each worker: test_launch.py), so a restart here is the
+CLI's restart.
 """
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import run_script as run_forked_script
 from conftest import save_tiny_bert, sentiment_split
 from tuneforge.configure import build_config
 from tuneforge.trainer import Trainer
@@ -99,10 +98,7 @@ def run_script(setup, out, **spec):
     d, base = setup
     spec = {**base, "output_dir": str(out), **spec}
     # one thread per process in every run: the float reduction order (and so every bit) is the same
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, str(d / "script.py"), json.dumps(spec)], capture_output=True, text=True, env=env, timeout=600
-    )
+    return run_forked_script(d / "script.py", json.dumps(spec), env={"OMP_NUM_THREADS": "1"})
 
 
 def history(out: Path, rank: int) -> list[dict]:
