@@ -9,7 +9,10 @@
   workers from the parent, which has loaded the code already (a second start-up of Python, torch
   and transformers in each worker costs more than a small run); a script (`python train.py`,
   unless it asks `Trainer(..., fork_workers=True)`) is re-run in each worker, as torchrun would,
-  and so is any command once CUDA was set up in the parent (a forked child cannot use it).
+  and so is any command once CUDA was set up in the parent (a forked child cannot use it). A fork
+  copies only the thread that forks: the launching CLI starts no threads of its own before it, and
+  the children never collect what they inherit (a process group's destructor would wait on threads
+  that are not there).
 - With a DeepSpeed-style hostfile, DeepSpeed's launcher fans the command out over the hosts
   (one host: a local launch; several: pdsh over ssh, which must be installed).
 - Multi-node (`--nnodes N --node-rank R --master-addr A --master-port P` on every node): the
