@@ -270,6 +270,10 @@ def completion(**changes) -> dict:
     return {"model": NAME, "prompt": "A man is", "max_tokens": 4, **changes}
 
 
+def chat(**changes) -> dict:
+    return {"model": NAME, "messages": [{"role": "user", "content": "where is the dog"}], "max_tokens": 4, **changes}
+
+
 BAD = [
     ("malformed json", "/v1/completions", b'{"model": "tiny-chat", "prompt": ', 400, None),
     ("not an object", "/v1/completions", [1, 2], 400, None),
@@ -283,6 +287,25 @@ BAD = [
     ("n of zero", "/v1/completions", completion(n=0), 400, "n"),
     ("five stop strings", "/v1/completions", completion(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ("logprobs", "/v1/completions", completion(logprobs=2), 400, "logprobs"),
+    # vLLM's sampling fields and OpenAI's that this server does not honour: refused, never silently ignored
+    ("top_k", "/v1/completions", completion(top_k=5), 400, "top_k"),
+    ("min_p", "/v1/completions", completion(min_p=0.1), 400, "min_p"),
+    ("repetition_penalty", "/v1/completions", completion(repetition_penalty=1.2), 400, "repetition_penalty"),
+    ("min_tokens", "/v1/completions", completion(min_tokens=20), 400, "min_tokens"),
+    ("ignore_eos", "/v1/completions", completion(ignore_eos=True), 400, "ignore_eos"),
+    ("top_k of True", "/v1/completions", completion(top_k=True), 400, "top_k"),  # not the neutral 1 or 0
+    ("stream_options without stream", "/v1/completions", completion(stream_options={}), 400, "stream_options"),
+    ("functions", "/v1/chat/completions", chat(functions=[{"name": "f", "parameters": {}}]), 400, "functions"),
+    ("function_call", "/v1/chat/completions", chat(function_call="auto"), 400, "function_call"),
+    ("tool_choice without tools", "/v1/chat/completions", chat(tool_choice="required"), 400, "tool_choice"),
+    ("audio out", "/v1/chat/completions", chat(modalities=["text", "audio"]), 400, "modalities"),
+    (
+        "a message's name",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": "hi", "name": "ann"}]),
+        400,
+        "messages[0].name",
+    ),
     ("no messages", "/v1/chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
     (
         "unknown role",
@@ -309,6 +332,28 @@ def test_bad_requests_get_an_openai_error_naming_the_field(server, what, path, b
     error = r.json()["error"]
     assert error["param"] == param and error["message"]
     assert error["type"] == {404: "not_found_error", 413: "request_too_large"}.get(status, "invalid_request_error")
+
+
+NEUTRAL = dict(top_k=-1, min_p=0, repetition_penalty=1, min_tokens=0, ignore_eos=False, logprobs=False, best_of=1)
+
+
+def test_neutral_values_and_metadata_are_accepted_and_unknown_fields_named_in_one_log_line(chat_model, caplog):
+    """What changes nothing passes (the neutral values of fields this server does not honour; user, metadata,
+    store); a field it does not know is ignored and named in one warning line, ascii-escaped."""
+    metadata = dict(user="u1", metadata={"k": "v"}, store=False, service_tier="auto")
+    with app_server(chat_model) as url:
+        wait_ready(url)
+        plain = send(url, "/v1/completions", completion(temperature=0)).json()
+        with caplog.at_level("WARNING", logger="tuneforge.serve.routes_openai"):
+            same = send(url, "/v1/completions", completion(temperature=0, **NEUTRAL, **metadata))
+            assert not caplog.records
+            unknown = send(url, "/v1/chat/completions", chat(temperature=0, frobnicate=1, **{"x\u00e9": 2}))
+    assert same.status_code == 200 and same.json()["choices"] == plain["choices"]
+    assert unknown.status_code == 200, unknown.text
+    [record] = caplog.records
+    assert record.getMessage() == (
+        "/v1/chat/completions: ignored the fields this server does not know: 'frobnicate', 'x\\xe9'"
+    )
 
 
 def test_oversize_body_without_a_length_is_refused_while_it_arrives(server):

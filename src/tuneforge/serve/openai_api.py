@@ -2,18 +2,21 @@
 string is refused, as OpenAI does), response and stream-chunk bodies, and the error body
 `{"error": {"message", "type", "param", "code"}}` every refusal uses.
 
-Fields this server does not implement (logprobs, echo, suffix, best_of, logit_bias, penalties, tools) are
-refused with a 400 naming the field when set to anything but their neutral value; fields it does not know
-are ignored, as vLLM does. Every number has finite, stated bounds (no NaN or infinity, which Python's JSON
-reader accepts), and `unencodable_field` finds text the tokenizer cannot take (lone surrogates, which JSON's
-escapes and pydantic accept but UTF-8 cannot carry).
+Known OpenAI and vLLM fields this server does not honour (NOT_HONOURED: logprobs, echo, penalties, tools,
+vLLM's top_k, min_p, min_tokens, ignore_eos, ...) are refused with a 400 naming the field when set to anything
+but their neutral value, and so are inconsistent ones (stream_options without stream, tool_choice without
+tools), as vLLM refuses them. Harmless metadata (user, metadata, store, service_tier, ...) is accepted; any
+other field is ignored and named in one warning line of the server's log (`unknown_fields`). Every number has
+finite, stated bounds (no NaN or infinity, which Python's JSON reader accepts), and `unencodable_field` finds
+text the tokenizer cannot take (lone surrogates, which JSON's escapes and pydantic accept but UTF-8 cannot
+carry).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +27,54 @@ MAX_STOPS = 4  # stop strings, as OpenAI allows
 MAX_TOKENS = 1 << 20  # max_tokens' bound before the model's own context (checked per model) lowers it
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a torch.long, as vLLM bounds it (torch.Generator takes it)
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+REQUEST = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # a request's unknown fields are kept, to name
+
+# field -> its neutral values (those that change nothing): anything else is refused. Declared fields are read as
+# declared (their bounds checked first), the rest from the request's extra fields.
+NOT_HONOURED = {
+    "logprobs": (None, False),
+    "top_logprobs": (None,),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "best_of": (None, 1),
+    # vLLM's sampling and decoding extras
+    "top_k": (None, 0, -1),
+    "min_p": (None, 0),
+    "repetition_penalty": (None, 1),
+    "min_tokens": (None, 0),
+    "ignore_eos": (None, False),
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1),
+    "stop_token_ids": (None, []),
+    "include_stop_str_in_output": (None, False),
+    "prompt_logprobs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+}
+NOT_HONOURED_CHAT = {
+    "tools": (None, []),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "verbosity": (None,),
+}
+NOT_HONOURED_COMPLETION = {"echo": (None, False), "suffix": (None, "")}
+# accepted and without effect here (what they ask for is bookkeeping on OpenAI's side)
+METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
+
+
+def is_neutral(value: Any, neutral: tuple) -> bool:
+    """`value` equals one of `neutral` of the same kind (True is not 1, as JSON tells them apart)."""
+    return any(isinstance(value, bool) == isinstance(n, bool) and value == n for n in neutral)
 
 
 class ApiError(Exception):
@@ -51,7 +102,8 @@ class StreamOptions(BaseModel):
 class SamplingRequest(BaseModel):
     """What completions and chat completions share."""
 
-    model_config = STRICT
+    model_config = REQUEST
+    not_honoured: ClassVar[dict[str, tuple]] = NOT_HONOURED
 
     model: str
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
@@ -63,7 +115,7 @@ class SamplingRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # not implemented: refused unless neutral
+    # not honoured (NOT_HONOURED): refused unless neutral
     logprobs: Any = None
     top_logprobs: Any = None
     logit_bias: Any = None
@@ -71,12 +123,20 @@ class SamplingRequest(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
 
+    def field_value(self, name: str) -> Any:
+        return getattr(self, name) if name in type(self).model_fields else (self.model_extra or {}).get(name)
+
     def refuse_unsupported(self) -> None:
-        neutral = {"presence_penalty": (None, 0), "frequency_penalty": (None, 0), "best_of": (None, 1)}
-        for name in ("logprobs", "top_logprobs", "logit_bias", "presence_penalty", "frequency_penalty", "best_of"):
-            value = getattr(self, name)
-            if value not in neutral.get(name, (None, False, {})):
+        for name, neutral in self.not_honoured.items():
+            if not is_neutral(self.field_value(name), neutral):
                 raise ApiError(400, f"{name} is not supported by this server; leave it out", name)
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+
+    def unknown_fields(self) -> list[str]:
+        """The fields sent that this server neither knows nor refuses (ignored, as vLLM ignores them)."""
+        known = {*self.not_honoured, *METADATA}
+        return sorted(name for name in self.model_extra or {} if name not in known)
 
     def stop_strings(self) -> tuple[str, ...]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -88,16 +148,11 @@ class SamplingRequest(BaseModel):
 
 
 class CompletionRequest(SamplingRequest):
+    not_honoured: ClassVar[dict[str, tuple]] = {**NOT_HONOURED, **NOT_HONOURED_COMPLETION}
+
     prompt: str | list[str]
     echo: bool | None = None
     suffix: str | None = None
-
-    def refuse_unsupported(self) -> None:
-        super().refuse_unsupported()
-        if self.echo:
-            raise ApiError(400, "echo is not supported by this server; leave it out", "echo")
-        if self.suffix:
-            raise ApiError(400, "suffix is not supported by this server; leave it out", "suffix")
 
 
 class TextPart(BaseModel):
@@ -119,6 +174,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(SamplingRequest):
+    not_honoured: ClassVar[dict[str, tuple]] = {**NOT_HONOURED, **NOT_HONOURED_CHAT}
+
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     tools: Any = None
@@ -127,10 +184,12 @@ class ChatRequest(SamplingRequest):
 
     def refuse_unsupported(self) -> None:
         super().refuse_unsupported()
-        if self.tools:
-            raise ApiError(400, "tools are not supported by this server; leave them out", "tools")
-        if self.response_format not in (None, {"type": "text"}):
-            raise ApiError(400, "response_format is not supported by this server; leave it out", "response_format")
+        if not is_neutral(self.tool_choice, (None, "none")):  # tools themselves are refused above
+            raise ApiError(400, "tool_choice is only allowed with tools", "tool_choice")
+        for i, message in enumerate(self.messages):
+            if message.name:
+                where = f"messages[{i}].name"
+                raise ApiError(400, f"{where} is not supported by this server; leave it out", where)
 
 
 def greedy_below_eps(temperature: float | None) -> float:

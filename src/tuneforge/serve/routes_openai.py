@@ -2,12 +2,15 @@
 request into prompts and hands them to the server's GenerationService (serve/generation.py). No
 `from __future__ import annotations`: FastAPI reads the request models from the evaluated annotations."""
 
+import logging
+
 from fastapi import APIRouter, Request
 
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.generation import MAX_PROMPT_ROWS, Generation, GenerationService, nth_choice
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 
 
 def generation_service(request: Request, body: oa.SamplingRequest) -> GenerationService:
@@ -28,6 +31,9 @@ def generation_service(request: Request, body: oa.SamplingRequest) -> Generation
             code="model_not_found",
         )
     body.refuse_unsupported()
+    if unknown := body.unknown_fields():  # named as ascii, the first ten, cut short: a client's text in our log
+        named = ", ".join(ascii(name)[:40] for name in unknown[:10]) + (" and more" if len(unknown) > 10 else "")
+        log.warning("%s: ignored the fields this server does not know: %s", request.url.path, named)
     return service
 
 
