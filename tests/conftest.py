@@ -673,25 +673,30 @@ def free_port() -> int:
 
 def start_server(model_dir: str, env: dict | None = None, **flags) -> tuple[subprocess.Popen, str]:
     """`tuneforge serve MODEL_DIR` (flags as cli_flags) in its own process on a free port, with `env` as its
-    whole environment if given; returns (the process, its URL) once /health answers."""
+    whole environment if given; returns (the process, its URL) once /health answers. Its stderr (the access log)
+    goes to a file, `proc.log` (a pipe nobody reads would fill and stop the server)."""
+    import tempfile
     import time
 
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen(
-        cli_command("serve", model_dir, *cli_flags(port=port, **flags)),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log = Path(tempfile.mkstemp(prefix="tuneforge-serve-", suffix=".log")[1])
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            cli_command("serve", model_dir, *cli_flags(port=port, **flags)),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            text=True,
+        )
+    proc.log = log
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}: {proc.stderr.read()}")
+            pytest.fail(f"server exited with {proc.returncode}: {log.read_text()}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                 return proc, url

@@ -356,6 +356,41 @@ def test_neutral_values_and_metadata_are_accepted_and_unknown_fields_named_in_on
     )
 
 
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_refusal(chat_model, capfd, log_format):
+    with app_server(chat_model, log_format=log_format) as url:
+        wait_ready(url)
+        capfd.readouterr()
+        ok = send(url, "/v1/completions", completion(temperature=0)).json()
+        streamed = httpx.post(f"{url}/v1/chat/completions", json=chat(stream=True), timeout=60)
+        assert streamed.status_code == 200
+        send(url, "/v1/completions", completion(top_k=5))
+        httpx.get(f"{url}/no/such/route", timeout=10)
+        lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 4, lines
+    if log_format == "json":
+        records = [json.loads(line) for line in lines]
+        assert [(r["method"], r["path"], r["status"]) for r in records] == [
+            ("POST", "/v1/completions", 200),
+            ("POST", "/v1/chat/completions", 200),
+            ("POST", "/v1/completions", 400),
+            ("GET", "/no/such/route", 404),
+        ]
+        assert records[0]["prompt_tokens"] == ok["usage"]["prompt_tokens"]
+        assert records[0]["completion_tokens"] == ok["usage"]["completion_tokens"] == 4
+        assert records[1]["completion_tokens"] == 4 and "error" not in records[1]  # the stream's, counted at its end
+        assert records[2]["error"] == "top_k is not supported by this server; leave it out"
+        assert records[3]["error"] == "no route GET /no/such/route" and all(r["ms"] >= 0 for r in records)
+        return
+    usage = ok["usage"]
+    tokens = f"prompt_tokens={usage['prompt_tokens']} completion_tokens={usage['completion_tokens']}"
+    assert lines[0].startswith("POST /v1/completions 200 ") and lines[0].endswith(f" ms {tokens}")
+    assert lines[1].startswith("POST /v1/chat/completions 200 ") and lines[1].endswith(" completion_tokens=4")
+    assert lines[2].startswith("POST /v1/completions 400 ")
+    assert lines[2].endswith(" ms: top_k is not supported by this server; leave it out")
+    assert lines[3].startswith("GET /no/such/route 404 ") and lines[3].endswith(": no route GET /no/such/route")
+
+
 def test_oversize_body_without_a_length_is_refused_while_it_arrives(server):
     def chunks():
         for _ in range(30):
@@ -539,6 +574,9 @@ def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_mode
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    log = proc.log.read_text()  # the drain is a line of the log; each request one access line
+    assert "draining: the requests in flight finish" in log, log[-2000:]
+    assert log.count("POST /v1/completions 200 ") == 4, log[-2000:]
     for i in range(4):  # every request in flight (running or waiting) finished whole
         events = streams[i]
         assert events[-1] == "data: [DONE]", events[-3:]

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tuneforge.generate import Generator
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve import routes_openai, routes_predict
+from tuneforge.serve.access_log import AccessLog
 from tuneforge.serve.batching import DynamicBatcher
 from tuneforge.serve.engine import GenerationEngine
 from tuneforge.serve.gate import RETRY_AFTER_S, Gate, error_response
@@ -50,6 +51,7 @@ class ServerState:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
         self.metrics = Metrics()
+        self.access_log = AccessLog(options.log_format)
         self.served = None  # a Generator or a predictor, once loaded
         self.engine: GenerationEngine | None = None
         self.generation: GenerationService | None = None
@@ -61,6 +63,8 @@ class ServerState:
 
     def begin_draining(self) -> None:
         """Stop taking new requests (SIGTERM): those in flight finish."""
+        if not self.draining:
+            self.access_log.event("draining: the requests in flight finish; new ones get 503 until the server stops")
         self.draining = True
 
     @property

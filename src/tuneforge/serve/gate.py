@@ -1,4 +1,5 @@
-"""The gate every HTTP request passes first (pure ASGI middleware): the metrics of every response, the API key,
+"""The gate every HTTP request passes first (pure ASGI middleware): the metrics and access-log line of every
+response (serve/access_log.py), the API key,
 draining, and the body size limit (413 from the Content-Length header or while the body arrives, before anything
 parses it)."""
 
@@ -7,11 +8,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import json
 import time
 
 from fastapi.responses import JSONResponse
 
 from tuneforge.serve import openai_api as oa
+from tuneforge.serve.access_log import Access
 
 ROUTES = ("/", "/health", "/metrics", "/predict", "/v1/models", "/v1/completions", "/v1/chat/completions")
 OPEN_ROUTES = ("/health",)  # answered without the API key
@@ -52,16 +55,25 @@ class Gate:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        route = path if path in ROUTES else "other"
-        start, status, done = time.perf_counter(), [500], [False]
+        start, status, done, refusal_body = time.perf_counter(), [500], [False], [b""]
+
+        def finished() -> None:
+            done[0] = True
+            seconds = time.perf_counter() - start
+            self.state.metrics.observe_request(path if path in ROUTES else "other", status[0], seconds)
+            gen = scope.get("state", {}).get("generation")  # set by a generation route (serve/generation.py)
+            tokens = (gen.prompt_tokens, gen.completion_tokens) if gen is not None else (None, None)
+            error = _error_message(refusal_body[0]) if status[0] >= 400 else None
+            self.state.access_log.request(Access(scope["method"], path, status[0], seconds * 1000, *tokens, error))
 
         async def send_observed(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif status[0] >= 400 and message["type"] == "http.response.body":
+                refusal_body[0] += message.get("body", b"")[:4096]  # an error body: small, and its message is logged
             await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body") and not done[0]:
-                done[0] = True
-                self.state.metrics.observe_request(route, status[0], time.perf_counter() - start)
+                finished()
 
         try:
             refusal = self._refusal(scope, path)
@@ -75,7 +87,7 @@ class Gate:
             await self.app(scope, _replay(body, receive), send_observed)
         finally:
             if not done[0]:  # the client went away mid-response
-                self.state.metrics.observe_request(route, status[0], time.perf_counter() - start)
+                finished()
 
     def _refusal(self, scope, path: str) -> JSONResponse | None:
         options = self.state.options
@@ -112,6 +124,14 @@ class Gate:
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)
+
+
+def _error_message(body: bytes) -> str | None:
+    """The message of an OpenAI error body (every refusal has one), cut short for the log."""
+    try:
+        return str(json.loads(body)["error"]["message"])[:300]
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _declared_too_large(scope, limit: int) -> bool:

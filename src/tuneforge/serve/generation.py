@@ -164,6 +164,7 @@ class GenerationService:
     async def run(self, body: oa.SamplingRequest, request: Request, gen: Generation, chat: bool):
         """The request's answer: one body, or (body.stream) a stream of server-sent events."""
         self.submit(gen)
+        request.state.generation = gen  # its token counts reach the access log (serve/gate.py)
         rid, created = oa.new_id("chatcmpl" if chat else "cmpl"), oa.now()
         deadline = time.monotonic() + self.request_timeout_s
         if body.stream:

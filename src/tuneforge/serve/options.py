@@ -4,6 +4,8 @@ the instance. Imports nothing heavy: the CLI builds its parser from it."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge.flags import POSITIONAL
@@ -104,6 +106,9 @@ class ServeOptions(BaseModel):
         le=1 << 20,
         description="a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
         json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
+    log_format: Literal["text", "json"] = Field(
+        "text", description="the access log's lines on stderr: text for people, json (an object a line) for machines"
     )
 
     @model_validator(mode="before")
