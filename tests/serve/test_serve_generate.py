@@ -306,6 +306,20 @@ BAD = [
         400,
         "messages[0].name",
     ),
+    (
+        "a tool result",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "tool", "content": "42", "tool_call_id": "c1"}]),
+        400,
+        "messages[0]",
+    ),
+    (
+        "an image part",
+        "/v1/chat/completions",
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]),
+        400,
+        "messages[0]",
+    ),
     ("no messages", "/v1/chat/completions", {"model": NAME, "messages": []}, 400, "messages"),
     (
         "unknown role",
@@ -354,6 +368,17 @@ def test_neutral_values_and_metadata_are_accepted_and_unknown_fields_named_in_on
     assert record.getMessage() == (
         "/v1/chat/completions: ignored the fields this server does not know: 'frobnicate', 'x\\xe9'"
     )
+
+
+def test_tool_results_and_image_parts_are_refused_saying_what_this_server_reads(server):
+    tool = send(server, "/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}])).json()["error"]
+    assert tool["message"] == "messages[0].role 'tool': tool results need tools, which this server does not support"
+    parts = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
+    image = send(server, "/v1/chat/completions", chat(messages=[{"role": "user", "content": parts}])).json()["error"]
+    assert image["message"] == "messages[0].content[1] is a 'image_url' part; this server reads text parts only"
+    text_parts = [{"type": "text", "text": "where is "}, {"type": "text", "text": "the dog"}]
+    joined = send(server, "/v1/chat/completions", chat(messages=[{"role": "user", "content": text_parts}]))
+    assert joined.status_code == 200, joined.text
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])

@@ -161,16 +161,35 @@ class TextPart(BaseModel):
     text: str
 
 
+class OtherPart(BaseModel):
+    """A content part of another kind (image_url, input_audio, file): known, so that its refusal can name it."""
+
+    model_config = STRICT
+    type: str
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
+            return "".join(part.text for part in self.content if isinstance(part, TextPart))
         return self.content or ""
+
+    def refuse_unsupported(self, where: str) -> None:
+        if self.role in ("tool", "function"):
+            raise ApiError(
+                400, f"{where}.role {self.role!r}: tool results need tools, which this server does not support", where
+            )
+        if self.name:
+            raise ApiError(400, f"{where}.name is not supported by this server; leave it out", f"{where}.name")
+        for j, part in enumerate(self.content if isinstance(self.content, list) else []):
+            if isinstance(part, OtherPart):
+                kind = ascii(part.type[:40])
+                raise ApiError(400, f"{where}.content[{j}] is a {kind} part; this server reads text parts only", where)
 
 
 class ChatRequest(SamplingRequest):
@@ -187,9 +206,7 @@ class ChatRequest(SamplingRequest):
         if not is_neutral(self.tool_choice, (None, "none")):  # tools themselves are refused above
             raise ApiError(400, "tool_choice is only allowed with tools", "tool_choice")
         for i, message in enumerate(self.messages):
-            if message.name:
-                where = f"messages[{i}].name"
-                raise ApiError(400, f"{where} is not supported by this server; leave it out", where)
+            message.refuse_unsupported(f"messages[{i}]")
 
 
 def greedy_below_eps(temperature: float | None) -> float:
