@@ -126,11 +126,12 @@ class Reference:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def greedy(self, ids: list[int], max_new_tokens: int) -> tuple[str, int]:
-        """(text, tokens generated, the end-of-sequence token not counted)."""
+    def greedy(self, ids: list[int], max_new_tokens: int, **generate) -> tuple[str, int]:
+        """(text, tokens generated, the end-of-sequence token not counted); `generate`: more of generate's
+        arguments (its logits processors)."""
         with torch.no_grad():
             out = self.model.generate(
-                torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0
+                torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0, **generate
             )[0, len(ids) :].tolist()
         eos = self.tokenizer.eos_token_id
         new = out[: out.index(eos)] if eos in out else out
@@ -288,12 +289,23 @@ BAD = [
     ("five stop strings", "/v1/completions", completion(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
     ("logprobs", "/v1/completions", completion(logprobs=2), 400, "logprobs"),
     # vLLM's sampling fields and OpenAI's that this server does not honour: refused, never silently ignored
-    ("top_k", "/v1/completions", completion(top_k=5), 400, "top_k"),
-    ("min_p", "/v1/completions", completion(min_p=0.1), 400, "min_p"),
-    ("repetition_penalty", "/v1/completions", completion(repetition_penalty=1.2), 400, "repetition_penalty"),
-    ("min_tokens", "/v1/completions", completion(min_tokens=20), 400, "min_tokens"),
-    ("ignore_eos", "/v1/completions", completion(ignore_eos=True), 400, "ignore_eos"),
-    ("top_k of True", "/v1/completions", completion(top_k=True), 400, "top_k"),  # not the neutral 1 or 0
+    ("beam search", "/v1/completions", completion(use_beam_search=True), 400, "use_beam_search"),
+    ("guided decoding", "/v1/completions", completion(guided_regex="[0-9]+"), 400, "guided_regex"),
+    # the sampling fields it honours, outside their bounds
+    ("top_k below -1", "/v1/completions", completion(top_k=-2), 400, "top_k"),
+    ("top_k of True", "/v1/completions", completion(top_k=True), 400, "top_k"),  # strict: a bool is no number
+    ("min_p above 1", "/v1/completions", completion(min_p=1.5), 400, "min_p"),
+    ("repetition_penalty of 0", "/v1/completions", completion(repetition_penalty=0), 400, "repetition_penalty"),
+    ("min_tokens above max_tokens", "/v1/completions", completion(min_tokens=5), 400, "min_tokens"),
+    ("logit_bias key no token id", "/v1/completions", completion(logit_bias={"the": 5}), 400, "logit_bias"),
+    (
+        "logit_bias key past the vocabulary",
+        "/v1/completions",
+        completion(logit_bias={"99999999": 5}),
+        400,
+        "logit_bias",
+    ),
+    ("logit_bias above 100", "/v1/completions", completion(logit_bias={"5": 101}), 400, "logit_bias"),
     ("stream_options without stream", "/v1/completions", completion(stream_options={}), 400, "stream_options"),
     ("functions", "/v1/chat/completions", chat(functions=[{"name": "f", "parameters": {}}]), 400, "functions"),
     ("function_call", "/v1/chat/completions", chat(function_call="auto"), 400, "function_call"),
@@ -370,6 +382,81 @@ def test_neutral_values_and_metadata_are_accepted_and_unknown_fields_named_in_on
     )
 
 
+class OpenAIPenalties:
+    """OpenAI's presence and frequency penalties as a transformers logits processor (the reference): each token of
+    the answer so far loses presence + frequency x its count."""
+
+    def __init__(self, prompt_length: int, presence: float, frequency: float) -> None:
+        self.start, self.presence, self.frequency = prompt_length, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for row, ids in enumerate(input_ids[:, self.start :]):
+            tokens, counts = ids.unique(return_counts=True)
+            scores[row, tokens] -= self.presence + self.frequency * counts.to(scores.dtype)
+        return scores
+
+
+def test_penalties_equal_transformers_greedy_with_the_same_rules(client, ref):
+    """repetition_penalty as transformers' (and vLLM's): prompt and answer; presence and frequency as OpenAI
+    defines them: the answer only. Greedy, token for token against transformers' generate, over answers long
+    enough that the penalties change them."""
+    from transformers import LogitsProcessorList
+
+    for prompt in PROMPTS[:3]:
+        ids = ref.ids(prompt)
+        plain = ref.greedy(ids, 40)[0]
+        extra = {"repetition_penalty": 1.8}
+        out = client.completions.create(model=NAME, prompt=prompt, max_tokens=40, temperature=0, extra_body=extra)
+        assert out.choices[0].text == ref.greedy(ids, 40, repetition_penalty=1.8)[0] != plain
+        out = client.completions.create(
+            model=NAME, prompt=prompt, max_tokens=40, temperature=0, presence_penalty=1.5, frequency_penalty=0.7
+        )
+        processor = LogitsProcessorList([OpenAIPenalties(len(ids), 1.5, 0.7)])
+        assert out.choices[0].text == ref.greedy(ids, 40, logits_processor=processor)[0] != plain
+
+
+def test_logit_bias_min_tokens_and_ignore_eos(client, ref):
+    prompt = PROMPTS[1]
+    token = ref.tokenizer("riding", add_special_tokens=False)["input_ids"][0]
+    forced = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=6, temperature=0, logit_bias={str(token): 100}
+    )
+    assert ref.tokenizer(forced.choices[0].text, add_special_tokens=False)["input_ids"] == [token] * 6
+    banned = ref.greedy(ref.ids(prompt), 1)  # the greedy first token, banned: another one comes
+    first = ref.tokenizer(banned[0], add_special_tokens=False)["input_ids"][0]
+    other = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=1, temperature=0, logit_bias={str(first): -100}
+    )
+    assert other.choices[0].text and other.choices[0].text != banned[0]
+    # ignore_eos: the end-of-sequence token does not end it; min_tokens: it cannot come before
+    whole = client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert whole.usage.completion_tokens == 30 and whole.choices[0].finish_reason == "length"
+    ids = ref.ids(prompt)
+    for k in (3, 8):
+        out = client.completions.create(
+            model=NAME, prompt=prompt, max_tokens=20, temperature=0, extra_body={"min_tokens": k}
+        )
+        assert out.usage.completion_tokens >= k
+        assert out.choices[0].text == ref.greedy(ids, 20, min_new_tokens=k)[0]
+
+
+def test_top_k_of_one_and_min_p_of_one_sample_the_greedy_token(client, ref):
+    for prompt in PROMPTS[:4]:
+        greedy = ref.greedy(ref.ids(prompt), 10)[0]
+        for extra in ({"top_k": 1}, {"min_p": 1.0}):
+            out = client.completions.create(
+                model=NAME, prompt=prompt, max_tokens=10, temperature=1.0, seed=7, extra_body=extra
+            )
+            assert out.choices[0].text == greedy, extra
+    wide = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=1.0, seed=7)
+    narrow = client.completions.create(
+        model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=1.0, seed=7, extra_body={"top_k": 0, "min_p": 0}
+    )
+    assert wide.choices[0].text == narrow.choices[0].text  # the neutral values: the same seeded draw
+
+
 def test_tool_results_and_image_parts_are_refused_saying_what_this_server_reads(server):
     tool = send(server, "/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}])).json()["error"]
     assert tool["message"] == "messages[0].role 'tool': tool results need tools, which this server does not support"
@@ -389,7 +476,7 @@ def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_ref
         ok = send(url, "/v1/completions", completion(temperature=0)).json()
         streamed = httpx.post(f"{url}/v1/chat/completions", json=chat(stream=True), timeout=60)
         assert streamed.status_code == 200
-        send(url, "/v1/completions", completion(top_k=5))
+        send(url, "/v1/completions", completion(use_beam_search=True))
         httpx.get(f"{url}/no/such/route", timeout=10)
         lines = capfd.readouterr().err.strip().splitlines()
     assert len(lines) == 4, lines
@@ -404,7 +491,7 @@ def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_ref
         assert records[0]["prompt_tokens"] == ok["usage"]["prompt_tokens"]
         assert records[0]["completion_tokens"] == ok["usage"]["completion_tokens"] == 4
         assert records[1]["completion_tokens"] == 4 and "error" not in records[1]  # the stream's, counted at its end
-        assert records[2]["error"] == "top_k is not supported by this server; leave it out"
+        assert records[2]["error"] == "use_beam_search is not supported by this server; leave it out"
         assert records[3]["error"] == "no route GET /no/such/route" and all(r["ms"] >= 0 for r in records)
         return
     usage = ok["usage"]
@@ -412,7 +499,7 @@ def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_ref
     assert lines[0].startswith("POST /v1/completions 200 ") and lines[0].endswith(f" ms {tokens}")
     assert lines[1].startswith("POST /v1/chat/completions 200 ") and lines[1].endswith(" completion_tokens=4")
     assert lines[2].startswith("POST /v1/completions 400 ")
-    assert lines[2].endswith(" ms: top_k is not supported by this server; leave it out")
+    assert lines[2].endswith(" ms: use_beam_search is not supported by this server; leave it out")
     assert lines[3].startswith("GET /no/such/route 404 ") and lines[3].endswith(": no route GET /no/such/route")
 
 

@@ -5,7 +5,8 @@ One background thread owns the model. It keeps a *running batch* of sequences an
 1. admit waiting sequences (first come, first served) while the batch holds fewer than `max_batch_size` rows:
    their prompts run through the model together (prefill, left padded), each samples its first token;
 2. one decode step for every running row: one forward pass over the batch, one token per row, each row
-   with its own sampling parameters (temperature, top_p, seed) and stop conditions (end of sequence,
+   with its own sampling parameters (temperature, top_p, top_k, min_p, penalties, logit_bias, seed:
+   serve/logit_rules.py) and stop conditions (end of sequence unless ignore_eos, min_tokens,
    `max_tokens`, stop strings, the model's context);
 3. finished or cancelled rows leave the batch.
 
@@ -52,6 +53,7 @@ import torch
 
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
+from tuneforge.serve.logit_rules import kept_probabilities, penalised
 from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,15 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # what they do: serve/logit_rules.py (their neutral values change nothing)
+    top_k: int = 0  # 0 or -1: every token
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0  # no end-of-sequence (nor stop string) before this many tokens
+    ignore_eos: bool = False  # the end-of-sequence tokens do not end it (max_tokens, a stop string or the context do)
 
 
 @dataclass(frozen=True)
@@ -104,18 +115,21 @@ class Sequence:
         self.cancelled = True
 
 
-def sample(logits: torch.Tensor, rows: Seq[Sequence]) -> list[int | None]:
-    """One token per row (None for a row whose sampling failed: it fails alone): greedy where the temperature
-    is below SAMPLING_EPS, else temperature + nucleus (top_p) sampling with the row's own random generator."""
+def sample(logits: torch.Tensor, rows: Seq[Sequence], eos_ids=frozenset()) -> list[int | None]:
+    """One token per row (None for a row whose sampling failed: it fails alone): each row's logits after its
+    penalties, logit_bias and min_tokens (serve/logit_rules.py); then greedy where the temperature is below
+    SAMPLING_EPS, else temperature, top_k, top_p and min_p sampling with the row's own random generator."""
     logits = logits.float()
     greedy = logits.argmax(-1).tolist()
     out: list[int | None] = []
     for i, seq in enumerate(rows):
-        if seq.params.temperature < SAMPLING_EPS:  # NaN is not below it: it fails in sample_row, alone
-            out.append(greedy[i])
-            continue
         try:
-            out.append(sample_row(logits[i], seq.params, seq.generator))
+            base = logits[i]
+            row = penalised(base, seq.params, seq.prompt_ids, seq.token_ids, eos_ids)
+            if seq.params.temperature < SAMPLING_EPS:  # NaN is not below it: it fails in sample_row, alone
+                out.append(greedy[i] if row is base else int(row.argmax()))
+                continue
+            out.append(sample_row(row, seq.params, seq.generator))
         except Exception as err:
             log.warning("sampling failed for one sequence (%s: %s); the others go on", type(err).__name__, err)
             out.append(None)
@@ -126,6 +140,7 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if not torch.isfinite(probs).all():
         raise ValueError(f"temperature {params.temperature!r} makes the probabilities non-finite")
+    probs = kept_probabilities(probs, params)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p  # the most likely token always stays
@@ -323,7 +338,7 @@ class GenerationEngine:
         self.on_step(len(seqs))
         self.prompt_tokens += sum(len(s.prompt_ids) for s in seqs)
         self.running.extend(seqs)
-        self._advance(seqs, sample(logits, seqs))
+        self._advance(seqs, sample(logits, seqs, self.eos_ids))
 
     def _decode(self) -> None:
         last = torch.tensor([s.token_ids[-1] for s in self.running])
@@ -335,7 +350,7 @@ class GenerationEngine:
             self._fail(failed, err, "decode step")
             return
         self.on_step(len(self.running))
-        self._advance(self.running, sample(logits, self.running))
+        self._advance(self.running, sample(logits, self.running, self.eos_ids))
 
     def _fail(self, seqs: list[Sequence], err: Exception, where: str) -> None:
         """Finish `seqs` with "error"; then the one-token probe: if the model fails it too, the engine dies."""
@@ -361,7 +376,7 @@ class GenerationEngine:
                 seq.finish_reason = "error"
                 seq.emit("", "error")
                 continue
-            if token in self.eos_ids:
+            if token in self.eos_ids and not seq.params.ignore_eos:
                 self._finish(seq, "stop")
                 continue
             seq.token_ids.append(token)
@@ -376,7 +391,7 @@ class GenerationEngine:
         if seq.detokenizer is None:
             seq.detokenizer = IncrementalText(self.tokenizer)
         seq.text = seq.detokenizer.add(seq.token_ids[-1])  # a window decoded, not the whole answer again
-        stops = seq.params.stop
+        stops = seq.params.stop if len(seq.token_ids) >= seq.params.min_tokens else ()
         if stops:
             start = max(0, seq.sent - max(map(len, stops)))
             hits = [i for i in (seq.text.find(s, start) for s in stops) if i >= 0]

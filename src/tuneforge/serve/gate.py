@@ -71,9 +71,9 @@ class Gate:
                 status[0] = message["status"]
             elif status[0] >= 400 and message["type"] == "http.response.body":
                 refusal_body[0] += message.get("body", b"")[:4096]  # an error body: small, and its message is logged
-            await send(message)
             if message["type"] == "http.response.body" and not message.get("more_body") and not done[0]:
-                finished()
+                finished()  # before the last bytes go: a client that has its answer finds its line in the log
+            await send(message)
 
         try:
             refusal = self._refusal(scope, path)

@@ -93,6 +93,7 @@ class GenerationService:
         self.engine = engine
         self.name = name  # the served model's name
         self.context = generator.context
+        self.vocab_size = generator.model.config.vocab_size  # the logits' width: logit_bias keys below it
         self.request_timeout_s = request_timeout_s
 
     @property
@@ -119,12 +120,23 @@ class GenerationService:
     def sampling(self, body: oa.SamplingRequest, prompts, max_tokens: int | None, fields: tuple[str, str], default):
         """The request's SamplingParams; `fields`: the names of its prompt and max-tokens fields (for errors)."""
         room = self._room(max(map(len, prompts)), max_tokens, fields)
+        max_tokens = max_tokens or min(default, room)
+        if (body.min_tokens or 0) > max_tokens:
+            raise oa.ApiError(400, f"min_tokens {body.min_tokens} is above max_tokens {max_tokens}", "min_tokens")
         return SamplingParams(
-            max_tokens=max_tokens or min(default, room),
+            max_tokens=max_tokens,
             temperature=oa.greedy_below_eps(body.temperature),
             top_p=1.0 if body.top_p is None else body.top_p,
             stop=body.stop_strings(),
             seed=body.seed,
+            top_k=body.top_k or 0,
+            min_p=body.min_p or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            logit_bias=body.bias(self.vocab_size),
+            min_tokens=body.min_tokens or 0,
+            ignore_eos=bool(body.ignore_eos),
         )
 
     def _room(self, longest: int, max_tokens: int | None, fields: tuple[str, str]) -> int | float:

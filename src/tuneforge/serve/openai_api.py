@@ -2,14 +2,15 @@
 string is refused, as OpenAI does), response and stream-chunk bodies, and the error body
 `{"error": {"message", "type", "param", "code"}}` every refusal uses.
 
-Known OpenAI and vLLM fields this server does not honour (NOT_HONOURED: logprobs, echo, penalties, tools,
-vLLM's top_k, min_p, min_tokens, ignore_eos, ...) are refused with a 400 naming the field when set to anything
-but their neutral value, and so are inconsistent ones (stream_options without stream, tool_choice without
-tools), as vLLM refuses them. Harmless metadata (user, metadata, store, service_tier, ...) is accepted; any
-other field is ignored and named in one warning line of the server's log (`unknown_fields`). Every number has
-finite, stated bounds (no NaN or infinity, which Python's JSON reader accepts), and `unencodable_field` finds
-text the tokenizer cannot take (lone surrogates, which JSON's escapes and pydantic accept but UTF-8 cannot
-carry).
+The sampling fields of OpenAI (presence and frequency penalties, logit_bias) and vLLM (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos) are honoured (serve/logit_rules.py). Known fields this server does
+not honour (NOT_HONOURED: logprobs, echo, best_of, tools, beam search, guided decoding, ...) are refused with
+a 400 naming the field when set to anything but their neutral value, and so are inconsistent ones
+(stream_options without stream, tool_choice without tools), as vLLM refuses them. Harmless metadata (user,
+metadata, store, service_tier, ...) is accepted; any other field is ignored and named in one warning line of
+the server's log (`unknown_fields`). Every number has finite, stated bounds (no NaN or infinity, which
+Python's JSON reader accepts), and `unencodable_field` finds text the tokenizer cannot take (lone surrogates,
+which JSON's escapes and pydantic accept but UTF-8 cannot carry).
 """
 
 from __future__ import annotations
@@ -34,16 +35,8 @@ REQUEST = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # a reque
 NOT_HONOURED = {
     "logprobs": (None, False),
     "top_logprobs": (None,),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "best_of": (None, 1),
-    # vLLM's sampling and decoding extras
-    "top_k": (None, 0, -1),
-    "min_p": (None, 0),
-    "repetition_penalty": (None, 1),
-    "min_tokens": (None, 0),
-    "ignore_eos": (None, False),
+    # vLLM's decoding extras (its top_k, min_p, repetition_penalty, min_tokens and ignore_eos are honoured)
     "use_beam_search": (None, False),
     "length_penalty": (None, 1),
     "stop_token_ids": (None, []),
@@ -115,13 +108,31 @@ class SamplingRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # what they do to the next token's logits: serve/logit_rules.py
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> bias in [-100, 100]")
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOKENS, description="0 or -1: every token (vLLM)")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    min_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
+    ignore_eos: bool | None = None
     # not honoured (NOT_HONOURED): refused unless neutral
     logprobs: Any = None
     top_logprobs: Any = None
-    logit_bias: Any = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
+
+    def bias(self, vocab_size: int) -> tuple[tuple[int, float], ...]:
+        """logit_bias as (token id, bias) pairs; ApiError 400 for a key that is no token id or a bias outside
+        [-100, 100], as OpenAI refuses them."""
+        pairs = []
+        for key, value in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
+                raise ApiError(400, f"logit_bias key {key[:20]!r} is not a token id below {vocab_size}", "logit_bias")
+            if not -100 <= value <= 100:
+                raise ApiError(400, f"logit_bias[{key!r}] {value!r} is outside [-100, 100]", "logit_bias")
+            pairs.append((int(key), float(value)))
+        return tuple(pairs)
 
     def field_value(self, name: str) -> Any:
         return getattr(self, name) if name in type(self).model_fields else (self.model_extra or {}).get(name)

@@ -1,0 +1,59 @@
+"""What a request's sampling fields do to one row's next-token logits, before the token is chosen: vLLM's and
+OpenAI's definitions, applied in vLLM's order (penalties and logit_bias, then temperature, then top_k, top_p,
+min_p; min_tokens and the end-of-sequence tokens first of all).
+
+- repetition_penalty (vLLM, transformers' RepetitionPenaltyLogitsProcessor): every token of the prompt and of
+  the answer so far: a positive logit divided by it, a negative one multiplied.
+- presence_penalty, frequency_penalty (OpenAI): each token of the answer so far loses
+  `presence + frequency * count` (its count in the answer).
+- logit_bias (OpenAI): a token's logit plus its bias.
+- min_tokens (vLLM): the end-of-sequence tokens cannot be chosen before that many tokens.
+- top_k: only the k most likely tokens; min_p: only tokens at least min_p times as likely as the most likely.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def penalised(logits: torch.Tensor, params, prompt_ids: list[int], token_ids: list[int], eos_ids) -> torch.Tensor:
+    """`logits` (one row, float) after the penalties, logit_bias and min_tokens of `params`; a new tensor only
+    where one of them is set."""
+    if not changes_logits(params):
+        return logits
+    logits = logits.clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(token_ids)), dtype=torch.long)
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if token_ids and (params.presence_penalty or params.frequency_penalty):
+        ids, counts = torch.tensor(token_ids, dtype=torch.long).unique(return_counts=True)
+        logits[ids] -= params.frequency_penalty * counts.to(logits.dtype) + params.presence_penalty
+    for token, bias in params.logit_bias:
+        logits[token] += bias
+    if len(token_ids) < params.min_tokens and eos_ids:
+        logits[list(eos_ids)] = float("-inf")
+    return logits
+
+
+def changes_logits(params) -> bool:
+    return (
+        params.repetition_penalty != 1.0
+        or bool(params.presence_penalty or params.frequency_penalty)
+        or bool(params.logit_bias)
+        or params.min_tokens > 0
+    )
+
+
+def kept_probabilities(probs: torch.Tensor, params) -> torch.Tensor:
+    """`probs` (one row, after temperature) with what top_k and min_p leave out set to 0, the rest renormalised
+    (top_p then reads the kept distribution); `probs` itself when neither is set."""
+    cut_k, cut_p = 0 < params.top_k < probs.numel(), params.min_p > 0
+    if not (cut_k or cut_p):
+        return probs
+    probs = probs.clone()
+    if cut_k:
+        probs[probs < probs.topk(params.top_k).values[-1]] = 0
+    if cut_p:
+        probs[probs < params.min_p * probs.max()] = 0
+    return probs / probs.sum()
