@@ -442,6 +442,37 @@ def test_logit_bias_min_tokens_and_ignore_eos(client, ref):
         assert out.choices[0].text == ref.greedy(ids, 20, min_new_tokens=k)[0]
 
 
+def test_concurrent_requests_each_sample_with_their_own_fields(client, ref):
+    """Concurrent requests (decoding together in the running batch), each with its own penalties or bias; each
+    answer equals transformers' generate with that request's processors alone (logit_bias: its
+    SequenceBiasLogitsProcessor)."""
+    from transformers import LogitsProcessorList
+
+    token = ref.tokenizer("riding", add_special_tokens=False)["input_ids"][0]
+    asks = [
+        ({}, {}),
+        ({"extra_body": {"repetition_penalty": 1.8}}, {"repetition_penalty": 1.8}),
+        ({"logit_bias": {str(token): 4.0}}, {"sequence_bias": {(token,): 4.0}}),
+        ({"presence_penalty": 1.5, "frequency_penalty": 0.7}, "openai"),
+    ]
+    answers: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        out = client.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=30, temperature=0, **asks[i][0])
+        answers[i] = out.choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for i, (_, generate) in enumerate(asks):
+        ids = ref.ids(PROMPTS[i])
+        if generate == "openai":
+            generate = {"logits_processor": LogitsProcessorList([OpenAIPenalties(len(ids), 1.5, 0.7)])}
+        assert answers[i] == ref.greedy(ids, 30, **generate)[0], i
+
+
 def test_top_k_of_one_and_min_p_of_one_sample_the_greedy_token(client, ref):
     for prompt in PROMPTS[:4]:
         greedy = ref.greedy(ref.ids(prompt), 10)[0]
