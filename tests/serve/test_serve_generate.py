@@ -151,6 +151,15 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
+def concurrently(ask, n: int) -> None:
+    """`ask(0)` ... `ask(n - 1)`, each in its own thread, all started before any is waited for."""
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+
 # ---- the routes, with the official client ------------------------------------------------------------
 def test_health_is_open_and_every_other_route_needs_the_key(server, client):
     health = httpx.get(f"{server}/health", timeout=10)
@@ -192,11 +201,7 @@ def test_concurrent_requests_decode_together_and_each_gets_its_own_answer(server
         out = client.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=10 + 4 * i, temperature=0)
         answers[i] = out.choices[0].text
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    concurrently(ask, len(PROMPTS))
     for i, prompt in enumerate(PROMPTS):
         assert answers[i] == ref.greedy(ref.ids(prompt), 10 + 4 * i)[0], i
     after = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
@@ -428,18 +433,22 @@ def test_logit_bias_min_tokens_and_ignore_eos(client, ref):
         model=NAME, prompt=prompt, max_tokens=1, temperature=0, logit_bias={str(first): -100}
     )
     assert other.choices[0].text and other.choices[0].text != banned[0]
-    # ignore_eos: the end-of-sequence token does not end it; min_tokens: it cannot come before
+    # ignore_eos and min_tokens, with the end-of-sequence token made the likeliest (the tiny model never picks it
+    # by itself): at once it ends the answer; ignore_eos runs on to max_tokens; min_tokens holds it back k tokens
+    eos = {str(ref.tokenizer.eos_token_id): 100}
+    ended = client.completions.create(model=NAME, prompt=prompt, max_tokens=30, temperature=0, logit_bias=eos)
+    assert ended.usage.completion_tokens == 0 and ended.choices[0].finish_reason == "stop"
     whole = client.completions.create(
-        model=NAME, prompt=prompt, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+        model=NAME, prompt=prompt, max_tokens=30, temperature=0, logit_bias=eos, extra_body={"ignore_eos": True}
     )
     assert whole.usage.completion_tokens == 30 and whole.choices[0].finish_reason == "length"
-    ids = ref.ids(prompt)
+    ids, bias = ref.ids(prompt), {(ref.tokenizer.eos_token_id,): 100.0}
     for k in (3, 8):
         out = client.completions.create(
-            model=NAME, prompt=prompt, max_tokens=20, temperature=0, extra_body={"min_tokens": k}
+            model=NAME, prompt=prompt, max_tokens=20, temperature=0, logit_bias=eos, extra_body={"min_tokens": k}
         )
-        assert out.usage.completion_tokens >= k
-        assert out.choices[0].text == ref.greedy(ids, 20, min_new_tokens=k)[0]
+        assert out.usage.completion_tokens == k and out.choices[0].finish_reason == "stop"
+        assert out.choices[0].text == ref.greedy(ids, 20, min_new_tokens=k, sequence_bias=bias)[0]
 
 
 def test_concurrent_requests_each_sample_with_their_own_fields(client, ref):
@@ -461,11 +470,7 @@ def test_concurrent_requests_each_sample_with_their_own_fields(client, ref):
         out = client.completions.create(model=NAME, prompt=PROMPTS[i], max_tokens=30, temperature=0, **asks[i][0])
         answers[i] = out.choices[0].text
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(asks))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    concurrently(ask, len(asks))
     for i, (_, generate) in enumerate(asks):
         ids = ref.ids(PROMPTS[i])
         if generate == "openai":
@@ -486,6 +491,7 @@ def test_top_k_of_one_and_min_p_of_one_sample_the_greedy_token(client, ref):
         model=NAME, prompt=PROMPTS[0], max_tokens=10, temperature=1.0, seed=7, extra_body={"top_k": 0, "min_p": 0}
     )
     assert wide.choices[0].text == narrow.choices[0].text  # the neutral values: the same seeded draw
+    assert wide.choices[0].text != ref.greedy(ref.ids(PROMPTS[0]), 10)[0]  # the draw alone is not greedy
 
 
 def test_tool_results_and_image_parts_are_refused_saying_what_this_server_reads(server):

@@ -53,7 +53,7 @@ import torch
 
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
-from tuneforge.serve.logit_rules import kept_probabilities, penalised
+from tuneforge.serve.logit_rules import filtered, penalised
 from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
 log = logging.getLogger(__name__)
@@ -137,10 +137,9 @@ def sample(logits: torch.Tensor, rows: Seq[Sequence], eos_ids=frozenset()) -> li
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    probs = torch.softmax(logits / params.temperature, dim=-1)
+    probs = torch.softmax(filtered(logits / params.temperature, params), dim=-1)
     if not torch.isfinite(probs).all():
         raise ValueError(f"temperature {params.temperature!r} makes the probabilities non-finite")
-    probs = kept_probabilities(probs, params)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p  # the most likely token always stays

@@ -64,13 +64,14 @@ class Gate:
             gen = scope.get("state", {}).get("generation")  # set by a generation route (serve/generation.py)
             tokens = (gen.prompt_tokens, gen.completion_tokens) if gen is not None else (None, None)
             error = _error_message(refusal_body[0]) if status[0] >= 400 else None
-            self.state.access_log.request(Access(scope["method"], path, status[0], seconds * 1000, *tokens, error))
+            ms = round(seconds * 1000, 1)
+            self.state.access_log.request(Access(scope["method"], path, status[0], ms, *tokens, error))
 
         async def send_observed(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
-            elif status[0] >= 400 and message["type"] == "http.response.body":
-                refusal_body[0] += message.get("body", b"")[:4096]  # an error body: small, and its message is logged
+            elif status[0] >= 400 and message["type"] == "http.response.body" and len(refusal_body[0]) < 4096:
+                refusal_body[0] += message.get("body", b"")  # an error body (small): its message is logged
             if message["type"] == "http.response.body" and not message.get("more_body") and not done[0]:
                 finished()  # before the last bytes go: a client that has its answer finds its line in the log
             await send(message)

@@ -2,18 +2,22 @@
 OpenAI's definitions, applied in vLLM's order (penalties and logit_bias, then temperature, then top_k, top_p,
 min_p; min_tokens and the end-of-sequence tokens first of all).
 
-- repetition_penalty (vLLM, transformers' RepetitionPenaltyLogitsProcessor): every token of the prompt and of
-  the answer so far: a positive logit divided by it, a negative one multiplied.
+- repetition_penalty (vLLM's; transformers' RepetitionPenaltyLogitsProcessor does it): every token of the prompt
+  and of the answer so far: a positive logit divided by it, a negative one multiplied.
 - presence_penalty, frequency_penalty (OpenAI): each token of the answer so far loses
   `presence + frequency * count` (its count in the answer).
 - logit_bias (OpenAI): a token's logit plus its bias.
 - min_tokens (vLLM): the end-of-sequence tokens cannot be chosen before that many tokens.
-- top_k: only the k most likely tokens; min_p: only tokens at least min_p times as likely as the most likely.
+- top_k: only the k most likely tokens; min_p: only tokens at least min_p times as likely as the most likely
+  (transformers' TopKLogitsWarper and MinPLogitsWarper do both).
+Presence, frequency, logit_bias and min_tokens are one line each here: transformers has no presence or frequency
+penalty, and its bias and min-length processors are built per request around a batch's tensors.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
 
 
 def penalised(logits: torch.Tensor, params, prompt_ids: list[int], token_ids: list[int], eos_ids) -> torch.Tensor:
@@ -23,9 +27,8 @@ def penalised(logits: torch.Tensor, params, prompt_ids: list[int], token_ids: li
         return logits
     logits = logits.clone()
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(prompt_ids) | set(token_ids)), dtype=torch.long)
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+        seen = torch.tensor([prompt_ids + token_ids], dtype=torch.long)
+        logits = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(seen, logits[None])[0]
     if token_ids and (params.presence_penalty or params.frequency_penalty):
         ids, counts = torch.tensor(token_ids, dtype=torch.long).unique(return_counts=True)
         logits[ids] -= params.frequency_penalty * counts.to(logits.dtype) + params.presence_penalty
@@ -45,15 +48,11 @@ def changes_logits(params) -> bool:
     )
 
 
-def kept_probabilities(probs: torch.Tensor, params) -> torch.Tensor:
-    """`probs` (one row, after temperature) with what top_k and min_p leave out set to 0, the rest renormalised
-    (top_p then reads the kept distribution); `probs` itself when neither is set."""
-    cut_k, cut_p = 0 < params.top_k < probs.numel(), params.min_p > 0
-    if not (cut_k or cut_p):
-        return probs
-    probs = probs.clone()
-    if cut_k:
-        probs[probs < probs.topk(params.top_k).values[-1]] = 0
-    if cut_p:
-        probs[probs < params.min_p * probs.max()] = 0
-    return probs / probs.sum()
+def filtered(scaled: torch.Tensor, params) -> torch.Tensor:
+    """`scaled` (one row's logits over the temperature) with what top_k and min_p leave out at -inf; `scaled`
+    itself when neither is set."""
+    if 0 < params.top_k < scaled.numel():
+        scaled = TopKLogitsWarper(params.top_k)(None, scaled[None])[0]
+    if params.min_p > 0:
+        scaled = MinPLogitsWarper(params.min_p)(None, scaled[None])[0]
+    return scaled
