@@ -1,19 +1,27 @@
 """The page at `/` of `tuneforge serve`, in real headless Chromium (Debian's, driven by Playwright's Python
-package; the Makefile's `install-dev`, run by `make test`, puts it in place): a chat model streams its answer
-into the chat box, a classifier shows its label scores. Skipped, saying why, only where Chromium or Playwright
+package; the Makefile's `install-dev`, run by `make test`, puts it in place), against real servers of tiny models:
+a conversation streams with its system prompt, history, sampling fields and token count; the stop button ends a
+stream and the server cancels it; a model without a chat template is continued through /v1/completions; a
+classifier's scores are bars. The Markdown renderer is driven by crafted streams (page.route): a tiny random
+model cannot be asked for a code block or a hostile tag. Skipped, saying why, only where Chromium or Playwright
 is not installed."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
+import time
 
 import httpx
 import pytest
 
-from conftest import save_tiny_classifier
+from conftest import save_tiny_causal_lm, save_tiny_classifier
 from test_serve_generate import KEY, NAME, app_server, save_chat_model, wait_ready
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LONG = 3000  # tokens asked for by the stream that is stopped: half a minute of generation here, stopped in a second
 
 
 @pytest.fixture(scope="module")
@@ -30,44 +38,229 @@ def browser():
         browser.close()
 
 
-def test_the_chat_page_streams_the_answer(browser, tmp_path, tiny_llama):
-    model = save_chat_model(tmp_path / "chat", tiny_llama)
-    with app_server(model, api_key=KEY) as url:
-        wait_ready(url)
-        assert httpx.get(url, timeout=10).status_code == 401  # the page is behind the key too
-        want = httpx.post(
-            f"{url}/v1/chat/completions",
-            json={
-                "model": NAME,
-                "messages": [{"role": "user", "content": "where is the cat"}],
-                "max_tokens": 12,
-                "temperature": 0,
-            },
-            headers={"Authorization": f"Bearer {KEY}"},
-            timeout=60,
-        ).json()["choices"][0]["message"]["content"]
-        assert want
+@pytest.fixture(scope="module")
+def chat_url(browser, tmp_path_factory):
+    """A served chat model (behind the key) whose greedy answers never end by themselves: the tiny random Llama with
+    a context of 4096 and its end-of-text row of the output layer zeroed (a logit of 0 is never the largest of
+    ~300 random ones), so a long stream runs until it is stopped."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-        context = browser.new_context(http_credentials={"username": "me", "password": KEY})  # the login prompt
-        page = context.new_page()
+    root = tmp_path_factory.mktemp("page-chat")
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=4096, **heads)
+    base = save_tiny_causal_lm(root / "base", LlamaForCausalLM, LlamaConfig, **sizes)
+    model_dir = save_chat_model(root / "chat", base)
+    model = LlamaForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.lm_head.weight[model.config.eos_token_id] = 0
+    model.save_pretrained(model_dir)
+    with app_server(model_dir, api_key=KEY) as url:
+        wait_ready(url)
+        yield url
+
+
+@pytest.fixture
+def chat_page(browser, chat_url):
+    context = browser.new_context(http_credentials={"username": "me", "password": KEY})  # the login prompt
+    page = context.new_page()
+    page.goto(chat_url)
+    page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)
+    yield page
+    context.close()
+
+
+def request_bodies(page, route: str) -> list[dict]:
+    """The JSON bodies of the page's requests to `route`, as Chromium sends them."""
+    bodies: list[dict] = []
+    page.on("request", lambda r: bodies.append(json.loads(r.post_data)) if r.url.endswith(route) else None)
+    return bodies
+
+
+def ask(page, text: str, replies: int = 1):
+    page.fill("#prompt", text)
+    page.click("#send")
+    page.wait_for_selector(f'.assistant[data-done="1"] >> nth={replies - 1}', timeout=30_000)
+    return page.query_selector_all(".assistant")[replies - 1]
+
+
+def metric(text: str, name: str) -> float:
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def test_a_conversation_streams_with_its_system_prompt_history_sampling_and_token_count(chat_page, chat_url):
+    page = chat_page
+    assert httpx.get(chat_url, timeout=10).status_code == 401  # the page is behind the key too
+    system = {"role": "system", "content": "Answer in one word."}
+    first = {"role": "user", "content": "where is the cat"}
+    direct = {"model": NAME, "messages": [system, first], "max_tokens": 12, "temperature": 0}
+    want = httpx.post(f"{chat_url}/v1/chat/completions", json=direct, headers=AUTH, timeout=60).json()
+    sent = request_bodies(page, "/v1/chat/completions")
+    page.fill("#system", system["content"])
+    page.fill("#max-tokens", "12")
+    page.fill("#temperature", "0")
+    page.fill("#top-p", "0.9")
+    page.evaluate(  # count the answer's updates as they arrive
+        """() => { window.updates = 0; new MutationObserver((records) => { window.updates += records.length; })
+            .observe(document.getElementById('log'), {subtree: true, childList: true, characterData: true}); }"""
+    )
+    reply = ask(page, first["content"])
+    assert page.evaluate("window.updates") > 3  # rendered again chunk by chunk as the stream came, not set once
+    assert page.query_selector(".user").inner_text() == first["content"]
+    stats = reply.query_selector(".stats").inner_text()
+    assert f"{want['usage']['completion_tokens']} tokens · " in stats and " tokens/s" in stats, stats
+    assert reply.get_attribute("data-finish") == "length"
+
+    ask(page, "and the dog", replies=2)
+    answer = {"role": "assistant", "content": want["choices"][0]["message"]["content"]}
+    assert sent[0] == {
+        "model": NAME,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 12,
+        "temperature": 0,
+        "top_p": 0.9,
+        "messages": [system, first],
+    }
+    assert sent[1]["messages"] == [system, first, answer, {"role": "user", "content": "and the dog"}]
+
+
+def test_the_stop_button_ends_the_stream_and_the_server_cancels_the_sequence(chat_page, chat_url, capfd):
+    page = chat_page
+    capfd.readouterr()
+    page.fill("#max-tokens", str(LONG))
+    page.fill("#temperature", "0")
+    page.fill("#prompt", "tell me everything")
+    page.click("#send")
+    page.wait_for_function("() => document.querySelector('.assistant .content').textContent.length > 20")
+    assert page.is_disabled("#send") and page.is_enabled("#stop")
+    page.click("#stop")
+    reply = page.wait_for_selector('.assistant[data-done="1"]', timeout=10_000)
+    assert reply.get_attribute("data-finish") == "stopped" and "stopped after" in reply.inner_text()
+    assert page.is_enabled("#send") and page.is_disabled("#stop")
+
+    deadline, log = time.monotonic() + 10, ""
+    while "POST /v1/chat/completions" not in log:  # the request's access line: written when it ended
+        assert time.monotonic() < deadline, "the server did not end the stopped request"
+        time.sleep(0.05)
+        log += capfd.readouterr().err
+    line = next(x for x in log.splitlines() if x.startswith("POST /v1/chat/completions"))
+    assert 0 < int(line.rsplit("completion_tokens=", 1)[1]) < LONG, line
+    metrics = httpx.get(f"{chat_url}/metrics", headers=AUTH, timeout=10).text
+    generated = metric(metrics, "tuneforge_generated_tokens_total")
+    time.sleep(0.3)
+    metrics = httpx.get(f"{chat_url}/metrics", headers=AUTH, timeout=10).text
+    assert metric(metrics, "tuneforge_running_sequences") == 0
+    assert metric(metrics, "tuneforge_generated_tokens_total") == generated  # nothing generates any more
+
+
+def sse(pieces: list[str]) -> str:
+    """A chat stream as the server sends it, the reply in `pieces`, with its usage."""
+    base = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 0, "model": NAME}
+    deltas = [{"role": "assistant", "content": ""}, *({"content": p} for p in pieces)]
+    chunks = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+    chunks.append({**base, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}})
+    return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def crafted_reply(page, pieces: list[str]):
+    """The page's next chat request answered with `pieces` (the server is not asked); returns the reply's node."""
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=sse(pieces)),
+    )
+    return ask(page, "hello")
+
+
+HOSTILE = [
+    "Look: <scr",
+    "ipt>window.pwned = 'script'</script> and <img src=x onerror=\"window.pwned = 'img'\">",
+    "\n\n**<img src=x onerror=\"window.pwned = 'bold'\">** [click](javascript:window.pwned='link')",
+    " <a href=\"javascript:window.pwned='a'\">a</a> ![pic](http://127.0.0.1:9/p.png)",
+    "\n\n```html\n<svg onload=\"window.pwned = 'code'\"></svg>\n```\n",
+]
+
+
+def test_model_output_never_runs_as_html_or_script_and_is_shown_as_written(chat_page):
+    page = chat_page
+    reply = crafted_reply(page, HOSTILE)
+    page.wait_for_timeout(500)  # time for an image's onerror, had one been made
+    assert page.evaluate("window.pwned") is None
+    assert reply.query_selector_all("img, script, svg, iframe, [onerror], [onload]") == []
+    assert [a.get_attribute("href") for a in reply.query_selector_all("a")] == ["http://127.0.0.1:9/p.png"]
+    shown = reply.query_selector(".content").inner_text()
+    assert "Look: <script>window.pwned = 'script'</script> and <img src=x onerror=\"window.pwned = 'img'\">" in shown
+    assert "[click](javascript:window.pwned='link') <a href=\"javascript:window.pwned='a'\">a</a>" in shown
+    assert reply.query_selector("strong").inner_text() == "<img src=x onerror=\"window.pwned = 'bold'\">"
+    assert reply.query_selector("a").inner_text() == "image: pic"  # a link, never loaded
+    assert reply.query_selector("pre code").inner_text() == "<svg onload=\"window.pwned = 'code'\"></svg>"
+
+
+MARKDOWN = [
+    "# Sorting\n\nUse **`sorted`**, not *my_own_sort*; ~~never~~ ",
+    "see [the docs](https://docs.python.org/3/howto/sorting.html) or <https://example.org>.\n\n",
+    "- first\n- second\n  1. nested\n\n> quoted\n\n| a | b |\n|---|--:|\n| 1 | 2 |\n\n",
+    "```python\ndef key(x):\n    return x['n']  # <b>not bold</b>\n",
+    "```\n\n[local](/v1/models) and snake_case_name",
+]
+
+
+def test_markdown_replies_render_code_blocks_lists_links_and_tables(chat_page):
+    reply = crafted_reply(chat_page, MARKDOWN)
+    content = reply.query_selector(".content")
+
+    def texts(selector: str) -> list[str]:
+        return [e.inner_text() for e in content.query_selector_all(selector)]
+
+    assert texts("h1") == ["Sorting"]
+    assert texts("strong code") == ["sorted"] and texts("em") == ["my_own_sort"] and texts("del") == ["never"]
+    links = [(a.inner_text(), a.get_attribute("href"), a.get_attribute("rel")) for a in content.query_selector_all("a")]
+    assert links == [
+        ("the docs", "https://docs.python.org/3/howto/sorting.html", "noopener noreferrer nofollow"),
+        ("https://example.org", "https://example.org/", "noopener noreferrer nofollow"),
+    ]
+    assert texts("ul > li > ol > li") == ["nested"] and len(content.query_selector_all("ul > li")) == 2
+    assert texts("blockquote") == ["quoted"] and texts("th") == ["a", "b"] and texts("td") == ["1", "2"]
+    code = content.query_selector("pre code")
+    assert code.get_attribute("class") == "language-python"
+    assert code.inner_text() == "def key(x):\n    return x['n']  # <b>not bold</b>"
+    assert content.query_selector_all("b") == []
+    assert "[local](/v1/models) and snake_case_name" in content.inner_text()  # a relative link is not followed
+    assert "7 tokens" in reply.query_selector(".stats").inner_text()
+
+
+def test_a_model_without_a_chat_template_is_continued_through_completions(browser, tiny_llama):
+    with app_server(tiny_llama) as url:
+        wait_ready(url)
+        assert httpx.get(f"{url}/health", timeout=10).json()["chat"] is False
+        direct = {"model": NAME, "prompt": "The dog", "max_tokens": 8, "temperature": 0}
+        want = httpx.post(f"{url}/v1/completions", json=direct, timeout=60).json()
+        page = browser.new_page()
+        sent = request_bodies(page, "/v1/completions")
         page.goto(url)
         page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)
-        page.fill("#max-tokens", "12")
+        assert page.is_hidden("#system") and page.is_visible("#mode-note")
+        page.fill("#max-tokens", "8")
         page.fill("#temperature", "0")
-        page.evaluate(  # count the answer's updates as they arrive
-            """() => { window.updates = 0; new MutationObserver((records) => { window.updates += records.length; })
-                .observe(document.getElementById('log'), {subtree: true, childList: true, characterData: true}); }"""
-        )
-        page.fill("#prompt", "where is the cat")
-        page.click("#send")
-        answer = page.wait_for_selector('.assistant[data-done="1"]', timeout=30_000)
-        assert answer.text_content() == want
-        assert page.evaluate("window.updates") > 3  # appended chunk by chunk as the stream came, not set once
-        assert page.query_selector(".user").inner_text() == "where is the cat"
-        context.close()
+        shown = ask(page, "The dog").inner_text()
+        ask(page, "A man", replies=2)
+        page.close()
+    assert [(b["prompt"], "messages" in b, b["stream_options"]) for b in sent] == [
+        ("The dog", False, {"include_usage": True}),
+        ("A man", False, {"include_usage": True}),  # each message on its own: no history for a base model
+    ]
+    assert f"{want['usage']['completion_tokens']} tokens" in shown
 
 
-def test_the_classifier_page_shows_label_scores(browser, tmp_path, minilm_dir):
+BARS = """rows => rows.map((r) => {
+    const width = (selector) => r.querySelector(selector).getBoundingClientRect().width;
+    const shown = r.querySelector('.score-num').textContent;
+    return [r.dataset.label, Number(r.dataset.score), shown, width('.bar') / width('.track')];
+})"""  # each row of scores: its label, score, the score shown, and the bar's share of its track
+
+
+def test_the_classifier_page_shows_label_scores_as_bars(browser, tmp_path, minilm_dir):
     from tuneforge.predict import Predictor
 
     model = save_tiny_classifier(tmp_path / "classifier", minilm_dir, {0: "neg", 1: "pos"})
@@ -79,8 +272,10 @@ def test_the_classifier_page_shows_label_scores(browser, tmp_path, minilm_dir):
         page.fill("#text", "a wonderful, moving film")
         page.click("#classify")
         page.wait_for_selector(".label-row", timeout=30_000)
-        rows = [r.inner_text().split("\t")[:2] for r in page.query_selector_all(".label-row")]
+        rows = page.eval_on_selector_all(".label-row", BARS)
         page.close()
     [want] = Predictor(model).predict(["a wonderful, moving film"])
-    assert {label: float(score) for label, score in rows} == pytest.approx(want["scores"], abs=1e-3)
+    assert {label: score for label, score, _, _ in rows} == pytest.approx(want["scores"], abs=1e-6)
     assert rows[0][0] == want["label"]  # the best label first
+    for _, score, shown, width in rows:
+        assert shown == f"{score:.3f}" and width == pytest.approx(score, abs=0.01)  # the bar is the score
