@@ -478,6 +478,20 @@ def tiny_llama(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def long_llama(tmp_path_factory) -> str:
+    """tiny_llama (2 layers, 32 wide, byte-level BPE) with a context of 512 tokens: room for PIQA's prompts and
+    solutions (lm-evaluation-harness tests)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def make(folder: Path) -> None:
+        heads = dict(num_attention_heads=4, num_key_value_heads=2)
+        sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=512, **heads)
+        save_tiny_causal_lm(folder, LlamaForCausalLM, LlamaConfig, **sizes)
+
+    return str(made_once(tmp_path_factory, "harness-long-llama", make))
+
+
+@pytest.fixture(scope="session")
 def tiny_t5(tmp_path_factory) -> str:
     """2+2-layer, 32-wide random T5 with a real SentencePiece T5 tokenizer."""
     from transformers import T5Config, T5ForConditionalGeneration

@@ -132,6 +132,8 @@ FLOORS = {
         "tuneforge.serve.detokenize",
         "tuneforge.serve.metrics",
         "tuneforge.serve.options",
+        "tuneforge.harness.options",
+        "tuneforge.tool_calls",
     ),
     "data": ("tuneforge.data", "tuneforge.download"),  # reading and tokenizing files; hub downloads
     "engines": (  # process groups and wrapping, adapters, checkpoints, exports, generation
@@ -140,6 +142,7 @@ FLOORS = {
         "tuneforge.checkpoint",
         "tuneforge.environment",
         "tuneforge.export",
+        "tuneforge.gguf_export",
         "tuneforge.generate",
     ),
     "tasks": ("tuneforge.tasks",),
@@ -149,6 +152,7 @@ FLOORS = {
         "tuneforge.trainer",
         "tuneforge.predict",
         "tuneforge.chat",
+        "tuneforge.harness",
         "tuneforge.serve.",
     ),
     "entry points": ("tuneforge.cli", "tuneforge.serve", "tuneforge"),  # commands, the package's API

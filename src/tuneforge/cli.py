@@ -180,9 +180,14 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def cmd_eval(ns: argparse.Namespace) -> int:
     from tuneforge.configure import build_config
+    from tuneforge.harness.command import cmd_eval_harness, harness_given
+
+    harness = harness_given(ns)
+    flags = _flags(ns, eval_flags())
+    if harness:  # the second mode: lm-evaluation-harness's tasks (tuneforge/harness/)
+        return cmd_eval_harness(ns, harness, [f for f, (key, _) in eval_flags().items() if key in flags])
     from tuneforge.trainer import Trainer
 
-    flags = _flags(ns, eval_flags())
     flags["quiet"] = flags.get("quiet", False)
     values: dict[str, Any] = {}
     for key, value in flags.items():
@@ -217,8 +222,11 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
+    from tuneforge.harness.command import add_harness_flags
+
     p.add_argument("model_dir", nargs="?", default=None, help="HF model folder (default: the task's bundled model)")
     _add_flags(p, eval_flags())
+    add_harness_flags(p)
     p.add_argument("--output-dir", default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
@@ -241,7 +249,10 @@ def _module_arguments(module: str) -> Callable[[argparse.ArgumentParser], None]:
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "train": ("fine-tune a model (config file, key=value overrides, flags)", _train_arguments),
-    "eval": ("evaluate a model on a task's validation data", _eval_arguments),
+    "eval": (
+        "evaluate a model on a task's validation data, or on lm-evaluation-harness tasks (--harness)",
+        _eval_arguments,
+    ),
     "predict": ("predict labels for a csv/tsv/jsonl file", _module_arguments("tuneforge.predict")),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
     "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),

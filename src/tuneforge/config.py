@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from tuneforge.errors import ConfigError
 from tuneforge.flags import allowed_range
+from tuneforge.harness.options import HarnessSettings
 from tuneforge.options import BackendOptions, Options, TaskOptions
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
@@ -215,6 +216,16 @@ class TrainConfig(Options):
         None, gt=0, le=MAX_STEPS, description="stop after N evaluations without improvement"
     )
     load_best_model_at_end: bool = Field(False, description="export the best evaluated model, not the last")
+    # lm-evaluation-harness on the exported model (tuneforge/harness/): task names, or in YAML a mapping of
+    # HarnessSettings' fields (tasks, data: {TASK: PATH}, limit, fewshot, batch_size, max_gen_toks)
+    harness_after_train: HarnessSettings | None = Field(
+        None,
+        description="after training, run lm-evaluation-harness on the exported model into OUTPUT_DIR/harness with "
+        "these of its tasks (comma-separated, e.g. piqa,gsm8k; NAME=PATH reads a task's data from local files, as "
+        "eval's --harness-data); in YAML, or as harness_after_train.tasks=... overrides, also limit, fewshot, "
+        "batch_size, max_gen_toks",
+        json_schema_extra={"flag_kwargs": {"metavar": "TASKS"}},
+    )
 
     # checkpoints
     save_strategy: Literal["epoch", "steps", "no"] = Field("no", description="when to save a checkpoint")

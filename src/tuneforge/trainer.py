@@ -9,7 +9,8 @@ a resume) and then runs the loop: optimizer steps from the step plan (`tuneforge
 callbacks told each step's and epoch's end. Evaluation and save cadence, best-model tracking and early
 stopping are built-in callbacks (`tuneforge.callbacks`). Everything backend-specific sits behind
 `trainer.backend` (tuneforge/backends/base.py), everything task-specific behind `trainer.task`
-(tuneforge/tasks/base.py).
+(tuneforge/tasks/base.py). With `harness_after_train`, lm-evaluation-harness scores the exported model once fit
+ends (tuneforge/harness/after_train.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tuneforge.config import TrainConfig
 from tuneforge.configure import build_config, resolve
 from tuneforge.data.samplers import eval_batches
 from tuneforge.errors import NonFiniteError
+from tuneforge.harness import after_train
 from tuneforge.progress import Progress
 from tuneforge.run import Given, Run, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
@@ -137,9 +139,16 @@ class Trainer:
             cfg = cfg.model_copy(update={"resume": "latest"})  # elastic restart: this run continues the last one
         if not cfg.resume and not launch.launched_by_us() and not restarted:
             checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
+        harness = cfg.harness_after_train if launch.prints_result() else None  # run once, where the result shows
+        if harness:
+            after_train.check_after_train(harness, cfg.output_dir, generates=self.task.generates)
         given = Given(model, tokenizer, train_dataset, eval_dataset)
         again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
-        return self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given), again)
+        result = self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given), again)
+        if harness and result:  # lm-evaluation-harness on the exported model, into OUTPUT_DIR/harness
+            scores = after_train.after_training(harness, result["model_dir"], cfg.output_dir, quiet=cfg.quiet)
+            result.update(harness=scores, harness_dir=str(after_train.harness_folder(cfg.output_dir)))
+        return result
 
     train = fit
 

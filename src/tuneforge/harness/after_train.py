@@ -1,0 +1,50 @@
+"""The harness after training (`harness_after_train` / `--harness-after-train TASKS`): checked before the run
+trains (task names, local data, the OUTPUT_DIR/harness folder), run on the exported model once it is written.
+The Trainer calls these two, in the process that shows the run's result."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tuneforge.errors import ConfigError, UserError
+from tuneforge.harness.options import HarnessSettings
+
+HARNESS_FOLDER = "harness"
+FLAG = "--harness-after-train"
+
+
+def harness_folder(output_dir: str | Path) -> Path:
+    return Path(output_dir) / HARNESS_FOLDER
+
+
+def check_after_train(settings: HarnessSettings, output_dir: str | Path, generates: bool = True) -> None:
+    """Before training: what can be checked without the model (one line, before minutes of training); `generates`:
+    whether the run's task makes a model that scores text (a classifier's does not)."""
+    from tuneforge.harness.evaluate import check_destination, harness_logs, prepare_tasks
+
+    if not generates:
+        raise ConfigError(
+            f"{FLAG}: this run's task trains a model that scores no text (a classifier, tagger or the like); "
+            "lm-evaluation-harness needs a causal LM or a sequence-to-sequence model (e.g. --task clm or sft)"
+        )
+    with harness_logs():
+        prepare_tasks(settings, build=False)
+    check_destination(harness_folder(output_dir), f"{FLAG}'s folder")
+
+
+def after_training(settings: HarnessSettings, model_dir: str, output_dir: str | Path, quiet: bool = False) -> dict:
+    """The harness on the exported `model_dir`, into OUTPUT_DIR/harness; its table printed unless `quiet`.
+    Returns {task: {metric: value}} for the run's result."""
+    from tuneforge.harness.evaluate import evaluate_model
+
+    folder = harness_folder(output_dir)
+    try:
+        done = evaluate_model(model_dir, settings, folder, f"{FLAG}'s folder")
+    except UserError as err:
+        raise type(err)(
+            f"training finished (model saved to {model_dir}), but the harness run after it failed: {err}"
+        ) from None
+    if not quiet:
+        print(f"lm-evaluation-harness on {model_dir} ({folder}):\n{done['table']}", file=sys.stdout, flush=True)
+    return done["results"].get("results", {})

@@ -1,0 +1,208 @@
+"""lm-evaluation-harness in-process on a model tuneforge loads, and what such a run leaves behind.
+
+- `load_lm(model_dir, batch_size)`: the harness's HFLM built on the model object and tokenizer of a model folder
+  (full, or an adapter folder with its adapter merged into its base), loaded as generate and serve load them.
+- `prepare_tasks(settings)`: the harness's tasks by name, checked and built (tasks.py), local data swapped in.
+- `run_harness(lm, settings, model_args=None)`: `lm_eval.simple_evaluate` on those tasks; `lm` is an LM object or
+  any model name the harness knows ("local-completions" with `model_args`, to score a `tuneforge serve` the same
+  way); returns the harness's results dict.
+- `write_results(results, folder)`: results.json (as the harness writes it, made strict JSON) and results.md (the
+  harness's make_table), into a folder `check_destination` found new, empty or one a harness run wrote.
+- `evaluate_model(model_dir, settings, folder)`: all of it, for `tuneforge eval --harness` and after training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import (
+    FAMILY_CAUSAL,
+    check_model_path,
+    from_pretrained,
+    generation_family,
+    inference_device,
+    load_tokenizer,
+    read_model_info,
+)
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.files import TMP_PREFIX, write_text
+from tuneforge.harness.options import HarnessSettings
+from tuneforge.harness.tasks import build_tasks, task_manager, task_specs
+from tuneforge.paths import check_output_dir
+
+RESULTS_FILE = "results.json"
+TABLE_FILE = "results.md"
+HARNESS_FILES = (RESULTS_FILE, TABLE_FILE)
+
+
+@dataclass
+class PreparedTasks:
+    """The harness's tasks of one run, built (Task and Group objects), and the TaskManager that found them."""
+
+    tasks: list
+    manager: Any
+
+
+# ---- the model ---------------------------------------------------------------------------------
+def load_lm(model_dir: str, batch_size: int = 8, device: str | None = None):
+    """The harness's HFLM on the model of `model_dir` (a causal LM or seq2seq model; an adapter folder's base with
+    the adapter merged in) and its tokenizer, on the inference device."""
+    import transformers
+    from lm_eval.models.huggingface import HFLM
+
+    check_model_path(model_dir)
+    model_config = from_pretrained(transformers.AutoConfig, model_dir, "the model config")
+    family = generation_family(model_config, read_model_info(model_dir))
+    if family is None:
+        archs = getattr(model_config, "architectures", None) or [model_config.model_type]
+        raise ConfigError(
+            f"model {model_dir!r} is a {archs[0]}, which scores no text; lm-evaluation-harness needs a causal LM or "
+            "a sequence-to-sequence model (one trained to generate text)"
+        )
+    auto = transformers.AutoModelForCausalLM if family == FAMILY_CAUSAL else transformers.AutoModelForSeq2SeqLM
+    tokenizer = load_tokenizer(model_dir)
+    model = load_pretrained_model(auto, model_dir, "the model").eval().to(inference_device(device))
+    backend = "causal" if family == FAMILY_CAUSAL else "seq2seq"
+    return HFLM(pretrained=model, tokenizer=tokenizer, backend=backend, batch_size=batch_size)
+
+
+# ---- the tasks and the run ---------------------------------------------------------------------
+def prepare_tasks(settings: HarnessSettings, build: bool = True) -> PreparedTasks:
+    """The run's tasks: names checked against the harness's index, local data read and checked against each
+    task's prompts; `build`: each task built (its hub data loaded) too."""
+    manager = task_manager(tuple(settings.tasks))
+    specs = task_specs(settings.tasks, settings.data or {}, manager)
+    return PreparedTasks(build_tasks(specs, manager) if build else specs, manager)
+
+
+def run_harness(
+    lm, settings: HarnessSettings, model_args: dict | str | None = None, prepared: PreparedTasks | None = None
+) -> dict:
+    """`lm_eval.simple_evaluate` of `lm` (an LM object, or a harness model name with `model_args`) on the tasks of
+    `settings`; the harness's results dict (without per-row samples)."""
+    import lm_eval
+
+    prepared = prepared or prepare_tasks(settings)
+    return lm_eval.simple_evaluate(
+        model=lm,
+        model_args=model_args,
+        tasks=prepared.tasks,
+        task_manager=prepared.manager,
+        num_fewshot=settings.fewshot,
+        limit=settings.limit,
+        batch_size=settings.batch_size,
+        gen_kwargs={"max_gen_toks": settings.max_gen_toks} if settings.max_gen_toks else None,
+        log_samples=False,
+    )
+
+
+def _leaf_tasks(tasks: list) -> list:
+    return [t for item in tasks for t in (item.get_all_tasks() if hasattr(item, "get_all_tasks") else [item])]
+
+
+def check_generation_room(lm, settings: HarnessSettings, tasks: list) -> None:
+    """A generation task (gsm8k) generates up to max_gen_toks tokens after its prompt within the model's context:
+    a length that leaves no room for the prompt is one line (the harness would fail on the first request)."""
+    generating = [
+        t.config.task
+        for t in _leaf_tasks(tasks)
+        if hasattr(t, "config") and getattr(t.config, "output_type", None) == "generate_until"
+    ]
+    length = settings.max_gen_toks or lm.max_gen_toks
+    if generating and length >= lm.max_length:
+        flag = "--harness-max-gen-toks" if settings.max_gen_toks else "the harness's default --harness-max-gen-toks"
+        raise ConfigError(
+            f"{', '.join(generating)} would generate up to {length} tokens ({flag}), which fills the model's context "
+            f"of {lm.max_length} tokens; pass --harness-max-gen-toks below {lm.max_length}"
+        )
+
+
+@contextlib.contextmanager
+def harness_logs(level: int = logging.ERROR):
+    """The harness's own log lines (notes on every task it builds) held back to `level` within the block."""
+    logger = logging.getLogger("lm_eval")
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
+
+
+# ---- what a run leaves behind ------------------------------------------------------------------
+def json_safe(value: Any) -> Any:
+    """The harness's results as strict JSON data: what the harness turns to text for its own results file (numpy
+    numbers, functions) as it does, and nan or infinity (a standard error of one row) as null."""
+    from lm_eval.utils import handle_non_serializable
+
+    def finite(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, list) else v
+
+    text = json.dumps(value, default=handle_non_serializable, ensure_ascii=False)
+    return finite(json.loads(text))
+
+
+def results_table(results: dict) -> str:
+    """The harness's own markdown table of the scores (and of the groups', when a group ran)."""
+    from lm_eval.utils import make_table
+
+    return make_table(results) + (("\n" + make_table(results, "groups")) if results.get("groups") else "")
+
+
+def check_destination(folder: str | Path, flag: str = "--output-dir") -> None:
+    """`folder` can take a harness run's files: new, empty, or holding only what a harness run writes (an earlier
+    run's, which this one replaces); anything else in it is someone else's and is refused."""
+    out = Path(folder)
+    check_output_dir(str(out), flag)
+    if not out.is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in HARNESS_FILES and not p.name.startswith(TMP_PREFIX))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(
+            f"{flag} {str(out)!r} holds files a harness run does not write ({shown}); choose a new or empty folder"
+        )
+    clashing = [name for name in HARNESS_FILES if (out / name).exists() and not (out / name).is_file()]
+    if clashing:
+        raise ConfigError(f"{flag} {str(out)!r} holds a folder named {clashing[0]!r}; choose another folder")
+
+
+def write_results(results: dict, folder: str | Path) -> dict:
+    """results.json and results.md into `folder` (each replaced in one rename); returns the JSON-safe results."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    safe = json_safe({k: v for k, v in results.items() if k != "samples"})
+    write_text(out / RESULTS_FILE, json.dumps(safe, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    write_text(out / TABLE_FILE, results_table(results))
+    return safe
+
+
+def evaluate_model(model_dir: str, settings: HarnessSettings, folder: str | Path, flag: str = "--output-dir") -> dict:
+    """The harness run of `settings` on the model folder `model_dir`, its files written into `folder`: tasks and
+    local data checked, then the destination, before the model loads. Returns {results, table, folder}."""
+    with harness_logs():
+        specs = prepare_tasks(settings, build=False)
+        check_destination(folder, flag)
+        prepared = PreparedTasks(build_tasks(specs.tasks, specs.manager), specs.manager)
+        lm = load_lm(model_dir, settings.batch_size)
+        check_generation_room(lm, settings, prepared.tasks)
+        try:
+            results = run_harness(lm, settings, prepared=prepared)
+        except AssertionError:  # HFLM's checks of a request against the model are bare asserts
+            raise DataError(
+                f"lm-evaluation-harness stopped on a request model {model_dir!r} cannot score (one of its checks "
+                f"failed; most often an answer longer than the model's context of {lm.max_length} tokens)"
+            ) from None
+    safe = write_results(results, folder)
+    return {"results": safe, "table": results_table(results), "folder": str(folder)}

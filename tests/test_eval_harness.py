@@ -1,0 +1,346 @@
+"""lm-evaluation-harness in-process (tuneforge/harness/): `tuneforge eval MODEL --harness TASKS` on the harness's own
+piqa and gsm8k tasks with their data from ../shared/data, PIQA's accuracy checked against the model's own
+log-likelihoods of the two solutions; an adapter folder; `--harness-after-train` after a tiny run; bad input.
+
+The tiny random Llama of conftest has a context of 64 tokens, and PIQA's solutions run longer in its 320-token
+vocabulary, so PIQA runs on the same tiny Llama with a context of 512 (`long_llama`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import (
+    cli_flags,
+    cli_main,
+    last_json,
+    made_once,
+    parallel_pairs,
+    run_cli,
+    train_command,
+)
+
+PIQA_ROWS = 12
+PIQA_PROMPT = "Question: {goal}\nAnswer:"  # lm_eval/tasks/piqa/piqa.yaml's doc_to_text; the choices follow a space
+
+
+def piqa_rows(shared_data: Path, n: int) -> list[dict]:
+    folder = shared_data / "piqa"
+    lines = (folder / "valid.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    labels = (folder / "valid-labels.lst").read_text().split()[:n]
+    return [{**json.loads(line), "label": int(label)} for line, label in zip(lines, labels)]
+
+
+@torch.no_grad()
+def direct_piqa_scores(model, tokenizer, rows: list[dict]) -> dict[str, float]:
+    """acc and acc_norm from the model's summed log-probabilities of each solution's tokens after the prompt, one
+    forward pass per (prompt, solution); acc_norm divides by the solution's length in characters."""
+    right = right_norm = 0
+    for row in rows:
+        context = PIQA_PROMPT.format(goal=row["goal"])
+        scores = []
+        for solution in (row["sol1"], row["sol2"]):
+            prompt_ids = tokenizer(context)["input_ids"]
+            ids = tokenizer(context + " " + solution)["input_ids"]
+            logp = model(input_ids=torch.tensor([ids])).logits[0].float().log_softmax(-1)
+            scores.append(sum(logp[i - 1, ids[i]].item() for i in range(len(prompt_ids), len(ids))))
+        lengths = [len(row["sol1"]), len(row["sol2"])]
+        right += int(max(range(2), key=lambda i: scores[i]) == row["label"])
+        right_norm += int(max(range(2), key=lambda i: scores[i] / lengths[i]) == row["label"])
+    return {"acc": right / len(rows), "acc_norm": right_norm / len(rows)}
+
+
+def strict_json(path: Path) -> dict:
+    def refuse(name: str):
+        raise ValueError(f"{path} holds {name}, which is not JSON")
+
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
+def harness_eval(model: str, out: Path, *tasks: str, **flags) -> list[str]:
+    return ["eval", model, "--harness", ",".join(tasks), *cli_flags(output_dir=out, **flags)]
+
+
+# ---- scores ----------------------------------------------------------------------------------------
+def test_piqa_accuracy_equals_the_models_own_log_likelihoods(long_llama, shared_data, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "run"
+    data = f"piqa={shared_data / 'piqa'}"
+    code, stdout, err = cli_main(
+        capsys, *harness_eval(long_llama, out, "piqa", harness_data=data, harness_limit=PIQA_ROWS)
+    )
+    assert code == 0, err
+
+    results = strict_json(out / "results.json")
+    scores = results["results"]["piqa"]
+    assert results["n-samples"]["piqa"]["effective"] == PIQA_ROWS
+    model = AutoModelForCausalLM.from_pretrained(long_llama).eval()
+    direct = direct_piqa_scores(model, AutoTokenizer.from_pretrained(long_llama), piqa_rows(shared_data, PIQA_ROWS))
+    assert direct["acc"] != 0.5  # labels read the wrong way round would give 1 - acc: this check would see it
+    assert scores["acc,none"] == pytest.approx(direct["acc"])
+    assert scores["acc_norm,none"] == pytest.approx(direct["acc_norm"])
+    # the harness's own task: its prompt, metrics and version; the data from the local files
+    config = results["configs"]["piqa"]
+    assert config["doc_to_text"] == PIQA_PROMPT.replace("{goal}", "{{goal}}") and results["versions"]["piqa"] == 1.0
+    assert config["custom_dataset"] == f"local files: {shared_data / 'piqa'}"
+    table = (out / "results.md").read_text()
+    assert table.startswith("|Tasks|Version|") and "|piqa |" in table and f"{scores['acc,none']:.4f}" in table
+    assert table.strip() in stdout  # the table printed as written
+
+
+def test_gsm8k_from_local_files_generates_and_scores(tiny_llama, shared_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = harness_eval(
+        tiny_llama, out, f"gsm8k={shared_data / 'gsm8k'}", harness_limit=2, harness_max_gen_toks=3, json=True
+    )
+    code, stdout, err = cli_main(capsys, *args)
+    assert code == 0, err
+    results = strict_json(out / "results.json")
+    assert results["n-samples"]["gsm8k"]["effective"] == 2
+    assert results["n-shot"]["gsm8k"] == 5  # the task's own few-shot examples, from the local train split
+    assert results["config"]["gen_kwargs"] == {"max_gen_toks": 3}
+    assert set(results["results"]["gsm8k"]) >= {"exact_match,strict-match", "exact_match,flexible-extract"}
+    assert last_json(stdout)["results"] == results["results"]
+
+
+def test_the_destination_may_be_an_earlier_harness_run_which_is_replaced(tiny_llama, shared_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = harness_eval(tiny_llama, out, f"gsm8k={shared_data / 'gsm8k'}", harness_limit=1, harness_max_gen_toks=2)
+    assert cli_main(capsys, *args)[0] == 0
+    again = [*args, "--harness-fewshot", "0"]
+    assert cli_main(capsys, *again)[0] == 0
+    assert strict_json(out / "results.json")["n-shot"]["gsm8k"] == 0
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md"]
+
+
+# ---- adapters and after training ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lora_run_with_harness(tmp_path_factory, long_llama, shared_data, cache_dir) -> Path:
+    """A 3-step LoRA clm run of the long tiny Llama with the harness's piqa (6 local rows) after training."""
+
+    def make(folder: Path) -> None:
+        text = folder / "text.txt"
+        text.write_text("".join(f"{en} {de}\n" for en, de in parallel_pairs(40, seed=3)), encoding="utf-8")
+        flags = dict(task="clm", block_size=16, max_steps=3, lr="5e-2", batch_size=4, eval_strategy="no")
+        flags |= dict(adapter="lora", lora_r=4, cache_dir=cache_dir, output_dir=folder / "run", quiet=True, json=True)
+        harness = ["harness_after_train.tasks=piqa", f"harness_after_train.data.piqa={shared_data / 'piqa'}"]
+        proc = run_cli(*train_command((text, text), long_llama, **flags), *harness, "harness_after_train.limit=6")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (folder / "result.json").write_text(json.dumps(last_json(proc.stdout)))
+
+    return made_once(tmp_path_factory, "harness-lora-run", make)
+
+
+def test_harness_after_train_scores_the_exported_adapter_folder(lora_run_with_harness, long_llama, shared_data):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tuneforge.adapters import load_merged
+
+    run = lora_run_with_harness / "run"
+    result = json.loads((lora_run_with_harness / "result.json").read_text())
+    assert result["harness_dir"] == str(run / "harness")
+    assert sorted(p.name for p in (run / "harness").iterdir()) == ["results.json", "results.md"]
+    scores = strict_json(run / "harness" / "results.json")["results"]["piqa"]
+    assert result["harness"]["piqa"]["acc,none"] == scores["acc,none"]
+    assert (run / "model" / "adapter_config.json").is_file()  # the export is an adapter folder
+
+    merged = load_merged(AutoModelForCausalLM, run / "model").eval()
+    direct = direct_piqa_scores(merged, AutoTokenizer.from_pretrained(long_llama), piqa_rows(shared_data, 6))
+    assert scores["acc,none"] == pytest.approx(direct["acc"])
+    assert scores["acc_norm,none"] == pytest.approx(direct["acc_norm"])
+
+
+def test_the_harness_model_of_an_adapter_folder_is_its_base_with_the_adapter_merged(lora_run_with_harness, long_llama):
+    from transformers import AutoModelForCausalLM
+
+    from tuneforge.adapters import load_merged
+    from tuneforge.harness.evaluate import load_lm
+
+    lm = load_lm(str(lora_run_with_harness / "run" / "model"), batch_size=2)
+    ids = torch.tensor([[5, 17, 42, 99, 3]])
+    with torch.no_grad():
+        harness = lm.model(input_ids=ids).logits
+        merged = load_merged(AutoModelForCausalLM, lora_run_with_harness / "run" / "model").eval()(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(long_llama).eval()(input_ids=ids).logits
+    assert torch.allclose(harness, merged, atol=1e-5)
+    assert (harness - base).abs().max() > 1e-3  # the adapter trained: it is in the scores
+
+
+def test_harness_after_train_flag_takes_task_names_with_local_data(tmp_path):
+    from tuneforge.configure import config_from_sources
+    from tuneforge.errors import ConfigError
+
+    flags = {"harness_after_train": "piqa=../shared/data/piqa,gsm8k", "task": "clm", "output_dir": str(tmp_path)}
+    config = config_from_sources(None, [], flags)
+    assert config.harness_after_train.tasks == ["piqa", "gsm8k"]
+    assert config.harness_after_train.data == {"piqa": "../shared/data/piqa"}
+    config.save(tmp_path / "config.yaml")  # the run's config.yaml reads back the same
+    again = config_from_sources(str(tmp_path / "config.yaml"), [], {})
+    assert again.harness_after_train == config.harness_after_train
+    dotted = ["harness_after_train.tasks=piqa", "harness_after_train.limit=20", "harness_after_train.fewshot=0"]
+    settings = config_from_sources(None, dotted, {"task": "clm"}).harness_after_train
+    assert (settings.tasks, settings.limit, settings.fewshot, settings.data) == (["piqa"], 20, 0, None)
+    with pytest.raises(ConfigError, match="unknown key 'limt'; allowed: tasks, data, limit"):
+        config_from_sources(None, ["harness_after_train.limt=20", "harness_after_train.tasks=piqa"], {})
+
+
+# ---- bad input: one error line, exit 2, nothing written ----------------------------------------------
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def refused(capsys, *args: str) -> str:
+    code, _, err = cli_main(capsys, *args)
+    assert code == 2, err
+    return error_line(err)
+
+
+def test_an_unknown_task_is_named_with_the_close_ones(tiny_llama, tmp_path, capsys):
+    line = refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", "piqaa", "gsm8k"))
+    assert "'piqaa'" in line and "piqa" in line.split("close:")[1] and "gsm8k" not in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (dict(harness_data="piqa"), "'piqa' is not TASK=PATH"),
+        (dict(harness_data="gsm8k=/tmp"), "--harness-data names 'gsm8k', which --harness does not run"),
+        (dict(harness_limit=0), "--harness-limit"),
+        (dict(harness_batch_size=-1), "--harness-batch-size"),
+        (dict(harness_fewshot=10**6), "--harness-fewshot"),
+    ],
+)
+def test_bad_harness_flags_are_one_line(tiny_llama, tmp_path, capsys, flags, says):
+    assert says in refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", "piqa", **flags))
+    assert not (tmp_path / "out").exists()
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+ROW = {"goal": "Open a jar.", "sol1": "Twist the lid.", "sol2": "Paint the lid."}
+
+
+@pytest.mark.parametrize(
+    "layout, says",
+    [
+        ("missing", "does not exist"),
+        ("no split files", "holds no train/validation/test data files"),
+        ("no labels", "the rows lack 'label'"),
+        ("labels short", "has 1 labels for 2 rows"),
+        ("only train", "scores its 'validation' split"),
+        ("not json", "cannot be read"),
+        ("empty split", "has no rows"),
+    ],
+)
+def test_bad_local_data_is_one_line_before_the_model_loads(tiny_llama, tmp_path, capsys, layout, says):
+    folder = tmp_path / "piqa"
+    if layout == "no split files":
+        write_rows(folder / "rows.jsonl", [ROW])
+    elif layout in ("no labels", "labels short"):
+        write_rows(folder / "valid.jsonl", [ROW, ROW])
+        if layout == "labels short":
+            (folder / "valid-labels.lst").write_text("0\n")
+    elif layout == "only train":
+        write_rows(folder / "train.jsonl", [{**ROW, "label": 0}])
+    elif layout == "not json":
+        write_rows(folder / "valid.jsonl", [ROW]).write_text("{not json\n")
+    elif layout == "empty split":
+        write_rows(folder / "valid.jsonl", [])
+    line = refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", f"piqa={folder}"))
+    assert says in line and "--harness-data piqa=" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_single_file_is_the_split_the_task_scores(long_llama, tmp_path, capsys):
+    rows = write_rows(tmp_path / "two.jsonl", [{**ROW, "label": 0}, {**ROW, "label": 1}])
+    code, _, err = cli_main(capsys, *harness_eval(long_llama, tmp_path / "out", f"piqa={rows}"))
+    assert code == 0, err
+    results = strict_json(tmp_path / "out" / "results.json")
+    assert results["n-samples"]["piqa"]["effective"] == 2
+    assert results["results"]["piqa"]["acc,none"] == 0.5  # the same pair with both labels: one is right
+
+
+def test_a_destination_holding_other_files_is_refused_and_left_alone(tiny_llama, shared_data, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    line = refused(capsys, *harness_eval(tiny_llama, out, f"gsm8k={shared_data / 'gsm8k'}", harness_limit=1))
+    assert "holds files a harness run does not write (notes.txt)" in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert "is a file" in refused(capsys, *harness_eval(tiny_llama, a_file, f"gsm8k={shared_data / 'gsm8k'}"))
+
+
+def test_the_task_data_from_the_hub_unreachable_is_one_line_with_the_way_out(tiny_llama, tmp_path, capsys):
+    line = refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", "arc_easy"))  # the tests run offline
+    assert "harness task 'arc_easy': could not load its data from the Hugging Face hub" in line
+    assert "--harness-data arc_easy=PATH" in line
+
+
+def test_a_model_that_scores_no_text_is_refused(tiny_bert, shared_data, tmp_path, capsys):
+    line = refused(capsys, *harness_eval(tiny_bert, tmp_path / "out", f"gsm8k={shared_data / 'gsm8k'}"))
+    assert "lm-evaluation-harness needs a causal LM or a sequence-to-sequence model" in line
+
+
+def test_a_generation_length_that_fills_the_context_is_refused(tiny_llama, shared_data, tmp_path, capsys):
+    line = refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", f"gsm8k={shared_data / 'gsm8k'}"))
+    assert "up to 256 tokens" in line and "context of 64 tokens" in line
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--harness-limit", "3"], "--harness-limit needs --harness TASKS"),
+        (["--harness", "piqa", "--validation-file", "x.csv"], "--validation-file set up evaluation of a config's"),
+        (["--harness", ""], "needs at least one harness task name"),
+        (["--harness", "piqa,piqa"], "names piqa twice"),
+    ],
+)
+def test_harness_mode_flags_do_not_mix_with_task_evaluation(tiny_llama, tmp_path, capsys, args, says):
+    assert says in refused(capsys, "eval", tiny_llama, *args, "--output-dir", str(tmp_path / "out"))
+
+
+def test_harness_after_train_is_checked_before_training(tiny_llama, shared_data, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
+    run = tmp_path / "run"
+    base = train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run)
+    line = refused(capsys, *base, "--harness-after-train", "piqaa")
+    assert "'piqaa' (close: piqa" in line
+    assert not (run / "model").exists()
+    (run / "harness").mkdir(parents=True)
+    (run / "harness" / "keep.txt").write_text("mine")
+    line = refused(capsys, *base, "--harness-after-train", f"gsm8k={shared_data / 'gsm8k'}")
+    assert "holds files a harness run does not write (keep.txt)" in line
+    assert not (run / "model").exists() and (run / "harness" / "keep.txt").read_text() == "mine"
+
+
+def test_harness_after_training_a_classifier_is_refused_before_training(tiny_bert, sentiment_files, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = train_command(sentiment_files, tiny_bert, max_steps=1, output_dir=run)
+    line = refused(capsys, *args, "--harness-after-train", "piqa")
+    assert "trains a model that scores no text" in line and not (run / "model").exists()
+
+
+def test_results_json_is_strict_json_where_the_harness_has_nan(tmp_path):
+    import numpy as np
+
+    from tuneforge.harness.evaluate import json_safe
+
+    safe = json_safe({"results": {"t": {"acc": np.float64(0.5), "acc_stderr": float("nan"), "n": np.int64(3)}}})
+    assert safe == {"results": {"t": {"acc": 0.5, "acc_stderr": None, "n": 3}}}
+    assert not math.isnan(json.loads(json.dumps(safe))["results"]["t"]["acc"])
