@@ -1,6 +1,8 @@
 """`tuneforge serve` under load (issue 14): throughput and p50/p99 latency of (a) a classifier and (b) SmolLM2-135M
 generation, each against batching off (`--max-batch-size 1`) in the same run and against a plain `transformers`
-pipeline inside FastAPI (benchmarks/serve_pipeline_peer.py), with malformed requests sent while the load runs.
+pipeline inside FastAPI (benchmarks/serve_pipeline_peer.py), with malformed requests sent while the load runs;
+generation also against `transformers serve --continuous-batching` (transformers' own OpenAI server, paged
+attention) at each of --peer-dtypes, and tuneforge with every request asking for `logprobs` (what they cost).
 
     python benchmarks/serve_load.py --clients 32 --requests 256 --max-tokens 64
 
@@ -107,8 +109,9 @@ def malformed(kind: str, model: str) -> list[tuple[str, bytes]]:
     return [("/v1/completions", b) for b in bodies]
 
 
-async def load(url: str, kind: str, model: str, args) -> dict:
-    """Run the fixed request list with `args.clients` clients; malformed requests beside it."""
+async def load(url: str, kind: str, model: str, args, extra: dict | None = None) -> dict:
+    """Run the fixed request list with `args.clients` clients; malformed requests beside it. `extra`: fields added
+    to every generation request (logprobs)."""
     requests = []
     for i in range(args.requests):
         if kind == "predict":
@@ -119,6 +122,7 @@ async def load(url: str, kind: str, model: str, args) -> dict:
                 "prompt": PROMPTS[i % len(PROMPTS)],
                 "max_tokens": args.max_tokens,
                 "temperature": 0,
+                **(extra or {}),
             }
             requests.append(("/v1/completions", body))
     latencies, answers, errors, tokens = [], {}, [], 0
@@ -216,14 +220,26 @@ def classifier_folder(out: Path) -> str:
     return str(out)
 
 
-def variants(kind: str, model_dir: str, args) -> dict[str, list[str]]:
+def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict]]:
+    """name -> (the server's command, fields added to each generation request)."""
     serve = [sys.executable, "-m", "tuneforge.cli", "serve", model_dir, "--max-queue", str(max(256, args.requests))]
     peer = [sys.executable, str(HERE / "serve_pipeline_peer.py"), model_dir, "--kind", kind]
-    return {
-        "tuneforge serve (batching)": serve + ["--max-batch-size", str(args.max_batch_size)],
-        "tuneforge serve --max-batch-size 1 (batching off)": serve + ["--max-batch-size", "1"],
-        "transformers pipeline in FastAPI (peer)": peer,
+    batching = serve + ["--max-batch-size", str(args.max_batch_size)]
+    out = {
+        "tuneforge serve (batching)": (batching, {}),
+        "tuneforge serve --max-batch-size 1 (batching off)": (serve + ["--max-batch-size", "1"], {}),
+        "transformers pipeline in FastAPI (peer)": (peer, {}),
     }
+    if kind == "generate":
+        # transformers' own OpenAI server with its paged-attention continuous batching, at each dtype (its best is
+        # the peer)
+        hf = [str(Path(sys.executable).with_name("transformers")), "serve", model_dir, "--continuous-batching"]
+        hf += ["--host", "127.0.0.1"]
+        for dtype in args.peer_dtypes.split(","):
+            out[f"transformers serve --continuous-batching --dtype {dtype} (peer)"] = (hf + ["--dtype", dtype], {})
+        if args.logprobs is not None:
+            out[f"tuneforge serve (batching), logprobs {args.logprobs}"] = (batching, {"logprobs": args.logprobs})
+    return out
 
 
 def compare(kind: str, batched: dict, single: dict) -> dict:
@@ -247,6 +263,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (then an error)")
     ap.add_argument("--bad-every-ms", type=float, default=200.0, help="pause between malformed requests")
     ap.add_argument("--only", choices=["classify", "generate"], default=None)
+    ap.add_argument("--peer-dtypes", default="float32,bfloat16", help="transformers serve's dtypes, each a variant")
+    ap.add_argument("--logprobs", type=int, default=5, help="a variant asking each request for logprobs (the cost)")
     ap.add_argument("--out", default=str(HERE / "results" / "serve_load.json"))
     args = ap.parse_args()
 
@@ -263,7 +281,7 @@ def main() -> None:
 
             model_dir = args.model or bundled_smollm2()
         rows = {}
-        for name, cmd in variants(kind, model_dir, args).items():
+        for name, (cmd, extra) in variants(kind, model_dir, args).items():
             port = free_port()
             log = tmp / f"{half}-{len(rows)}.log"
             proc = start(cmd + ["--port", str(port)], port, log)
@@ -271,7 +289,7 @@ def main() -> None:
                 served = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10)
                 model_name = served.json()["data"][0]["id"] if served.status_code == 200 else model_dir
                 print(f"{half}: {name} ...", file=sys.stderr, flush=True)
-                rows[name] = asyncio.run(load(f"http://127.0.0.1:{port}", kind, model_name, args))
+                rows[name] = asyncio.run(load(f"http://127.0.0.1:{port}", kind, model_name, args, extra))
             finally:
                 stop(proc)
         names = list(rows)

@@ -18,6 +18,12 @@ def _forward_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def _keeps_logits(model) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (most causal LMs of transformers): a prefill then runs
+    the output layer on the last position only, not over every prompt token."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def _output_cache(outputs):
     cache = getattr(outputs, "cache", None)
     return cache if cache is not None else outputs.past_key_values
@@ -53,13 +59,16 @@ class CausalBatch:
         self.model = model
         self.pad_id = pad_id
         self.kwarg = _forward_kwarg(model)
+        self.keeps_logits = _keeps_logits(model)
         self.device = next(model.parameters()).device
         self.cache = None
         self.mask: torch.Tensor | None = None  # [rows, cached length], 1 where a real token is cached
         self.next_pos: torch.Tensor | None = None  # [rows], the position id of each row's next token
 
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Run the prompts (left padded), add them to the batch (after the running rows); their last logits."""
+    def prefill(self, prompts: list[list[int]], every_position: bool = False) -> torch.Tensor:
+        """Run the prompts (left padded), add them to the batch (after the running rows); their last logits [rows,
+        vocab], or (`every_position`: an echoed prompt's log-probs need them) those of every position [rows, width,
+        vocab], each prompt ending at the last."""
         width = max(map(len, prompts))
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -68,9 +77,10 @@ class CausalBatch:
             mask[i, width - len(p) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        keep = {"logits_to_keep": 1} if self.keeps_logits and not every_position else {}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
         self._merge(_output_cache(out), mask)
-        return out.logits[:, -1, :]
+        return out.logits if every_position else out.logits[:, -1, :]
 
     def _merge(self, cache, mask: torch.Tensor) -> None:
         new = _cache_tensors(cache)
@@ -142,7 +152,11 @@ class Seq2SeqBatch:
         self.start_id = start if start is not None else pad_id
         self.cache = self.encoded = self.mask = None
 
-    def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(self, prompts: list[list[int]], every_position: bool = False) -> torch.Tensor:
+        """Encode the prompts; the decoder's first logits [rows, vocab]. A prompt is read, not continued: it has
+        no log-probs of its own (`every_position` is refused)."""
+        if every_position:
+            raise ValueError("an encoder-decoder model gives its prompt no log-probs")
         width = max(map(len, prompts))
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)

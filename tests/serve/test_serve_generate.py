@@ -292,7 +292,7 @@ BAD = [
     ("too many inputs", "/v1/completions", completion(prompt=["a"] * 65), 400, "prompt"),
     ("n of zero", "/v1/completions", completion(n=0), 400, "n"),
     ("five stop strings", "/v1/completions", completion(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
-    ("logprobs", "/v1/completions", completion(logprobs=2), 400, "logprobs"),
+    ("logprobs above 20", "/v1/completions", completion(logprobs=21), 400, "logprobs"),
     # vLLM's sampling fields and OpenAI's that this server does not honour: refused, never silently ignored
     ("beam search", "/v1/completions", completion(use_beam_search=True), 400, "use_beam_search"),
     ("guided decoding", "/v1/completions", completion(guided_regex="[0-9]+"), 400, "guided_regex"),
@@ -365,7 +365,7 @@ def test_bad_requests_get_an_openai_error_naming_the_field(server, what, path, b
     assert error["type"] == {404: "not_found_error", 413: "request_too_large"}.get(status, "invalid_request_error")
 
 
-NEUTRAL = dict(top_k=-1, min_p=0, repetition_penalty=1, min_tokens=0, ignore_eos=False, logprobs=False, best_of=1)
+NEUTRAL = dict(top_k=-1, min_p=0, repetition_penalty=1, min_tokens=0, ignore_eos=False, echo=False, best_of=1)
 
 
 def test_neutral_values_and_metadata_are_accepted_and_unknown_fields_named_in_one_log_line(chat_model, caplog):
@@ -494,9 +494,14 @@ def test_top_k_of_one_and_min_p_of_one_sample_the_greedy_token(client, ref):
     assert wide.choices[0].text != ref.greedy(ref.ids(PROMPTS[0]), 10)[0]  # the draw alone is not greedy
 
 
-def test_tool_results_and_image_parts_are_refused_saying_what_this_server_reads(server):
-    tool = send(server, "/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}])).json()["error"]
-    assert tool["message"] == "messages[0].role 'tool': tool results need tools, which this server does not support"
+def test_tool_results_and_image_parts_are_refused_for_a_template_without_tools(server):
+    """This model's template renders no tools: a tool result is refused saying so (tests/serve/test_serve_tools.py
+    serves one that does)."""
+    result = [{"role": "tool", "content": "42", "tool_call_id": "call_1"}]
+    tool = send(server, "/v1/chat/completions", chat(messages=result)).json()["error"]
+    assert tool["param"] == "messages[0]" and "chat template does not render tools" in tool["message"]
+    unanswered = send(server, "/v1/chat/completions", chat(messages=[{"role": "tool", "content": "42"}]))
+    assert unanswered.json()["error"]["message"].startswith("messages[0].tool_call_id is required in a tool message")
     parts = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     image = send(server, "/v1/chat/completions", chat(messages=[{"role": "user", "content": parts}])).json()["error"]
     assert image["message"] == "messages[0].content[1] is a 'image_url' part; this server reads text parts only"

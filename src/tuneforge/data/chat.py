@@ -1,15 +1,22 @@
 """Chat / instruction data: conversations read from json or jsonl, rendered with a chat template, the
 assistant's tokens marked for the loss, and several conversations packed into one block.
 
-Rows hold either `messages` (`[{"role": "system" | "user" | "assistant", "content": ...}]`) or the
+Rows hold either `messages` (`[{"role": "system" | "user" | "assistant" | "tool", "content": ...}]`) or the
 Alpaca fields `instruction`, `input` (optional) and `output`; `--chat-format auto` tells them apart
 by the first row. Alpaca rows become [user: instruction (+ blank line + input), assistant: output].
+
+Tool calling: an assistant turn may hold OpenAI's `tool_calls` (`[{"id", "type": "function", "function":
+{"name", "arguments"}}]`, arguments a JSON string or an object; its content then may be null) and a `tool` turn
+the result of a call (`tool_call_id`); a `tools` column (a list of OpenAI tool definitions, bare
+`{name, description, parameters}` functions too, or that list as a JSON string) is rendered through the
+template's `tools=`. tuneforge/tool_calls.py checks them and converts them for the template (arguments as dicts).
 
 The mask: a conversation is rendered once with the tokenizer's chat template (`--chat-template FILE`
 where the tokenizer has none) and tokenized with character offsets; for each assistant turn the
 template also renders the conversation up to that turn (with the generation prompt) and through
-it: the characters in between are the assistant's reply and its end-of-turn marker, and the tokens
-starting there carry the loss. Everything else (system, user, the template's markup) gets -100.
+it: the characters in between are the assistant's reply (its tool calls, as the template writes them, too) and
+its end-of-turn marker, and the tokens starting there carry the loss. Everything else (system, user, tool
+results, the tools' definitions, the template's markup) gets -100.
 
 Packing: conversations are laid into blocks of `block_size` tokens whole, in order, a new block
 when the next one does not fit; each keeps its own positions (0, 1, ...) and a block's attention is
@@ -22,9 +29,10 @@ import gzip
 import json
 from pathlib import Path
 
+from tuneforge import tool_calls
 from tuneforge.errors import ConfigError, DataError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 IGNORE = -100
 
 
@@ -90,8 +98,10 @@ def detect_format(rows: list[dict], path: str, wanted: str = "auto") -> str:
     )
 
 
-def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True) -> list[dict]:
-    """One row as a checked list of {role, content} messages; `where` names the row in errors."""
+def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True, tools: bool = False) -> list[dict]:
+    """One row as a checked list of {role, content} messages; `where` names the row in errors. `tools`: tool
+    turns and assistants' tool_calls taken too (as the template reads them), else the roles are the first three."""
+    roles = ROLES if tools else ROLES[:3]
     if fmt == "alpaca":
         missing = [k for k in ("instruction", "output") if not isinstance(row.get(k), str)]
         if missing:
@@ -107,19 +117,52 @@ def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True
     if not messages:
         raise DataError(f"{where} is an empty conversation; drop it or give it messages")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+        calls = tools and isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+        if not isinstance(m, dict) or not (isinstance(m.get("content"), str) or (calls and m.get("content") is None)):
             raise DataError(f"{where}, message {i + 1}: needs a role and a text content")
-        if m.get("role") not in ROLES:
-            raise DataError(f"{where}, message {i + 1}: unknown role {m.get('role')!r}; roles are {', '.join(ROLES)}")
+        if m.get("role") not in roles:
+            raise DataError(f"{where}, message {i + 1}: unknown role {m.get('role')!r}; roles are {', '.join(roles)}")
     if need_assistant and not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where} has no assistant turn: nothing to learn from; add one or drop the row")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if not (tools and tool_calls.uses_tools(messages)):
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    try:
+        return tool_calls.to_template_messages(messages)
+    except tool_calls.ToolSpecError as err:
+        raise DataError(f"{where}: {err}") from None
+
+
+def to_tools(value, where: str) -> list[dict] | None:
+    """A row's `tools` (None, a list of tool definitions or that list as JSON text), checked as OpenAI's; a bare
+    function ({name, description, parameters}, as many datasets hold them) is wrapped as {type, function}."""
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError as err:
+            raise DataError(f"{where}: `tools` is not valid JSON ({err})") from None
+    if isinstance(value, list):
+        value = [{"type": "function", "function": t} if isinstance(t, dict) and "type" not in t else t for t in value]
+    try:
+        return tool_calls.check_tools(value, "`tools`")
+    except tool_calls.ToolSpecError as err:
+        raise DataError(f"{where}: {err}") from None
+
+
+def read_chats(path: str | Path, fmt: str = "auto") -> list[tuple[list[dict], list[dict] | None]]:
+    """Each row's (conversation, tools): tools from its `tools` column (None when it has none)."""
+    rows = read_rows(path)
+    fmt = detect_format(rows, str(path), fmt)
+    chats = []
+    for n, row in enumerate(rows, 1):
+        where = f"row {n} of {str(path)!r}"
+        chats.append((to_conversation(row, fmt, where, tools=True), to_tools(row.get("tools"), where)))
+    return chats
 
 
 def read_conversations(path: str | Path, fmt: str = "auto") -> list[list[dict]]:
-    rows = read_rows(path)
-    fmt = detect_format(rows, str(path), fmt)
-    return [to_conversation(row, fmt, f"row {n} of {str(path)!r}") for n, row in enumerate(rows, 1)]
+    return [conversation for conversation, _ in read_chats(path, fmt)]
 
 
 def set_chat_template(tokenizer, template_file: str | None, model: str) -> None:
@@ -170,11 +213,33 @@ def template_error(err: Exception, template: str, row: int | None, where: str) -
     )
 
 
-def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """(input ids, labels) of one conversation: labels are the ids on the assistant's tokens, -100 elsewhere."""
+def check_tool_support(tokenizer, chats, template: str, where: str) -> None:
+    """ConfigError naming the row and column when some row of `chats` ((row number, conversation, tools)) has
+    tools, tool calls or tool results and the chat template does not render tools."""
+    for n, conversation, tools in chats:
+        if tools:
+            column = "`tools`"
+        elif tool_calls.uses_tools(conversation):
+            column = "`messages` (tool_calls or a tool turn)"
+        else:
+            continue
+        if not tool_calls.supports_tools(tokenizer):
+            raise ConfigError(
+                f"row {n} of {where} has tool calling in its {column} column, but the chat template {template} does "
+                "not render tools; pass --chat-template FILE with a template that does (a Hermes/Qwen-style one that "
+                "writes <tool_call>), or leave tool calling out of the data"
+            )
+        return
+
+
+def encode_conversation(
+    tokenizer, messages: list[dict], tools: list[dict] | None = None
+) -> tuple[list[int], list[int]]:
+    """(input ids, labels) of one conversation (`tools`: rendered through the template's tools=): labels are the
+    ids on the assistant's tokens (its replies and tool calls), -100 elsewhere."""
 
     def render(upto: int, prompt: bool) -> str:
-        return tokenizer.apply_chat_template(messages[:upto], tokenize=False, add_generation_prompt=prompt)
+        return tokenizer.apply_chat_template(messages[:upto], tools=tools, tokenize=False, add_generation_prompt=prompt)
 
     text = render(len(messages), False)
     spans = []
@@ -188,6 +253,13 @@ def encode_conversation(tokenizer, messages: list[dict]) -> tuple[list[int], lis
                 "so the assistant's tokens cannot be found; pass --chat-template FILE with a plain template such as "
                 "ChatML"
             )
+        for call in m.get("tool_calls") or []:
+            if call["function"]["name"] not in text[start:end]:
+                raise ConfigError(
+                    f"the chat template does not write the assistant's tool call {call['function']['name']!r} "
+                    "(`tool_calls` in `messages`), so there is nothing to learn it from; pass --chat-template FILE "
+                    "with a template that renders tool calls"
+                )
         spans.append((start, end))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]

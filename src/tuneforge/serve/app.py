@@ -21,6 +21,7 @@ request models from the endpoints' evaluated annotations.
 """
 
 import asyncio
+import re
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -155,9 +156,35 @@ async def invalid_request(request: Request, err: RequestValidationError):
         return error_response(oa.ApiError(400, f"the request body is not valid JSON: {first.get('msg')}"))
     if first.get("type") == "model_attributes_type" or (first.get("loc") == ("body",)):
         return error_response(oa.ApiError(status, "the request body must be a JSON object"))
-    param = _param(tuple(first.get("loc", ())))
-    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    loc = tuple(first.get("loc", ()))
+    param = _param(loc)
+    forms = _union_forms(errors, loc)
+    if len(forms) > 1:  # a field of several accepted forms (a text or token ids...): name them, not the first's fault
+        message = f"{param}: matches none of the forms it takes: {', '.join(forms)}"
+    else:
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return error_response(oa.ApiError(status, message, param))
+
+
+UNION_TAG = re.compile(r"str|int|float|bool|(list|dict|tuple|union)\[.*|[A-Z]\w*")
+
+
+def _is_union_tag(part) -> bool:
+    """Whether a location part names a member of a union (pydantic's `str`, `list[int]`, `TextPart`), not a field."""
+    return isinstance(part, str) and bool(UNION_TAG.fullmatch(part))
+
+
+def _union_forms(errors: list[dict], loc: tuple) -> list[str]:
+    """The union members the errors at the first error's field tried, in order (one or none: no union)."""
+    cut = next((i for i, part in enumerate(loc) if _is_union_tag(part)), None)
+    if cut is None:
+        return []
+    forms = []
+    for e in errors:
+        where = tuple(e.get("loc", ()))
+        if where[:cut] == loc[:cut] and len(where) > cut and where[cut] not in forms:
+            forms.append(where[cut])
+    return forms
 
 
 async def http_error(request: Request, err: StarletteHTTPException):
@@ -179,7 +206,8 @@ ERROR_HANDLERS = {
 
 
 def _param(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
+    """The field a location names, as `messages[0].content` (union members' tags left out)."""
+    parts = [str(p) for p in loc if p != "body" and not _is_union_tag(p)]
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)

@@ -54,6 +54,7 @@ import torch
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
 from tuneforge.serve.logit_rules import filtered, penalised
+from tuneforge.serve.logprobs import TokenLogprob, chosen_logprobs, prompt_logprobs
 from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0  # no end-of-sequence (nor stop string) before this many tokens
     ignore_eos: bool = False  # the end-of-sequence tokens do not end it (max_tokens, a stop string or the context do)
+    # log-probs recorded (serve/logprobs.py): None records none; k: each token's and the k most likely
+    logprobs: int | None = None  # of each generated token (an ending end-of-sequence token too)
+    prompt_logprobs: int | None = None  # of each prompt token (echo); a causal LM's only
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ class Sequence:
     cancelled: bool = False
     generator: torch.Generator | None = None
     detokenizer: IncrementalText | None = None  # set by the engine when the sequence joins
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # params.logprobs: one per token sampled
+    prompt_logprobs: list[TokenLogprob] | None = None  # params.prompt_logprobs: one per prompt token
 
     def cancel(self) -> None:
         """Called from any thread: the engine drops the row at its next step."""
@@ -324,8 +330,14 @@ class GenerationEngine:
         return admitted
 
     def _prefill(self, seqs: list[Sequence]) -> None:
+        every_position = any(s.params.prompt_logprobs is not None for s in seqs)
         try:
-            logits = self.batch.prefill([s.prompt_ids for s in seqs])
+            logits = self.batch.prefill([s.prompt_ids for s in seqs], every_position)
+            if every_position:
+                for seq, row in zip(seqs, logits):
+                    if seq.params.prompt_logprobs is not None:
+                        seq.prompt_logprobs = prompt_logprobs(row, seq.prompt_ids, seq.params.prompt_logprobs)
+                logits = logits[:, -1, :]
         except Exception as err:
             if len(seqs) > 1:  # find the sequence to blame: the first alone, the rest back to the front
                 with self._wake:
@@ -337,7 +349,7 @@ class GenerationEngine:
         self.on_step(len(seqs))
         self.prompt_tokens += sum(len(s.prompt_ids) for s in seqs)
         self.running.extend(seqs)
-        self._advance(seqs, sample(logits, seqs, self.eos_ids))
+        self._advance(seqs, self._sample(logits, seqs))
 
     def _decode(self) -> None:
         last = torch.tensor([s.token_ids[-1] for s in self.running])
@@ -349,7 +361,26 @@ class GenerationEngine:
             self._fail(failed, err, "decode step")
             return
         self.on_step(len(self.running))
-        self._advance(self.running, sample(logits, self.running, self.eos_ids))
+        self._advance(self.running, self._sample(logits, self.running))
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
+        """One token per row; the log-probs of those rows that record them (failing, they fail alone)."""
+        tokens = sample(logits, seqs, self.eos_ids)
+        rows = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if t is not None and s.params.logprobs is not None]
+        if rows:
+            try:
+                entries = chosen_logprobs(
+                    logits[rows], [tokens[i] for i in rows], [seqs[i].params.logprobs for i in rows]
+                )
+            except Exception as err:
+                log.warning("log-probs failed for %d sequence(s) (%s: %s)", len(rows), type(err).__name__, err)
+                entries = [None] * len(rows)
+            for i, entry in zip(rows, entries):
+                if entry is None:
+                    tokens[i] = None
+                elif seqs[i].params.max_tokens > 0:
+                    seqs[i].logprobs.append(entry)
+        return tokens
 
     def _fail(self, seqs: list[Sequence], err: Exception, where: str) -> None:
         """Finish `seqs` with "error"; then the one-token probe: if the model fails it too, the engine dies."""
@@ -370,6 +401,9 @@ class GenerationEngine:
             self._recent.popleft()
         for seq, token in zip(seqs, tokens):
             if seq.finish_reason is not None:
+                continue
+            if seq.params.max_tokens == 0:  # an echo of the prompt alone: prefilled, nothing generated
+                self._finish(seq, "length")
                 continue
             if token is None:  # its sampling failed: it alone ends
                 seq.finish_reason = "error"

@@ -1,7 +1,11 @@
 """The generation service behind the OpenAI routes: a served `Generator` and its `GenerationEngine`. It owns
 prompt encoding (the generator's, with each refusal as a 400 naming its field), the context limit, building the
 `SamplingParams` of a request, and running a request's sequences to one body or a stream of server-sent events.
-The routes (serve/routes_openai.py) only turn requests into prompts and call it."""
+The routes (serve/routes_openai.py) only turn requests into prompts and call it.
+
+Log-probs (serve/logprobs.py) reach the answer as the engine records them: each event carries the entries of the
+tokens its text came from. `best_of` runs that many candidates of each prompt and answers with the `n` of highest
+average log-prob per token (OpenAI's definition), best first; it does not stream (the best are known at the end)."""
 
 from __future__ import annotations
 
@@ -9,36 +13,71 @@ import asyncio
 import dataclasses
 import json
 import time
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from tuneforge import tool_calls
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, SamplingParams, Sequence
+from tuneforge.serve.logprobs import TokenTexts, mean_logprob
 
 MAX_PROMPT_ROWS = 64  # prompts x n in one generation request
 
 
-class Generation:
-    """One generation request's sequences and the events the engine sends back for them."""
+@dataclass(frozen=True)
+class Shape:
+    """What a request's answer shows beyond text: `logprobs` alternatives per token (None: no log-probs; chat's
+    top_logprobs), `echo` (per prompt, its text before each of its choices' own), `tool_family` (chat with tools:
+    each reply read for tool calls with that template family's parser, tuneforge/tool_calls.py)."""
 
-    def __init__(self, prompts: list[list[int]], params: list[SamplingParams], n: int) -> None:
+    chat: bool
+    logprobs: int | None = None
+    echo: list[str] | None = None
+    tool_family: str | None = None
+
+
+class Generation:
+    """One generation request's sequences and the events the engine sends back for them: (index, text,
+    finish_reason, log-prob entries of the tokens the text came from)."""
+
+    def __init__(
+        self, prompts: list[list[int]], params: list[SamplingParams], n: int, best_of: int | None = None, eos=True
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.prompt_tokens = sum(len(p) for p in prompts)
-        self.seqs = []  # choice k is the (k % n)-th choice of prompt k // n, as OpenAI numbers them
+        self.n, self.candidates = n, max(n, best_of or n)
+        self.eos_logprob = eos  # an ending end-of-sequence token's log-prob is shown (completions), or not (chat)
+        self.seqs = []  # sequence k is candidate k % candidates of prompt k // candidates
         for ids, p in zip(prompts, params):
-            for j in range(n):
+            for j in range(self.candidates):
                 self.seqs.append(Sequence(ids, nth_choice(p, j), self._emitter(loop, len(self.seqs))))
+        self._shown = [0] * len(self.seqs)  # log-prob entries of each sequence already sent
 
     def _emitter(self, loop, index: int):
-        def emit(text: str, reason: str | None) -> None:
+        def emit(text: str, reason: str | None) -> None:  # in the engine's thread, which alone writes the entries
+            seq = self.seqs[index]
+            end = len(seq.logprobs) if self.eos_logprob else min(len(seq.logprobs), len(seq.token_ids))
+            entries, self._shown[index] = seq.logprobs[self._shown[index] : end], end
             try:
-                loop.call_soon_threadsafe(self.events.put_nowait, (index, text, reason))
+                loop.call_soon_threadsafe(self.events.put_nowait, (index, text, reason, entries))
             except RuntimeError:  # the event loop has closed: nobody is listening any more
                 pass
 
         return emit
+
+    def answers(self) -> list[int]:
+        """The sequences answering, in choice order: all of them, or the n best candidates of each prompt."""
+        if self.candidates == self.n:
+            return list(range(len(self.seqs)))
+        chosen = []
+        for start in range(0, len(self.seqs), self.candidates):
+            group = range(start, start + self.candidates)
+            ranked = sorted(group, key=lambda k: mean_logprob(self.seqs[k].logprobs), reverse=True)
+            chosen.extend(ranked[: self.n])
+        return chosen
 
     def cancel(self) -> None:
         for seq in self.seqs:
@@ -58,8 +97,9 @@ def nth_choice(params: SamplingParams, j: int) -> SamplingParams:
 
 
 async def events(gen: Generation, request: Request | None, deadline: float):
-    """(index, text, finish_reason) as the engine sends them; ApiError 504 past the deadline. `request`: stop
-    (cancelling the sequences) when its client goes away; a stream learns that from its failing writes."""
+    """(index, text, finish_reason, log-prob entries) as the engine sends them; ApiError 504 past the deadline.
+    `request`: stop (cancelling the sequences) when its client goes away; a stream learns that from its failing
+    writes."""
     pending = len(gen.seqs)
     while pending:
         left = deadline - time.monotonic()
@@ -67,7 +107,7 @@ async def events(gen: Generation, request: Request | None, deadline: float):
             gen.cancel()
             raise oa.ApiError(504, "the request took longer than the server's --request-timeout", kind="timeout")
         try:
-            index, text, reason = await asyncio.wait_for(gen.events.get(), min(left, 1.0))
+            index, text, reason, entries = await asyncio.wait_for(gen.events.get(), min(left, 1.0))
         except asyncio.TimeoutError:
             if request is not None and await request.is_disconnected():
                 gen.cancel()
@@ -78,7 +118,7 @@ async def events(gen: Generation, request: Request | None, deadline: float):
             if reason == "error":
                 gen.cancel()
                 raise oa.ApiError(500, "generation failed; see the server's log", kind="server_error")
-        yield index, text, reason
+        yield index, text, reason, entries
 
 
 def sse(body: dict) -> str:
@@ -94,6 +134,7 @@ class GenerationService:
         self.name = name  # the served model's name
         self.context = generator.context
         self.vocab_size = generator.model.config.vocab_size  # the logits' width: logit_bias keys below it
+        self.token_texts = TokenTexts(generator.tokenizer)  # how log-probs name tokens
         self.request_timeout_s = request_timeout_s
 
     @property
@@ -110,6 +151,11 @@ class GenerationService:
             raise oa.ApiError(400, f"{field} could not be tokenized: {type(err).__name__}", field) from None
         if not ids:
             raise oa.ApiError(400, f"{field} has no tokens; give the model some text", field)
+        return self.check_ids(ids, field)
+
+    def check_ids(self, ids: list[int], field: str) -> list[int]:
+        """ApiError 400 for a prompt longer than a model whose encoder reads it has positions (a continued prompt's
+        length is checked with max_tokens)."""
         context = self.context
         if not self.generator.kind.continues_prompt and context is not None and len(ids) > context:
             raise oa.ApiError(
@@ -118,9 +164,10 @@ class GenerationService:
         return ids
 
     def sampling(self, body: oa.SamplingRequest, prompts, max_tokens: int | None, fields: tuple[str, str], default):
-        """The request's SamplingParams; `fields`: the names of its prompt and max-tokens fields (for errors)."""
+        """The request's SamplingParams, log-probs aside (`dataclasses.replace` adds them); `fields`: the names of
+        its prompt and max-tokens fields (for errors)."""
         room = self._room(max(map(len, prompts)), max_tokens, fields)
-        max_tokens = max_tokens or min(default, room)
+        max_tokens = min(default, room) if max_tokens is None else max_tokens
         if (body.min_tokens or 0) > max_tokens:
             raise oa.ApiError(400, f"min_tokens {body.min_tokens} is above max_tokens {max_tokens}", "min_tokens")
         return SamplingParams(
@@ -173,37 +220,70 @@ class GenerationService:
         except EngineDied:  # it died since the readiness check: as that check would now say
             raise oa.ApiError(503, "the model failed; see the server's log", kind="server_error") from None
 
-    async def run(self, body: oa.SamplingRequest, request: Request, gen: Generation, chat: bool):
+    async def run(self, body: oa.SamplingRequest, request: Request, gen: Generation, shape: Shape):
         """The request's answer: one body, or (body.stream) a stream of server-sent events."""
         self.submit(gen)
         request.state.generation = gen  # its token counts reach the access log (serve/gate.py)
-        rid, created = oa.new_id("chatcmpl" if chat else "cmpl"), oa.now()
+        rid, created = oa.new_id("chatcmpl" if shape.chat else "cmpl"), oa.now()
         deadline = time.monotonic() + self.request_timeout_s
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            chunks = self._stream(gen, rid, created, deadline, chat, include_usage)
+            chunks = self.stream(gen, shape, rid, created, deadline, include_usage)
             return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         texts, reasons = [[] for _ in gen.seqs], [None] * len(gen.seqs)
         try:
-            async for index, text, reason in events(gen, request, deadline):
+            async for index, text, reason, _ in events(gen, request, deadline):
                 texts[index].append(text)
                 reasons[index] = reason or reasons[index]
         finally:
             gen.cancel()
-        choices = [("".join(t), r) for t, r in zip(texts, reasons)]
+        answers = gen.answers()
+        echo = [shape.echo[k // gen.candidates] if shape.echo else "" for k in answers]
+        choices = [(e + "".join(texts[k]), reasons[k]) for e, k in zip(echo, answers)]
         use = oa.usage(gen.prompt_tokens, gen.completion_tokens)
-        return (oa.chat_body if chat else oa.completion_body)(rid, self.name, created, choices, use)
+        body = (oa.chat_body if shape.chat else oa.completion_body)(rid, self.name, created, choices, use)
+        if shape.logprobs is not None:
+            for choice, k in zip(body["choices"], answers):
+                choice["logprobs"] = self._logprobs(gen.seqs[k], shape)
+        return oa.with_tool_calls(body, shape.tool_family) if shape.tool_family else body
 
-    async def _stream(self, gen: Generation, rid: str, created: int, deadline: float, chat: bool, usage: bool):
-        name = self.name
+    def _logprobs(self, seq: Sequence, shape: Shape) -> dict:
+        """A whole choice's log-probs: an echoed prompt's first, then the generated tokens'."""
+        if shape.chat:
+            return oa.chat_logprobs(seq.logprobs[: len(seq.token_ids)], self.token_texts, shape.logprobs)
+        entries = (seq.prompt_logprobs or []) + seq.logprobs
+        return oa.completion_logprobs(entries, self.token_texts.text)
+
+    async def stream(self, gen: Generation, shape: Shape, rid: str, created: int, deadline: float, usage: bool):
+        """The answer as server-sent events, from the events of `gen` as the engine sends them."""
+        name, chat = self.name, shape.chat
         make = oa.chat_chunk if chat else oa.completion_chunk
+        offsets = [None] * len(gen.seqs)  # each choice's text length so far (None: nothing sent yet)
         try:
             if chat:
                 for i in range(len(gen.seqs)):
                     yield sse(oa.chat_chunk(rid, name, created, i, {"role": "assistant", "content": ""}, None))
-            async for index, text, reason in events(gen, None, deadline):
-                if text:
-                    yield sse(make(rid, name, created, index, {"content": text} if chat else text, None))
+            held: dict[int, tuple[list, list]] = {}  # tool calls: each choice's text and entries, until it ends
+            async for index, text, reason, entries in events(gen, None, deadline):
+                if shape.tool_family:
+                    texts, kept = held.setdefault(index, ([], []))
+                    texts.append(text)
+                    kept.extend(entries)
+                    if reason is not None:
+                        for chunk in self._tool_call_chunks(shape, rid, created, index, held.pop(index), reason):
+                            yield sse(chunk)
+                    continue
+                if offsets[index] is None:  # its first event: the engine has run its prompt
+                    offsets[index] = 0
+                    if shape.echo:
+                        yield sse(self._echo_chunk(gen, index, shape, rid, created))
+                        offsets[index] = len(shape.echo[index // gen.candidates])
+                if text or entries:
+                    chunk = make(rid, name, created, index, {"content": text} if chat else text, None)
+                    if shape.logprobs is not None:
+                        chunk["choices"][0]["logprobs"] = self._chunk_logprobs(entries, shape, offsets[index])
+                    offsets[index] += len(text)
+                    yield sse(chunk)
                 if reason is not None:
                     yield sse(make(rid, name, created, index, {} if chat else "", reason))
             if usage:
@@ -215,3 +295,32 @@ class GenerationService:
         finally:
             gen.cancel()
         yield "data: [DONE]\n\n"
+
+    def _tool_call_chunks(self, shape: Shape, rid: str, created: int, index: int, held, reason: str) -> list[dict]:
+        """A finished chat choice's held-back text read for tool calls: one delta with its content and whole calls
+        (its log-probs too), then its finish ("tool_calls" where it made some). vLLM streams the calls piece by
+        piece as its parser recognises them; a whole call per delta is what OpenAI's clients accumulate all the
+        same."""
+        texts, entries = held
+        content, calls = tool_calls.parse_tool_calls("".join(texts), shape.tool_family)
+        chunks = []
+        if content or calls:
+            chunk = oa.chat_chunk(rid, self.name, created, index, oa.tool_call_delta(content, calls), None)
+            if shape.logprobs is not None:
+                chunk["choices"][0]["logprobs"] = self._chunk_logprobs(entries, shape, 0)
+            chunks.append(chunk)
+        chunks.append(oa.chat_chunk(rid, self.name, created, index, {}, "tool_calls" if calls else reason))
+        return chunks
+
+    def _echo_chunk(self, gen: Generation, index: int, shape: Shape, rid: str, created: int) -> dict:
+        """A completion's echoed prompt, with its log-probs (set by the engine's prefill, before any event)."""
+        chunk = oa.completion_chunk(rid, self.name, created, index, shape.echo[index // gen.candidates], None)
+        if shape.logprobs is not None:
+            entries = gen.seqs[index].prompt_logprobs or []
+            chunk["choices"][0]["logprobs"] = oa.completion_logprobs(entries, self.token_texts.text)
+        return chunk
+
+    def _chunk_logprobs(self, entries, shape: Shape, offset: int) -> dict:
+        if shape.chat:
+            return oa.chat_logprobs(entries, self.token_texts, shape.logprobs)
+        return oa.completion_logprobs(entries, self.token_texts.text, offset)

@@ -2,9 +2,10 @@
 string is refused, as OpenAI does), response and stream-chunk bodies, and the error body
 `{"error": {"message", "type", "param", "code"}}` every refusal uses.
 
-The sampling fields of OpenAI (presence and frequency penalties, logit_bias) and vLLM (top_k, min_p,
-repetition_penalty, min_tokens, ignore_eos) are honoured (serve/logit_rules.py). Known fields this server does
-not honour (NOT_HONOURED: logprobs, echo, best_of, tools, beam search, guided decoding, ...) are refused with
+The sampling fields of OpenAI (presence and frequency penalties, logit_bias, best_of) and vLLM (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos) are honoured (serve/logit_rules.py), and so are log-probs (completions'
+`logprobs` and `echo`, token-id prompts; chat's `logprobs` and `top_logprobs`: serve/logprobs.py). Known fields
+this server does not honour (NOT_HONOURED: beam search, guided decoding, audio, ...) are refused with
 a 400 naming the field when set to anything but their neutral value, and so are inconsistent ones
 (stream_options without stream, tool_choice without tools), as vLLM refuses them. Harmless metadata (user,
 metadata, store, service_tier, ...) is accepted; any other field is ignored and named in one warning line of
@@ -21,7 +22,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuneforge import tool_calls
 from tuneforge.serve.engine import SAMPLING_EPS  # a temperature below it is greedy, as vLLM's _SAMPLING_EPS
+from tuneforge.serve.logprobs import MAX_LOGPROBS, TokenLogprob
 
 MAX_CHOICES = 16  # n
 MAX_STOPS = 4  # stop strings, as OpenAI allows
@@ -33,9 +36,6 @@ REQUEST = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # a reque
 # field -> its neutral values (those that change nothing): anything else is refused. Declared fields are read as
 # declared (their bounds checked first), the rest from the request's extra fields.
 NOT_HONOURED = {
-    "logprobs": (None, False),
-    "top_logprobs": (None,),
-    "best_of": (None, 1),
     # vLLM's decoding extras (its top_k, min_p, repetition_penalty, min_tokens and ignore_eos are honoured)
     "use_beam_search": (None, False),
     "length_penalty": (None, 1),
@@ -49,8 +49,8 @@ NOT_HONOURED = {
     "structured_outputs": (None,),
 }
 NOT_HONOURED_CHAT = {
-    "tools": (None, []),
-    "functions": (None, []),
+    "best_of": (None, 1),  # a completions field (OpenAI's chat has none)
+    "functions": (None, []),  # OpenAI's deprecated functions API: refused pointing to tools (ChatRequest)
     "function_call": (None, "none"),
     "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
@@ -60,7 +60,7 @@ NOT_HONOURED_CHAT = {
     "web_search_options": (None,),
     "verbosity": (None,),
 }
-NOT_HONOURED_COMPLETION = {"echo": (None, False), "suffix": (None, "")}
+NOT_HONOURED_COMPLETION = {"suffix": (None, "")}
 # accepted and without effect here (what they ask for is bookkeeping on OpenAI's side)
 METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
 
@@ -117,10 +117,6 @@ class SamplingRequest(BaseModel):
     repetition_penalty: float | None = Field(None, gt=0, le=10)
     min_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS)
     ignore_eos: bool | None = None
-    # not honoured (NOT_HONOURED): refused unless neutral
-    logprobs: Any = None
-    top_logprobs: Any = None
-    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
 
     def bias(self, vocab_size: int) -> tuple[tuple[int, float], ...]:
         """logit_bias as (token id, bias) pairs; ApiError 400 for a key that is no token id or a bias outside
@@ -161,9 +157,22 @@ class SamplingRequest(BaseModel):
 class CompletionRequest(SamplingRequest):
     not_honoured: ClassVar[dict[str, tuple]] = {**NOT_HONOURED, **NOT_HONOURED_COMPLETION}
 
-    prompt: str | list[str]
+    # a text, texts, token ids (lm-evaluation-harness sends them) or lists of token ids
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0, le=MAX_TOKENS, description="0 only with echo")
     echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="the k most likely tokens of each")
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
     suffix: str | None = None
+
+    def refuse_unsupported(self) -> None:
+        super().refuse_unsupported()
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens 0 asks for nothing; it is allowed with echo only", "max_tokens")
+        if self.best_of is not None and self.best_of < (self.n or 1):
+            raise ApiError(400, f"best_of {self.best_of} is below n {self.n}: it must be at least n", "best_of")
+        if self.stream and (self.best_of or 1) > (self.n or 1):
+            raise ApiError(400, "best_of above n cannot stream: the best are known at the end", "best_of")
 
 
 class TextPart(BaseModel):
@@ -180,21 +189,46 @@ class OtherPart(BaseModel):
 
 
 class ChatMessage(BaseModel):
+    """A message; an assistant's `tool_calls` (OpenAI's shape, checked by tool_calls.to_template_messages when the
+    prompt is rendered) and a tool result's `tool_call_id` too."""
+
     model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
+    tool_calls: Any = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content if isinstance(part, TextPart))
         return self.content or ""
 
+    def openai(self) -> dict:
+        """The message as a plain OpenAI-shaped dict (developer read as system), for tool_calls.py."""
+        message = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls is not None:
+            message["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
     def refuse_unsupported(self, where: str) -> None:
-        if self.role in ("tool", "function"):
+        if self.role == "function":
             raise ApiError(
-                400, f"{where}.role {self.role!r}: tool results need tools, which this server does not support", where
+                400,
+                f"{where}.role 'function' is OpenAI's deprecated functions API, which this server does not support; "
+                "send the result as a role 'tool' message with the tool_call_id of the call it answers",
+                f"{where}.role",
             )
+        if self.role == "tool" and not self.tool_call_id:
+            raise ApiError(
+                400, f"{where}.tool_call_id is required in a tool message (the id of the call it answers)", where
+            )
+        if self.tool_call_id is not None and self.role != "tool":
+            raise ApiError(400, f"{where}.tool_call_id belongs to tool messages only", f"{where}.tool_call_id")
+        if self.tool_calls not in (None, []) and self.role != "assistant":
+            raise ApiError(400, f"{where}.tool_calls belongs to assistant messages only", f"{where}.tool_calls")
         if self.name:
             raise ApiError(400, f"{where}.name is not supported by this server; leave it out", f"{where}.name")
         for j, part in enumerate(self.content if isinstance(self.content, list) else []):
@@ -208,16 +242,55 @@ class ChatRequest(SamplingRequest):
 
     messages: list[ChatMessage]
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
 
     def refuse_unsupported(self) -> None:
+        for name in ("functions", "function_call"):  # before the generic refusal: it says what to send instead
+            if not is_neutral(self.field_value(name), NOT_HONOURED_CHAT[name]):
+                raise ApiError(
+                    400,
+                    f"{name} is OpenAI's deprecated functions API, which this server does not support; send tools "
+                    "(and tool_choice) instead",
+                    name,
+                )
         super().refuse_unsupported()
-        if not is_neutral(self.tool_choice, (None, "none")):  # tools themselves are refused above
-            raise ApiError(400, "tool_choice is only allowed with tools", "tool_choice")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs is only allowed with logprobs: true", "top_logprobs")
+        choice = self.checked_tool_choice()
+        # TODO(constrained decoding): "required" and a named function need the call constrained (serve/constrained.py
+        # with tool_calls.forced_schema, as vLLM does); until the engine takes such a constraint they are refused
+        if choice == "required" or isinstance(choice, dict):
+            raise ApiError(
+                400,
+                "tool_choice 'required' or a named function needs constrained decoding of the call, which this server "
+                "does not do for tools yet; send tool_choice 'auto' (or leave it out)",
+                "tool_choice",
+            )
         for i, message in enumerate(self.messages):
             message.refuse_unsupported(f"messages[{i}]")
+
+    def tool_specs(self) -> list[dict] | None:
+        """The request's tools, checked (None: no tools); ApiError 400 naming the bad field."""
+        try:
+            return tool_calls.check_tools(self.tools)
+        except tool_calls.ToolSpecError as err:
+            raise ApiError(400, str(err), err.field) from None
+
+    def checked_tool_choice(self) -> str | dict | None:
+        """tool_choice checked against the tools; ApiError 400 naming the bad field."""
+        tools = self.tool_specs()
+        try:
+            return tool_calls.check_tool_choice(self.tool_choice, tools)
+        except tool_calls.ToolSpecError as err:
+            raise ApiError(400, str(err), err.field) from None
+
+    def parses_tool_calls(self) -> bool:
+        """Whether the reply is read for tool calls: tools given and tool_choice not "none" (as vLLM's "auto")."""
+        return bool(self.tool_specs()) and self.tool_choice != "none"
 
 
 def greedy_below_eps(temperature: float | None) -> float:
@@ -314,11 +387,69 @@ def chat_body(rid: str, model: str, created: int, choices: list[tuple[str, str]]
         "created": created,
         "model": model,
         "choices": [
-            {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+            {"index": i, "message": chat_message(text), "logprobs": None, "finish_reason": reason}
             for i, (text, reason) in enumerate(choices)
         ],
         "usage": use,
     }
+
+
+def chat_message(content: str | None, calls: list[tool_calls.ToolCall] | None = None) -> dict:
+    """An assistant message; with `calls`, their OpenAI shape in `tool_calls` (content None when only calls)."""
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [call.openai() for call in calls]
+    return message
+
+
+def with_tool_calls(body: dict, family: str) -> dict:
+    """A chat body with each choice's text read for tool calls (tool_calls.parse_tool_calls of the template's
+    `family`): a choice that made calls gets them in its message, the text around them as content (None when
+    there is none) and finish_reason "tool_calls", as OpenAI and vLLM answer."""
+    for choice in body["choices"]:
+        content, calls = tool_calls.parse_tool_calls(choice["message"]["content"] or "", family)
+        if calls:
+            choice["message"] = chat_message(content, calls)
+            choice["finish_reason"] = "tool_calls"
+    return body
+
+
+def tool_call_delta(content: str | None, calls: list[tool_calls.ToolCall]) -> dict:
+    """A stream's delta of a choice's held-back text: its content, and its calls whole (each with its `index`)."""
+    delta = {} if content is None else {"content": content}
+    if calls:
+        delta["tool_calls"] = [{"index": k, **call.openai()} for k, call in enumerate(calls)]
+    return delta
+
+
+def completion_logprobs(entries: list[TokenLogprob], text_of, offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs` of these tokens (an echoed prompt's first has none); `text_of(token id)` is
+    a token's text; `offset`: where the first token's text starts in the choice's text."""
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for entry in entries:
+        text = text_of(entry.token_id)
+        tokens.append(text)
+        token_logprobs.append(entry.logprob)
+        top_logprobs.append(None if entry.logprob is None else {text_of(t): lp for t, lp in entry.top})
+        text_offset.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    }
+
+
+def chat_logprobs(entries: list[TokenLogprob], texts, top: int) -> dict:
+    """OpenAI's chat `logprobs`: each token with its bytes and its `top` most likely alternatives; `texts`: a
+    serve/logprobs.py TokenTexts."""
+
+    def one(token_id: int, logprob: float) -> dict:
+        return {"token": texts.text(token_id), "logprob": logprob, "bytes": texts.bytes(token_id)}
+
+    content = [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top[:top]]} for e in entries]
+    return {"content": content, "refusal": None}
 
 
 def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict, reason: str | None) -> dict:

@@ -2,12 +2,14 @@
 request into prompts and hands them to the server's GenerationService (serve/generation.py). No
 `from __future__ import annotations`: FastAPI reads the request models from the evaluated annotations."""
 
+import dataclasses
 import logging
 
 from fastapi import APIRouter, Request
 
+from tuneforge import tool_calls
 from tuneforge.serve import openai_api as oa
-from tuneforge.serve.generation import MAX_PROMPT_ROWS, Generation, GenerationService, nth_choice
+from tuneforge.serve.generation import MAX_PROMPT_ROWS, Generation, GenerationService, Shape, nth_choice
 
 router = APIRouter()
 log = logging.getLogger(__name__)
@@ -43,34 +45,56 @@ async def models(request: Request):
     return oa.models_body(state.options.served_model_name, state.created)
 
 
-def prompt_texts(body: oa.CompletionRequest) -> list[str]:
-    texts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-    n = body.n or 1
-    if not texts:
+def prompt_list(body: oa.CompletionRequest) -> list:
+    """The request's prompts: texts, or token-id lists; ApiError 400 for none, an empty one, or too many."""
+    prompt = body.prompt
+    single = isinstance(prompt, str) or (bool(prompt) and isinstance(prompt[0], int))
+    prompts = [prompt] if single else prompt
+    rows = len(prompts) * max(body.n or 1, body.best_of or 1)
+    if not prompts:
         raise oa.ApiError(400, "prompt is empty; send a text", "prompt")
-    if len(texts) * n > MAX_PROMPT_ROWS:
+    if rows > MAX_PROMPT_ROWS:
         raise oa.ApiError(
-            400, f"{len(texts)} prompts x n={n} is above {MAX_PROMPT_ROWS} sequences per request", "prompt"
+            400, f"{len(prompts)} prompts x n (or best_of) is {rows}, above {MAX_PROMPT_ROWS} per request", "prompt"
         )
-    for i, t in enumerate(texts):
-        if not t:
-            where = "prompt" if isinstance(body.prompt, str) else f"prompt[{i}]"
-            raise oa.ApiError(400, f"{where} is empty; send a text", where)
-    return texts
+    for i, p in enumerate(prompts):
+        if not p:
+            where = "prompt" if single else f"prompt[{i}]"
+            raise oa.ApiError(400, f"{where} is empty; send a text or token ids", where)
+    return prompts
+
+
+def prompt_ids(service: GenerationService, prompt, where: str) -> list[int]:
+    """A prompt's token ids: a text encoded, or ids checked against the model's vocabulary."""
+    if isinstance(prompt, str):
+        return service.encode(prompt, where)
+    for j, token in enumerate(prompt):
+        if not 0 <= token < service.vocab_size:
+            raise oa.ApiError(400, f"{where}[{j}] {token} is not a token id below {service.vocab_size}", where)
+    return service.check_ids(list(prompt), where)
 
 
 @router.post("/v1/completions")
 async def completions(body: oa.CompletionRequest, request: Request):
     service = generation_service(request, body)
-    texts, n = prompt_texts(body), body.n or 1
-    prompts = [service.encode(t, "prompt") for t in texts]
+    texts, n, best_of = prompt_list(body), body.n or 1, body.best_of or body.n or 1
+    single = len(texts) == 1 and body.prompt is not texts
+    prompts = [prompt_ids(service, t, "prompt" if single else f"prompt[{i}]") for i, t in enumerate(texts)]
+    if body.echo and not service.generator.kind.continues_prompt:
+        raise oa.ApiError(400, "echo needs a model that continues its prompt; this one reads it (encoder)", "echo")
     params = service.sampling(body, prompts, body.max_tokens, ("prompt", "max_tokens"), 16)
-    seeds = [params if params.seed is None else nth_choice(params, i * n) for i in range(len(prompts))]
-    return await service.run(body, request, Generation(prompts, seeds, n), chat=False)
+    logprobs = body.logprobs if body.logprobs is not None or best_of == n else 0  # best_of ranks by them
+    prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
+    params = dataclasses.replace(params, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+    seeds = [params if params.seed is None else nth_choice(params, i * best_of) for i in range(len(prompts))]
+    echo = [t if isinstance(t, str) else service.generator.tokenizer.decode(t) for t in texts] if body.echo else None
+    shape = Shape(chat=False, logprobs=body.logprobs, echo=echo)
+    return await service.run(body, request, Generation(prompts, seeds, n, best_of), shape)
 
 
 def chat_prompt(service: GenerationService, body: oa.ChatRequest) -> str:
-    """The messages rendered by the model's chat template."""
+    """The messages (tool calls and tool results too) and the request's tools rendered by the model's chat
+    template; ApiError 400 when tools are asked of a template that does not render them."""
     if not service.has_chat_template:
         raise oa.ApiError(
             400, "this model has no chat template; use POST /v1/completions (or fine-tune it on conversations)"
@@ -79,14 +103,35 @@ def chat_prompt(service: GenerationService, body: oa.ChatRequest) -> str:
         raise oa.ApiError(400, "messages is empty; send at least one message", "messages")
     if (body.n or 1) > MAX_PROMPT_ROWS:
         raise oa.ApiError(400, f"n is above {MAX_PROMPT_ROWS}", "n")
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-    if not any(m["content"].strip() for m in messages):
+    messages = [m.openai() for m in body.messages]
+    if not any(m["content"].strip() or m.get("tool_calls") for m in messages):
         raise oa.ApiError(400, "every message is empty; send some text", "messages")
     tokenizer = service.generator.tokenizer
+    tools = body.tool_specs()
+    if tools or tool_calls.uses_tools(messages):
+        messages = tool_messages(tokenizer, messages, tools)
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # the template's own checks (e.g. roles that must alternate)
         raise oa.ApiError(400, f"the chat template refused these messages: {err}", "messages") from None
+
+
+def tool_messages(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[dict]:
+    """Messages with tool calls or results (or sent with tools) as the template reads them; ApiError 400 naming
+    the field for a template that does not render tools, or a bad tool call."""
+    if not tool_calls.supports_tools(tokenizer):
+        first = next((i for i, m in enumerate(messages) if tool_calls.uses_tools([m])), None)
+        field = "tools" if tools else f"messages[{first}]"
+        raise oa.ApiError(
+            400,
+            f"{field}: this model's chat template does not render tools, so it takes no tools, tool calls or tool "
+            "results; serve a model whose template does (one that writes <tool_call>, as Qwen2.5's), or send none",
+            field,
+        )
+    try:
+        return tool_calls.to_template_messages(messages)
+    except tool_calls.ToolSpecError as err:
+        raise oa.ApiError(400, str(err), err.field) from None
 
 
 @router.post("/v1/chat/completions")
@@ -97,4 +142,8 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     default = request.app.state.server.options.default_max_tokens
     params = service.sampling(body, [prompt], max_tokens, ("messages", field), default)
-    return await service.run(body, request, Generation([prompt], [params], body.n or 1), chat=True)
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    params = dataclasses.replace(params, logprobs=top)
+    gen = Generation([prompt], [params], body.n or 1, eos=False)
+    family = tool_calls.template_family(service.generator.tokenizer) if body.parses_tool_calls() else None
+    return await service.run(body, request, gen, Shape(chat=True, logprobs=top, tool_family=family))

@@ -3,7 +3,10 @@ tokens only, conversations packed into blocks without attention across them.
 
 Data: json/jsonl files of chat rows (`messages`) or Alpaca rows (`instruction`/`input`/`output`),
 read and rendered by tuneforge/data/chat.py with the tokenizer's chat template (`--chat-template FILE`
-where it has none). The loss is the next-token loss summed over assistant tokens (each reply and its
+where it has none). Tool calling: assistant turns with `tool_calls`, `tool` turns with results and a `tools`
+column (rendered through the template's tools=) train the model's calls and replies; the tool results, like the
+user's and system's turns, carry no loss. A template that does not render tools refuses such data, naming
+the column. The loss is the next-token loss summed over assistant tokens (each reply and its
 end-of-turn marker) and normalised by their global count, as the causal LM normalises by its target
 tokens; evaluation reports that loss and its perplexity.
 
@@ -45,6 +48,18 @@ class ChatSFTOptions(CausalLMOptions):
     )
 
 
+def chat_dataset(chats: list[tuple[list[dict], list[dict] | None]]) -> datasets.Dataset:
+    """(conversation, tools) pairs as a raw split: each a JSON text (tools `null` when a row has none), with the
+    row's number in its file (`row`: kept through a held-out split, for errors)."""
+    return datasets.Dataset.from_dict(
+        {
+            "conversation": [json.dumps(c) for c, _ in chats],
+            "tools": [json.dumps(t) for _, t in chats],
+            "row": list(range(1, len(chats) + 1)),
+        }
+    )
+
+
 class ChatSFTTask(CausalLMTask):
     name = "sft"
     Options = ChatSFTOptions
@@ -67,8 +82,7 @@ class ChatSFTTask(CausalLMTask):
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
         def read(path, _split) -> datasets.Dataset:
-            conversations = chat.read_conversations(path, self.options.chat_format)
-            return datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
+            return chat_dataset(chat.read_chats(path, self.options.chat_format))
 
         splits = self.read_given_files(
             "conversations: pass --train-file chats.jsonl (rows with `messages`, or Alpaca rows with "
@@ -85,11 +99,16 @@ class ChatSFTTask(CausalLMTask):
             if "messages" not in ds.column_names:
                 raise DataError(f"the {split} dataset has no `messages` column (lists of {{role, content}})")
             where = f"the {split} dataset"
-            conversations = [
-                chat.to_conversation({"messages": m}, "messages", f"{where}, row {i + 1}")
-                for i, m in enumerate(ds["messages"])
-            ]
-            raw[split] = datasets.Dataset.from_dict({"conversation": [json.dumps(c) for c in conversations]})
+            tools = ds["tools"] if "tools" in ds.column_names else [None] * len(ds)
+            raw[split] = chat_dataset(
+                [
+                    (
+                        chat.to_conversation({"messages": m}, "messages", f"{where}, row {i + 1}", tools=True),
+                        chat.to_tools(t, f"{where}, row {i + 1}"),
+                    )
+                    for i, (m, t) in enumerate(zip(ds["messages"], tools))
+                ]
+            )
         return datasets.DatasetDict(raw)
 
     # ---- features --------------------------------------------------------------------------
@@ -98,11 +117,20 @@ class ChatSFTTask(CausalLMTask):
 
         settings = {"task": "sft", "template": tokenizer.chat_template}
         out = {}
+        for split, ds in raw.items():  # every split checked before any is tokenized
+            self._check_tool_support(tokenizer, ds, split)
         for split, ds in raw.items():
             fn = self._encoder(tokenizer, ds, split)
-            feats = self.tokenize_split(split, ds, ["conversation"], fn, tokenizer, settings, log)
+            feats = self.tokenize_split(split, ds, ["conversation", "tools"], fn, tokenizer, settings, log)
             out[split] = self._fit_and_pack(split, feats, block_size, log)
         return datasets.DatasetDict(out)
+
+    def _check_tool_support(self, tokenizer, ds, split: str) -> None:
+        """ConfigError naming the row and column when a split has tool calling and the template renders no tools."""
+        where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
+        rows = ds["row"] if "row" in ds.column_names else range(1, len(ds) + 1)
+        chats = ((n, json.loads(c), json.loads(t)) for n, c, t in zip(rows, ds["conversation"], ds["tools"]))
+        chat.check_tool_support(tokenizer, chats, chat.template_name(self.config), where)
 
     def _encoder(self, tokenizer, ds, split: str):
         """The batched map function of one split; a template that raises for a row names that row."""
@@ -113,9 +141,9 @@ class ChatSFTTask(CausalLMTask):
 
         def fn(batch):
             ids, labels = [], []
-            for text in batch["conversation"]:
+            for text, tools in zip(batch["conversation"], batch["tools"]):
                 try:
-                    x, y = chat.encode_conversation(tokenizer, json.loads(text))
+                    x, y = chat.encode_conversation(tokenizer, json.loads(text), json.loads(tools))
                 except (TemplateError, TypeError) as err:
                     row = ds["conversation"].index(text) + 1  # the error path only: one scan
                     raise chat.template_error(err, template, row, where) from None
