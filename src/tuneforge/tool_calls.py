@@ -396,3 +396,12 @@ def parse_tool_calls(text: str, family: str = "hermes") -> tuple[str | None, lis
     if family not in PARSERS:
         raise ValueError(f"unknown tool-call family {family!r}; one of {', '.join(FAMILIES)}")
     return PARSERS[family](text)
+
+
+def read_reply(text: str, family: str, forced: str | dict | None = None) -> tuple[str | None, list[ToolCall]]:
+    """A reply's content and calls: a forced call's JSON (`forced`: tool_choice "required" or a named function,
+    `forced_calls`), else the calls the template family's parser finds in its text."""
+    if forced is not None:
+        calls = forced_calls(text, forced, family)
+        return (None if calls else text), calls
+    return parse_tool_calls(text, family)

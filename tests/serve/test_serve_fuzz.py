@@ -166,7 +166,8 @@ def request_bodies(path: str, model: str | None = None, reaching: tuple[str, ...
 SAMPLING = ("temperature", "top_p", "n", "stop", "seed", "stream", "stream_options", "user")
 SAMPLING += ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
 SAMPLING += ("min_tokens", "ignore_eos", "logprobs", "top_logprobs", "echo", "best_of")
-REACHING = {"/v1/completions": ("prompt", *SAMPLING), "/v1/chat/completions": ("messages", *SAMPLING)}
+CHAT_ONLY = ("response_format", "tools", "tool_choice")  # their values reach the grammar and the template
+REACHING = {"/v1/completions": ("prompt", *SAMPLING), "/v1/chat/completions": ("messages", *SAMPLING, *CHAT_ONLY)}
 
 
 # ---- the invariants -----------------------------------------------------------------------------------

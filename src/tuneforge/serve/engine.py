@@ -48,6 +48,7 @@ import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -115,23 +116,26 @@ class Sequence:
     detokenizer: IncrementalText | None = None  # set by the engine when the sequence joins
     logprobs: list[TokenLogprob] = field(default_factory=list)  # params.logprobs: one per token sampled
     prompt_logprobs: list[TokenLogprob] | None = None  # params.prompt_logprobs: one per prompt token
+    constraint: Any = None  # response_format's grammar (serve/constrained.py Constraint): which tokens may come next
 
     def cancel(self) -> None:
         """Called from any thread: the engine drops the row at its next step."""
         self.cancelled = True
 
 
-def sample(logits: torch.Tensor, rows: Seq[Sequence], eos_ids=frozenset()) -> list[int | None]:
-    """One token per row (None for a row whose sampling failed: it fails alone): each row's logits after its
-    penalties, logit_bias and min_tokens (serve/logit_rules.py); then greedy where the temperature is below
-    SAMPLING_EPS, else temperature, top_k, top_p and min_p sampling with the row's own random generator."""
+def sample(logits: torch.Tensor, rows: Seq[Sequence], eos_ids=frozenset(), masked: bool = False) -> list[int | None]:
+    """One token per row (None for a row whose sampling failed: it fails alone): each row's logits masked by its
+    grammar (response_format), after its penalties, logit_bias and min_tokens (serve/logit_rules.py); then greedy
+    where the temperature is below SAMPLING_EPS, else temperature, top_k, top_p and min_p sampling with the row's
+    own random generator. `masked`: the grammars' masks are applied already (`grammar_masked`)."""
     logits = logits.float()
     greedy = logits.argmax(-1).tolist()
     out: list[int | None] = []
     for i, seq in enumerate(rows):
         try:
             base = logits[i]
-            row = penalised(base, seq.params, seq.prompt_ids, seq.token_ids, eos_ids)
+            row = base if seq.constraint is None or masked else seq.constraint.mask(base)
+            row = penalised(row, seq.params, seq.prompt_ids, seq.token_ids, eos_ids)
             if seq.params.temperature < SAMPLING_EPS:  # NaN is not below it: it fails in sample_row, alone
                 out.append(greedy[i] if row is base else int(row.argmax()))
                 continue
@@ -152,6 +156,21 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
         sorted_probs[outside] = 0
         return int(order[torch.multinomial(sorted_probs, 1, generator=generator)])
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def grammar_masked(logits: torch.Tensor, rows: Seq[Sequence]) -> torch.Tensor | None:
+    """The logits with every constrained row masked by its grammar in one pass over the batch (2-3x fewer kernel
+    launches than row by row on a GPU: benchmarks/README.md); None when no row is constrained, or when a grammar
+    fails (then `sample` masks row by row, and the failing row fails alone)."""
+    constraints = [seq.constraint for seq in rows]
+    if all(c is None for c in constraints):
+        return None
+    from tuneforge.serve.constrained import masks
+
+    try:
+        return masks(constraints, logits)
+    except Exception:
+        return None
 
 
 class GenerationEngine:
@@ -365,7 +384,8 @@ class GenerationEngine:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
         """One token per row; the log-probs of those rows that record them (failing, they fail alone)."""
-        tokens = sample(logits, seqs, self.eos_ids)
+        allowed = grammar_masked(logits, seqs)
+        tokens = sample(logits if allowed is None else allowed, seqs, self.eos_ids, masked=allowed is not None)
         rows = [i for i, (s, t) in enumerate(zip(seqs, tokens)) if t is not None and s.params.logprobs is not None]
         if rows:
             try:
@@ -412,13 +432,31 @@ class GenerationEngine:
             if token in self.eos_ids and not seq.params.ignore_eos:
                 self._finish(seq, "stop")
                 continue
+            if not self._follows_grammar(seq, token):
+                continue
             seq.token_ids.append(token)
             self._update_text(seq)
             if seq.finish_reason is not None:
                 continue
+            if seq.constraint is not None and seq.constraint.is_finished():  # complete JSON: nothing may follow
+                self._finish(seq, "stop")
+                continue
             used = self.generator.kind.positions_used(len(seq.prompt_ids), len(seq.token_ids))
             if len(seq.token_ids) >= seq.params.max_tokens or (self.context and used >= self.context):
                 self._finish(seq, "length")
+
+    def _follows_grammar(self, seq: Sequence, token: int) -> bool:
+        """Advance the row's grammar past `token`; a row whose grammar fails ends alone with "error"."""
+        if seq.constraint is None:
+            return True
+        try:
+            seq.constraint.accept(token)
+        except Exception as err:
+            log.warning("a response_format grammar failed for one sequence (%s: %s)", type(err).__name__, err)
+            seq.finish_reason = "error"
+            seq.emit("", "error")
+            return False
+        return True
 
     def _update_text(self, seq: Sequence) -> None:
         if seq.detokenizer is None:

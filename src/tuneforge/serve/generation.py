@@ -30,12 +30,14 @@ MAX_PROMPT_ROWS = 64  # prompts x n in one generation request
 class Shape:
     """What a request's answer shows beyond text: `logprobs` alternatives per token (None: no log-probs; chat's
     top_logprobs), `echo` (per prompt, its text before each of its choices' own), `tool_family` (chat with tools:
-    each reply read for tool calls with that template family's parser, tuneforge/tool_calls.py)."""
+    each reply read for tool calls with that template family's parser, tuneforge/tool_calls.py), `forced` (a
+    tool_choice that forces a call: the reply is the call's JSON, constrained by the tools' schema)."""
 
     chat: bool
     logprobs: int | None = None
     echo: list[str] | None = None
     tool_family: str | None = None
+    forced: str | dict | None = None
 
 
 class Generation:
@@ -43,8 +45,15 @@ class Generation:
     finish_reason, log-prob entries of the tokens the text came from)."""
 
     def __init__(
-        self, prompts: list[list[int]], params: list[SamplingParams], n: int, best_of: int | None = None, eos=True
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        n: int,
+        best_of: int | None = None,
+        eos=True,
+        constraint=None,
     ) -> None:
+        """`constraint`: the request's response_format grammar (serve/constrained.py), a copy for each sequence."""
         loop = asyncio.get_running_loop()
         self.events: asyncio.Queue = asyncio.Queue()
         self.prompt_tokens = sum(len(p) for p in prompts)
@@ -53,7 +62,9 @@ class Generation:
         self.seqs = []  # sequence k is candidate k % candidates of prompt k // candidates
         for ids, p in zip(prompts, params):
             for j in range(self.candidates):
-                self.seqs.append(Sequence(ids, nth_choice(p, j), self._emitter(loop, len(self.seqs))))
+                seq = Sequence(ids, nth_choice(p, j), self._emitter(loop, len(self.seqs)))
+                seq.constraint = None if constraint is None else constraint.copy()
+                self.seqs.append(seq)
         self._shown = [0] * len(self.seqs)  # log-prob entries of each sequence already sent
 
     def _emitter(self, loop, index: int):
@@ -135,7 +146,24 @@ class GenerationService:
         self.context = generator.context
         self.vocab_size = generator.model.config.vocab_size  # the logits' width: logit_bias keys below it
         self.token_texts = TokenTexts(generator.tokenizer)  # how log-probs name tokens
+        self.eos_ids = engine.eos_ids if engine is not None else set()
         self.request_timeout_s = request_timeout_s
+
+    async def constraint(self, response_format):
+        """response_format's grammar (serve/constrained.py; None for text), compiled off the event loop (a large
+        schema takes up to a second); ApiError 400 naming the field for one that cannot be honoured."""
+        from tuneforge.serve import constrained
+
+        def compile_it():
+            vocab = constrained.tokenizer_for(self.generator.tokenizer, self.eos_ids or None)  # built once a model
+            return constrained.compile_response_format(response_format, vocab)
+
+        if response_format is None:
+            return None
+        try:
+            return await asyncio.to_thread(compile_it)
+        except constrained.ResponseFormatError as err:
+            raise oa.ApiError(400, str(err), err.param) from None
 
     @property
     def has_chat_template(self) -> bool:
@@ -245,7 +273,7 @@ class GenerationService:
         if shape.logprobs is not None:
             for choice, k in zip(body["choices"], answers):
                 choice["logprobs"] = self._logprobs(gen.seqs[k], shape)
-        return oa.with_tool_calls(body, shape.tool_family) if shape.tool_family else body
+        return oa.with_tool_calls(body, shape.tool_family, shape.forced) if shape.tool_family else body
 
     def _logprobs(self, seq: Sequence, shape: Shape) -> dict:
         """A whole choice's log-probs: an echoed prompt's first, then the generated tokens'."""
@@ -302,7 +330,7 @@ class GenerationService:
         piece as its parser recognises them; a whole call per delta is what OpenAI's clients accumulate all the
         same."""
         texts, entries = held
-        content, calls = tool_calls.parse_tool_calls("".join(texts), shape.tool_family)
+        content, calls = tool_calls.read_reply("".join(texts), shape.tool_family, shape.forced)
         chunks = []
         if content or calls:
             chunk = oa.chat_chunk(rid, self.name, created, index, oa.tool_call_delta(content, calls), None)

@@ -5,7 +5,7 @@ string is refused, as OpenAI does), response and stream-chunk bodies, and the er
 The sampling fields of OpenAI (presence and frequency penalties, logit_bias, best_of) and vLLM (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos) are honoured (serve/logit_rules.py), and so are log-probs (completions'
 `logprobs` and `echo`, token-id prompts; chat's `logprobs` and `top_logprobs`: serve/logprobs.py). Known fields
-this server does not honour (NOT_HONOURED: beam search, guided decoding, audio, ...) are refused with
+this server does not honour (NOT_HONOURED: beam search, vLLM's guided decoding fields, audio, ...) are refused with
 a 400 naming the field when set to anything but their neutral value, and so are inconsistent ones
 (stream_options without stream, tool_choice without tools), as vLLM refuses them. Harmless metadata (user,
 metadata, store, service_tier, ...) is accepted; any other field is ignored and named in one warning line of
@@ -52,7 +52,6 @@ NOT_HONOURED_CHAT = {
     "best_of": (None, 1),  # a completions field (OpenAI's chat has none)
     "functions": (None, []),  # OpenAI's deprecated functions API: refused pointing to tools (ChatRequest)
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),
@@ -260,15 +259,9 @@ class ChatRequest(SamplingRequest):
         super().refuse_unsupported()
         if self.top_logprobs is not None and not self.logprobs:
             raise ApiError(400, "top_logprobs is only allowed with logprobs: true", "top_logprobs")
-        choice = self.checked_tool_choice()
-        # TODO(constrained decoding): "required" and a named function need the call constrained (serve/constrained.py
-        # with tool_calls.forced_schema, as vLLM does); until the engine takes such a constraint they are refused
-        if choice == "required" or isinstance(choice, dict):
+        if self.forced_tool_choice() is not None and not is_neutral(self.response_format, (None, {"type": "text"})):
             raise ApiError(
-                400,
-                "tool_choice 'required' or a named function needs constrained decoding of the call, which this server "
-                "does not do for tools yet; send tool_choice 'auto' (or leave it out)",
-                "tool_choice",
+                400, "response_format cannot be combined with a tool_choice that forces a call", "response_format"
             )
         for i, message in enumerate(self.messages):
             message.refuse_unsupported(f"messages[{i}]")
@@ -287,6 +280,20 @@ class ChatRequest(SamplingRequest):
             return tool_calls.check_tool_choice(self.tool_choice, tools)
         except tool_calls.ToolSpecError as err:
             raise ApiError(400, str(err), err.field) from None
+
+    def forced_tool_choice(self) -> str | dict | None:
+        """tool_choice "required" or a named function (the reply is then the call's JSON, constrained by
+        tool_calls.forced_schema as vLLM constrains it); None otherwise."""
+        choice = self.checked_tool_choice()
+        return choice if choice == "required" or isinstance(choice, dict) else None
+
+    def structured(self) -> Any:
+        """The response_format the reply is constrained to: the request's own, or the forced call's schema."""
+        forced = self.forced_tool_choice()
+        if forced is None:
+            return self.response_format
+        schema = tool_calls.forced_schema(self.tool_specs(), forced)
+        return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema, "strict": True}}
 
     def parses_tool_calls(self) -> bool:
         """Whether the reply is read for tool calls: tools given and tool_choice not "none" (as vLLM's "auto")."""
@@ -402,12 +409,12 @@ def chat_message(content: str | None, calls: list[tool_calls.ToolCall] | None = 
     return message
 
 
-def with_tool_calls(body: dict, family: str) -> dict:
+def with_tool_calls(body: dict, family: str, forced: str | dict | None = None) -> dict:
     """A chat body with each choice's text read for tool calls (tool_calls.parse_tool_calls of the template's
     `family`): a choice that made calls gets them in its message, the text around them as content (None when
     there is none) and finish_reason "tool_calls", as OpenAI and vLLM answer."""
     for choice in body["choices"]:
-        content, calls = tool_calls.parse_tool_calls(choice["message"]["content"] or "", family)
+        content, calls = tool_calls.read_reply(choice["message"]["content"] or "", family, forced)
         if calls:
             choice["message"] = chat_message(content, calls)
             choice["finish_reason"] = "tool_calls"

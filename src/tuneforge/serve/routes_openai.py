@@ -144,6 +144,8 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     params = service.sampling(body, [prompt], max_tokens, ("messages", field), default)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = dataclasses.replace(params, logprobs=top)
-    gen = Generation([prompt], [params], body.n or 1, eos=False)
+    constraint = await service.constraint(body.structured())
+    gen = Generation([prompt], [params], body.n or 1, eos=False, constraint=constraint)
     family = tool_calls.template_family(service.generator.tokenizer) if body.parses_tool_calls() else None
-    return await service.run(body, request, gen, Shape(chat=True, logprobs=top, tool_family=family))
+    shape = Shape(chat=True, logprobs=top, tool_family=family, forced=body.forced_tool_choice())
+    return await service.run(body, request, gen, shape)
