@@ -255,7 +255,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     ),
     "predict": ("predict labels for a csv/tsv/jsonl file", _module_arguments("tuneforge.predict")),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
-    "export": ("write a checkpoint as a standalone HF model folder", _module_arguments("tuneforge.export")),
+    "export": (
+        "write a checkpoint or model as a standalone HF model folder, or a GGUF file (--format gguf)",
+        _module_arguments("tuneforge.export"),
+    ),
     "generate": (
         "generate text with a causal LM or sequence-to-sequence model",
         _module_arguments("tuneforge.generate"),

@@ -7,6 +7,10 @@ backend named in the checkpoint's meta.json names its checkpoint layout, which r
 (backends/layouts.py: model.safetensors for single/ddp, DCP shards for fsdp/tp, ZeRO shards for deepspeed), and the
 model is rebuilt from the checkpoint's config.json, so the export needs no original model.
 
+`tuneforge export --format gguf SOURCE OUT.gguf` (`export_gguf`) writes one GGUF file for llama.cpp and Ollama
+instead: SOURCE (an HF model folder, an adapter folder, merged first, or a checkpoint) is made a plain HF folder
+here, and tuneforge.gguf_export writes the file.
+
 tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the model was trained for
 (task, text columns, max_length, source prefix); it is read and written through `tuneforge.artifacts`.
 """
@@ -16,15 +20,17 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tuneforge import adapters, checkpoint
+from tuneforge import adapters, checkpoint, gguf_export
 from tuneforge.artifacts import ADAPTER_CONFIG, MODEL_INFO, is_adapter_folder, read_model_info, write_model_info
 from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
-from tuneforge.files import replacing
+from tuneforge.files import TMP_PREFIX, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.weights import share_tied
 
@@ -206,34 +212,165 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
     return write_hf_folder(out, model, tokenizer=tokenizer, info=info)
 
 
+# ---- GGUF: one file for llama.cpp and Ollama ---------------------------------------------------
+def _gguf_source(path: Path, merge: bool) -> str:
+    """What SOURCE of `export --format gguf` is: "checkpoint", "adapter" (merged first) or "model"."""
+    if not path.is_dir():
+        raise CheckpointError(
+            f"{str(path)!r} does not exist or is not a folder; pass a model folder, an adapter folder or a "
+            "checkpoint-STEP folder"
+        )
+    if (path / checkpoint.MANIFEST).exists():
+        kind = "checkpoint"
+    elif is_adapter_folder(path):
+        kind = "adapter"
+    elif (path / "config.json").exists():
+        kind = "model"
+    else:
+        raise ConfigError(f"{str(path)!r} is not a model folder (no config.json); pass a model or checkpoint folder")
+    if merge and kind != "adapter":
+        raise ConfigError(
+            f"{str(path)!r} is not an adapter folder (no {ADAPTER_CONFIG}); --merge takes the OUTPUT_DIR/model of an "
+            "--adapter lora run (--format gguf merges an adapter folder without it)"
+        )
+    return kind
+
+
+def _gguf_check_source(path: Path, kind: str) -> None:
+    """The source's config (a checkpoint's meta.json names the class that trained), checked before weights load."""
+    import transformers
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{str(path)!r}: its config.json cannot be read ({str(err).splitlines()[0][:160]})") from None
+    meta = checkpoint.read_meta(path) if kind == "checkpoint" else {}
+    arch = meta.get("architecture") or (getattr(config, "architectures", None) or [None])[0]
+    gguf_export.check_source(path, config, arch, repr(str(path)))
+
+
+def gguf_model_name(path: Path) -> str:
+    """general.name: the source folder's name, or its run's where it is a run's model/ or checkpoint-STEP/."""
+    path = path.resolve()
+    return path.parent.name if path.name == "model" or path.name.startswith("checkpoint-") else path.name
+
+
+def export_gguf(
+    source: str | os.PathLike,
+    out_file: str | os.PathLike,
+    quant: str = "f16",
+    *,
+    base: str | None = None,
+    merge: bool = False,
+    overwrite: bool = False,
+) -> Path:
+    """`tuneforge export --format gguf SOURCE OUT.gguf`: SOURCE as one GGUF file (tuneforge.gguf_export). An HF
+    model folder is read as it is; an adapter folder is merged into its base (or `base`) and a checkpoint rebuilt
+    (as `export_merged` and `export_checkpoint` do) into a temporary folder beside OUT first."""
+    path, out = Path(source), Path(out_file)
+    kind = _gguf_source(path, merge)
+    if base and kind != "adapter":
+        raise ConfigError(f"--base goes with an adapter folder (the model it is merged into); {str(path)!r} is not one")
+    inputs = {"the source": str(path)}
+    if kind == "adapter":
+        inputs["the base model"] = base or adapters.base_of(path)
+    gguf_export.check_destination(out, overwrite, inputs)
+    _gguf_check_source(path, kind)
+    missing = [p for p in (out.parent, *out.parent.parents) if not p.exists()]  # deepest first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if kind == "model":
+            return gguf_export.write_gguf(path, out, quant, gguf_model_name(path))
+        with tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}gguf-", dir=out.parent) as staging:
+            folder = Path(staging) / "model"
+            if kind == "adapter":
+                export_merged(path, folder, base=base)
+            else:
+                export_checkpoint(path, folder)
+            return gguf_export.write_gguf(folder, out, quant, gguf_model_name(path))
+    except BaseException:
+        for made in missing:  # the folders made for OUT, where the export failed: gone again if still empty
+            if made.exists() and not any(made.iterdir()):
+                made.rmdir()
+        raise
+
+
 # ---- CLI ---------------------------------------------------------------------------------------
+def _free_choice(*choices: str) -> dict:
+    """json_schema_extra of a Literal flag that argparse takes as any word: pydantic refuses a wrong one in one
+    `error:` line naming the choices (argparse's refusal would print its usage first)."""
+    return {"flag_kwargs": {"choices": None, "metavar": "{" + ",".join(choices) + "}"}}
+
+
 class ExportOptions(BaseModel):
     """`tuneforge export`'s arguments, checked before anything is read."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     checkpoint: str = Field(
-        description="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder",
+        description="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder; with "
+        "--format gguf, also a model folder or an adapter folder (merged first)",
         json_schema_extra=POSITIONAL,
     )
     out_dir: str = Field(
-        description="the HF folder to write (config, model.safetensors, tokenizer)", json_schema_extra=POSITIONAL
+        description="the HF folder to write (config, model.safetensors, tokenizer); with --format gguf, the .gguf "
+        "file to write",
+        json_schema_extra=POSITIONAL,
     )
-    overwrite: bool = Field(False, description="replace an earlier export in OUT_DIR (a folder of model files only)")
+    overwrite: bool = Field(
+        False,
+        description="replace an earlier export in OUT_DIR (a folder of model files only; with --format gguf, a "
+        ".gguf file tuneforge wrote)",
+    )
     merge: bool = Field(
         False, description="CHECKPOINT is an adapter run's OUTPUT_DIR/model: merge the adapter into its base model"
     )
-    base: str | None = Field(None, description="with --merge: the base model (default: the one it was trained on)")
+    base: str | None = Field(
+        None,
+        description="with --merge (or an adapter folder with --format gguf): the base model (default: the one it "
+        "was trained on)",
+    )
+    format: Literal["hf", "gguf"] = Field(
+        "hf",
+        description="hf: an HF model folder; gguf: one .gguf file for llama.cpp and Ollama (Llama-family causal LMs)",
+        json_schema_extra={
+            **_free_choice("hf", "gguf"),
+            "refusal": "--format {value!r} is not one tuneforge writes; "
+            "choose hf (an HF folder) or gguf (a llama.cpp file)",
+        },
+    )
+    quant: Literal["f16", "q8_0", "q4_0"] | None = Field(
+        None,
+        description="with --format gguf: the weights' type in the file: f16, q8_0 or q4_0 (default: f16)",
+        json_schema_extra={
+            **_free_choice(*gguf_export.QUANT_NAMES),
+            "refusal": "--quant {value!r} is not a GGUF type tuneforge writes; choose f16, q8_0 or q4_0",
+        },
+    )
 
     @model_validator(mode="after")
     def _base_needs_merge(self):
-        if self.base and not self.merge:
+        if self.base and not self.merge and self.format != "gguf":
             raise ValueError("--base goes with --merge (the model an adapter is merged into)")
+        if self.quant and self.format != "gguf":
+            raise ValueError(f"--quant {self.quant} goes with --format gguf (an HF folder keeps the model's dtype)")
         return self
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
     options = parse_options(ExportOptions, ns)
+    if options.format == "gguf":
+        out = export_gguf(
+            options.checkpoint,
+            options.out_dir,
+            options.quant or "f16",
+            base=options.base,
+            merge=options.merge,
+            overwrite=options.overwrite,
+        )
+        size = out.stat().st_size / 1e6
+        print(f"exported {options.checkpoint} to {out} (GGUF {options.quant or 'f16'}, {size:.1f} MB)", flush=True)
+        return 0
     if options.merge:
         out = export_merged(options.checkpoint, options.out_dir, base=options.base, overwrite=options.overwrite)
     else:
