@@ -151,15 +151,8 @@ def test_echo_of_a_text_prompt_streams_as_it_answers(client, ref):
 
 def test_chat_logprobs_and_top_logprobs(client, ref):
     messages = [{"role": "user", "content": "where is the dog"}]
-    out = client.chat.completions.create(
-        model=NAME,
-        messages=messages,
-        max_tokens=5,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=2,
-        extra_body={"ignore_eos": True},
-    )
+    ask = dict(model=NAME, messages=messages, max_tokens=5, temperature=0, logprobs=True, top_logprobs=2)
+    out = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
     content = out.choices[0].logprobs.content
     assert len(content) == out.usage.completion_tokens == 5
     assert bytes(b for t in content for b in t.bytes).decode(errors="replace") == out.choices[0].message.content
@@ -173,16 +166,7 @@ def test_chat_logprobs_and_top_logprobs(client, ref):
         assert entry.bytes == TokenTexts(ref.tokenizer).bytes(answer[j]) and len(entry.top_logprobs) == 2
     plain = client.chat.completions.create(model=NAME, messages=messages, max_tokens=5, temperature=0)
     assert plain.choices[0].logprobs is None and plain.choices[0].message.content == out.choices[0].message.content
-    streamed = client.chat.completions.create(
-        model=NAME,
-        messages=messages,
-        max_tokens=5,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=2,
-        extra_body={"ignore_eos": True},
-        stream=True,
-    )
+    streamed = client.chat.completions.create(**ask, extra_body={"ignore_eos": True}, stream=True)
     got = [t for chunk in streamed for c in chunk.choices if c.logprobs for t in c.logprobs.content]
     assert [t.token for t in got] == [t.token for t in content]
     assert [t.logprob for t in got] == pytest.approx([t.logprob for t in content], abs=TOL)

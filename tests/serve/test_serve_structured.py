@@ -142,9 +142,9 @@ def test_tool_choice_required_and_named_make_a_call_that_validates(model, client
     choice = required.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert choice.message.tool_calls and all(
-        c.function.name in ("set_mode", "get_weather") for c in choice.message.tool_calls
+        c.function.name in ("set_mode", "set_fan") for c in choice.message.tool_calls
     )
-    named = client.chat.completions.create(
+    forced = dict(
         model=NAME,
         messages=ASK,
         max_tokens=60,
@@ -152,18 +152,11 @@ def test_tool_choice_required_and_named_make_a_call_that_validates(model, client
         tools=[WEATHER, MODE],
         tool_choice={"type": "function", "function": {"name": "set_mode"}},
     )
+    named = client.chat.completions.create(**forced)
     [call] = named.choices[0].message.tool_calls
     assert named.choices[0].finish_reason == "tool_calls" and call.function.name == "set_mode"
     jsonschema.validate(json.loads(call.function.arguments), MODE["function"]["parameters"])
-    streamed = client.chat.completions.create(
-        model=NAME,
-        messages=ASK,
-        max_tokens=60,
-        temperature=0,
-        tools=[WEATHER, MODE],
-        tool_choice={"type": "function", "function": {"name": "set_mode"}},
-        stream=True,
-    )
+    streamed = client.chat.completions.create(**forced, stream=True)
     calls = [t for c in streamed if c.choices and c.choices[0].delta.tool_calls for t in c.choices[0].delta.tool_calls]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("set_mode", json.loads(call.function.arguments))
