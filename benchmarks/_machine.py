@@ -11,9 +11,13 @@ from datetime import date
 
 def machine_meta(**extra) -> dict:
     """Date, machine and CPU class ('AMD EPYC (AVX512, native bf16)': what `auto` precision decides on)."""
+    import torch
+
     from tuneforge.environment import cpu_class
 
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    if torch.cuda.is_available():
+        machine += f", {torch.cuda.get_device_name()}"
     return {"date": str(date.today()), "machine": machine, "cpu_class": cpu_class(), **extra}
 
 

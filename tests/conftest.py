@@ -686,9 +686,10 @@ def free_port() -> int:
 
 
 def start_server(model_dir: str, env: dict | None = None, **flags) -> tuple[subprocess.Popen, str]:
-    """`tuneforge serve MODEL_DIR` (flags as cli_flags) in its own process on a free port, with `env` as its
-    whole environment if given; returns (the process, its URL) once /health answers. Its stderr (the access log)
-    goes to a file, `proc.log` (a pipe nobody reads would fill and stop the server)."""
+    """`tuneforge serve MODEL_DIR` (flags as cli_flags; --precision fp32 unless given, so that answers equal an fp32
+    reference on every CPU) in its own process on a free port, with `env` as its whole environment if given;
+    returns (the process, its URL) once /health answers. Its stderr (the access log) goes to a file, `proc.log` (a
+    pipe nobody reads would fill and stop the server)."""
     import tempfile
     import time
 
@@ -698,7 +699,7 @@ def start_server(model_dir: str, env: dict | None = None, **flags) -> tuple[subp
     log = Path(tempfile.mkstemp(prefix="tuneforge-serve-", suffix=".log")[1])
     with open(log, "w") as stderr:
         proc = subprocess.Popen(
-            cli_command("serve", model_dir, *cli_flags(port=port, **flags)),
+            cli_command("serve", model_dir, *cli_flags(port=port, **{"precision": "fp32", **flags})),
             cwd=REPO,
             env=env,
             stdout=subprocess.DEVNULL,

@@ -56,6 +56,7 @@ def app_server(model_dir: str, load=None, **options):
     from tuneforge.serve.app import ServeOptions, create_app
 
     on_fatal = options.pop("on_fatal", None)
+    options.setdefault("precision", "fp32")  # answers equal an fp32 reference whatever the CPU
     settings = ServeOptions(model_dir=model_dir, served_model_name=options.pop("served_model_name", NAME), **options)
     app = create_app(load or (lambda: load_servable(model_dir)), settings, on_fatal)
     sock = socket.socket()
@@ -736,3 +737,20 @@ def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_mode
         assert events[-1] == "data: [DONE]", events[-3:]
         chunks = [json.loads(e[6:]) for e in events[:-1]]
         assert "".join(c["choices"][0]["text"] for c in chunks) == ref.greedy(ref.ids(PROMPTS[i]), 40)[0]
+
+
+def test_bf16_weights_serve_the_answer_of_the_model_in_bf16(chat_model):
+    """--precision bf16 (what auto picks on a CPU with AMX or AVX512-BF16, and on CUDA since Ampere): the weights are
+    cast, /health says so, and a greedy answer is transformers' own generate of the model cast to bf16."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(chat_model).to(torch.bfloat16).eval()
+    ids = AutoTokenizer.from_pretrained(chat_model)(PROMPTS[2])["input_ids"]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(ids) :]
+    with app_server(chat_model, precision="bf16") as url:
+        wait_ready(url)
+        assert httpx.get(f"{url}/health").json()["precision"] == "bf16"
+        body = send(url, "/v1/completions", completion(prompt=PROMPTS[2], max_tokens=8, temperature=0, ignore_eos=True))
+    got = body.json()["choices"][0]["text"]
+    assert got == AutoTokenizer.from_pretrained(chat_model).decode(want, skip_special_tokens=True)

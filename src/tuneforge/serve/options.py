@@ -107,6 +107,12 @@ class ServeOptions(BaseModel):
         description="a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
         json_schema_extra={"refusal": POSITIVE_UP_TO},
     )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="a generative model's weights while serving: auto is bf16 where the hardware does bf16 natively "
+        "(AMX or AVX512-BF16 CPUs, CUDA since Ampere; fp16 on older CUDA), else fp32; fp32 for log-probs equal to "
+        "an fp32 forward pass (classifiers serve as loaded)",
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="the access log's lines on stderr: text for people, json (an object a line) for machines"
     )
