@@ -2,7 +2,7 @@
 chat template renders tools (tests/fixtures/tool_chat.jinja, Hermes/Qwen-style), driven by the official `openai`
 client: the tools, an assistant's tool_calls and role "tool" results rendered into the prompt (its token count is
 that of transformers' own rendering), streaming with tools, refusals naming their field (a template without tools,
-tool_choice that needs constrained decoding, the deprecated functions API), and Hypothesis fuzzing of
+a tool_choice naming no tool, the deprecated functions API), and Hypothesis fuzzing of
 tools/tool_choice/messages shapes (never a 5xx).
 
 The tiny random model never writes a <tool_call>, so the reading of calls out of a reply is tested on the server's
@@ -213,8 +213,6 @@ def test_a_template_without_tools_gets_a_400_saying_so(plain_url):
 
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 BAD = [
-    ("required", chat(tools=[WEATHER], tool_choice="required"), "tool_choice", "constrained decoding"),
-    ("a named function", chat(tools=[WEATHER], tool_choice=NAMED), "tool_choice", "constrained decoding"),
     (
         "an unknown name",
         chat(tools=[WEATHER], tool_choice={**NAMED, "function": {"name": "f"}}),
