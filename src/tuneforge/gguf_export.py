@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
 
+from tuneforge.artifacts import context_length
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
 
@@ -184,7 +185,7 @@ def add_hyperparameters(writer, config, quant: str, name: str) -> None:
     writer.add_name(name)
     writer.add_string(MARKER, f"tuneforge {tuneforge_version()}")
     writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
+    writer.add_context_length(context_length(config))
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
@@ -369,8 +370,9 @@ def add_tokenizer(writer, folder: Path, tokenizer, vocab: Vocab, where: str) -> 
     special.add_to_gguf(writer, quiet=True)
 
 
-def load_tokenizer(folder: Path, where: str):
-    """The tokenizer beside the model (a GGUF file carries it)."""
+def source_tokenizer(folder: Path, where: str):
+    """The tokenizer beside the model or checkpoint (a GGUF file carries it); a folder without one, or one that
+    cannot be loaded, is one line."""
     from transformers import AutoTokenizer
 
     if not (Path(folder) / "tokenizer_config.json").exists():
@@ -385,7 +387,7 @@ def check_source(folder: Path, config, architecture: str | None, where: str) -> 
     """`check_model`, and the tokenizer beside it one GGUF can carry: what the export checks before it loads
     weights, merges or rebuilds anything."""
     check_model(config, architecture, where)
-    read_vocab(load_tokenizer(folder, where), config.vocab_size, where)
+    read_vocab(source_tokenizer(folder, where), config.vocab_size, where)
 
 
 # ---- the file -------------------------------------------------------------------------------------------
@@ -399,7 +401,7 @@ def write_gguf(folder: str | os.PathLike, out: str | os.PathLike, quant: str, na
     folder, out, where = Path(folder), Path(out), repr(name)
     config = AutoConfig.from_pretrained(folder)
     check_model(config, (getattr(config, "architectures", None) or [None])[0], where)
-    tokenizer = load_tokenizer(folder, where)
+    tokenizer = source_tokenizer(folder, where)
     vocab = read_vocab(tokenizer, config.vocab_size, where)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
     with torch.no_grad():
