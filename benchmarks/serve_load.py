@@ -237,6 +237,7 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
         hf += ["--host", "127.0.0.1"]
         for dtype in args.peer_dtypes.split(","):
             out[f"transformers serve --continuous-batching --dtype {dtype} (peer)"] = (hf + ["--dtype", dtype], {})
+        out["tuneforge serve (batching) --precision fp32"] = (batching + ["--precision", "fp32"], {})
         if args.logprobs is not None:
             out[f"tuneforge serve (batching), logprobs {args.logprobs}"] = (batching, {"logprobs": args.logprobs})
     return out
