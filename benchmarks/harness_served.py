@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def main() -> None:
     rows["in-process (HFLM)"] = {"scores": scores(in_process), "wall_s": round(time.perf_counter() - began, 1)}
 
     port = free_port()
-    log = Path(args.out).with_suffix(".server.log")
+    log = Path(tempfile.mkdtemp(prefix="harness-served-")) / "server.log"
     serve = [sys.executable, "-m", "tuneforge.cli", "serve", model, "--port", str(port), "--precision", "fp32"]
     proc = start(serve, port, log)
     try:
