@@ -491,6 +491,22 @@ def long_llama(tmp_path_factory) -> str:
     return str(made_once(tmp_path_factory, "harness-long-llama", make))
 
 
+# the serve tests' model folders (tests/serve), made once a session and only read: a tiny random Llama with a compact
+# chat template, and one whose template renders tools
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory, tiny_llama) -> str:
+    from test_serve_generate import save_chat_model  # tests/serve, on the path with its tests
+
+    return save_chat_model(tmp_path_factory.mktemp("serve-chat") / "model", tiny_llama)
+
+
+@pytest.fixture(scope="session")
+def tool_model(tmp_path_factory, tiny_llama) -> str:
+    from test_tool_calls import save_tool_model
+
+    return save_tool_model(tmp_path_factory.mktemp("serve-tools") / "model", tiny_llama)
+
+
 @pytest.fixture(scope="session")
 def tiny_t5(tmp_path_factory) -> str:
     """2+2-layer, 32-wide random T5 with a real SentencePiece T5 tokenizer."""

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import save_tiny_classifier
-from test_serve_generate import NAME, app_server, save_chat_model, wait_ready
+from test_serve_generate import NAME, app_server, wait_ready
 from test_serve_isolation import save_bert_task_model
 
 FUZZ = settings(
@@ -234,9 +234,8 @@ def assert_same_answer(got: dict, want: dict) -> None:
 
 # ---- the servers ----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gen_url(tmp_path_factory, tiny_llama):
-    model = save_chat_model(tmp_path_factory.mktemp("fuzz-chat") / "model", tiny_llama)
-    with app_server(model, max_batch_size=8) as url:
+def gen_url(chat_model):
+    with app_server(chat_model, max_batch_size=8) as url:
         wait_ready(url)
         yield url
 

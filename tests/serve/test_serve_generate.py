@@ -84,11 +84,6 @@ def wait_ready(url: str, timeout: float = 60) -> None:
 
 
 @pytest.fixture(scope="module")
-def chat_model(tmp_path_factory, tiny_llama) -> str:
-    return save_chat_model(tmp_path_factory.mktemp("serve-chat") / "model", tiny_llama)
-
-
-@pytest.fixture(scope="module")
 def server(chat_model):
     """`tuneforge serve` in its own process, the key from the environment; stopped at the end of the module."""
     before = os.environ.get("TUNEFORGE_API_KEY")

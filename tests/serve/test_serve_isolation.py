@@ -20,11 +20,6 @@ from test_serve_generate import NAME, Reference, app_server, completion, save_ch
 
 
 @pytest.fixture(scope="module")
-def chat_model(tmp_path_factory, tiny_llama) -> str:
-    return save_chat_model(tmp_path_factory.mktemp("isolation-chat") / "model", tiny_llama)
-
-
-@pytest.fixture(scope="module")
 def gen_url(chat_model):
     with app_server(chat_model) as url:
         wait_ready(url)

@@ -10,7 +10,7 @@ import openai
 import pytest
 import torch
 
-from test_serve_generate import KEY, NAME, Reference, app_server, save_chat_model, wait_ready
+from test_serve_generate import KEY, NAME, Reference, app_server, wait_ready
 from tuneforge.serve.logprobs import TokenTexts
 
 TOL = 1e-4
@@ -18,13 +18,8 @@ PROMPT = "Two children are watching a small boat"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tiny_llama) -> str:
-    return save_chat_model(tmp_path_factory.mktemp("serve-logprobs") / "model", tiny_llama)
-
-
-@pytest.fixture(scope="module")
-def url(model_dir):
-    with app_server(model_dir, api_key=KEY, max_batch_size=8) as url:
+def url(chat_model):
+    with app_server(chat_model, api_key=KEY, max_batch_size=8) as url:
         wait_ready(url)
         yield url
 
@@ -35,8 +30,8 @@ def client(url) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def ref(model_dir) -> Reference:
-    return Reference(model_dir)
+def ref(chat_model) -> Reference:
+    return Reference(chat_model)
 
 
 def name(ref: Reference, token_id: int) -> str:

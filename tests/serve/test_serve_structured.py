@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from test_serve_generate import NAME, app_server, wait_ready
-from test_tool_calls import WEATHER, save_tool_model
+from test_tool_calls import WEATHER
 
 SCHEMA = {
     "type": "object",
@@ -51,13 +51,8 @@ ASK = [{"role": "user", "content": "describe a thing"}]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory, tiny_llama) -> str:
-    return save_tool_model(tmp_path_factory.mktemp("serve-structured") / "model", tiny_llama)
-
-
-@pytest.fixture(scope="module")
-def url(model):
-    with app_server(model, max_batch_size=8) as url:
+def url(tool_model):
+    with app_server(tool_model, max_batch_size=8) as url:
         wait_ready(url)
         yield url
 
@@ -125,11 +120,11 @@ def test_a_reply_cut_by_max_tokens_is_an_unfinished_json_prefix(client):
         json.loads(choice.message.content)
 
 
-def test_tool_choice_required_and_named_make_a_call_that_validates(model, client):
+def test_tool_choice_required_and_named_make_a_call_that_validates(tool_model, client):
     from transformers import AutoTokenizer
 
     # greedy, a random model adds call after call to the array: a bias towards "]" closes it once the grammar lets it
-    close = AutoTokenizer.from_pretrained(model).convert_tokens_to_ids("]")
+    close = AutoTokenizer.from_pretrained(tool_model).convert_tokens_to_ids("]")
     required = client.chat.completions.create(
         model=NAME,
         messages=ASK,

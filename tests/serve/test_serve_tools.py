@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from conftest import serving
 from test_serve_fuzz import FUZZ, JSON_VALUES, check, send
 from test_serve_generate import NAME, app_server, save_chat_model, wait_ready
-from test_tool_calls import MESSAGE, TOOLISH, WEATHER, save_tool_model
+from test_tool_calls import MESSAGE, TOOLISH, WEATHER
 
 QUESTION = [{"role": "user", "content": "weather in Paris?"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -34,11 +34,6 @@ CONVERSATION = [
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
 ]
 REPLY = 'Let me check.\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\n'
-
-
-@pytest.fixture(scope="module")
-def tool_model(tmp_path_factory, tiny_llama) -> str:
-    return save_tool_model(tmp_path_factory.mktemp("serve-tools") / "model", tiny_llama)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +138,7 @@ def run_stream(tool_model: str, pieces: list[str], take: int | None = None) -> t
     service = GenerationService(load_servable(tool_model), engine=None, name=NAME, request_timeout_s=30)
 
     async def collect():
-        gen = Generation([[1, 2]], [SamplingParams(max_tokens=64)], n=2, eos=False)
+        gen = Generation([[1, 2]], [SamplingParams(max_tokens=64)], n=2, eos_logprob=False)
         for i, piece in enumerate(pieces):
             gen.events.put_nowait((i % 2, piece, None, []))
         for i in (0, 1):

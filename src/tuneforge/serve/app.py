@@ -244,7 +244,7 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
 
 def serving_precision(generator: Generator, precision: str) -> str:
     """Cast a generator's weights to the precision it serves in (ServeOptions.precision): bf16 weights decode
-    about 1.8x faster than fp32 on a CPU with AMX (benchmarks/README.md). A quantized model stays as loaded."""
+    1.4-2.2x faster than fp32 on a CPU with AMX (benchmarks/README.md). A quantized model stays as loaded."""
     import torch
 
     from tuneforge.backends.precision import resolve_precision

@@ -50,7 +50,7 @@ class Generation:
         params: list[SamplingParams],
         n: int,
         best_of: int | None = None,
-        eos=True,
+        eos_logprob: bool = True,
         constraint=None,
     ) -> None:
         """`constraint`: the request's response_format grammar (serve/constrained.py), a copy for each sequence."""
@@ -58,7 +58,7 @@ class Generation:
         self.events: asyncio.Queue = asyncio.Queue()
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.n, self.candidates = n, max(n, best_of or n)
-        self.eos_logprob = eos  # an ending end-of-sequence token's log-prob is shown (completions), or not (chat)
+        self.eos_logprob = eos_logprob  # an ending eos token's log-prob shown (completions) or not (chat)
         self.seqs = []  # sequence k is candidate k % candidates of prompt k // candidates
         for ids, p in zip(prompts, params):
             for j in range(self.candidates):

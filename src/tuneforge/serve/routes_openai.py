@@ -145,7 +145,7 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = dataclasses.replace(params, logprobs=top)
     constraint = await service.constraint(body.structured())
-    gen = Generation([prompt], [params], body.n or 1, eos=False, constraint=constraint)
+    gen = Generation([prompt], [params], body.n or 1, eos_logprob=False, constraint=constraint)
     family = tool_calls.template_family(service.generator.tokenizer) if body.parses_tool_calls() else None
     shape = Shape(chat=True, logprobs=top, tool_family=family, forced=body.forced_tool_choice())
     return await service.run(body, request, gen, shape)
