@@ -206,6 +206,64 @@ def test_a_template_without_tools_gets_a_400_saying_so(plain_url):
     assert send(plain_url, "POST", "/v1/chat/completions", chat(tool_choice="none")).status_code == 200
 
 
+def counting_probes(tool_model: str, probes: list[str]):
+    """What the server loads for `tool_model`, its tokenizer's apply_chat_template and get_chat_template wrapped to
+    append their name to `probes` whenever they are given tool_calls' probe tool (the wrapper is no part of what is
+    tested: the renders still are the tokenizer's own)."""
+    from tuneforge import tool_calls
+    from tuneforge.predict import load_servable
+
+    def load():
+        served = load_servable(tool_model)
+        tokenizer = served.tokenizer
+        for name in ("apply_chat_template", "get_chat_template"):
+
+            def counted(*args, _render=getattr(tokenizer, name), _name=name, **kwargs):
+                if [tool_calls.PROBE_TOOL] in (*args, *kwargs.values()):
+                    probes.append(_name)
+                return _render(*args, **kwargs)
+
+            setattr(tokenizer, name, counted)
+        return served
+
+    return load
+
+
+def test_the_template_is_probed_for_tools_once_not_per_request(tool_model):
+    probes: list[str] = []
+    with app_server(tool_model, load=counting_probes(tool_model, probes)) as url:
+        wait_ready(url)
+        first = send(url, "POST", "/v1/chat/completions", chat(tools=[WEATHER], tool_choice="auto"))
+        assert first.status_code == 200, first.text
+        after_first = list(probes)
+        for body in (chat(tools=[WEATHER], tool_choice="auto"), chat(messages=CONVERSATION, tools=[WEATHER])):
+            r = send(url, "POST", "/v1/chat/completions", body)
+            assert r.status_code == 200, r.text
+    # the first request with tools probed (whether the template renders tools, and which parser its replies
+    # need); the later ones read what it found
+    assert after_first.count("apply_chat_template") == 1 and "get_chat_template" in after_first, after_first
+    assert probes == after_first
+
+
+def test_a_requests_tools_are_checked_once_and_refused_alike_each_time():
+    from tuneforge.serve import openai_api as oa
+
+    body = oa.ChatRequest.model_validate(chat(tools=[WEATHER], tool_choice="required"))
+    tools = body.tool_specs()
+    assert tools == [WEATHER] and body.tool_specs() is tools  # the checked tools, kept: not checked again
+    assert body.parses_tool_calls() and body.forced_tool_choice() == "required"
+    assert body.structured()["json_schema"]["schema"]["items"]["anyOf"][0]["properties"]["name"]["enum"] == [
+        WEATHER["function"]["name"]
+    ]
+    bad = oa.ChatRequest.model_validate(chat(tools=[{"type": "function", "function": {"name": "get weather"}}]))
+    refusals = []
+    for ask_for in (bad.tool_specs, bad.parses_tool_calls, bad.structured):
+        with pytest.raises(oa.ApiError) as refused:
+            ask_for()
+        refusals.append((refused.value.status, refused.value.param, refused.value.message))
+    assert refusals == [refusals[0]] * 3 and refusals[0][:2] == (400, "tools[0].function.name"), refusals
+
+
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 BAD = [
     (

@@ -1,7 +1,10 @@
 """The generation service behind the OpenAI routes: a served `Generator` and its `GenerationEngine`. It owns
 prompt encoding (the generator's, with each refusal as a 400 naming its field), the context limit, building the
 `SamplingParams` of a request, and running a request's sequences to one body or a stream of server-sent events.
-The routes (serve/routes_openai.py) only turn requests into prompts and call it.
+The routes (serve/routes_openai.py) only turn requests into prompts and call it. What the chat template tells
+of tools (whether it renders them, which parser its replies need: tuneforge/tool_calls.py) is fixed for the served
+model: probed once, on the first request that needs it, and read by every request after (`renders_tools`,
+`tool_family`).
 
 Log-probs (serve/logprobs.py) reach the answer as the engine records them: each event carries the entries of the
 tokens its text came from. `best_of` runs that many candidates of each prompt and answers with the `n` of highest
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -168,6 +172,16 @@ class GenerationService:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.generator.tokenizer, "chat_template", None))
+
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders a `tools=` list (tool_calls.supports_tools' probe, rendered once)."""
+        return tool_calls.supports_tools(self.generator.tokenizer)
+
+    @functools.cached_property
+    def tool_family(self) -> str:
+        """The parser the template's replies need (tool_calls.template_family, read from the template once)."""
+        return tool_calls.template_family(self.generator.tokenizer)
 
     def encode(self, text: str, field: str, special: bool = True) -> list[int]:
         """The prompt's token ids; ApiError 400 naming `field` for text without tokens, text the tokenizer fails

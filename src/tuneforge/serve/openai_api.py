@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from tuneforge import tool_calls
 from tuneforge.serve.engine import SAMPLING_EPS  # a temperature below it is greedy, as vLLM's _SAMPLING_EPS
@@ -246,6 +246,8 @@ class ChatRequest(SamplingRequest):
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
+    # tool_specs' outcome, once checked: (the checked tools, None) or (None, the ToolSpecError)
+    _checked_tools: tuple[list[dict] | None, tool_calls.ToolSpecError | None] | None = PrivateAttr(None)
 
     def refuse_unsupported(self) -> None:
         for name in ("functions", "function_call"):  # before the generic refusal: it says what to send instead
@@ -267,11 +269,17 @@ class ChatRequest(SamplingRequest):
             message.refuse_unsupported(f"messages[{i}]")
 
     def tool_specs(self) -> list[dict] | None:
-        """The request's tools, checked (None: no tools); ApiError 400 naming the bad field."""
-        try:
-            return tool_calls.check_tools(self.tools)
-        except tool_calls.ToolSpecError as err:
+        """The request's tools, checked (None: no tools); ApiError 400 naming the bad field. Checked on the first
+        call only (a request is not changed once read): later calls give the same tools or the same refusal."""
+        if self._checked_tools is None:
+            try:
+                self._checked_tools = (tool_calls.check_tools(self.tools), None)
+            except tool_calls.ToolSpecError as err:
+                self._checked_tools = (None, err)
+        tools, err = self._checked_tools
+        if err is not None:
             raise ApiError(400, str(err), err.field) from None
+        return tools
 
     def checked_tool_choice(self) -> str | dict | None:
         """tool_choice checked against the tools; ApiError 400 naming the bad field."""

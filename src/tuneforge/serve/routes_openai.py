@@ -109,17 +109,17 @@ def chat_prompt(service: GenerationService, body: oa.ChatRequest) -> str:
     tokenizer = service.generator.tokenizer
     tools = body.tool_specs()
     if tools or tool_calls.uses_tools(messages):
-        messages = tool_messages(tokenizer, messages, tools)
+        messages = tool_messages(service.renders_tools, messages, tools)
     try:
         return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # the template's own checks (e.g. roles that must alternate)
         raise oa.ApiError(400, f"the chat template refused these messages: {err}", "messages") from None
 
 
-def tool_messages(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[dict]:
+def tool_messages(renders_tools: bool, messages: list[dict], tools: list[dict] | None) -> list[dict]:
     """Messages with tool calls or results (or sent with tools) as the template reads them; ApiError 400 naming
-    the field for a template that does not render tools, or a bad tool call."""
-    if not tool_calls.supports_tools(tokenizer):
+    the field for a template that does not render tools (`renders_tools` False), or a bad tool call."""
+    if not renders_tools:
         first = next((i for i, m in enumerate(messages) if tool_calls.uses_tools([m])), None)
         field = "tools" if tools else f"messages[{first}]"
         raise oa.ApiError(
@@ -146,6 +146,6 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     params = dataclasses.replace(params, logprobs=top)
     constraint = await service.constraint(body.structured())
     gen = Generation([prompt], [params], body.n or 1, eos_logprob=False, constraint=constraint)
-    family = tool_calls.template_family(service.generator.tokenizer) if body.parses_tool_calls() else None
+    family = service.tool_family if body.parses_tool_calls() else None
     shape = Shape(chat=True, logprobs=top, tool_family=family, forced=body.forced_tool_choice())
     return await service.run(body, request, gen, shape)
