@@ -24,6 +24,7 @@ from typing import Annotated
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuneforge import slot_cache
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
     FAMILY_CAUSAL,
@@ -38,7 +39,7 @@ from tuneforge.artifacts import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
-from tuneforge.running_batch import CausalBatch, Seq2SeqBatch
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch
 
 MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
 MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
@@ -160,7 +161,7 @@ class CausalFamily:
         return prompt_tokens + generated
 
     def batch(self, model, pad_id: int):
-        return CausalBatch(model, pad_id)
+        return SlotBatch(model, pad_id) if slot_cache.supports(model) else CausalBatch(model, pad_id)
 
 
 class Seq2SeqFamily:

@@ -1,7 +1,9 @@
 """The running batch of the generation engine (serve/engine.py), one type per model family (chosen by the
 generator's family in generate.py, which sits below serve/): what a forward pass over the running
-rows needs (a causal LM's left-padded key/value cache that newcomers join at any step; a seq2seq model's encoder
-outputs and decoder cache, admitted together when the batch is empty). Knows nothing of sampling or requests.
+rows needs: a causal LM's rows on slots (SlotBatch: each row's keys in a slot of its own, newcomers' prompts in the
+running rows' pass; the models `slot_cache.supports`) or in one left-padded key/value cache that newcomers join at
+any step (CausalBatch: the other causal LMs); a seq2seq model's encoder outputs and decoder cache, admitted
+together when the batch is empty (Seq2SeqBatch). Knows nothing of sampling or requests.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import inspect
 
 import torch
+
+from tuneforge.slot_cache import SlotCache, pack, slot_attention_on
 
 
 def _forward_kwarg(model) -> str:
@@ -195,3 +199,90 @@ class Seq2SeqBatch:
     def probe(self) -> None:
         one = torch.full((1, 1), self.pad_id, device=self.device)
         self.model(input_ids=one, decoder_input_ids=torch.full_like(one, self.start_id), use_cache=False)
+
+
+class SlotBatch:
+    """The running rows of a causal LM on slots (tuneforge/slot_cache.py): each row's keys in a slot of its own,
+    newcomers' prompts packed into the same forward pass as the running rows' next tokens (`step`)."""
+
+    joins_running = True
+    fuses_prefill = True
+
+    def __init__(self, model, pad_id: int) -> None:
+        self.model = model
+        self.pad_id = pad_id
+        self.device = next(model.parameters()).device
+        self.cache = SlotCache()
+        self.lengths: list[int] = []  # per slot: the positions it holds
+        self.slot_of_row: list[int] = []  # the engine's row i is in slot slot_of_row[i]
+
+    def prefill(self, prompts: list[list[int]], every_position: bool = False) -> torch.Tensor:
+        """As CausalBatch.prefill: the prompts join (after the running rows); their last logits, or every
+        position's [rows, width, vocab], each prompt ending at the last."""
+        return self.step(None, prompts, every_position)[1]
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.step(tokens, [], False)[0]
+
+    def step(self, tokens, prompts: list[list[int]], every_position: bool = False):
+        """One forward pass: each running row's last token (`tokens`, in row order; None: the rows wait) and the
+        newcomers' prompts. Returns (the rows' next logits [rows, vocab] or None, the prompts' logits as `prefill`
+        gives them or None). Nothing is kept unless the pass succeeds."""
+        decoding = 0 if tokens is None else len(self.slot_of_row)
+        ids = [0] * decoding
+        for row, slot in enumerate(self.slot_of_row[:decoding]):
+            ids[slot] = int(tokens[row])
+        for prompt in prompts:
+            ids += prompt
+        plan = pack(self.cache, self.lengths, decoding, [len(p) for p in prompts], self.device)
+        ends = [end - 1 for _, end in plan.prompts]
+        keep = list(range(decoding)) + (list(range(decoding, len(ids))) if every_position else ends)
+        with slot_attention_on(self.model):
+            logits = self.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=plan.position[None, :],
+                use_cache=False,
+                logits_to_keep=torch.tensor(keep, device=self.device),
+                slot_plan=plan,
+            ).logits[0]
+        decoded = logits[torch.tensor(self.slot_of_row, device=logits.device)] if decoding else None
+        prefilled = self._prompt_logits(logits[decoding:], plan, every_position) if prompts else None
+        for slot in range(decoding):
+            self.lengths[slot] += 1
+        self.slot_of_row += range(len(self.lengths), len(self.lengths) + len(prompts))
+        self.lengths += [len(p) for p in prompts]
+        return decoded, prefilled
+
+    @staticmethod
+    def _prompt_logits(logits: torch.Tensor, plan, every_position: bool) -> torch.Tensor:
+        if not every_position:
+            return logits
+        first = plan.prompts[0][0]
+        width = max(end - start for start, end in plan.prompts)
+        out = logits.new_zeros((len(plan.prompts), width, logits.shape[-1]))
+        for i, (start, end) in enumerate(plan.prompts):
+            out[i, width - (end - start) :] = logits[start - first : end - first]
+        return out
+
+    def keep(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order); the slots of rows that left go to the last rows (moved)."""
+        if not rows:
+            self.cache.clear()
+            self.lengths, self.slot_of_row = [], []
+            return
+        kept = [self.slot_of_row[i] for i in rows]
+        holes = sorted(set(range(len(kept))) - set(kept))
+        movers = {slot: holes.pop(0) for slot in sorted(kept) if slot >= len(kept)}
+        for source, target in movers.items():
+            self.cache.move(source, target, self.lengths[source])
+        lengths = [0] * len(kept)
+        for slot in kept:
+            lengths[movers.get(slot, slot)] = self.lengths[slot]
+        self.slot_of_row = [movers.get(slot, slot) for slot in kept]
+        self.lengths = lengths
+
+    def cached_length(self) -> int:
+        return max(self.lengths, default=0)
+
+    def probe(self) -> None:
+        self.model(input_ids=torch.full((1, 1), self.pad_id, device=self.device), use_cache=False)

@@ -1,4 +1,5 @@
-"""The generation engine of `tuneforge serve` on a real tiny GPT-2, without HTTP: a request that arrives while
+"""The generation engine of `tuneforge serve` on a real tiny GPT-2 (its left-padded running batch) and a real tiny
+Llama (the slotted one, newcomers joining in the running rows' pass), without HTTP: a request that arrives while
 another decodes joins the running batch at the next step (it finishes first), and every row still produces
 exactly what `transformers`' greedy `generate` produces for its prompt alone."""
 
@@ -6,15 +7,20 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
+BATCH_KINDS = pytest.mark.parametrize("model_fixture", ["tiny_gpt2", "tiny_llama"])
 
-def test_a_newcomer_joins_the_running_batch_at_the_next_step(tiny_gpt2):
+
+@BATCH_KINDS
+def test_a_newcomer_joins_the_running_batch_at_the_next_step(model_fixture, request):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tuneforge.generate import Generator
     from tuneforge.serve.engine import GenerationEngine, SamplingParams, Sequence
 
+    tiny_gpt2 = request.getfixturevalue(model_fixture)
     rows_per_step: list[int] = []
     engine = GenerationEngine(Generator(tiny_gpt2), max_batch_size=4, context=64, on_step=rows_per_step.append)
     finished: dict[str, tuple[float, str]] = {}
@@ -67,8 +73,6 @@ def test_a_newcomer_joins_the_running_batch_at_the_next_step(tiny_gpt2):
 
 
 def test_a_full_waiting_list_is_refused(tiny_gpt2):
-    import pytest
-
     from tuneforge.generate import Generator
     from tuneforge.serve.engine import GenerationEngine, QueueFull, SamplingParams, Sequence
 
@@ -114,13 +118,15 @@ def greedy_reference(model_dir: str, prompt: str, max_new_tokens: int) -> str:
     return tokenizer.decode(new, skip_special_tokens=True)
 
 
-def test_a_row_whose_sampling_fails_and_a_prefill_that_fails_fail_alone(tiny_gpt2):
+@BATCH_KINDS
+def test_a_row_whose_sampling_fails_and_a_prefill_that_fails_fail_alone(model_fixture, request):
     """A NaN temperature (past the HTTP checks) fails that row's sampling; a token id beyond the vocabulary
     fails its prefill (its group is retried sequence by sequence). The good rows batched with them answer
     exactly, the engine lives on."""
     from tuneforge.generate import Generator
     from tuneforge.serve.engine import GenerationEngine, SamplingParams, Sequence
 
+    tiny_gpt2 = request.getfixturevalue(model_fixture)
     generator = Generator(tiny_gpt2)
     engine = GenerationEngine(generator, max_batch_size=4, context=64)
     prompt = generator.tokenizer("A man is riding")["input_ids"]
@@ -150,8 +156,6 @@ def test_a_row_whose_sampling_fails_and_a_prefill_that_fails_fail_alone(tiny_gpt
 
 
 def test_the_engine_dies_when_the_model_itself_fails(tiny_gpt2):
-    import pytest
-
     from tuneforge.generate import Generator
     from tuneforge.serve.engine import EngineDied, GenerationEngine, SamplingParams, Sequence
 
@@ -174,3 +178,38 @@ def test_the_engine_dies_when_the_model_itself_fails(tiny_gpt2):
     assert "the device is gone" in str(deaths[0])
     with pytest.raises(EngineDied):  # nothing would take it: refused, never left waiting
         engine.submit([Sequence([5], SamplingParams(max_tokens=1), lambda text, reason: None)])
+
+
+def test_a_bad_newcomer_joining_running_rows_fails_alone(tiny_llama, caplog):
+    """On slots a newcomer's prompt runs in the running rows' pass; a prompt that fails it (a token beyond the
+    vocabulary) makes the engine prefill and decode apart: the newcomer fails alone, the running row answers
+    exactly what it answers alone, and a good newcomer after it joins as before."""
+    from tuneforge.generate import Generator
+    from tuneforge.serve.engine import GenerationEngine, SamplingParams, Sequence
+
+    rows_per_step: list[int] = []
+    generator = Generator(tiny_llama)
+    engine = GenerationEngine(generator, max_batch_size=4, context=64, on_step=rows_per_step.append)
+    prompt = generator.tokenizer("A man is riding")["input_ids"]
+    (good, good_texts, _), (bad, _, bad_reasons), (late, late_texts, _) = collecting(), collecting(), collecting()
+    running = Sequence(prompt, SamplingParams(max_tokens=30, temperature=0), good)
+    engine.start()
+    try:
+        engine.submit([running])
+        deadline = time.monotonic() + 30
+        while len(running.token_ids) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        beyond = Sequence([5, 10_000_000], SamplingParams(max_tokens=4, temperature=0), bad)
+        later = Sequence(prompt, SamplingParams(max_tokens=8, temperature=0), late)
+        engine.submit([beyond])
+        wait_for([beyond])
+        engine.submit([later])
+        wait_for([running, later])
+    finally:
+        engine.stop()
+    assert bad_reasons == ["error"] and engine.error is None
+    assert "a joined step failed" in caplog.text  # the joined pass was tried, then the two apart
+    assert "".join(good_texts) == greedy_reference(tiny_llama, "A man is riding", 30)
+    assert "".join(late_texts) == greedy_reference(tiny_llama, "A man is riding", 8)
+    assert 2 in rows_per_step  # the good newcomer joined the running row's pass

@@ -10,7 +10,10 @@ One background thread owns the model. It keeps a *running batch* of sequences an
    `max_tokens`, stop strings, the model's context);
 3. finished or cancelled rows leave the batch.
 
-**Causal LMs join at the next step** (tuneforge/running_batch.py): the running batch holds one key/value cache,
+**Causal LMs join at the next step** (tuneforge/running_batch.py). On slots (SlotBatch, Llama-family models:
+tuneforge/slot_cache.py) each row's keys have a slot of their own, and the admitted prompts run in the same
+forward pass as the running rows' next tokens (`_fused`; should that pass fail, prefill and decode run apart, so
+that the failure is blamed as below). Otherwise (CausalBatch) the running batch holds one key/value cache,
 left padded to a common length, with an attention mask marking each row's real positions and explicit position ids.
 A prefilled newcomer's cache is padded on the left to the batch's length (or the batch's to the
 newcomer's) and concatenated along the batch dimension; a row that leaves is dropped from the cache,
@@ -52,7 +55,7 @@ from typing import Any
 
 import torch
 
-from tuneforge.running_batch import CausalBatch, Seq2SeqBatch  # noqa: F401  (the batch types, re-exported)
+from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
 from tuneforge.serve.logit_rules import filtered, penalised
 from tuneforge.serve.logprobs import TokenLogprob, chosen_logprobs, prompt_logprobs
@@ -326,7 +329,11 @@ class GenerationEngine:
                 log.error("the generation engine stopped: %s: %s", type(err).__name__, err)
 
     def _step(self, admitted: list[Sequence]) -> None:
-        """Prefill the admitted sequences, then one decode step of the running batch."""
+        """Prefill the admitted sequences, then one decode step of the running batch (one forward pass for both
+        where the batch fuses them; should that pass fail, the two separate passes find whom to blame)."""
+        if admitted and self.running and getattr(self.batch, "fuses_prefill", False) and self._fused(admitted):
+            self._drop_finished()
+            return
         if admitted:
             self._prefill(admitted)
         self._drop_finished()
@@ -348,15 +355,40 @@ class GenerationEngine:
             admitted.append(seq)
         return admitted
 
+    def _fused(self, admitted: list[Sequence]) -> bool:
+        """The running rows' next tokens and the admitted prompts in one forward pass; False if it failed (the
+        batch kept nothing of it)."""
+        every_position = any(s.params.prompt_logprobs is not None for s in admitted)
+        last = torch.tensor([s.token_ids[-1] for s in self.running])
+        try:
+            decoded, prefilled = self.batch.step(last, [s.prompt_ids for s in admitted], every_position)
+        except Exception as err:
+            log.warning("a joined step failed (%s: %s): prefill and decode again apart", type(err).__name__, err)
+            return False
+        prefilled = self._prompt_logprobs(admitted, prefilled, every_position)
+        self.on_step(len(self.running) + len(admitted))
+        self.prompt_tokens += sum(len(s.prompt_ids) for s in admitted)
+        self.running.extend(admitted)
+        self._advance(self.running, self._sample(torch.cat([decoded, prefilled]), self.running))
+        return True
+
+    def _prompt_logprobs(self, seqs: list[Sequence], logits: torch.Tensor, every_position: bool) -> torch.Tensor:
+        """Record the prompt log-probs of the rows that asked, from every position's logits (a row whose
+        log-probs fail fails alone: its prompt is in the batch already); the last logits."""
+        if not every_position:
+            return logits
+        for seq, row in zip(seqs, logits):
+            if seq.params.prompt_logprobs is not None:
+                try:
+                    seq.prompt_logprobs = prompt_logprobs(row, seq.prompt_ids, seq.params.prompt_logprobs)
+                except Exception as err:
+                    self._fail([seq], err, "prompt log-probs")
+        return logits[:, -1, :]
+
     def _prefill(self, seqs: list[Sequence]) -> None:
         every_position = any(s.params.prompt_logprobs is not None for s in seqs)
         try:
             logits = self.batch.prefill([s.prompt_ids for s in seqs], every_position)
-            if every_position:
-                for seq, row in zip(seqs, logits):
-                    if seq.params.prompt_logprobs is not None:
-                        seq.prompt_logprobs = prompt_logprobs(row, seq.prompt_ids, seq.params.prompt_logprobs)
-                logits = logits[:, -1, :]
         except Exception as err:
             if len(seqs) > 1:  # find the sequence to blame: the first alone, the rest back to the front
                 with self._wake:
@@ -365,6 +397,7 @@ class GenerationEngine:
                 return
             self._fail(seqs, err, "prefill")
             return
+        logits = self._prompt_logprobs(seqs, logits, every_position)
         self.on_step(len(seqs))
         self.prompt_tokens += sum(len(s.prompt_ids) for s in seqs)
         self.running.extend(seqs)
