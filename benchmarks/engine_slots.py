@@ -6,7 +6,8 @@ at each precision, alternating so that the machine's drift hits both. Also the g
 
     python benchmarks/engine_slots.py [--rounds 2]
 
-Prints one JSON line per measurement and a summary line per precision (the median tokens/s of each batch).
+Prints one JSON line per measurement and a summary line per precision (the median tokens/s of each batch), and
+the bound no decode step of 32 rows can beat here: the model's linear layers alone (tokens/s = 32 / their time).
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ def run(generator: Generator, batch_type, prompts, params) -> tuple[float, list[
     return sum(len(c.token_ids) for c in out) / took, [c.token_ids for c in out]
 
 
+def linear_floor(model, rows: int = 32, repeats: int = 5) -> float:
+    """The tokens/s bound of any decode step of `rows` rows with this model on this machine: every linear layer of
+    the model (the output layer included) applied to `rows` inputs, nothing else (no attention, no norms)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {m.in_features: torch.randn(rows, m.in_features, dtype=m.weight.dtype) for m in layers}
+    with torch.inference_mode():
+        for m in layers:
+            m(inputs[m.in_features])
+        began = time.perf_counter()
+        for _ in range(repeats):
+            for m in layers:
+                m(inputs[m.in_features])
+    return rows / ((time.perf_counter() - began) / repeats)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
@@ -50,6 +66,8 @@ def main() -> None:
                 rate, answers[batch_type.__name__] = run(generator, batch_type, prompts, params)
                 rates[batch_type.__name__].append(rate)
                 print(json.dumps({"dtype": str(dtype), "batch": batch_type.__name__, "tokens_per_s": round(rate, 1)}))
+        floor = round(linear_floor(generator.model), 1)
+        print(json.dumps({"dtype": str(dtype), "linear layers alone, 32 rows: tokens_per_s bound": floor}))
         same = sum(a == b for a, b in zip(answers["CausalBatch"], answers["SlotBatch"]))
         medians = {name: round(statistics.median(r), 1) for name, r in rates.items()}
         speedup = round(medians["SlotBatch"] / medians["CausalBatch"], 2)
