@@ -36,10 +36,16 @@ from tuneforge.weights import share_tied
 
 
 def write_hf_folder(
-    out_dir: str | os.PathLike, model, state_dict=None, tokenizer=None, info: dict | None = None
+    out_dir: str | os.PathLike,
+    model,
+    state_dict=None,
+    tokenizer=None,
+    info: dict | None = None,
+    files: dict[str, str] | None = None,
 ) -> Path:
-    """`model.save_pretrained` (with `state_dict` if given), the tokenizer and tuneforge.json, written
-    to a temporary folder that then replaces `out_dir` in one rename."""
+    """`model.save_pretrained` (with `state_dict` if given), the tokenizer, tuneforge.json and the task's own
+    `files` (a path inside the folder -> its text: `Task.model_files`), written to a temporary folder that then
+    replaces `out_dir` in one rename."""
     out = Path(out_dir)
     with replacing(out) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
@@ -47,6 +53,9 @@ def write_hf_folder(
             tokenizer.save_pretrained(tmp)
         if info is not None:
             write_model_info(tmp, info)
+        for name, text in (files or {}).items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text, encoding="utf-8")
     return out
 
 
@@ -61,9 +70,10 @@ def export_live(
     state_dict=None,
     gather: bool = True,
     adapter: adapters.Adapter | None = None,
+    files: dict[str, str] | None = None,
 ) -> Path:
-    """Save the HF folder of a live model (a collective: every rank calls it); with `adapter`, the
-    adapter folder of an adapter run (adapters.write_adapter_folder).
+    """Save the HF folder of a live model (a collective: every rank calls it), with the task's own `files`
+    (write_hf_folder); with `adapter`, the adapter folder of an adapter run (adapters.write_adapter_folder).
 
     `gather=False`: use `state_dict` as given (the main rank's copy of the best weights); every rank
     must pass the same `gather`, since gathering is a collective on sharded backends.
@@ -76,7 +86,7 @@ def export_live(
             module.config.architectures = [type(module).__name__.removeprefix("FSDP")]  # as save_pretrained sets it
             adapters.write_adapter_folder(adapter, out_dir, state_dict, module.config, tokenizer, info or {})
         else:
-            write_hf_folder(out_dir, module, state_dict, tokenizer, info)
+            write_hf_folder(out_dir, module, state_dict, tokenizer, info, files)
     backend.barrier()
     return Path(out_dir)
 

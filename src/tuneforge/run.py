@@ -108,6 +108,7 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     adapter)."""
     seed_everything(config.seed)  # same seed on every rank: identical head initialisation
     task.log = report.print  # the task's notes (held-out splits, label schemes) go where the run's go
+    task.use_data_parallel(data_parallel_group(backend))
     tokenizer = given.tokenizer or task.load_tokenizer()
     if not training and given.model is None:
         task.adopt_model_labels()
@@ -128,6 +129,15 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if training:
         task.set_up_reference(model, adapter)
     return model, tokenizer, data, adapter
+
+
+def data_parallel_group(backend):
+    """The process group of the backend's data-parallel ranks (the world where it names none); None in one process."""
+    if not (backend.distributed and backend.dp_size > 1):
+        return None
+    import torch.distributed as dist
+
+    return dist.group.WORLD if backend.dp_group is None else backend.dp_group
 
 
 def prepare_data(task, backend, tokenizer, given: Given, splits, log) -> tuple[Any, Any]:

@@ -366,6 +366,7 @@ class Trainer:
             Path(cfg.output_dir) / "model",
             tokenizer=run.tokenizer,
             info=self.task.export_info(),
+            files=self.task.model_files(getattr(run.backend.unwrap(run.model), "config", None)),
             state_dict=run.best.weights if use_best else None,
             gather=not use_best,
             adapter=run.adapter,

@@ -2,8 +2,8 @@
 data files point to, and which tasks own each option.
 
 Task families: classification (GLUE, BBC News, files), causal LM, chat SFT, DPO, sequence-to-sequence,
-NER, extractive question answering, multiple choice. Each declares its own settings as an `Options` model
-(a `TaskOptions`)."""
+NER, extractive question answering, multiple choice, sentence embeddings. Each declares its own settings as an
+`Options` model (a `TaskOptions`)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ TASKS = {
     "ner": "tuneforge.tasks.ner:TokenClassificationTask",
     "qa": "tuneforge.tasks.qa:QuestionAnsweringTask",
     "multiple-choice": "tuneforge.tasks.multiple_choice:MultipleChoiceTask",
+    "embedding": "tuneforge.tasks.embedding:EmbeddingTask",
 }
 
 

@@ -102,6 +102,7 @@ class Task:
         self.options = config.task_options
         self.log = print
         self.files: dict[str, str] = {}  # split -> the file it was read from (errors name it)
+        self.dp_group = None  # the data-parallel ranks' process group (use_data_parallel); None: one process
         if config.model:  # a typo in --model fails before any tokenizer, data or model work
             check_model_path(config.model)
         if config.data.cache_dir:
@@ -252,6 +253,11 @@ class Task:
         the run's autocast, with the backend's model)."""
         return model(**self.model_inputs(batch))
 
+    def use_data_parallel(self, group) -> None:
+        """The process group of the run's data-parallel ranks (None: one process), told before any data or model
+        work: a task whose loss spans the ranks (in-batch candidates gathered from all of them) computes over it."""
+        self.dp_group = group
+
     def set_up_reference(self, model, adapter) -> None:
         """Training only: called once the trainable model is built (`adapter`: its LoRA adapter, or None) and
         before a backend wraps it. A task whose loss compares the model with itself as it was (DPO) keeps
@@ -287,6 +293,12 @@ class Task:
     def export_info(self) -> dict:
         """Written as tuneforge.json beside an exported model: how to feed it at predict time."""
         return {"task": self.config.task, "max_length": self.config.data.max_length, **self.capabilities()}
+
+    def model_files(self, model_config) -> dict[str, str]:
+        """Files that other libraries read to load the exported model (a path inside the folder -> its text),
+        written into OUTPUT_DIR/model beside the weights; `model_config`: the trained model's config. Most tasks'
+        models need none."""
+        return {}
 
     @staticmethod
     def make_generator(model_dir: str):

@@ -1,0 +1,797 @@
+"""Sentence embeddings (`--task embedding`): a sentence encoder (default: the bundled all-MiniLM-L6-v2) fine-tuned so
+that related texts embed close together, exported as a folder that sentence-transformers loads.
+
+The embedding: the model's last hidden states averaged over the attention mask, L2-normalised (`embed`,
+`SentenceEncoder`; the exported modules.json tells sentence-transformers to compute the same). `tuneforge predict`
+and `serve` (POST /v1/embeddings) run `EmbeddingPredictor`: the same vectors, of texts or token ids, whole or cut to
+their first dimensions (renormalised).
+
+Data: jsonl/json/csv/tsv/parquet rows (a .tsv read as GLUE writes it, without quoting: a field never holds a tab);
+columns guessed from sentence-transformers' names or named with --text-column (2 or more, in order) and
+--label-column (the score):
+- (anchor, positive) pairs or (anchor, positive, negative[, negative_2...]) rows: the multiple-negatives ranking
+  loss (InfoNCE, `mnrl`): each anchor's scaled cosine similarity to its positive against every positive of the
+  batch and every hard negative (`scale` 20 = 1/temperature, as sentence-transformers);
+- scored pairs (sentence1, sentence2, score; STS-B's TSV as shipped): CoSENT (sentence-transformers' CoSENTLoss), or
+  `loss: cosine_mse`, the squared error of the cosine similarity to the score. Scores lie in [min_score,
+  max_score] (0 to 5 by default, STS-B's range) and are mapped to 0-1; one outside is refused.
+`matryoshka_dims` adds the loss of each leading slice of the embedding, renormalised (MatryoshkaLoss; equal weights
+unless `matryoshka_weights`).
+SQuAD (`tuneforge.data.retrieval`): a file in SQuAD's published JSON layout, or jsonl rows with question, context
+and answers, is read as question -> paragraph pairs (query, positive): each answerable question and the paragraph
+holding its answer, trained with mnrl; --data-dir also finds SQuAD's train*/dev* .json files.
+
+Evaluation (`tuneforge.tasks.embedding_eval`): besides the loss, scored pairs report the Spearman (the best model's
+metric) and Pearson correlations of the cosine similarities with the scores; pairs and triplets report retrieval
+of each distinct query over the split's whole collection of distinct positive and negative texts, exact search
+with the normalised embeddings: ndcg@10 (the best model's metric), mrr@10, recall@1/10/100
+(sentence-transformers' InformationRetrievalEvaluator's definitions), a query's relevant documents being the
+positives of its rows.
+
+Exact across data-parallel ranks: the candidates (and CoSENT's pairs) are gathered from every rank of the run's
+data-parallel group (`Task.use_data_parallel`) with their gradients (`gather_rows`); each rank sums the loss over
+its own anchors (CoSENT, a loss of the whole batch: that loss once per pair of this rank), so the Trainer's division
+by the global count makes N ranks x batch B the same loss and gradients as one rank x N*B. Evaluation gathers the
+same way and reports the loss (in-batch losses depend on the batch: N ranks at --eval-batch-size B equal one
+process at N*B).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import datasets
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from pydantic import Field, field_validator, model_validator
+
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import (
+    check_model_path,
+    context_length,
+    from_pretrained,
+    inference_device,
+    load_tokenizer,
+    read_model_info,
+)
+from tuneforge.config import EVAL
+from tuneforge.data import squad
+from tuneforge.data.retrieval import collection_ids, has_squad_columns, is_squad_json, squad_pairs
+from tuneforge.data.sources import check_file, find_split_files, read_table, require_columns, to_dataset
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.options import TaskOptions
+from tuneforge.tasks.base import Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.embedding_eval import EmbeddingStream
+
+# (anchor, positive) column names, as sentence-transformers' datasets name them; hard negatives follow
+PAIR_GUESSES = (("anchor", "positive"), ("query", "positive"), ("sentence1", "sentence2"), ("question", "answer"))
+SCORE_GUESSES = ("score", "label")
+SPLIT_FILES = {
+    "train": ("train",),
+    "validation": ("validation", "valid", "dev", "val"),
+}
+FORMATS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+MAX_DIM = 1_000_000
+
+
+# ---- the embedding and the losses (pure functions of tensors) -----------------------------------------------
+def embed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the last hidden states over the attention mask, in float32 (not normalised): sentence-transformers'
+    mean Pooling."""
+    hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def cosent_loss(first: torch.Tensor, second: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
+    """CoSENT (sentence-transformers' CoSENTLoss) of a batch of normalised pairs: log(1 + the sum of
+    exp(scale * (cos_i - cos_j)) over the pairs of pairs i, j with score_i < score_j)."""
+    sims = scale * (first * second).sum(-1)
+    diff = sims[:, None] - sims[None, :]
+    diff = diff.masked_fill(~(scores[:, None] < scores[None, :]), float("-inf"))
+    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
+
+
+def cosine_mse_losses(first: torch.Tensor, second: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """Per pair: the squared error of the cosine similarity (rows normalised) to the score (CosineSimilarityLoss)."""
+    return ((first * second).sum(-1) - scores) ** 2
+
+
+# ---- across data-parallel ranks --------------------------------------------------------------------------------
+def rank_sizes(rows: torch.Tensor, group) -> list[int]:
+    """Every rank's number of `rows` (a last batch may be uneven); [len(rows)] in a single process (`group` None)."""
+    if group is None:
+        return [rows.shape[0]]
+    mine = torch.tensor([rows.shape[0]], dtype=torch.long, device=rows.device)
+    sizes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, mine, group=group)
+    return [int(s) for s in sizes]
+
+
+class _GatherRows(torch.autograd.Function):
+    """All ranks' rows in rank order; the gradient of each rank's rows is the sum of every rank's gradient for
+    them (an all_reduce, which every backend has; torch.distributed.nn's all_gather, which does the same, is
+    deprecated as of torch 2.13 and warns on every call)."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, sizes: list[int], group):
+        padded = rows.new_zeros((max(sizes), *rows.shape[1:]))
+        padded[: rows.shape[0]] = rows
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        ctx.sizes, ctx.group, ctx.rank = sizes, group, dist.get_rank(group)
+        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        start = sum(ctx.sizes[: ctx.rank])
+        return grad[start : start + ctx.sizes[ctx.rank]], None, None
+
+
+def gather_rows(rows: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
+    """Every rank's `rows` (`sizes`: rank_sizes), concatenated in rank order, gradients flowing back to each rank's
+    own; `rows` itself in a single process."""
+    return rows if group is None else _GatherRows.apply(rows, sizes, group)
+
+
+def rank_offset(sizes: list[int], group) -> int:
+    """Where this rank's rows start among the gathered ones."""
+    if group is None:
+        return 0
+    return sum(sizes[: dist.get_rank(group)])
+
+
+# ---- options ---------------------------------------------------------------------------------------------------
+def _as_list(value):
+    """A comma-separated string, a number or a list of either (a repeated flag): a flat list of items."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        out += [part.strip() for part in item.split(",") if part.strip()] if isinstance(item, str) else [item]
+    return out
+
+
+class EmbeddingOptions(TaskOptions):
+    loss: Literal["auto", "mnrl", "cosent", "cosine_mse"] = Field(
+        "auto",
+        description="auto: mnrl (multiple-negatives ranking, in-batch and hard negatives) for pairs and triplets, "
+        "cosent for scored pairs; cosine_mse: the squared error of the cosine similarity to the score",
+        json_schema_extra=EVAL,
+    )
+    scale: float = Field(
+        20.0,
+        gt=0,
+        le=1e4,
+        description="similarity scale (1/temperature) of the mnrl and cosent losses",
+        json_schema_extra=EVAL,
+    )
+    matryoshka_dims: list[Annotated[int, Field(ge=1, le=MAX_DIM)]] | None = Field(
+        None,
+        description="also train these leading slices of the embedding, the loss summed over them (comma-separated, "
+        "e.g. 384,256,128,64; each at most the model's hidden size)",
+        json_schema_extra={**EVAL, "flag_kwargs": {"metavar": "DIMS"}},
+    )
+    matryoshka_weights: list[Annotated[float, Field(ge=0, le=1e6)]] | None = Field(
+        None,
+        description="the weight of each of --matryoshka-dims' losses (comma-separated; default: 1 each)",
+        json_schema_extra={**EVAL, "flag_kwargs": {"metavar": "WEIGHTS"}},
+    )
+    min_score: float = Field(
+        0.0, ge=-1e6, le=1e6, description="the lowest score of scored pairs (mapped to 0)", json_schema_extra=EVAL
+    )
+    max_score: float = Field(
+        5.0,
+        ge=-1e6,
+        le=1e6,
+        description="the highest score of scored pairs (mapped to 1; STS-B's is 5); a score outside the range is "
+        "refused",
+        json_schema_extra=EVAL,
+    )
+    # in-batch negatives: random batches, as sentence-transformers draws them (length-sorted ones make the
+    # negatives of a batch alike in length)
+    run_defaults = {"data.group_by_length": False}
+    nonfinite_suspects = ("--scale",)
+
+    @field_validator("matryoshka_dims", "matryoshka_weights", mode="before")
+    @classmethod
+    def _split(cls, value):
+        return _as_list(value)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        dims, weights = self.matryoshka_dims, self.matryoshka_weights
+        if dims is not None and len(set(dims)) < len(dims):
+            raise ValueError(f"--matryoshka-dims names a dimension twice ({', '.join(map(str, dims))})")
+        if weights is not None and (dims is None or len(weights) != len(dims)):
+            raise ValueError(
+                f"--matryoshka-weights gives {len(weights)} weight(s) for {len(dims or [])} --matryoshka-dims; give "
+                "one per dimension"
+            )
+        if self.max_score <= self.min_score:
+            raise ValueError(f"--max-score {self.max_score:g} must be above --min-score {self.min_score:g}")
+        return self
+
+
+# ---- outputs and metrics ---------------------------------------------------------------------------------------
+@dataclass
+class EmbeddingOutputs:
+    """The pooled (not yet normalised) float32 embeddings of each text column of a batch: anchors (or sentence1)
+    first, then positives (sentence2), then each hard-negative column."""
+
+    embeddings: list[torch.Tensor]
+
+
+# ---- the task --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """Which columns of the data files are read: the texts (anchor, positive, negatives...) and the score."""
+
+    texts: tuple[str, ...]
+    score: str | None
+
+    @property
+    def shape(self) -> str:
+        return "scored pairs" if self.score else "pairs" if len(self.texts) == 2 else "triplets"
+
+
+# what evaluation batches carry besides the texts: the row's number, its query's and its documents' ids
+EVAL_COLUMNS = ("row", "query_id", "doc_ids")
+
+
+def text_key(k: int, name: str = "input_ids") -> str:
+    """A batch's key of the k-th text column's `name` (input_ids, attention_mask): the first column's plain."""
+    return name if k == 0 else f"{name}_{k}"
+
+
+class EmbeddingTask(Task):
+    name = "embedding"
+    model_kind = "a sentence encoder"
+    Options = EmbeddingOptions
+    training_data_flags = "--train-file (pairs, triplets or scored pairs)"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        data = config.data
+        if data.text_columns is not None:
+            if len(data.text_columns) < 2:
+                raise ConfigError(
+                    f"--task embedding takes two or more --text-column: the anchor and the positive (or sentence1 "
+                    f"and sentence2 of scored pairs), then any hard negatives; got {data.text_columns}"
+                )
+            if len(set(data.text_columns)) < len(data.text_columns):
+                raise ConfigError(f"--text-column names a column twice: {data.text_columns}")
+        self.layout: Layout | None = None
+        self.check_local_files(check_file, self._find_in_dir)
+        self.check_dims(self.peek_model_config())
+
+    @property
+    def best_metric(self) -> str:
+        """What picks the best model: spearman for scored pairs, ndcg@10 for pairs and triplets; the loss where the
+        data came tokenized (no texts, so no metric but the loss)."""
+        if self.layout is None:
+            return "loss"
+        return "spearman" if self.layout.score else "ndcg@10"
+
+    @property
+    def greater_is_better(self) -> bool:
+        return self.best_metric != "loss"
+
+    # ---- settings ----------------------------------------------------------------------------------------------
+    def check_dims(self, model_config) -> None:
+        """--matryoshka-dims within the model's hidden size (when the config says it)."""
+        dims, size = self.options.matryoshka_dims, getattr(model_config, "hidden_size", None)
+        if dims and isinstance(size, int) and max(dims) > size:
+            raise ConfigError(
+                f"--matryoshka-dims {max(dims)} is above the embedding size of model {self.model_path()!r}, "
+                f"{size}; give dimensions up to {size}"
+            )
+
+    def loss_name(self, scored: bool | None = None) -> str:
+        """The loss that trains: the option, or (auto) the data's: cosent for scored pairs, else mnrl. `scored`:
+        whether the batch at hand carries scores (None: as the data files' columns say)."""
+        if self.options.loss != "auto":
+            return self.options.loss
+        if scored is None:
+            scored = self.layout is not None and self.layout.score is not None
+        return "cosent" if scored else "mnrl"
+
+    def slices(self) -> list[tuple[int | None, float]]:
+        """(leading dimensions, weight) of each loss term: the whole embedding alone without matryoshka_dims."""
+        dims = self.options.matryoshka_dims
+        if not dims:
+            return [(None, 1.0)]
+        return list(zip(dims, self.options.matryoshka_weights or [1.0] * len(dims)))
+
+    # ---- raw data ----------------------------------------------------------------------------------------------
+    @staticmethod
+    def _find_in_dir(folder) -> dict:
+        """train.jsonl, dev.tsv, ... in `folder`; where it holds none of those, SQuAD's train*/dev* .json files."""
+        names = {split: [s + x for s in stems for x in FORMATS] for split, stems in SPLIT_FILES.items()}
+        try:
+            return find_split_files(
+                folder,
+                names,
+                "holding train and dev files",
+                "train or dev file (train.jsonl, dev.tsv, ...)",
+            )
+        except DataError as none:
+            try:
+                return squad.find_split_files(folder)
+            except DataError:
+                raise none from None
+
+    def _read_file(self, path) -> datasets.Dataset:
+        """A file's rows; SQuAD (its JSON layout, or question/context/answers rows) as (query, positive) pairs."""
+        if is_squad_json(path):
+            return self._squad(path)
+        df = read_table(path, quoting_off=Path(path).suffix.lower() == ".tsv")
+        if self.config.data.text_columns is None and has_squad_columns([str(c) for c in df.columns]):
+            return self._squad(path)
+        return to_dataset(df, where=f"file {str(path)!r}")
+
+    def _squad(self, path) -> datasets.Dataset:
+        read = squad_pairs(path)
+        left = f"; {read.unanswerable} unanswerable questions left out" if read.unanswerable else ""
+        self.log(
+            f"SQuAD file {str(path)!r}: {read.questions} questions over {read.paragraphs} paragraphs, as (question, "
+            f"paragraph) pairs{left}"
+        )
+        return read.rows
+
+    def load_raw(self) -> datasets.DatasetDict:
+        splits = self.read_local_splits(self._find_in_dir, self._read_file)
+        if splits is None:
+            raise ConfigError(
+                "task 'embedding' needs data: pass --train-file pairs.jsonl (anchor/positive[/negative] or "
+                "sentence1/sentence2/score rows) and --validation-file, or --data-dir"
+            )
+        return self._canonical(splits)
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        self.files = {}
+        return self._canonical({split: ds for split, ds in splits.items() if ds is not None})
+
+    def _canonical(self, splits: dict) -> datasets.DatasetDict:
+        """Each split as text_0, text_1, ... (and score, mapped to 0-1), every row checked; 10% of the training
+        rows held out where no validation split was given."""
+        for split, ds in splits.items():
+            empty_check(ds, split)
+        self.layout = self._resolve_layout(splits)
+        self._check_loss_fits()
+        out = {split: self._checked(split, ds) for split, ds in splits.items()}
+        columns = ", ".join(self.layout.texts)
+        if self.layout.score:
+            columns += f", {self.layout.score} from {self.options.min_score:g} to {self.options.max_score:g} as 0-1"
+        self.log(f"{self.layout.shape} ({columns}): {self.loss_name()} loss")
+        return datasets.DatasetDict(self.hold_out_if_needed(out, "row"))
+
+    def _where(self, split: str) -> str:
+        return repr(self.files[split]) if self.files.get(split) else f"the {split} data"
+
+    def _resolve_layout(self, splits: dict) -> Layout:
+        data = self.config.data
+        first = "train" if "train" in splits else next(iter(splits))
+        cols = [str(c) for c in splits[first].column_names]
+        if data.text_columns:
+            texts = tuple(data.text_columns)
+        else:
+            pair = next((g for g in PAIR_GUESSES if all(c in cols for c in g)), None)
+            if pair is None:
+                raise DataError(
+                    f"no text columns found in {self._where(first)}; columns are: {', '.join(cols)}; name them "
+                    "anchor/positive[/negative] or sentence1/sentence2/score, or pass --text-column (twice or more)"
+                )
+            negatives = [c for c in cols if c == "negative" or c.startswith(("negative_", "negative-"))]
+            texts = (*pair, *negatives)
+        score = data.label_column
+        if score is None and len(texts) == 2 and self.options.loss != "mnrl":
+            score = next((c for c in SCORE_GUESSES if c in cols and c not in texts), None)
+        if score is not None and len(texts) != 2:
+            raise ConfigError(
+                f"scored pairs take two text columns, got {len(texts)} ({', '.join(texts)}); drop --label-column "
+                "for rows with hard negatives"
+            )
+        for split, ds in splits.items():
+            held = [str(c) for c in ds.column_names]
+            require_columns(held, list(texts), self._where(split), "--text-column (twice or more)")
+            if score:
+                require_columns(held, [score], self._where(split), "--label-column (the score)")
+        return Layout(texts=texts, score=score)
+
+    def _check_loss_fits(self) -> None:
+        loss, layout = self.options.loss, self.layout
+        if loss == "mnrl" and layout.score:
+            raise ConfigError(
+                f"loss mnrl takes (anchor, positive) pairs; the data are scored pairs (score column "
+                f"{layout.score!r}): use --loss cosent or cosine_mse, or drop --label-column"
+            )
+        if loss in ("cosent", "cosine_mse") and not layout.score:
+            raise ConfigError(
+                f"loss {loss} takes scored pairs (sentence1, sentence2, score); the data are {layout.shape} "
+                f"({', '.join(layout.texts)}) without a score column: name it with --label-column, or use --loss mnrl"
+            )
+
+    def _checked(self, split: str, ds) -> datasets.Dataset:
+        """text_k (and score) of one split; an empty or non-text value, or a score that is not a number in the
+        stated range, is one line naming the row and the column."""
+        columns = {}
+        for k, col in enumerate(self.layout.texts):
+            columns[f"text_{k}"] = self._texts(split, col, ds[col])
+        if self.layout.score:
+            columns["score"] = self._scores(split, self.layout.score, ds[self.layout.score])
+        return datasets.Dataset.from_dict(columns)
+
+    def _texts(self, split: str, col: str, values: list) -> list[str]:
+        for i, v in enumerate(values):
+            if v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip()):
+                raise DataError(
+                    f"row {i + 1} of {self._where(split)} has an empty {col!r} text; fill it in or drop the row"
+                )
+            if not isinstance(v, str):
+                raise DataError(f"row {i + 1} of {self._where(split)}: column {col!r} holds {v!r}, not text")
+        return list(values)
+
+    def _scores(self, split: str, col: str, values: list) -> list[float]:
+        low, high = self.options.min_score, self.options.max_score
+        out = []
+        for i, v in enumerate(values):
+            try:
+                if isinstance(v, bool) or (isinstance(v, str) and not v.strip()):
+                    raise ValueError
+                score = float(v)
+                if not math.isfinite(score):
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise DataError(
+                    f"row {i + 1} of {self._where(split)}: score {v!r} in column {col!r} is not a number"
+                ) from None
+            if not low <= score <= high:
+                raise DataError(
+                    f"row {i + 1} of {self._where(split)}: score {score:g} in column {col!r} is outside the stated "
+                    f"range {low:g} to {high:g}; fix the row, or state the range with --min-score/--max-score"
+                )
+            out.append((score - low) / (high - low))
+        return out
+
+    # ---- features ----------------------------------------------------------------------------------------------
+    def tokenize(self, raw, tokenizer, log=print):
+        max_length = self.config.data.max_length
+        raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
+        if raw.get("validation") is not None:
+            raw["validation"] = self._numbered(raw["validation"], log)
+
+        def fn(batch):
+            out, lengths = {}, None
+            n = sum(1 for key in batch if key.startswith("text_"))
+            for k in range(n):
+                enc = tokenizer(batch[f"text_{k}"], truncation=True, max_length=max_length)
+                out[text_key(k)] = enc["input_ids"]
+                sizes = [len(ids) for ids in enc["input_ids"]]
+                lengths = sizes if lengths is None else [a + b for a, b in zip(lengths, sizes)]
+            for key in ("score", *EVAL_COLUMNS):
+                if key in batch:
+                    out[key] = batch[key]
+            out["length"] = lengths
+            return out
+
+        settings = {"task": "embedding", "max_length": max_length, "truncation": True}
+        return datasets.DatasetDict(
+            {
+                split: self.tokenize_split(split, ds, ds.column_names, fn, tokenizer, settings, log)
+                for split, ds in raw.items()
+            }
+        )
+
+    def collate(self, rows, tokenizer):
+        """Each text column padded on its own: input_ids/attention_mask (anchors), input_ids_1/attention_mask_1
+        (positives), ...; `scores` for scored pairs."""
+        batch = {}
+        n = sum(1 for key in rows if key == "input_ids" or key.startswith("input_ids_"))
+        for k in range(n):
+            padded = tokenizer.pad({"input_ids": rows[text_key(k)]}, return_tensors="pt")
+            batch[text_key(k)] = padded["input_ids"]
+            batch[text_key(k, "attention_mask")] = padded["attention_mask"]
+        if "score" in rows:
+            batch["scores"] = torch.tensor(rows["score"], dtype=torch.float32)
+        for key in EVAL_COLUMNS:
+            if key in rows:
+                batch[key] = torch.tensor(rows[key], dtype=torch.long)
+        return batch
+
+    @staticmethod
+    def _numbered(ds, log) -> datasets.Dataset:
+        """The validation rows with what evaluation reads (EVAL_COLUMNS): each row's number and, for pairs and
+        triplets, the id of its query and of each of its documents in the split's collection (`collection_ids`)."""
+        ds = ds.add_column("row", list(range(len(ds))))
+        if "score" in ds.column_names:
+            return ds
+        texts = sorted((c for c in ds.column_names if c.startswith("text_")), key=lambda c: int(c[5:]))
+        query_ids, doc_ids = collection_ids(ds[texts[0]], list(zip(*(ds[c] for c in texts[1:]))))
+        queries, documents = len(set(query_ids)), len({d for ids in doc_ids for d in ids})
+        log(f"retrieval evaluation: {queries} distinct queries over a collection of {documents} distinct documents")
+        return ds.add_column("query_id", query_ids).add_column("doc_ids", doc_ids)
+
+    # ---- model -------------------------------------------------------------------------------------------------
+    def load_model(self, tokenizer):
+        from transformers import AutoConfig, AutoModel
+
+        path = self.model_path()
+        model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config"), self.config.dropout)
+        self.check_max_length(tokenizer, model_config)
+        self.check_dims(model_config)
+        model = load_pretrained_model(AutoModel, path, self.model_kind, config=model_config, **self.pretrained_kwargs())
+        pooler = getattr(model, "pooler", None)
+        if isinstance(pooler, torch.nn.Module):  # BERT's pooler: not part of a mean-pooled embedding
+            pooler.requires_grad_(False)
+        return model
+
+    def forward(self, model, batch):
+        n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
+        return EmbeddingOutputs(
+            [embed(model, batch[text_key(k)], batch[text_key(k, "attention_mask")]) for k in range(n)]
+        )
+
+    # ---- loss --------------------------------------------------------------------------------------------------
+    def compute_loss(self, outputs, batch, row_mask=None):
+        """(the loss summed over this rank's rows, their number); `row_mask` (evaluation): the rows that count, the
+        others neither anchors nor candidates. Summed over `slices` (matryoshka_dims)."""
+        embs = outputs.embeddings
+        valid = row_mask.bool().to(embs[0].device) if row_mask is not None else None
+        loss = self.loss_name(scored="scores" in batch)
+        if loss != "mnrl" and "scores" not in batch:
+            raise DataError(f"loss {loss} takes scored pairs; the data have no scores (a `score` column)")
+        if loss == "mnrl":
+            total = self._ranking(embs, valid)
+        elif loss == "cosent":
+            total = self._cosent(embs, batch["scores"].float(), valid)
+        else:
+            total = embs[0].new_zeros(())
+            for dim, weight in self.slices():
+                per = cosine_mse_losses(cut(embs[0], dim), cut(embs[1], dim), batch["scores"].float())
+                total = total + weight * (per if valid is None else per[valid]).sum()
+        rows = float(embs[0].shape[0]) if valid is None else valid.sum().float()
+        return total, torch.as_tensor(rows, device=embs[0].device)
+
+    def _ranking(self, embs: list[torch.Tensor], valid) -> torch.Tensor:
+        """Each of this rank's anchors against every rank's positives and hard negatives, summed over the anchors."""
+        group = self.dp_group
+        sizes = rank_sizes(embs[0], group)
+        candidates = torch.cat([gather_rows(e, sizes, group) for e in embs[1:]])
+        targets = rank_offset(sizes, group) + torch.arange(embs[0].shape[0], device=embs[0].device)
+        anchors, keep = embs[0], None
+        if valid is not None:  # evaluation: padding rows are neither anchors nor candidates
+            keep = gather_rows(valid.float(), sizes, group).bool().repeat(len(embs) - 1)
+            anchors, targets = anchors[valid], targets[valid]
+        total = anchors.new_zeros(())
+        for dim, weight in self.slices():
+            logits = self.options.scale * cut(anchors, dim) @ cut(candidates, dim).T
+            if keep is not None:
+                logits = logits.masked_fill(~keep[None, :], float("-inf"))
+            total = total + weight * F.cross_entropy(logits, targets, reduction="sum")
+        return total
+
+    def _cosent(self, embs: list[torch.Tensor], scores: torch.Tensor, valid) -> torch.Tensor:
+        """CoSENT over every rank's pairs, counted once per pair of this rank (the ranks' sums make it once per pair
+        of the global batch)."""
+        group = self.dp_group
+        sizes = rank_sizes(embs[0], group)
+        firsts, seconds, scores = (gather_rows(t, sizes, group) for t in (embs[0], embs[1], scores))
+        mine = embs[0].shape[0]
+        if valid is not None:
+            keep = gather_rows(valid.float(), sizes, group).bool()
+            firsts, seconds, scores, mine = firsts[keep], seconds[keep], scores[keep], valid.sum()
+        total = firsts.new_zeros(())
+        for dim, weight in self.slices():
+            total = total + weight * cosent_loss(cut(firsts, dim), cut(seconds, dim), scores, self.options.scale)
+        return total * mine
+
+    def metric_stream(self):
+        return EmbeddingStream(self)
+
+    # ---- export ------------------------------------------------------------------------------------------------
+    def max_seq_length(self, model_config) -> int:
+        return self.config.data.max_length or context_length(model_config) or 512
+
+    def export_info(self) -> dict:
+        info = {**super().export_info(), "pooling": "mean", "normalize": True, "loss": self.loss_name()}
+        if self.layout is not None:
+            info["trained_on_columns"] = list(self.layout.texts)  # (predict reads "text_columns" as its input's)
+        if self.options.matryoshka_dims:
+            info["matryoshka_dims"] = list(self.options.matryoshka_dims)
+        return info
+
+    def model_files(self, model_config) -> dict[str, str]:
+        size = getattr(model_config, "hidden_size", None)
+        if not isinstance(size, int):
+            return {}  # a model whose width its config does not name: the HF folder alone
+        return sentence_transformers_files(size, self.max_seq_length(model_config))
+
+    @staticmethod
+    def make_predictor(model_dir: str, **kwargs):
+        return EmbeddingPredictor(model_dir, **kwargs)
+
+
+def cut(embeddings: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """The first `dim` dimensions (all for None), L2-normalised."""
+    return F.normalize(embeddings if dim is None else embeddings[:, :dim], dim=-1)
+
+
+def sentence_transformers_files(size: int, max_seq_length: int) -> dict[str, str]:
+    """sentence-transformers' folder format for a mean-pooled, normalised encoder of width `size` whose HF weights
+    and tokenizer sit in the folder's root: modules.json (Transformer, Pooling, Normalize), the Pooling config,
+    sentence_bert_config.json and config_sentence_transformers.json (module names as every version since 2.x
+    reads them)."""
+    import transformers
+
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    pooling = {
+        "word_embedding_dimension": size,
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": False,
+        "include_prompt": True,
+    }
+    model = {
+        "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__},
+        "model_type": "SentenceTransformer",
+        "prompts": {},
+        "default_prompt_name": None,
+        "similarity_fn_name": "cosine",
+    }
+    files = {
+        "modules.json": modules,
+        "1_Pooling/config.json": pooling,
+        "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
+        "config_sentence_transformers.json": model,
+    }
+    return {name: json.dumps(value, indent=2) + "\n" for name, value in files.items()}
+
+
+class SentenceEncoder:
+    """`SentenceEncoder("runs/x/model").encode(["a text", ...])`: one L2-normalised, mean-pooled embedding per text
+    (float32, shape (texts, size)), as training computed them; `dims` keeps the first dims (renormalised)."""
+
+    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
+        from transformers import AutoConfig, AutoModel
+
+        model_dir = str(model_dir)
+        if max_length is not None and max_length < 1:
+            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
+        check_model_path(model_dir)
+        self.info = read_model_info(model_dir)
+        config = from_pretrained(AutoConfig, model_dir, "the model config")
+        self.max_length = predict_max_length(max_length, self.info.get("max_length"), 512, config)
+        self.size = getattr(config, "hidden_size", None)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
+        self.device = inference_device(device)
+        self.model.to(self.device)
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
+        texts = list(texts)
+        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
+        return self.encode_ids(ids, batch_size, dims)
+
+    @torch.inference_mode()
+    def encode_ids(self, ids: Sequence[Sequence[int]], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
+        """`encode` of texts already tokenized: each one's token ids as the tokenizer gives them (its special tokens
+        included, at most max_length)."""
+        if dims is not None and (dims < 1 or (self.size and dims > self.size)):
+            raise ConfigError(f"dims {dims} is outside the embedding's 1 to {self.size} dimensions")
+        if not ids:
+            return np.zeros((0, dims or self.size or 0), dtype=np.float32)
+        order = np.argsort([-len(x) for x in ids], kind="stable")  # similar lengths share a batch
+        parts = []
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            batch = self.tokenizer.pad({"input_ids": [list(ids[i]) for i in idx]}, return_tensors="pt")
+            pooled = embed(self.model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
+            parts.append(cut(pooled, dims).cpu().numpy())
+        out = np.empty((len(ids), parts[0].shape[1]), dtype=np.float32)
+        out[order] = np.concatenate(parts)
+        return out
+
+
+# ---- prediction and serving ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Embedded:
+    """One input's embedding as `tuneforge serve` answers it: the L2-normalised float32 vector, and the number of
+    tokens the model read (its special tokens included, after truncation at max_length)."""
+
+    vector: np.ndarray
+    tokens: int
+
+
+class EmbeddingPredictor:
+    """What `tuneforge predict` and `serve` run for a sentence encoder (`make_predictor`): SentenceEncoder's vectors
+    of texts, or of token-id lists as the model's tokenizer gives them (special tokens included). `encode` -> a
+    matrix, `predict` -> per input {"embedding": [...]}, `embed` -> per input an `Embedded` (serve's batches);
+    `dimensions` keeps the first N dimensions, renormalised (what a Matryoshka-trained model, `matryoshka_dims`,
+    is made for). `embedding_size` is the capability predict and serve read: this model answers with vectors (a
+    .npy matrix, POST /v1/embeddings), not through /predict (`accepts` is empty)."""
+
+    accepts: tuple[str, ...] = ()
+    regression = False
+    labels: list[str] = []
+    task = "embedding"
+
+    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
+        self.model_dir = str(model_dir)
+        self.encoder = SentenceEncoder(model_dir, device=device, max_length=max_length)
+        self.max_length = self.encoder.max_length
+        self.embedding_size = int(self.encoder.size or self.encoder.encode(["a"]).shape[1])
+        self.matryoshka_dims = [int(d) for d in self.encoder.info.get("matryoshka_dims") or []]
+        self.vocab_size = int(self.encoder.model.get_input_embeddings().num_embeddings)
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is not None and not 1 <= dimensions <= self.embedding_size:
+            raise ConfigError(
+                f"--dimensions {dimensions} is outside the {self.embedding_size} dimensions of model "
+                f"{self.model_dir!r}'s embedding; give 1 to {self.embedding_size}"
+            )
+
+    def input_problem(self, item) -> str | None:
+        """What is wrong with one input, worded to follow its name (None: nothing): a text must not be empty;
+        token ids must lie below the vocabulary size, at most max_length of them."""
+        if isinstance(item, str):
+            return "is empty; send some text" if not item else None
+        if not isinstance(item, (list, tuple)):
+            return f"is a {type(item).__name__}, not a text"
+        if any(isinstance(t, str) for t in item):
+            return "holds several texts; a sentence encoder embeds one text per input (predict: one --text-column)"
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+            return "is neither a text nor a list of token ids"
+        if not item:
+            return "is an empty list of token ids; send at least one"
+        bad = next((j for j, t in enumerate(item) if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            return f"holds {item[bad]} at [{bad}], which is not a token id below {self.vocab_size}"
+        if len(item) > self.max_length:
+            return f"holds {len(item)} token ids, above the {self.max_length} the model reads (its max_length)"
+        return None
+
+    def token_ids(self, items: Sequence) -> list[list[int]]:
+        """Each input's token ids: a text tokenized (truncated at max_length), token ids as given; DataError naming
+        the first input that is neither."""
+        for i, item in enumerate(items):
+            problem = self.input_problem(item)
+            if problem:
+                raise DataError(f"input {i + 1} {problem}")
+        ids = [None if isinstance(item, str) else list(item) for item in items]
+        texts = [i for i, item in enumerate(items) if isinstance(item, str)]
+        if texts:
+            enc = self.encoder.tokenizer([items[i] for i in texts], truncation=True, max_length=self.max_length)
+            for i, row in zip(texts, enc["input_ids"]):
+                ids[i] = row
+        return ids
+
+    def encode(self, items: Sequence, batch_size: int = 64, dimensions: int | None = None) -> np.ndarray:
+        """The embeddings of `items` (texts or token-id lists) as a float32 matrix, one row per input in order."""
+        self.check_dimensions(dimensions)
+        return self.encoder.encode_ids(self.token_ids(items), batch_size, dimensions)
+
+    def predict(self, items: Sequence, batch_size: int = 64, dimensions: int | None = None) -> list[dict]:
+        return [{"embedding": row.tolist()} for row in self.encode(items, batch_size, dimensions)]
+
+    def embed(self, items: Sequence, batch_size: int = 64) -> list[Embedded]:
+        ids = self.token_ids(items)
+        return [Embedded(v, len(x)) for v, x in zip(self.encoder.encode_ids(ids, batch_size), ids)]

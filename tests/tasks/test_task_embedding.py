@@ -1,0 +1,549 @@
+"""Sentence embeddings (`--task embedding`): the losses against sentence-transformers' own (MNRL with hard negatives,
+CoSENT, cosine MSE, Matryoshka), in-batch negatives gathered across a real 2-process gloo group equal to one process
+on the whole batch (loss and gradients), a CLI run whose OUTPUT_DIR/model loads in SentenceTransformer with the same
+embeddings as tuneforge's encoder, STS-B as shipped, MiniLM, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import Forked, made_once, max_weight_diff, read_jsonl, run_cli, train_losses, trained_once
+from test_bad_input import assert_refused, in_process
+
+ANIMALS = ["cat", "dog", "bird", "fox", "horse", "cow", "fish", "lion", "owl", "bee"]
+PLACES = ["on the mat", "in the barn", "by the river", "under a tree", "in the city", "at the zoo"]
+
+
+def rows(n: int, seed: int = 0, negatives: bool = True) -> list[dict]:
+    """(anchor, positive[, negative]) rows: an animal's description, the same animal elsewhere, another animal."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, b = rng.sample(ANIMALS, 2)
+        row = {"anchor": f"a photo of a {a}", "positive": f"the {a} sits {rng.choice(PLACES)}"}
+        if negatives:
+            row["negative"] = f"the {b} sits {rng.choice(PLACES)}"
+        out.append(row)
+    return out
+
+
+def scored_rows(n: int, seed: int = 0) -> list[dict]:
+    """(sentence1, sentence2, score 0-5): the score grows with what the two sentences share (each half the time)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        a, p = rng.choice(ANIMALS), rng.choice(PLACES)
+        b = a if rng.random() < 0.5 else rng.choice(ANIMALS)
+        q = p if rng.random() < 0.5 else rng.choice(PLACES)
+        score = 2.5 * (a == b) + 2.5 * (p == q)
+        out.append({"sentence1": f"the {a} sits {p}", "sentence2": f"a {b} sits {q}", "score": score})
+    return out
+
+
+def write_jsonl(path: Path, items: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in items), encoding="utf-8")
+    return path
+
+
+def write_csv(path: Path, items: list[dict]) -> Path:
+    cols = list(items[0])
+    lines = [",".join(cols)] + [
+        ",".join(f'"{r[c]}"' if isinstance(r[c], str) else str(r[c]) for c in cols) for r in items
+    ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def embedding_task(model: str, **options):
+    """The embedding task of `model` with these task options (its notes dropped)."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    task = get_task(build_config(task="embedding", model=model, **options))
+    task.log = lambda msg: None
+    return task
+
+
+def batch_of(task, tokenizer, items: list[dict], columns: tuple[str, ...], score: str | None = None) -> dict:
+    """The collated batch of `items` (tokenized as the task tokenizes: each column on its own)."""
+    from tuneforge.tasks.embedding import text_key
+
+    features = {text_key(k): tokenizer([r[c] for r in items])["input_ids"] for k, c in enumerate(columns)}
+    if score:
+        features["score"] = [r[score] / 5 for r in items]
+    return task.collate(features, tokenizer)
+
+
+# ---- the losses: sentence-transformers' own as the reference -----------------------------------------------
+@pytest.fixture(scope="module")
+def st_model(tiny_bert):
+    """tiny_bert as a SentenceTransformer (Transformer + mean Pooling + Normalize)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(tiny_bert)
+    modules = [transformer, Pooling(transformer.get_embedding_dimension(), "mean"), Normalize()]
+    return SentenceTransformer(modules=modules, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "options, data, columns, dims",
+    [
+        ({"loss": "mnrl"}, "triplets", ("anchor", "positive", "negative"), None),
+        ({"loss": "mnrl", "matryoshka_dims": "32,16,8"}, "pairs", ("anchor", "positive"), [32, 16, 8]),
+        ({"loss": "cosent", "scale": 10.0}, "scored", ("sentence1", "sentence2"), None),
+        ({"loss": "cosent", "matryoshka_dims": [16, 4]}, "scored", ("sentence1", "sentence2"), [16, 4]),
+        ({"loss": "cosine_mse"}, "scored", ("sentence1", "sentence2"), None),
+        (
+            {"loss": "cosine_mse", "matryoshka_dims": [16, 8], "matryoshka_weights": "2,0.5"},
+            "scored",
+            ("sentence1", "sentence2"),
+            [16, 8],
+        ),
+    ],
+)
+def test_each_loss_is_sentence_transformers_own(tiny_bert, st_model, options, data, columns, dims):
+    """The same weights through tuneforge (forward, pooling, loss summed over the batch) and through
+    sentence-transformers (its model and its loss, a batch mean): equal within 1e-5."""
+    from sentence_transformers.sentence_transformer import losses
+
+    task = embedding_task(tiny_bert, **options)
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).eval()
+    items = scored_rows(12, seed=3) if data == "scored" else rows(12, seed=3, negatives=data == "triplets")
+    score = "score" if data == "scored" else None
+    batch = batch_of(task, tokenizer, items, columns, score)
+    with torch.no_grad():
+        total, count = task.compute_loss(task.forward(model, batch), batch)
+    loss = {
+        "mnrl": lambda: losses.MultipleNegativesRankingLoss(st_model, scale=20.0),
+        "cosent": lambda: losses.CoSENTLoss(st_model, scale=options.get("scale", 20.0)),
+        "cosine_mse": lambda: losses.CosineSimilarityLoss(st_model),
+    }[options["loss"]]()
+    if dims:
+        weights = [2, 0.5] if "matryoshka_weights" in options else None
+        loss = losses.MatryoshkaLoss(st_model, loss, matryoshka_dims=dims, matryoshka_weights=weights)
+    features = [st_model.tokenize([r[c] for r in items]) for c in columns]
+    labels = torch.tensor([r[score] / 5 for r in items]) if score else torch.zeros(len(items))
+    with torch.no_grad():
+        expected = loss(features, labels)
+    assert count.item() == 12
+    assert (total / count).item() == pytest.approx(expected.item(), abs=1e-5)
+    assert expected.item() > 0.05  # a loss worth comparing
+
+
+def test_the_embedding_is_all_minilm_l6_v2s_own(minilm_dir):
+    """tuneforge's encoder of the bundled MiniLM (mean over the mask, normalised) gives the model's published
+    sentence-transformers embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    from tuneforge.tasks.embedding import SentenceEncoder
+
+    texts = ["A man is eating food.", "A man is riding a white horse on an enclosed ground.", "ok"] * 3
+    ours = SentenceEncoder(minilm_dir, device="cpu", max_length=256).encode(texts, batch_size=4)
+    theirs = SentenceTransformer(minilm_dir, device="cpu").encode(texts, batch_size=4)
+    assert ours.shape == (9, 384)
+    assert np.abs(ours - theirs).max() < 1e-5
+    assert np.allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
+
+
+# ---- across ranks: a real 2-process gloo group against one process ---------------------------------------
+# (options, columns, rows on rank 0 and rank 1, evaluation: rank 1 also holds a padding row its mask leaves out)
+RANK_CASES = {
+    "mnrl-hard-negatives": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (3, 3), False),
+    "mnrl-uneven-matryoshka": ({"loss": "mnrl", "matryoshka_dims": [32, 16, 8]}, ("anchor", "positive"), (4, 2), False),
+    "cosent": ({"loss": "cosent"}, ("sentence1", "sentence2"), (3, 3), False),
+    "cosent-uneven-matryoshka": (
+        {"loss": "cosent", "matryoshka_dims": [32, 8]},
+        ("sentence1", "sentence2"),
+        (4, 3),
+        False,
+    ),
+    "cosine-mse": ({"loss": "cosine_mse"}, ("sentence1", "sentence2"), (3, 2), False),
+    "eval-mnrl-padding-row": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (3, 2), True),
+    "eval-cosent-padding-row": ({"loss": "cosent"}, ("sentence1", "sentence2"), (3, 2), True),
+}
+
+
+def case_items(name: str) -> list[dict]:
+    _, columns, split, _ = RANK_CASES[name]
+    n = sum(split)
+    return scored_rows(n, seed=5) if columns[0] == "sentence1" else rows(n, seed=5, negatives=len(columns) == 3)
+
+
+def run_case(tiny_bert: str, name: str, rank: int | None, world: int) -> dict:
+    """One training micro-step (or evaluation batch) of case `name` on this process's rows (`rank` None: all of
+    them), normalised as the Trainer does (the summed loss x dp_size / global count; DDP averages the gradients):
+    {"loss": the global mean loss, "count": the global count, "grads": {name: gradient}}."""
+    import torch.distributed as dist
+
+    options, columns, split, evaluating = RANK_CASES[name]
+    items = case_items(name)
+    if rank is not None:
+        start = sum(split[:rank])
+        items = items[start : start + split[rank]]
+    valid = torch.ones(len(items), dtype=torch.bool)
+    if evaluating and rank == 1:  # every rank gets a full batch: a duplicate that counts for nothing
+        items, valid = items + items[:1], torch.cat([valid, torch.zeros(1, dtype=torch.bool)])
+    task = embedding_task(tiny_bert, **options)
+    task.use_data_parallel(dist.group.WORLD if world > 1 else None)  # as the run tells it (run.data_parallel_group)
+    tokenizer = task.load_tokenizer()
+    torch.manual_seed(0)
+    model = task.load_model(tokenizer)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    batch = batch_of(task, tokenizer, items, columns, "score" if columns[0] == "sentence1" else None)
+    with torch.set_grad_enabled(not evaluating):
+        total, count = task.compute_loss(task.forward(wrapped, batch), batch, row_mask=valid if evaluating else None)
+    sums = torch.stack([total.detach(), count.float()])
+    if world > 1:
+        dist.all_reduce(sums)
+    if not evaluating:
+        (total * world / sums[1]).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {"loss": float(sums[0] / sums[1]), "count": float(sums[1]), "grads": grads}
+
+
+def two_rank_worker(tiny_bert: str, store: str, out: str, rank: int) -> int:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        results = {name: run_case(tiny_bert, name, rank, 2) for name in RANK_CASES}
+    finally:
+        dist.destroy_process_group()
+    torch.save(results, f"{out}/rank{rank}.pt")
+    return 0
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_bert) -> list[dict]:
+    """Every case on a real 2-process gloo group (two processes forked from this one): each rank's results."""
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryFile() as log:
+        store = f"{folder}/store"
+        children = [
+            Forked(lambda r=r: two_rank_worker(tiny_bert, store, folder, r), log.fileno(), log.fileno()) for r in (0, 1)
+        ]
+        try:
+            codes = [child.wait(timeout=300) for child in children]
+        finally:
+            for child in children:
+                child.kill()
+        log.seek(0)
+        assert codes == [0, 0], log.read().decode(errors="replace")[-4000:]
+        return [torch.load(f"{folder}/rank{r}.pt") for r in (0, 1)]
+
+
+@pytest.mark.parametrize("name", list(RANK_CASES))
+def test_two_ranks_give_the_loss_and_gradients_of_one_process_on_the_whole_batch(tiny_bert, two_ranks, name):
+    one = run_case(tiny_bert, name, rank=None, world=1)
+    evaluating = RANK_CASES[name][3]
+    for result in (ranks[name] for ranks in two_ranks):
+        assert result["count"] == one["count"] == sum(RANK_CASES[name][2])
+        assert result["loss"] == pytest.approx(one["loss"], abs=1e-5)
+        if evaluating:
+            continue
+        assert result["grads"].keys() == one["grads"].keys() and len(one["grads"]) > 10
+        assert "pooler.dense.weight" not in one["grads"]  # not part of a mean-pooled embedding: fixed
+        gap = max((result["grads"][k] - one["grads"][k]).abs().max().item() for k in one["grads"])
+        assert gap < 1e-5
+    if RANK_CASES[name][0]["loss"] != "cosine_mse":  # (a loss of each pair alone: nothing to gather)
+        # each rank's rows on their own, nothing gathered, give another loss: the candidates cross the ranks
+        alone = [run_case(tiny_bert, name, r, world=1) for r in (0, 1)]
+        local = sum(a["loss"] * a["count"] for a in alone) / one["count"]
+        assert abs(local - one["loss"]) > 1e-3
+
+
+def test_ddp_two_ranks_train_as_one_process_on_the_double_batch(tiny_bert, cache_dir, tmp_path):
+    """The Trainer end to end: `--backend ddp --nproc 2 --batch-size 4` logs the losses and exports the weights of one
+    process at --batch-size 8 (its evaluation, at the same global batch, the same loss)."""
+    train = write_jsonl(tmp_path / "train.jsonl", rows(40, seed=6))
+    args = ["train", "--task", "embedding", "--model", tiny_bert, "--train-file", str(train)]
+    args += ["--validation-file", str(train), "--max-steps", "4", "--precision", "fp32", "--logging-steps", "1"]
+    args += ["--lr", "3e-3", "--eval-strategy", "no", "--freeze-layers", "0", "--freeze-embeddings", "off"]
+    args += ["--cache-dir", cache_dir, "--max-eval-samples", "20", "--json", "--quiet"]
+    one = run_cli(*args, "--batch-size", "8", "--output-dir", str(tmp_path / "one"))
+    two = run_cli(*args, "--batch-size", "4", "--backend", "ddp", "--nproc", "2", "--output-dir", str(tmp_path / "two"))
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-4000:]
+    whole, split = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert whole[1] - whole[4] > 0.03  # it learns: the comparison means something
+    assert max(abs(whole[s] - split[s]) for s in whole) < 1e-5
+    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-5
+    assert json.loads(two.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(
+        json.loads(one.stdout.strip().splitlines()[-1])["loss"], abs=1e-5
+    )
+
+
+# ---- the CLI end to end, and what sentence-transformers loads -------------------------------------------
+def write_triplets(root: Path) -> Path:
+    folder = root / "data"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", rows(48, seed=1))
+    write_jsonl(folder / "valid.jsonl", rows(16, seed=2))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_bert, cache_dir):
+    """A real `tuneforge train --task embedding` run on triplets (Matryoshka dims 32,16,8): (run folder, data)."""
+
+    def command(data: Path, run: Path) -> list[str]:
+        files = ["--train-file", str(data / "train.jsonl"), "--validation-file", str(data / "valid.jsonl")]
+        run_flags = ["--max-steps", "12", "--batch-size", "8", "--lr", "2e-3", "--logging-steps", "1"]
+        every_weight = ["--freeze-layers", "0", "--freeze-embeddings", "off", "--eval-strategy", "no"]
+        return [
+            "train",
+            "--task",
+            "embedding",
+            "--model",
+            tiny_bert,
+            *files,
+            *run_flags,
+            *every_weight,
+            "--matryoshka-dims",
+            "32,16,8",
+            "--max-length",
+            "24",
+            "--cache-dir",
+            cache_dir,
+            "--output-dir",
+            str(run),
+            "--json",
+        ]
+
+    run, data, printed = trained_once(tmp_path_factory, "embedding-triplets", write_triplets, command)
+    return run, data, printed
+
+
+def test_a_cli_run_trains_on_triplets_and_learns(trained, tiny_bert, cache_dir, capfd):
+    run, data, printed = trained
+    result = json.loads(printed.strip().splitlines()[-1])
+    assert result["steps"] == 12 and result["num_examples"] == 16
+    info = json.loads((run / "model" / "tuneforge.json").read_text())
+    assert info["task"] == "embedding" and info["loss"] == "mnrl" and info["matryoshka_dims"] == [32, 16, 8]
+    assert info["trained_on_columns"] == ["anchor", "positive", "negative"] and info["max_length"] == 24
+    assert len(train_losses(run)) == 12
+    # the untrained model on the same validation rows: training lowered the loss
+    before = in_process(
+        capfd,
+        "eval",
+        tiny_bert,
+        "--task",
+        "embedding",
+        "--validation-file",
+        str(data / "valid.jsonl"),
+        "--matryoshka-dims",
+        "32,16,8",
+        "--max-length",
+        "24",
+        "--cache-dir",
+        cache_dir,
+        "--json",
+        "--quiet",
+    )
+    assert before.returncode == 0, before.stderr
+    untrained = json.loads(before.stdout.strip().splitlines()[-1])
+    assert untrained["num_examples"] == 16
+    assert result["loss"] < untrained["loss"] - 0.1
+
+
+def test_the_exported_model_loads_in_sentence_transformers_with_the_same_embeddings(trained):
+    from sentence_transformers import SentenceTransformer
+
+    from tuneforge.tasks.embedding import SentenceEncoder
+
+    folder = trained[0] / "model"
+    assert json.loads((folder / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
+    texts = [r["anchor"] for r in rows(6, seed=9)] + ["a much longer text about a fox that sits by the river " * 3]
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert st.max_seq_length == 24 and st.get_embedding_dimension() == 32
+    theirs = st.encode(texts)
+    ours = SentenceEncoder(folder, device="cpu").encode(texts)
+    assert np.abs(theirs - ours).max() < 1e-5
+    assert np.allclose(np.linalg.norm(theirs, axis=1), 1, atol=1e-5)  # the Normalize module
+    # a Matryoshka slice: sentence-transformers' truncate_dim (renormalised) is tuneforge's dims
+    short = SentenceTransformer(str(folder), device="cpu", truncate_dim=8).encode(texts, normalize_embeddings=True)
+    assert np.abs(short - SentenceEncoder(folder, device="cpu").encode(texts, dims=8)).max() < 1e-5
+
+
+# ---- scored pairs: STS-B as shipped, CoSENT and cosine MSE ----------------------------------------------
+@pytest.mark.parametrize("loss", ["auto", "cosine_mse"])
+def test_sts_b_as_shipped_trains_with_cosent_or_cosine_mse(shared_data, tiny_bert, cache_dir, tmp_path, loss):
+    out = tmp_path / "run"
+    args = ["train", "--task", "embedding", "--model", tiny_bert, "--data-dir", str(shared_data / "glue" / "STS-B")]
+    args += ["--max-train-samples", "64", "--max-eval-samples", "32", "--max-steps", "4", "--batch-size", "16"]
+    args += ["--max-length", "32", "--cache-dir", cache_dir, "--output-dir", str(out), "--loss", loss, "--json"]
+    proc = run_cli(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    chosen = "cosent" if loss == "auto" else "cosine_mse"
+    assert f"scored pairs (sentence1, sentence2, score from 0 to 5 as 0-1): {chosen} loss" in proc.stderr
+    assert json.loads((out / "model" / "tuneforge.json").read_text())["loss"] == chosen
+    evals = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "eval"]
+    assert evals[-1]["num_examples"] == 32 and np.isfinite(evals[-1]["loss"])
+
+
+def test_scores_are_mapped_to_0_1_by_the_stated_range(tiny_bert, tmp_path):
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    items = [dict(r, score=score) for r, score in zip(scored_rows(10), [0, 10, 5, 2.5, 7.5] * 2)]
+    train = write_csv(tmp_path / "train.csv", items)
+    config = build_config(task="embedding", model=tiny_bert, max_score=10, data={"train_file": str(train)})
+    task = get_task(config)
+    task.log = lambda msg: None
+    raw = task.load_raw()
+    scores = sorted([*raw["train"]["score"], *raw["validation"]["score"]])
+    assert scores == [0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 0.75, 1.0, 1.0]
+
+
+# ---- MiniLM, the default model: a short run -------------------------------------------------------------
+def test_minilm_fine_tunes_on_pairs_and_exports_for_sentence_transformers(tmp_path_factory, cache_dir):
+    from sentence_transformers import SentenceTransformer
+
+    from tuneforge.tasks.embedding import SentenceEncoder
+
+    def make(folder: Path) -> None:
+        write_jsonl(folder / "pairs.jsonl", rows(40, seed=4, negatives=False))
+        args = ["train", "--task", "embedding", "--train-file", str(folder / "pairs.jsonl"), "--max-steps", "3"]
+        args += ["--batch-size", "12", "--max-length", "16", "--eval-strategy", "no", "--cache-dir", cache_dir]
+        proc = run_cli(*args, "--output-dir", str(folder / "run"), "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    folder = made_once(tmp_path_factory, "embedding-minilm", make) / "run" / "model"
+    texts = ["a photo of a cat", "the owl sits under a tree"]
+    st = SentenceTransformer(str(folder), device="cpu")
+    assert st.get_embedding_dimension() == 384 and st.max_seq_length == 16
+    assert np.abs(st.encode(texts) - SentenceEncoder(folder, device="cpu").encode(texts)).max() < 1e-5
+
+
+# ---- options ------------------------------------------------------------------------------------------------
+def test_matryoshka_dims_take_a_comma_list_or_a_repeated_flag():
+    from tuneforge.tasks.embedding import EmbeddingOptions
+
+    assert EmbeddingOptions(matryoshka_dims="384,256, 128").matryoshka_dims == [384, 256, 128]
+    assert EmbeddingOptions(matryoshka_dims=["384,256", "64"]).matryoshka_dims == [384, 256, 64]
+    assert EmbeddingOptions(matryoshka_dims=[64]).matryoshka_dims == [64]
+    assert EmbeddingOptions().matryoshka_dims is None
+
+
+# ---- bad input: one line, exit 2, nothing written -------------------------------------------------------
+def bad_run(capfd, tmp_path: Path, tiny_bert: str, train: Path, *extra: str):
+    args = ["train", "--task", "embedding", "--model", tiny_bert, "--train-file", str(train), "--max-steps", "1"]
+    args += ["--output-dir", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), *extra]
+    return in_process(capfd, *args)
+
+
+@pytest.mark.parametrize(
+    "items, writer, extra, needles",
+    [
+        (
+            [*rows(2), {"anchor": "a cat", "positive": "  ", "negative": "a dog"}],
+            write_jsonl,
+            (),
+            ("row 3 of", "train.jsonl", "empty 'positive' text", "fill it in or drop the row"),
+        ),
+        (
+            [*rows(3), {"anchor": "a cat", "positive": "the cat"}],  # a triplet row without its negative
+            write_jsonl,
+            (),
+            ("row 4 of", "empty 'negative' text"),
+        ),
+        (
+            [*rows(2), {"anchor": "a cat", "positive": None, "negative": "a dog"}],
+            write_jsonl,
+            (),
+            ("row 3 of", "empty 'positive' text"),
+        ),
+        (
+            [{"anchor": 7 + i, "positive": "a dog", "negative": "a cat"} for i in range(3)],
+            write_jsonl,
+            (),
+            ("row 1 of", "column 'anchor' holds 7, not text"),
+        ),
+        (
+            [*scored_rows(3), {"sentence1": "a cat", "sentence2": "a dog", "score": 5.5}],
+            write_csv,
+            (),
+            ("row 4 of", "train.csv", "score 5.5 in column 'score'", "outside the stated range 0 to 5", "--max-score"),
+        ),
+        (
+            [*scored_rows(3), {"sentence1": "a cat", "sentence2": "a dog", "score": -1}],
+            write_csv,
+            (),
+            ("row 4 of", "score -1", "outside the stated range 0 to 5"),
+        ),
+        (
+            [*scored_rows(2), {"sentence1": "a cat", "sentence2": "a dog", "score": "high"}],
+            write_csv,
+            (),
+            ("row 3 of", "score 'high' in column 'score' is not a number"),
+        ),
+        (
+            rows(4, negatives=False),  # the triplet file named by its columns lacks its negative column
+            write_jsonl,
+            ("--text-column", "anchor", "--text-column", "positive", "--text-column", "negative"),
+            ("column 'negative' not found in", "train.jsonl", "columns are: anchor, positive", "--text-column"),
+        ),
+        (
+            [{"query": "a cat", "passage": "the cat"}] * 3,
+            write_jsonl,
+            (),
+            ("no text columns found", "columns are: query, passage", "--text-column"),
+        ),
+        (rows(4), write_jsonl, ("--text-column", "anchor"), ("takes two or more --text-column",)),
+        (rows(4), write_jsonl, ("--matryoshka-dims", "64,16"), ("--matryoshka-dims 64", "embedding size", "32")),
+        (rows(4), write_jsonl, ("--matryoshka-dims", "16,16"), ("--matryoshka-dims", "names a dimension twice")),
+        (
+            rows(4),
+            write_jsonl,
+            ("--matryoshka-dims", "0"),
+            ("'task_options.matryoshka_dims'", "greater than or equal to 1"),
+        ),
+        (
+            rows(4),
+            write_jsonl,
+            ("--matryoshka-dims", "16,8", "--matryoshka-weights", "1"),
+            ("--matryoshka-weights gives 1 weight(s) for 2",),
+        ),
+        (rows(4), write_jsonl, ("--loss", "cosent"), ("loss cosent takes scored pairs", "without a score column")),
+        (scored_rows(4), write_csv, ("--loss", "mnrl", "--label-column", "score"), ("loss mnrl takes", "cosent")),
+        (scored_rows(4), write_csv, ("--max-score", "0"), ("--max-score 0 must be above --min-score 0",)),
+        (rows(4), write_jsonl, ("--scale", "0"), ("'task_options.scale'", "> 0")),
+    ],
+)
+def test_bad_input_is_one_line(capfd, tmp_path, tiny_bert, items, writer, extra, needles):
+    name = "train.jsonl" if writer is write_jsonl else "train.csv"
+    train = writer(tmp_path / name, items)
+    assert_refused(bad_run(capfd, tmp_path, tiny_bert, train, *extra), tmp_path, *needles)
+
+
+def test_the_python_api_takes_datasets_of_pairs(tiny_bert, cache_dir, tmp_path):
+    import datasets
+
+    from tuneforge.trainer import Trainer
+
+    train = datasets.Dataset.from_list(scored_rows(24, seed=7))
+    config = {"task": "embedding", "model": tiny_bert, "output_dir": str(tmp_path / "run"), "max_steps": 2}
+    config.update(batch_size=8, quiet=True, data={"cache_dir": cache_dir})
+    result = Trainer(config).fit(train_dataset=train, eval_dataset=train.select(range(8)))
+    assert result["steps"] == 2 and result["num_examples"] == 8 and np.isfinite(result["loss"])
+    assert json.loads((tmp_path / "run" / "model" / "tuneforge.json").read_text())["loss"] == "cosent"
+
+
+def test_a_missing_score_column_is_named_with_its_flag(capfd, tmp_path, tiny_bert):
+    train = write_jsonl(tmp_path / "train.jsonl", rows(4, negatives=False))
+    proc = bad_run(capfd, tmp_path, tiny_bert, train, "--label-column", "similarity")
+    assert_refused(proc, tmp_path, "column 'similarity' not found in", "--label-column (the score)")
+
+
+def test_a_validation_file_without_the_training_files_negative_column_is_refused(capfd, tmp_path, tiny_bert):
+    train = write_jsonl(tmp_path / "train.jsonl", rows(4))
+    valid = write_jsonl(tmp_path / "valid.jsonl", rows(4, negatives=False))
+    proc = bad_run(capfd, tmp_path, tiny_bert, train, "--validation-file", str(valid))
+    assert_refused(proc, tmp_path, "column 'negative' not found in", "valid.jsonl")
