@@ -623,6 +623,38 @@ def trained_once(tmp_path_factory, name: str, write_data, command) -> tuple[Path
     return root / "run", Path((root / "data-folder.txt").read_text()), (root / "stdout.txt").read_text()
 
 
+def write_review_pairs(path: Path, n: int, seed: int = 0) -> Path:
+    """`n` (anchor, positive) jsonl rows: a review phrase and another of the same sentiment; deterministic."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        anchor, positive = rng.sample(rng.choice([POSITIVE, NEGATIVE]), 2)
+        rows.append(json.dumps({"anchor": anchor, "positive": positive}))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory, tiny_bert, cache_dir) -> str:
+    """OUTPUT_DIR/model of a short `tuneforge train --task embedding` run of tiny_bert (4 steps on review pairs,
+    Matryoshka dimensions 16 and 8 of its 32, max_length 24): a sentence encoder as tuneforge exports it, made
+    once a session (predict and serve tests share it)."""
+
+    def write(root: Path) -> Path:
+        (root / "data").mkdir()
+        return write_review_pairs(root / "data" / "train.jsonl", 32, seed=1).parent
+
+    def command(data: Path, run: Path) -> list[str]:
+        flags = cli_flags(max_steps=4, batch_size=8, lr="2e-3", eval_strategy="no", matryoshka_dims="16,8")
+        flags += cli_flags(max_length=24, cache_dir=cache_dir, output_dir=run, json=True, quiet=True)
+        return ["train", "--task", "embedding", "--model", tiny_bert, "--train-file", str(data / "train.jsonl"), *flags]
+
+    run, _, _ = trained_once(tmp_path_factory, "tiny-encoder", write, command)
+    return str(run / "model")
+
+
 # ---- the task families on the sharding engines (tests/tasks) ----------------------------------
 # Each task's tiny run on 2 ranks of every sharding engine against one process: 4 steps in fp32, every weight
 # trained, the loss logged every step.

@@ -2,9 +2,14 @@
 arguments are `PredictOptions`' fields).
 
 The model folder's tuneforge.json names the task that exported it; that task's predictor runs
-(tasks/classification.py, ner.py, qa.py, multiple_choice.py). `load_servable` is what `tuneforge serve` runs:
-the task's generator for a model that generates text, else its predictor. Batches are sorted by length (little
-padding), and results come back in the input's order.
+(tasks/classification.py, ner.py, qa.py, multiple_choice.py, embedding.py). `load_servable` is what `tuneforge
+serve` runs: the task's generator for a model that generates text, else its predictor. Batches are sorted by length
+(little padding), and results come back in the input's order.
+
+A predictor with an `embedding_size` answers with vectors (a sentence encoder): `encode(texts, batch_size,
+dimensions)` gives them as a matrix, written as one {"index", "embedding"} line per row (`predict`), or a .npy
+matrix when --output ends in .npy; --dimensions keeps the first N of each vector, renormalised (Matryoshka).
+--dimensions and a .npy --output are refused for any other model.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from tuneforge.tasks.classification import ClassificationPredictor as Predictor 
 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
 MAX_LENGTH = 1 << 20
+MAX_DIMENSIONS = 1 << 20
+VECTOR_FORMAT = ".npy"  # --output of a sentence encoder's vectors as one matrix
 
 
 class PredictOptions(BaseModel):
@@ -35,7 +42,10 @@ class PredictOptions(BaseModel):
         description="a model folder tuneforge exported (OUTPUT_DIR/model)", json_schema_extra=POSITIONAL
     )
     input: str = Field(description="the rows to predict: a .csv, .tsv or .jsonl file")
-    output: str = Field(description="the predictions: one JSON line per input row, in the input's order")
+    output: str = Field(
+        description="the predictions: one JSON line per input row, in the input's order (a sentence encoder's "
+        "vectors: a float32 matrix, a row per input, when the name ends in .npy)"
+    )
     text_column: list[str] | None = Field(
         None, description="the input's text column; twice for sentence pairs (default: the columns it trained on)"
     )
@@ -45,6 +55,14 @@ class PredictOptions(BaseModel):
         ge=1,
         le=MAX_LENGTH,
         description="truncate inputs to this many tokens (default: the training max_length)",
+        json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value}"},
+    )
+    dimensions: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DIMENSIONS,
+        description="sentence encoders: keep the first N dimensions of each vector, renormalised (a model trained "
+        "with --matryoshka-dims keeps its meaning in them); default: all",
         json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value}"},
     )
 
@@ -145,6 +163,11 @@ def check_output_file(output_path: str, input_path: str, model_dir: str) -> None
         raise ConfigError(
             f"--output {output_path!r} is inside the model folder {model_dir!r}; write the predictions elsewhere"
         )
+    if out.suffix.lower() == VECTOR_FORMAT and out.exists() and out.stat().st_size:
+        raise ConfigError(
+            f"--output {output_path!r} exists; a .npy file does not say what wrote it, so predict replaces none: "
+            "delete it or choose another file name"
+        )
     if out.exists() and not _written_by_predict(out):
         raise ConfigError(
             f"--output {output_path!r} exists and is not a predictions file of `tuneforge predict`; choose another "
@@ -159,10 +182,11 @@ def predict_file(
     text_columns: list[str] | None = None,
     batch_size: int | None = None,
     max_length: int | None = None,
+    dimensions: int | None = None,
 ) -> int:
-    """Write one JSON line per input row (in input order); returns the number of rows. Left out (None): the
-    default of PredictOptions."""
-    given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length}
+    """Write one JSON line per input row (in input order), or a sentence encoder's vectors (a .npy matrix when
+    `output_path` ends in .npy); returns the number of rows. Left out (None): the default of PredictOptions."""
+    given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length, "dimensions": dimensions}
     options = parse_options(
         PredictOptions, {"model_dir": model_dir, "input": input_path, "output": output_path, **given}
     )
@@ -173,7 +197,13 @@ def predict_file(
     out = Path(output_path)
     predictor = load_predictor(model_dir, max_length=options.max_length)
     items = [t[0] if isinstance(t, tuple) and len(t) == 1 else t for t in texts]
-    preds = predictor.predict(items, batch_size=options.batch_size)
+    vectors = getattr(predictor, "embedding_size", None) is not None  # a sentence encoder's
+    if not vectors:
+        check_predicts_vectors_only_where_asked(options, predictor.task)
+    elif out.suffix.lower() == VECTOR_FORMAT:
+        return write_matrix(out, predictor.encode(items, options.batch_size, options.dimensions))
+    extra = {"dimensions": options.dimensions} if vectors else {}
+    preds = predictor.predict(items, batch_size=options.batch_size, **extra)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
         for i, p in enumerate(preds):
@@ -181,10 +211,38 @@ def predict_file(
     return len(preds)
 
 
+def check_predicts_vectors_only_where_asked(options: PredictOptions, task: str) -> None:
+    """--dimensions and a .npy --output are for models that answer with vectors; one line for any other model."""
+    if options.dimensions is not None:
+        raise ConfigError(
+            f"--dimensions keeps the first dimensions of a sentence encoder's vectors; model {options.model_dir!r} "
+            f"({task}) does not answer with vectors: leave it out"
+        )
+    if Path(options.output).suffix.lower() == VECTOR_FORMAT:
+        raise ConfigError(
+            f"--output {options.output!r} names a .npy matrix of vectors; model {options.model_dir!r} ({task}) "
+            "answers with JSON lines: name a .jsonl file"
+        )
+
+
+def write_matrix(out: Path, vectors: np.ndarray) -> int:
+    """`vectors` (a float32 matrix, a row per input) as a .npy file; returns the number of rows."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with replacing(out) as tmp, open(tmp, "wb") as fh:  # never leave a half-written file
+        np.save(fh, vectors, allow_pickle=False)
+    return len(vectors)
+
+
 def cmd_predict(ns: argparse.Namespace) -> int:
     options = parse_options(PredictOptions, ns)  # every flag checked before any file or model is read
     n = predict_file(
-        options.model_dir, options.input, options.output, options.text_column, options.batch_size, options.max_length
+        options.model_dir,
+        options.input,
+        options.output,
+        options.text_column,
+        options.batch_size,
+        options.max_length,
+        options.dimensions,
     )
     print(f"wrote {n} predictions to {options.output}", flush=True)
     return 0

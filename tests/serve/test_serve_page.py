@@ -2,9 +2,9 @@
 package; the Makefile's `install-dev`, run by `make test`, puts it in place), against real servers of tiny models:
 a conversation streams with its system prompt, history, sampling fields and token count; the stop button ends a
 stream and the server cancels it; a model without a chat template is continued through /v1/completions; a
-classifier's scores are bars. The Markdown renderer is driven by crafted streams (page.route): a tiny random
-model cannot be asked for a code block or a hostile tag. Skipped, saying why, only where Chromium or Playwright
-is not installed."""
+classifier's scores are bars; a sentence encoder shows the cosine similarity of two texts. The Markdown renderer
+is driven by crafted streams (page.route): a tiny random model cannot be asked for a code block or a hostile tag.
+Skipped, saying why, only where Chromium or Playwright is not installed."""
 
 from __future__ import annotations
 
@@ -279,3 +279,42 @@ def test_the_classifier_page_shows_label_scores_as_bars(browser, tmp_path, minil
     assert rows[0][0] == want["label"]  # the best label first
     for _, score, shown, width in rows:
         assert shown == f"{score:.3f}" and width == pytest.approx(score, abs=0.01)  # the bar is the score
+
+
+def test_the_sentence_encoder_page_shows_the_cosine_similarity_of_two_texts(browser, tiny_encoder):
+    from tuneforge.tasks.embedding import SentenceEncoder
+
+    texts = ["a wonderful, moving film", "the plot makes no sense at all"]
+    with app_server(tiny_encoder) as url:
+        wait_ready(url)
+        page = browser.new_page()
+        sent = request_bodies(page, "/v1/embeddings")
+        page.goto(url)
+        page.wait_for_selector("#embed:not(.hidden)", timeout=30_000)
+        status = page.inner_text("#status")
+        page.fill("#first", texts[0])
+        page.fill("#second", texts[1])
+        page.click("#compare")
+        whole = page.wait_for_selector('#similarity[data-dimensions="32"]', timeout=30_000)
+        shown = (float(whole.get_attribute("data-cosine")), whole.inner_text())
+        page.fill("#dimensions", "8")
+        page.click("#compare")
+        short = page.wait_for_selector('#similarity[data-dimensions="8"]', timeout=30_000)
+        shown_short = (float(short.get_attribute("data-cosine")), short.inner_text())
+        bar = page.eval_on_selector_all(".label-row", BARS)
+        page.close()
+    assert status == f"{NAME} \u2014 sentence encoder, 32 dimensions, trained to keep its meaning in the first 16, 8"
+    assert sent == [
+        {"model": NAME, "input": texts, "encoding_format": "float"},
+        {"model": NAME, "input": texts, "encoding_format": "float", "dimensions": 8},
+    ]
+    encoder = SentenceEncoder(tiny_encoder, device="cpu")
+    for (cosine, text), dims in ((shown, None), (shown_short, 8)):
+        a, b = encoder.encode(texts, dims=dims)
+        assert cosine == pytest.approx(float(a @ b), abs=1e-5)
+        assert f"{cosine:.4f}" in text
+        assert f"{dims or 32} dimensions \u00b7 " in text and " tokens" in text
+    assert abs(shown[0] - shown_short[0]) > 1e-4  # the slice is compared, not the whole vector again
+    [(label, score, number, width)] = bar  # the last comparison's, as a bar of its own
+    assert label == "cosine similarity" and score == shown_short[0] and number == f"{score:.4f}"
+    assert width == pytest.approx(max(0.0, score), abs=0.01)

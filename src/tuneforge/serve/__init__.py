@@ -3,8 +3,9 @@
 The task that exported the folder says what runs (`predict.load_servable`): a model that generates text
 (causal LM, chat SFT, seq2seq, their adapter folders) gets the OpenAI-compatible routes with continuous
 batching (serve/engine.py); a classifier, tagger, qa or multiple-choice model gets `POST /predict` with
-dynamic batching (serve/batching.py). Both get the page at `/`, `/health`, `/metrics` and the gate of
-serve/app.py (API key, body size limit, draining on SIGTERM).
+dynamic batching (serve/batching.py); a sentence encoder gets OpenAI's `POST /v1/embeddings`, batched the same
+way. All get the page at `/`, `/health`, `/metrics` and the gate of serve/app.py (API key, body size limit,
+draining on SIGTERM).
 
 This module owns the command: its arguments (ServeOptions' fields, serve/options.py, checked in one step: one line
 each, exit 2), binding the port before anything heavy, and the uvicorn server (SIGTERM: stop taking requests,
@@ -12,11 +13,11 @@ finish those in flight). If the generation engine dies (the model fails even a o
 answers {"status": "error"} and the process exits 1 with one `error:` line, so that a supervisor restarts it.
 The package, in layers as vLLM's entrypoints: options.py (ServeOptions: the arguments, their defaults and bounds),
 app.py (the app factory, the server's state and own routes, the errors), gate.py (API key, body size, draining,
-metrics of every request), routes_openai.py and routes_predict.py (one module per API), generation.py (the
-generation service: prompt encoding, context limit, sampling parameters, answers and streams), engine.py
-(continuous batching; the running batch of each model family is tuneforge/running_batch.py), detokenize.py
-(incremental text), batching.py (classifiers), openai_api.py (request and response shapes), metrics.py (Prometheus
-text), static/index.html.
+metrics of every request), routes_openai.py, routes_predict.py and routes_embeddings.py (one module per API),
+generation.py (the generation service: prompt encoding, context limit, sampling parameters, answers and streams),
+engine.py (continuous batching; the running batch of each model family is tuneforge/running_batch.py),
+detokenize.py (incremental text), batching.py (classifiers, sentence encoders), openai_api.py (request and response
+shapes), metrics.py (Prometheus text), static/index.html.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     print(
         f"serving {options.model_dir} on http://{host}:{port} (the page at /, GET /health, GET /metrics; POST "
-        f"/predict for classifiers, /v1/completions and /v1/chat/completions for text generation); batches of up "
+        f"/predict for classifiers, /v1/embeddings for sentence encoders, /v1/completions and /v1/chat/completions "
+        f"for text generation); batches of up "
         f"to {options.max_batch_size}, at most {options.max_queue} waiting"
         f"{'; API key required' if options.api_key else ''}",
         file=sys.stderr,

@@ -1,12 +1,15 @@
 """The FastAPI app of `tuneforge serve`: the server's state (its phase, the loaded model), the app factory that
 wires the routes, the gate (serve/gate.py) and the error handlers, and the server's own routes (/, /health,
-/metrics). The routes of each API live in their modules (serve/routes_openai.py, serve/routes_predict.py) over
-a generation service (serve/generation.py) or the dynamic batcher (serve/batching.py).
+/metrics). The routes of each API live in their modules (serve/routes_openai.py, serve/routes_predict.py,
+serve/routes_embeddings.py) over a generation service (serve/generation.py) or the dynamic batcher
+(serve/batching.py). Every route is mounted; what the served model can do decides which answer (`use_instead`
+names the routes that do).
 
     GET  /                      the playground page (serve/static/index.html)
     GET  /health                200 {"status": "ok", ...} once the model is loaded; 503 while loading or draining
     GET  /metrics               Prometheus text
     POST /predict               classifiers, taggers, qa, multiple choice (dynamic batching, serve/batching.py)
+    POST /v1/embeddings         sentence encoders (dynamic batching)
     GET  /v1/models             the served model's name
     POST /v1/completions        generative models (continuous batching, serve/engine.py)
     POST /v1/chat/completions   generative models with a chat template
@@ -34,7 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tuneforge.generate import Generator
 from tuneforge.serve import openai_api as oa
-from tuneforge.serve import routes_openai, routes_predict
+from tuneforge.serve import routes_embeddings, routes_openai, routes_predict
 from tuneforge.serve.access_log import AccessLog
 from tuneforge.serve.batching import DynamicBatcher
 from tuneforge.serve.engine import GenerationEngine
@@ -100,6 +103,14 @@ class ServerState:
             return "draining"
         return "ok" if self.served is not None else "loading"
 
+    def use_instead(self) -> str:
+        """What a request for an API the served model does not speak is told: the routes that serve it."""
+        if self.generation is not None:
+            return "this server serves a text-generation model: use POST /v1/completions or /v1/chat/completions"
+        if routes_embeddings.embeds(self.served):
+            return "this server serves a sentence encoder: use POST /v1/embeddings"
+        return "this server serves a classifier: use POST /predict"
+
     def require_ready(self) -> None:
         """ApiError 503 unless the model is loaded and working (draining is the gate's refusal)."""
         if self.phase == "error":
@@ -134,8 +145,13 @@ async def health(request: Request):
         info.update(task=served.info.get("task"), running=engine.running_rows, waiting=engine.queue_depth)
     else:
         b = state.batcher
-        info.update(kind="predict", task=served.task, labels=served.labels, regression=served.regression)
-        info.update(accepts=list(served.accepts), max_wait_ms=b.max_wait_s * 1000)
+        if routes_embeddings.embeds(served):
+            info.update(kind="embed", task=served.task, dimensions=served.embedding_size)
+            info.update(matryoshka_dims=served.matryoshka_dims, max_length=served.max_length)
+        else:
+            info.update(kind="predict", task=served.task, labels=served.labels, regression=served.regression)
+            info.update(accepts=list(served.accepts))
+        info.update(max_wait_ms=b.max_wait_s * 1000)
         info.update(requests=b.requests, batches=b.batches, largest_batch=b.largest_batch)
     return info
 
@@ -234,8 +250,9 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
         state.engine = engine
         state.generation = GenerationService(served, engine, options.served_model_name, options.request_timeout_s)
     else:
+        infer = served.embed if routes_embeddings.embeds(served) else served.predict
         batcher = DynamicBatcher(
-            served, options.max_batch_size, options.max_wait_ms, options.max_queue, state.metrics.observe_batch
+            served, options.max_batch_size, options.max_wait_ms, options.max_queue, state.metrics.observe_batch, infer
         )
         await batcher.start()
         state.batcher = batcher
@@ -286,7 +303,7 @@ def create_app(load: Callable[[], Any], options: ServeOptions, on_fatal: Callabl
     app.state.server = state
     for error_type, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(error_type, handler)
-    for router in (server_routes, routes_predict.router, routes_openai.router):
+    for router in (server_routes, routes_predict.router, routes_openai.router, routes_embeddings.router):
         app.include_router(router)
     app.add_middleware(Gate, state=state)
     return app

@@ -1,10 +1,12 @@
-"""Dynamic batching of `POST /predict` (classifiers, taggers, qa, multiple choice) in `tuneforge serve`.
+"""Dynamic batching of `POST /predict` (classifiers, taggers, qa, multiple choice) and `POST /v1/embeddings`
+(sentence encoders) in `tuneforge serve`.
 
 Requests are queued; one worker takes the first waiting request, then keeps collecting more until the
 batch holds `max_batch_size` inputs or `max_wait_ms` has passed, and runs them through the predictor in
-one go (sorted by length inside). Each caller gets its own slice of the answers. The model runs in one
-background thread, so the event loop keeps accepting requests while a batch computes; those form the
-next batch. The queue is bounded: `submit` raises `QueueFull` when `max_queue` requests wait.
+one go (sorted by length inside; `infer` says which of its methods: `predict` unless told). Each caller gets its
+own slice of the answers. The model runs in one background thread, so the event loop keeps accepting requests
+while a batch computes; those form the next batch. The queue is bounded: `submit` raises `QueueFull` when
+`max_queue` requests wait.
 
 A request fails alone: `submit` runs the predictor's own input checks (`check_inputs`, where it has them) before
 the request joins a batch, and a batch that fails anyway is run again one request at a time, so that only the
@@ -31,8 +33,10 @@ class DynamicBatcher:
         max_wait_ms: float,
         max_queue: int = MAX_QUEUE,
         on_batch: Callable[[int], None] | None = None,
+        infer: Callable[[list, int], list] | None = None,
     ) -> None:
         self.predictor = predictor
+        self.infer = infer or predictor.predict  # (inputs, batch size) -> one answer per input, in order
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
         self.max_queue = max_queue
@@ -103,7 +107,7 @@ class DynamicBatcher:
         loop = asyncio.get_running_loop()
         flat = [x for items, _ in group for x in items]
         try:
-            preds = await loop.run_in_executor(self._executor, self.predictor.predict, flat, self.max_batch_size)
+            preds = await loop.run_in_executor(self._executor, self.infer, flat, self.max_batch_size)
         except Exception as err:  # one bad request must not fail the others, nor stop the server
             if len(group) == 1:
                 if not group[0][1].done():

@@ -16,7 +16,16 @@ from fastapi.responses import JSONResponse
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.access_log import Access
 
-ROUTES = ("/", "/health", "/metrics", "/predict", "/v1/models", "/v1/completions", "/v1/chat/completions")
+ROUTES = (
+    "/",
+    "/health",
+    "/metrics",
+    "/predict",
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/embeddings",
+)
 OPEN_ROUTES = ("/health",)  # answered without the API key
 RETRY_AFTER_S = 1  # what a 503 (busy, loading, shutting down) asks the client to wait
 

@@ -60,15 +60,15 @@ class ServeOptions(BaseModel):
         MAX_BATCH_SIZE,
         ge=1,
         le=65536,
-        description="classifiers: most inputs in one batch; generation: most sequences decoding together "
-        "(1: batching off)",
+        description="classifiers and sentence encoders: most inputs in one batch; generation: most sequences "
+        "decoding together (1: batching off)",
         json_schema_extra={"refusal": POSITIVE_UP_TO},
     )
     max_wait_ms: float = Field(
         10.0,
         ge=0,
         le=60_000,  # a classifier request waits at most a minute for others
-        description="classifiers: longest a request waits for others to join",
+        description="classifiers and sentence encoders: longest a request waits for others to join",
         json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value:g}"},
     )
     max_queue: int = Field(

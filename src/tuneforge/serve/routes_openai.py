@@ -22,7 +22,7 @@ def generation_service(request: Request, body: oa.SamplingRequest) -> Generation
     state.require_ready()
     service = state.generation
     if service is None:
-        raise oa.ApiError(400, "this server serves a classifier: use POST /predict")
+        raise oa.ApiError(400, state.use_instead())
     oa.refuse_unencodable(body)  # before the model's name is compared (and echoed)
     if body.model != service.name:
         raise oa.ApiError(

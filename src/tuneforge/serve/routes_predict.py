@@ -40,10 +40,8 @@ async def answer_predict(state, request: PredictRequest) -> dict:
     """/predict: the request's inputs checked (text, then the predictor's own checks) before they join a batch;
     an input the predictor refuses is a 422 naming the field, for this request alone."""
     state.require_ready()
-    if state.batcher is None:
-        raise oa.ApiError(
-            400, "this server serves a text-generation model: use POST /v1/completions or /v1/chat/completions"
-        )
+    if state.batcher is None or not state.served.accepts:  # a generative model, or one answering with vectors
+        raise oa.ApiError(400, state.use_instead())
     oa.refuse_unencodable(request, 422)
     items = _predict_items(request, tuple(state.served.accepts), state.options.max_request_items)
     kind = next(k for k in ("texts", "pairs", "inputs") if getattr(request, k) is not None)

@@ -1,0 +1,137 @@
+"""`tuneforge predict` of a sentence encoder (a model exported by `--task embedding`): one vector per input text, as
+JSON lines or a .npy matrix, equal to sentence-transformers' own load of the folder and to SentenceEncoder within
+1e-5 (texts longer than the model's max_length truncated as sentence-transformers truncates them); --dimensions
+keeps a Matryoshka slice, renormalised as SentenceTransformer's truncate_dim; token ids embed as their text; every
+bad input is one line."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import read_jsonl, save_tiny_classifier
+from test_bad_input import assert_refused, in_process
+
+TEXTS = [
+    "a wonderful, moving film",
+    "dull",
+    "the plot makes no sense at all and the ending drags on and on and on, long past the point where anyone in the "
+    "room still cared about what happened to whom",  # beyond max_length 24: truncated
+    "ok",
+    "Ein schöner Film über Füchse 🦊 and owls",
+    "i wanted my money back",
+    "great acting and a clever plot",
+]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_encoder) -> np.ndarray:
+    """sentence-transformers' embeddings of TEXTS, from its own load of the exported folder."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(tiny_encoder, device="cpu").encode(TEXTS)
+
+
+def write_texts(path, texts, column: str = "text"):
+    path.write_text("".join(json.dumps({column: t, "id": i}) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    return path
+
+
+def test_predict_writes_a_vector_per_text_as_sentence_transformers_does(capfd, tmp_path, tiny_encoder, reference):
+    from tuneforge.tasks.embedding import SentenceEncoder
+
+    out = tmp_path / "vectors.jsonl"
+    args = ["predict", tiny_encoder, "--input", write_texts(tmp_path / "texts.jsonl", TEXTS), "--output", out]
+    proc = in_process(capfd, *args, "--batch-size", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {len(TEXTS)} predictions to {out}" in proc.stdout
+    rows = read_jsonl(out)
+    assert [r["index"] for r in rows] == list(range(len(TEXTS))) and all(set(r) == {"index", "embedding"} for r in rows)
+    got = np.array([r["embedding"] for r in rows], dtype=np.float32)
+    assert got.shape == (len(TEXTS), 32)
+    assert np.abs(got - reference).max() < 1e-5
+    assert np.abs(got - SentenceEncoder(tiny_encoder, device="cpu").encode(TEXTS)).max() < 1e-5
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    assert min(np.abs(got[i] - got[j]).max() for i in range(len(TEXTS)) for j in range(i)) > 1e-3  # each its own
+
+
+def test_a_npy_output_is_the_float32_matrix(capfd, tmp_path, tiny_encoder, reference):
+    inp = tmp_path / "texts.csv"
+    inp.write_text("sentence,id\n" + "".join(f'"{t}",{i}\n' for i, t in enumerate(TEXTS)), encoding="utf-8")
+    out = tmp_path / "sub" / "vectors.npy"
+    proc = in_process(capfd, "predict", tiny_encoder, "--input", inp, "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    matrix = np.load(out, allow_pickle=False)
+    assert matrix.dtype == np.float32 and matrix.shape == (len(TEXTS), 32)
+    assert np.abs(matrix - reference).max() < 1e-5
+    assert [p.name for p in out.parent.iterdir()] == ["vectors.npy"]  # no temporary left behind
+
+
+def test_dimensions_keep_a_renormalised_matryoshka_slice(tmp_path, tiny_encoder):
+    from sentence_transformers import SentenceTransformer
+
+    from tuneforge.predict import predict_file
+
+    out = tmp_path / "short.npy"
+    assert predict_file(tiny_encoder, str(write_texts(tmp_path / "t.jsonl", TEXTS)), str(out), dimensions=8) == 7
+    short = np.load(out)
+    st = SentenceTransformer(tiny_encoder, device="cpu", truncate_dim=8)
+    assert short.shape == (len(TEXTS), 8)
+    assert np.abs(short - st.encode(TEXTS, normalize_embeddings=True)).max() < 1e-5
+    assert np.allclose(np.linalg.norm(short, axis=1), 1, atol=1e-5)
+    predict_file(tiny_encoder, str(tmp_path / "t.jsonl"), str(tmp_path / "short.jsonl"), dimensions=8)
+    rows = np.array([r["embedding"] for r in read_jsonl(tmp_path / "short.jsonl")], dtype=np.float32)
+    assert np.abs(rows - short).max() < 1e-6
+
+
+def test_the_predictor_embeds_token_ids_as_their_text(tiny_encoder):
+    from tuneforge.predict import load_predictor
+
+    predictor = load_predictor(tiny_encoder)
+    assert predictor.embedding_size == 32 and predictor.matryoshka_dims == [16, 8] and predictor.max_length == 24
+    ids = predictor.encoder.tokenizer(TEXTS[:2])["input_ids"]  # special tokens included, as the tokenizer gives them
+    mixed = predictor.encode([ids[0], TEXTS[1]], batch_size=2)
+    assert np.abs(mixed - predictor.encode(TEXTS[:2])).max() < 1e-6
+    [one, two] = predictor.embed([TEXTS[0], ids[1]])
+    assert (one.tokens, two.tokens) == (len(ids[0]), len(ids[1]))
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, minilm_dir) -> str:
+    return save_tiny_classifier(tmp_path_factory.mktemp("classifier"), minilm_dir, {0: "neg", 1: "pos"})
+
+
+@pytest.mark.parametrize(
+    "rows, extra, needles",
+    [
+        (TEXTS, ("--dimensions", "33"), ("--dimensions 33 is outside the 32 dimensions", "give 1 to 32")),
+        (TEXTS, ("--dimensions", "0"), ("--dimensions must be between 1 and",)),
+        (["a cat", "", "a dog"], (), ("input 2 is empty",)),
+        (TEXTS, ("--text-column", "text", "--text-column", "id"), ("holds several texts", "one --text-column")),
+        (TEXTS, ("--text-column", "body"), ("column 'body' not found",)),
+    ],
+)
+def test_bad_input_is_one_line(capfd, tmp_path, tiny_encoder, rows, extra, needles):
+    inp = write_texts(tmp_path / "texts.jsonl", rows)
+    proc = in_process(capfd, "predict", tiny_encoder, "--input", inp, "--output", tmp_path / "out.jsonl", *extra)
+    assert_refused(proc, tmp_path, *needles)
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_vectors_options_are_refused_for_a_model_without_vectors(capfd, tmp_path, classifier):
+    inp = write_texts(tmp_path / "texts.jsonl", TEXTS)
+    proc = in_process(capfd, "predict", classifier, "--input", inp, "--output", tmp_path / "o.jsonl", "--dimensions", 8)
+    assert_refused(proc, tmp_path, "--dimensions keeps the first dimensions", "does not answer with vectors")
+    proc = in_process(capfd, "predict", classifier, "--input", inp, "--output", tmp_path / "o.npy")
+    assert_refused(proc, tmp_path, "names a .npy matrix of vectors", "name a .jsonl file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.jsonl"]
+
+
+def test_an_existing_npy_file_is_never_replaced(capfd, tmp_path, tiny_encoder):
+    theirs = tmp_path / "vectors.npy"
+    np.save(theirs, np.arange(3.0))
+    before = theirs.read_bytes()
+    inp = write_texts(tmp_path / "texts.jsonl", TEXTS)
+    proc = in_process(capfd, "predict", tiny_encoder, "--input", inp, "--output", theirs)
+    assert_refused(proc, tmp_path, "exists; a .npy file does not say what wrote it", "delete it or choose another")
+    assert theirs.read_bytes() == before
