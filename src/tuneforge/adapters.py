@@ -89,9 +89,10 @@ def _is_linear(module: torch.nn.Module) -> bool:
 def head_modules(model: torch.nn.Module) -> list[str]:
     """The task head that trains whole: a model that predicts no tokens (classifier, tagger, QA, multiple
     choice) has its base model (`base_model_prefix`) and a head beside it; a generating model's head is
-    its output embeddings (usually tied to the input ones), which stay fixed."""
+    its output embeddings (usually tied to the input ones), which stay fixed; a bare base model (an encoder
+    without a head, `model.base_model is model`) has none."""
     has_lm_head = hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None
-    if has_lm_head:
+    if has_lm_head or getattr(model, "base_model", None) is model:  # a bare base model (an encoder): no head
         return []
     base = getattr(model, "base_model_prefix", "")
     return [

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Literal
@@ -84,11 +85,30 @@ def export_live(
         module = backend.unwrap(model)
         if adapter is not None:
             module.config.architectures = [type(module).__name__.removeprefix("FSDP")]  # as save_pretrained sets it
-            adapters.write_adapter_folder(adapter, out_dir, state_dict, module.config, tokenizer, info or {})
+            if files:  # another library reads the folder (the task's files): the adapter merged into its base
+                write_merged_adapter(adapter, module.config, out_dir, state_dict, tokenizer, info, files)
+            else:
+                adapters.write_adapter_folder(adapter, out_dir, state_dict, module.config, tokenizer, info or {})
         else:
             write_hf_folder(out_dir, module, state_dict, tokenizer, info, files)
     backend.barrier()
     return Path(out_dir)
+
+
+def write_merged_adapter(adapter, model_config, out_dir, state_dict, tokenizer, info, files) -> Path:
+    """A full model folder for an adapter run: the adapter folder written to a staging folder beside `out_dir`
+    (tuneforge's own, removed after), merged into its base, then written with the task's `files` (write_hf_folder)."""
+    import transformers
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=TMP_PREFIX + "adapter-", dir=out.parent))
+    try:
+        adapters.write_adapter_folder(adapter, staging / "adapter", state_dict, model_config, tokenizer, info or {})
+        merged = adapters.load_merged(getattr(transformers, model_config.architectures[0]), staging / "adapter")
+        return write_hf_folder(out, merged, None, tokenizer, info, files)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_merged(
