@@ -19,6 +19,9 @@ Models: --model (default: the bundled SmolLM2-135M, converted once under ~/.cach
 --classifier (default: the bundled all-MiniLM-L6-v2 with a fresh 5-label classification head, exported into a
 temporary folder: its speed is a trained classifier's). Writes benchmarks/results/serve_load.json and prints a
 markdown table. --only classify|generate runs one half.
+--only embed (issue 27; only when named): POST /v1/embeddings of one text per request to --embedder (a sentence
+encoder folder that `tuneforge train --task embedding` wrote), batching against `--max-batch-size 1`, no peer; the
+batched vectors compared with the unbatched ones (within 1e-3), malformed embedding requests beside the load.
 """
 
 from __future__ import annotations
@@ -103,6 +106,10 @@ def malformed(kind: str, model: str) -> list[tuple[str, bytes]]:
     if kind == "predict":
         bodies = [b'{"texts": [', b'{"texts": "x"}', b'{"texts": []}', b"[1, 2]", b'{"texts": [1, 2]}']
         return [("/predict", b) for b in bodies]
+    if kind == "embed":
+        changes = [{"input": ""}, {"input": []}, {"input": 5}, {"model": "no-such-model"}, {"dimensions": 10**7}]
+        bodies = [json.dumps({"model": model, "input": "Hello", **c}).encode() for c in changes] + [b'{"input": ']
+        return [("/v1/embeddings", b) for b in bodies]
     good = {"model": model, "prompt": "Hello", "max_tokens": 4}
     changes = [{"max_tokens": "4"}, {"prompt": ""}, {"max_tokens": 10**7}, {"temperature": -1}, {"prompt": 5}]
     bodies = [json.dumps({**good, **c}).encode() for c in changes] + [b'{"model": ', b"[]"]
@@ -116,6 +123,8 @@ async def load(url: str, kind: str, model: str, args, extra: dict | None = None)
     for i in range(args.requests):
         if kind == "predict":
             requests.append(("/predict", {"texts": [TEXTS[i % len(TEXTS)]]}))
+        elif kind == "embed":
+            requests.append(("/v1/embeddings", {"model": model, "input": TEXTS[i % len(TEXTS)]}))
         else:
             body = {
                 "model": model,
@@ -151,6 +160,8 @@ async def load(url: str, kind: str, model: str, args, extra: dict | None = None)
                 out = r.json()
                 if kind == "predict":
                     answers[i] = out["predictions"][0].get("scores")
+                elif kind == "embed":
+                    answers[i] = out["data"][0]["embedding"]
                 else:
                     answers[i] = out["choices"][0]["text"]
                     tokens += out["usage"]["completion_tokens"]
@@ -228,8 +239,9 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
     out = {
         "tuneforge serve (batching)": (batching, {}),
         "tuneforge serve --max-batch-size 1 (batching off)": (serve + ["--max-batch-size", "1"], {}),
-        "transformers pipeline in FastAPI (peer)": (peer, {}),
     }
+    if kind != "embed":
+        out["transformers pipeline in FastAPI (peer)"] = (peer, {})
     if kind == "generate":
         # transformers' own OpenAI server with its paged-attention continuous batching, at each dtype (its best is
         # the peer)
@@ -248,6 +260,8 @@ def compare(kind: str, batched: dict, single: dict) -> dict:
     same = [i for i in batched if i in single]
     if kind == "predict":
         differ = [i for i in same if any(abs(batched[i][k] - single[i][k]) > 1e-3 for k in single[i])]
+    elif kind == "embed":
+        differ = [i for i in same if max(abs(a - b) for a, b in zip(batched[i], single[i])) > 1e-3]
     else:
         differ = [i for i in same if batched[i] != single[i]]
     return {"compared": len(same), "differ": len(differ)}
@@ -263,7 +277,8 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=32, help="tuneforge's batch in the batching variant")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take (then an error)")
     ap.add_argument("--bad-every-ms", type=float, default=200.0, help="pause between malformed requests")
-    ap.add_argument("--only", choices=["classify", "generate"], default=None)
+    ap.add_argument("--only", choices=["classify", "generate", "embed"], default=None)
+    ap.add_argument("--embedder", default=None, help="a sentence encoder folder of tuneforge's (for --only embed)")
     ap.add_argument("--peer-dtypes", default="float32,bfloat16", help="transformers serve's dtypes, each a variant")
     ap.add_argument("--skip", default=None, help="leave out variants whose names hold these texts (comma-separated)")
     ap.add_argument("--logprobs", type=int, default=5, help="a variant asking each request for logprobs (the cost)")
@@ -271,12 +286,14 @@ def main() -> None:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-load-"))
-    kinds = {"classify": "predict", "generate": "generate"}
+    kinds = {"classify": "predict", "generate": "generate", "embed": "embed"}
     results: dict = {}
     for half, kind in kinds.items():
-        if args.only and args.only != half:
+        if (args.only and args.only != half) or (half == "embed" and args.only != "embed"):
             continue
-        if kind == "predict":
+        if kind == "embed":
+            model_dir = args.embedder or sys.exit("--only embed needs --embedder")
+        elif kind == "predict":
             model_dir = args.classifier or classifier_folder(tmp / "classifier")
         else:
             from tuneforge.tasks.clm import bundled_smollm2
