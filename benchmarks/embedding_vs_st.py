@@ -30,13 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _machine import machine_meta
+from _process import timed
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parent.parent / "shared/data"
@@ -54,19 +53,6 @@ def squad_subset(src: Path, articles: int, dest: Path) -> int:
     data["data"] = data["data"][:articles]
     dest.write_text(json.dumps(data))
     return sum(len(p["qas"]) for a in data["data"] for p in a["paragraphs"])
-
-
-def timed(cmd: list[str], log: Path) -> tuple[float, int, str]:
-    """(wall s, peak RSS MiB, stdout) of a whole process."""
-    start = time.perf_counter()
-    with open(log, "w") as err, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
-        stdout = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{cmd[:4]} failed; see {log}:\n{log.read_text()[-3000:]}")
-    return wall, round(usage.ru_maxrss / 1024), stdout
 
 
 def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path, seed: int) -> list[str]:

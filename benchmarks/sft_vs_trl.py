@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from _machine import machine_meta
+from _process import timed
 
 HERE = Path(__file__).resolve().parent
 LIMA = HERE.parent.parent / "shared/data/lima/lima.json"
@@ -59,19 +58,6 @@ def count_tokens(model: str, path: Path) -> int:
     tokenizer = AutoTokenizer.from_pretrained(model)
     rows = [json.loads(x)["messages"] for x in path.read_text().splitlines()]
     return sum(min(MAX_LENGTH, len(encode_conversation(tokenizer, m)[0])) for m in rows)
-
-
-def timed(cmd: list[str], log: Path) -> tuple[float, int, str]:
-    """(wall s, peak RSS MiB, stdout) of a whole process."""
-    start = time.perf_counter()
-    with open(log, "w") as err, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True) as proc:
-        stdout = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{cmd[:4]} failed; see {log}:\n{log.read_text()[-3000:]}")
-    return wall, round(usage.ru_maxrss / 1024), stdout
 
 
 def main() -> None:

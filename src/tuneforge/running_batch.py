@@ -230,8 +230,9 @@ class SlotBatch:
         gives them or None). Nothing is kept unless the pass succeeds."""
         decoding = 0 if tokens is None else len(self.slot_of_row)
         ids = [0] * decoding
+        last = tokens.tolist() if decoding else []  # one copy to the host, not one per row
         for row, slot in enumerate(self.slot_of_row[:decoding]):
-            ids[slot] = int(tokens[row])
+            ids[slot] = last[row]
         for prompt in prompts:
             ids += prompt
         plan = pack(self.cache, self.lengths, decoding, [len(p) for p in prompts], self.device)
