@@ -58,6 +58,7 @@ class CausalBatch:
     """The running rows of a causal LM: one left-padded key/value cache; newcomers join at any step."""
 
     joins_running = True
+    fuses_prefill = False  # newcomers are prefilled in a pass of their own (`step` is SlotBatch's)
 
     def __init__(self, model, pad_id: int) -> None:
         self.model = model
@@ -144,6 +145,7 @@ class Seq2SeqBatch:
     """The running rows of an encoder-decoder model: admitted together when the batch is empty."""
 
     joins_running = False
+    fuses_prefill = False
 
     def __init__(self, model, pad_id: int) -> None:
         self.model = model

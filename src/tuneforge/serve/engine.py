@@ -331,7 +331,7 @@ class GenerationEngine:
     def _step(self, admitted: list[Sequence]) -> None:
         """Prefill the admitted sequences, then one decode step of the running batch (one forward pass for both
         where the batch fuses them; should that pass fail, the two separate passes find whom to blame)."""
-        if admitted and self.running and getattr(self.batch, "fuses_prefill", False) and self._fused(admitted):
+        if admitted and self.running and self.batch.fuses_prefill and self._fused(admitted):
             self._drop_finished()
             return
         if admitted:
@@ -366,11 +366,16 @@ class GenerationEngine:
             log.warning("a joined step failed (%s: %s): prefill and decode again apart", type(err).__name__, err)
             return False
         prefilled = self._prompt_logprobs(admitted, prefilled, every_position)
-        self.on_step(len(self.running) + len(admitted))
+        self._join(admitted, self.running + admitted, torch.cat([decoded, prefilled]))
+        return True
+
+    def _join(self, admitted: list[Sequence], rows: list[Sequence], logits: torch.Tensor) -> None:
+        """The prefilled sequences join the running rows; each of `rows` (those of the pass) takes its next token
+        from `logits`."""
+        self.on_step(len(rows))
         self.prompt_tokens += sum(len(s.prompt_ids) for s in admitted)
         self.running.extend(admitted)
-        self._advance(self.running, self._sample(torch.cat([decoded, prefilled]), self.running))
-        return True
+        self._advance(rows, self._sample(logits, rows))
 
     def _prompt_logprobs(self, seqs: list[Sequence], logits: torch.Tensor, every_position: bool) -> torch.Tensor:
         """Record the prompt log-probs of the rows that asked, from every position's logits (a row whose
@@ -397,11 +402,7 @@ class GenerationEngine:
                 return
             self._fail(seqs, err, "prefill")
             return
-        logits = self._prompt_logprobs(seqs, logits, every_position)
-        self.on_step(len(seqs))
-        self.prompt_tokens += sum(len(s.prompt_ids) for s in seqs)
-        self.running.extend(seqs)
-        self._advance(seqs, self._sample(logits, seqs))
+        self._join(seqs, seqs, self._prompt_logprobs(seqs, logits, every_position))
 
     def _decode(self) -> None:
         last = torch.tensor([s.token_ids[-1] for s in self.running])
