@@ -146,7 +146,7 @@ FLOORS = {
         "tuneforge.gguf_export",
         "tuneforge.generate",
     ),
-    "tasks": ("tuneforge.tasks",),
+    "tasks": ("tuneforge.tasks", "tuneforge.rewards"),  # task families, and the reward functions GRPO scores with
     "runs and services": (  # a resolved config, the training run, predict, chat, the server
         "tuneforge.configure",
         "tuneforge.run",

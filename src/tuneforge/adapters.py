@@ -251,6 +251,28 @@ def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str
 
 
 # ---- export and loading -------------------------------------------------------------------------
+def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype | None) -> int:
+    """Keep every frozen `nn.Linear`'s weight and bias in `dtype` (the run's autocast dtype, which autocast casts
+    them to at every call anyway: the same numbers, no per-call cast, half the memory). A weight shared with the
+    input embeddings (tied lm_head) stays as it is: embeddings are not autocast. Returns the bytes saved."""
+    if dtype is None or is_quantized(model):
+        return 0
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tied = embeddings.weight if embeddings is not None else None
+    saved = 0
+    for module in model.modules():
+        params = list(module.parameters(recurse=False))
+        if type(module) is not torch.nn.Linear or any(p.requires_grad for p in params):
+            continue
+        if tied is not None and module.weight is tied:
+            continue
+        for p in params:
+            if p.dtype != dtype and p.is_floating_point():
+                saved += p.numel() * (p.element_size() - torch.finfo(dtype).bits // 8)
+                p.data = p.data.to(dtype)
+    return saved
+
+
 def write_adapter_folder(
     adapter: Adapter, out_dir: str | os.PathLike, state_dict: dict | None, model_config, tokenizer, info: dict
 ) -> Path:

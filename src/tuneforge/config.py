@@ -431,6 +431,8 @@ def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | 
             model = {**SECTIONS, **(options or {})}.get(parent)
             allowed = ", ".join(sorted(model.model_fields)) if model else ""
             lines.append(f"unknown config key '{loc}'; allowed: {allowed}")
+        elif not e["loc"] and e["type"] == "value_error":  # a whole model's check (its message names the flags)
+            lines.append(e["msg"].removeprefix("Value error, "))
         else:
             msg = e["msg"].removeprefix("Value error, ")
             got = e.get("input")

@@ -34,3 +34,15 @@ class TaskOptions(Options):
 class BackendOptions(Options):
     """A backend's own settings. Subclass it as `Options` in the backend class: each field becomes a
     config key under `backend_options` (also accepted flat) and a CLI flag."""
+
+
+def comma_list(value):
+    """A list option's raw value as a flat list: a comma-separated string, a number, or a list of either (a
+    repeated flag, each maybe comma-separated). For a `mode="before"` field validator."""
+    if value is None:
+        return None
+    items = value if isinstance(value, (list, tuple)) else [value]
+    out = []
+    for item in items:
+        out += [part.strip() for part in item.split(",") if part.strip()] if isinstance(item, str) else [item]
+    return out

@@ -29,11 +29,16 @@ class StepPlan:
     seed: int
     group_by_length: bool
     total_steps: int = 0  # the run's optimizer steps (`of` and `resumed_at` set it)
+    # optimizer steps taken on each step's data (a task's `updates_per_batch`: GRPO's num_iterations reuses a
+    # generated batch); the data position advances after the last of them
+    repeats: int = 1
 
     @classmethod
-    def of(cls, config, n_train: int, dp_size: int) -> StepPlan:
-        """The plan of a run of `config` over `n_train` examples on `dp_size` ranks."""
+    def of(cls, config, n_train: int, dp_size: int, repeats: int = 1) -> StepPlan:
+        """The plan of a run of `config` over `n_train` examples on `dp_size` ranks, `repeats` optimizer steps on
+        each step's data."""
         plan = cls(
+            repeats=repeats,
             n_train=n_train,
             batch_size=config.batch_size,
             dp_size=dp_size,
@@ -63,11 +68,12 @@ class StepPlan:
 
     @property
     def steps_per_epoch(self) -> int:
-        return max(1, math.ceil(self.batches_per_epoch / self.grad_accum))
+        return max(1, math.ceil(self.batches_per_epoch / self.grad_accum)) * self.repeats
 
     def epoch_steps(self, lengths, progress: Progress, dp_rank: int) -> tuple[list[list[list[int]]], int]:
         """This rank's optimizer steps (each a list of micro-batches of example indices) left in the epoch
-        `progress` is in, from its data position; and the size of that epoch's order."""
+        `progress` is in, from its data position (each step's data `repeats` times in a row); and the size of that
+        epoch's order."""
         order = epoch_order(
             np.asarray(lengths),
             seed=self.seed,
@@ -78,7 +84,8 @@ class StepPlan:
         batches = rank_batches(
             order, start=progress.consumed, global_batch=self.global_batch, dp_rank=dp_rank, dp_size=self.dp_size
         )
-        return [batches[i : i + self.grad_accum] for i in range(0, len(batches), self.grad_accum)], len(order)
+        steps = [batches[i : i + self.grad_accum] for i in range(0, len(batches), self.grad_accum)]
+        return [step for step in steps for _ in range(self.repeats)], len(order)
 
     def resumed_at(self, progress: Progress, lengths) -> StepPlan:
         """The plan of a run resumed at `progress`: the configured epochs, counted from the restored position.
@@ -92,11 +99,12 @@ class StepPlan:
         left_in_epoch = len(self.epoch_steps(lengths, progress, dp_rank=0)[0])
         per_epoch, whole = self.steps_per_epoch, int(self.epochs)
         last_part = math.ceil(self.epochs * per_epoch) - whole * per_epoch  # steps of a final partial epoch
-        if progress.epoch < whole:
+        if progress.epoch < whole:  # (steps are counted with their repeats: a resume lands between data steps)
             left = left_in_epoch + (whole - progress.epoch - 1) * per_epoch + last_part
         elif progress.epoch == whole and last_part:
-            examples = self.step_examples
-            left = min(left_in_epoch, math.ceil(max(0, last_part * examples - progress.consumed) / examples))
+            examples, data_steps = self.step_examples, math.ceil(last_part / self.repeats)
+            rest = math.ceil(max(0, data_steps * examples - progress.consumed) / examples)
+            left = min(left_in_epoch, min(last_part, rest * self.repeats))
         else:
             left = 0
         return replace(self, total_steps=progress.step + left)

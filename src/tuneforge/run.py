@@ -61,6 +61,7 @@ class Run:
     best: BestModel | None = None  # the built-in that tracks the best evaluation (and its weights)
     resumed_from: Path | None = None  # the checkpoint this run continues
     window: torch.Tensor | None = None  # this rank's loss sum and item count since the last log line
+    engine: Any = None  # the generation engine on the live model, built at the first in-training generation
 
 
 def seed_everything(seed: int) -> None:
@@ -85,7 +86,7 @@ def set_up_training(
     enable_gradient_checkpointing(model, config, backend)
     model.train()
     model, optimizer = backend.wrap(model, make_optimizer)
-    plan = StepPlan.of(config, len(train), backend.dp_size)
+    plan = StepPlan.of(config, len(train), backend.dp_size, repeats=task.updates_per_batch)
     run = Run(config, backend, report, tokenizer, train, evals, model, adapter, optimizer, plan=plan)
     run.scheduler = make_scheduler(optimizer, plan.total_steps)
     run.checkpointer = make_checkpointer(run, task)
@@ -124,6 +125,12 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     adapter = None
     if training and config.adapter == "lora":  # LoRA layers in place: `model` keeps its class
         adapter = adapters.add_lora(model, config, base_model=task.model_path(), log=report.print)
+        saved = adapters.store_frozen_linears(model, backend.precision_plugin.frozen_weight_dtype())
+        if saved:
+            report.print(
+                f"frozen linear weights kept in {backend.precision} (what autocast computes with): "
+                f"{saved / 2**20:.0f} MiB less"
+            )
     elif training:
         freeze(model, config, log=report.print)
     if training:

@@ -71,12 +71,13 @@ class SlotCache:
                 buffers[layer] = grown
         self.slots, self.capacity = new_slots, new_capacity
 
-    def layer(self, index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The key and value buffers of a layer whose keys look like `like` [1, kv_heads, tokens, head_dim]."""
+    def layer(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key and value buffers of a layer whose keys and values look like `key`, `value` [1, kv_heads,
+        tokens, head_dim] (each its own dtype: under autocast the rotary keys are float32, the values bf16)."""
         if index not in self.keys:
-            shape = (self.slots, like.shape[1], self.capacity, like.shape[3])
-            self.keys[index] = like.new_zeros(shape)
-            self.values[index] = like.new_zeros(shape)
+            shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
+            self.keys[index] = key.new_zeros(shape)
+            self.values[index] = value.new_zeros(shape)
         return self.keys[index], self.values[index]
 
     def move(self, source: int, target: int, length: int) -> None:
@@ -144,7 +145,7 @@ def slot_attention(module, query, key, value, attention_mask, scaling=None, drop
     """transformers' attention-function signature: query [1, heads, tokens, dim], key and value [1, kv_heads,
     tokens, dim] (rotary applied); returns [1, tokens, heads, dim] (and no weights)."""
     plan: Packed = slot_plan
-    keys, values = plan.cache.layer(module.layer_idx, key)
+    keys, values = plan.cache.layer(module.layer_idx, key, value)
     plan.write(keys, key)
     plan.write(values, value)
     heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[3]

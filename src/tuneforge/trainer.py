@@ -26,19 +26,19 @@ import torch
 
 from tuneforge import checkpoint, export, launch
 from tuneforge.artifacts import import_model_code
-from tuneforge.backends import check_launchable, get_backend
+from tuneforge.backends import backend_classes, check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
 from tuneforge.callbacks import Callback
 from tuneforge.config import TrainConfig
 from tuneforge.configure import build_config, resolve
 from tuneforge.data.samplers import eval_batches
-from tuneforge.errors import NonFiniteError
+from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
 from tuneforge.run import Given, Run, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
-from tuneforge.tasks.base import EvalTools
+from tuneforge.tasks.base import EvalTools, StepTools
 
 __all__ = ["Callback", "Trainer", "TrainState"]
 
@@ -165,16 +165,29 @@ class Trainer:
         model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
             check_launchable(cfg, launch.dist_env(), model_config)
+            self._check_generation_fits(get_backend(cfg, launch.dist_env()))
             if self.fork_workers:
                 import_model_code(model_config)  # once here, not again in each forked worker
             return launch.launch_workers(cfg, again if self.fork_workers else None)
         backend = get_backend(cfg, launch.dist_env())
         backend.check(model_config)
+        self._check_generation_fits(backend)
         backend.setup()
         try:
             return launch.hand_back(work(backend), backend.is_main)
         finally:
             backend.teardown()
+
+    def _check_generation_fits(self, backend) -> None:
+        """A task that generates while it trains needs the whole model on each rank: one line where it is not."""
+        if self.task.generates_while_training and not backend.holds_whole_model():
+            whole = [name for name, cls in backend_classes().items() if cls.distributed and not cls.sharded]
+            raise ConfigError(
+                f"--task {self.config.task} generates with the model while it trains, and backend {backend.name!r} "
+                "(as configured) splits the weights across ranks, so no rank could generate alone; use a backend "
+                f"whose ranks each hold the whole model ({', '.join('--backend ' + n for n in whole)}; with "
+                "--adapter lora the frozen weights cost no optimizer state)"
+            )
 
     def _validate(self, backend, given: Given) -> dict:
         t0 = time.perf_counter()
@@ -211,7 +224,8 @@ class Trainer:
                 loss_sum, count = self.train_step(micro_batches)
                 run.scheduler.step()
                 st.step += 1
-                st.consumed = min(order_size, st.consumed + plan.global_batch * len(micro_batches))
+                if (i + 1) % plan.repeats == 0:  # the step's data had its last update (a resume starts at one)
+                    st.consumed = min(order_size, st.consumed + plan.global_batch * len(micro_batches))
                 run.window[0] += loss_sum
                 run.window[1] += count
                 if st.step % run.config.logging_steps == 0 or st.step == plan.total_steps:
@@ -249,6 +263,7 @@ class Trainer:
         """
         b = self.backend
         batches = [self._to_device(self._collate(self.train_data, idx)) for idx in micro_batches]
+        batches = self.task.prepare_step(batches, self._step_tools())  # e.g. GRPO: generated and scored here
         counts = torch.stack([self.task.count(bt).to(b.device).float() for bt in batches])
         local_count = counts.sum()
         global_count = b.reduce_sum(local_count)
@@ -301,6 +316,36 @@ class Trainer:
         suspects += ["fp16's range (--precision bf16 or fp32)"] if self.backend.precision == "fp16" else []
         return ", ".join(suspects) + " or the data (a row with an extreme value)"
 
+    # ---- generation inside training ----------------------------------------------------------
+    def complete(self, prompts: list[list[int]], settings: list[dict]) -> list:
+        """Completions of token-id prompts from the live model: the continuous-batching engine over the unwrapped
+        model (no copy of the weights), in eval mode, under the run's autocast. `settings`: one dict of
+        `SamplingParams` fields (max_tokens, temperature, top_p, seed...) per prompt."""
+        from tuneforge.serve.engine import GenerationEngine, SamplingParams
+
+        run = self.run
+        if run.engine is None:
+            run.engine = GenerationEngine.from_model(
+                run.backend.unwrap(run.model), run.tokenizer, max_queue=max(1024, len(prompts))
+            )
+        weights = run.backend.precision_plugin.weights_for_generation(run.engine.model)
+        with run.backend.autocast(), weights:
+            return run.engine.generate(prompts, [SamplingParams(**s) for s in settings])
+
+    def _step_tools(self) -> StepTools:
+        run, st = self.run, self.state
+        return StepTools(
+            complete=self.complete,
+            model=run.backend.unwrap(run.model),
+            autocast=run.backend.autocast,
+            reduce_sum=run.backend.reduce_sum,
+            gather_objects=run.backend.gather_objects,
+            step=st.step + 1,
+            epoch=st.epoch,
+            seed=run.config.seed,
+            device=run.backend.device,
+        )
+
     # ---- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, eval_dataset=None) -> dict[str, float]:
@@ -315,6 +360,7 @@ class Trainer:
             forward=functools.partial(self.forward_step, model),
             generate=functools.partial(b.generate, model),
             tokenizer=run.tokenizer,
+            complete=self.complete,
         )
         bs = run.config.eval_batch_size or run.config.batch_size * 2
         for idx in eval_batches(np.asarray(data["length"]), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):
@@ -353,6 +399,7 @@ class Trainer:
         st.train_loss = float(totals[0] / totals[1])
         logs = {"split": "train", "step": st.step, "epoch": st.epoch, "loss": st.train_loss}
         logs["lr"] = run.scheduler.get_last_lr()[0]
+        logs.update(self.task.train_logs(run.backend, st.step))
         run.report.log(logs)
         self._fire("on_log", logs)
 

@@ -178,6 +178,11 @@ class Backend:
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return getattr(model, "module", model)
 
+    def holds_whole_model(self) -> bool:
+        """Whether every rank holds all of the model's weights, so a forward pass needs no other rank: what a task
+        that generates while it trains (GRPO) needs of a backend. Sharded backends split the weights."""
+        return not self.sharded
+
     def autocast(self):
         """The autocast context of this run's precision on its device (none where the engine casts)."""
         return self.precision_type.autocast_for(self.precision, self.device)

@@ -205,6 +205,9 @@ class DeepSpeedBackend(Backend):
             )
         return super().usable()
 
+    def holds_whole_model(self) -> bool:
+        return self.options.zero_stage < 3  # ZeRO 1 and 2 shard the optimizer state and gradients, not the weights
+
     def check(self, model_config=None) -> None:
         super().check(model_config)
         cfg, opts = self.config, self.options

@@ -84,6 +84,40 @@ class Precision:
             raise ConfigError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
 
     # ---- compute ------------------------------------------------------------------------------
+    # frozen linear layers may keep their weights in the autocast dtype (`frozen_weight_dtype`)
+    stores_frozen_weights = True
+
+    def frozen_weight_dtype(self) -> torch.dtype | None:
+        """The dtype a frozen linear layer's weights can be kept in for this run: autocast's (it casts them to it
+        at every call; kept so, a forward computes the same numbers without the cast, in half the memory). None:
+        as loaded (fp32, or a backend whose engine or sharding handles the dtypes)."""
+        if not self.stores_frozen_weights:
+            return None
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+
+    @contextlib.contextmanager
+    def weights_for_generation(self, model: torch.nn.Module):
+        """For a whole generation call on the live model: every linear layer's float32 weight and bias cast once
+        to the autocast dtype, the originals given back after. Autocast casts them to that dtype anyway, but at
+        every call (it caches only weights that require gradients): once per generated token, where the tied
+        output layer of a small model alone costs ~50 ms on a CPU. The same numbers; the copies live for the call."""
+        dtype = self.frozen_weight_dtype()
+        swapped = []
+        if dtype is not None:
+            for module in model.modules():
+                if type(module) is not torch.nn.Linear:
+                    continue
+                for name in ("weight", "bias"):
+                    param = getattr(module, name)
+                    if param is not None and param.dtype == torch.float32:
+                        swapped.append((module, name, param))
+                        setattr(module, name, torch.nn.Parameter(param.detach().to(dtype), requires_grad=False))
+        try:
+            yield
+        finally:
+            for module, name, param in swapped:
+                setattr(module, name, param)
+
     @staticmethod
     def autocast_for(name: str, device: torch.device):
         """The autocast context of precision `name` on `device` (none for fp32)."""
@@ -142,6 +176,7 @@ class ShardedPrecision(Precision):
     """fsdp, tp: fp16 would need a sharded grad scaler, so it is refused (use bf16)."""
 
     supported = ("fp32", "bf16")
+    stores_frozen_weights = False  # the weights are DTensors, cast by the sharding's own policy
 
     def check_requested(self) -> None:
         if self.requested == "fp16":
@@ -180,6 +215,8 @@ class NoAutocastPrecision(ShardedPrecision):
 
 class EnginePrecision(Precision):
     """DeepSpeed: the engine keeps the model in bf16/fp16 (fp32 master weights) and scales fp16 losses itself."""
+
+    stores_frozen_weights = False  # the engine casts the model itself
 
     @staticmethod
     def autocast_for(name: str, device: torch.device):

@@ -20,6 +20,8 @@ TASKS = {
     "clm": "tuneforge.tasks.clm:CausalLMTask",
     "sft": "tuneforge.tasks.sft:ChatSFTTask",
     "dpo": "tuneforge.tasks.dpo:DPOTask",
+    "grpo": "tuneforge.tasks.grpo:GRPOTask",
+    "reward": "tuneforge.tasks.reward:RewardModelTask",
     "seq2seq": "tuneforge.tasks.seq2seq:Seq2SeqTask",
     "ner": "tuneforge.tasks.ner:TokenClassificationTask",
     "qa": "tuneforge.tasks.qa:QuestionAnsweringTask",

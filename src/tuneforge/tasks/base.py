@@ -60,6 +60,31 @@ class EvalTools:
     forward: Callable[[dict[str, torch.Tensor]], Any]
     generate: Callable[..., torch.Tensor]
     tokenizer: Any
+    # complete(prompts, params) -> engine Completions: the continuous-batching engine on the live model
+    # (serve/engine.py `GenerationEngine.generate`), for tasks that generate while they train (StepTools)
+    complete: Callable[..., list] | None = None
+
+
+@dataclass(frozen=True)
+class StepTools:
+    """What a task's `prepare_step` may use to make a step's examples from its data (generating with the model
+    being trained): never the Trainer or the optimizer.
+
+    complete(prompts, params): the engine's completions of token-id prompts (a `SamplingParams` each) from the
+    live model, in eval mode, under the run's autocast; model: the unwrapped live model (for no-grad forwards);
+    autocast(): the run's autocast context; reduce_sum / gather_objects: the backend's collectives over the
+    data-parallel ranks; step: the optimizer step about to be taken (1-based); epoch; seed: the run's seed; device:
+    where the step's tensors go."""
+
+    complete: Callable[..., list]
+    model: Any
+    autocast: Callable[[], Any]
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor]
+    gather_objects: Callable[[Any], list]
+    step: int
+    epoch: int
+    seed: int
+    device: torch.device
 
 
 class MetricStream:
@@ -91,6 +116,15 @@ class Task:
     # choose by these, never by the task's name. `family`: artifacts.FAMILY_CAUSAL or FAMILY_SEQ2SEQ.
     generates: ClassVar[bool] = False
     family: ClassVar[str | None] = None
+    # the task generates with the model while it trains (`prepare_step`): a backend must hold the whole model on
+    # each rank (not fsdp, ZeRO-3 or tp)
+    generates_while_training: ClassVar[bool] = False
+
+    @property
+    def updates_per_batch(self) -> int:
+        """Optimizer steps taken on each step's data (GRPO's num_iterations: a generated batch reused); the
+        step plan repeats each step's data this many times and its position advances after the last."""
+        return 1
 
     def __init__(self, config) -> None:
         if not isinstance(config.task_options, self.Options):
@@ -257,6 +291,17 @@ class Task:
         """The process group of the run's data-parallel ranks (None: one process), told before any data or model
         work: a task whose loss spans the ranks (in-batch candidates gathered from all of them) computes over it."""
         self.dp_group = group
+
+    def prepare_step(self, batches: list[dict], tools: StepTools) -> list[dict]:
+        """The micro-batches one optimizer step trains on, from the ones collated from the step's data rows
+        (`collate`). Most tasks train on their data as it is; a task that makes its examples (GRPO: completions
+        generated from the rows' prompts and scored) does it here, once per step, for all its micro-batches."""
+        return batches
+
+    def train_logs(self, backend, step: int) -> dict:
+        """Extra values for the training log line at `step` (a collective: every rank calls it), measured since
+        the last line; the task's own window empties."""
+        return {}
 
     def set_up_reference(self, model, adapter) -> None:
         """Training only: called once the trainable model is built (`adapter`: its LoRA adapter, or None) and

@@ -66,7 +66,7 @@ from tuneforge.data import squad
 from tuneforge.data.retrieval import collection_ids, has_squad_columns, is_squad_json, squad_pairs
 from tuneforge.data.sources import check_file, find_split_files, read_table, require_columns, to_dataset
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.options import TaskOptions
+from tuneforge.options import TaskOptions, comma_list
 from tuneforge.tasks.base import Task, empty_check, predict_max_length, set_dropout
 from tuneforge.tasks.embedding_eval import EmbeddingStream
 
@@ -151,17 +151,6 @@ def rank_offset(sizes: list[int], group) -> int:
 
 
 # ---- options ---------------------------------------------------------------------------------------------------
-def _as_list(value):
-    """A comma-separated string, a number or a list of either (a repeated flag): a flat list of items."""
-    if value is None:
-        return None
-    items = value if isinstance(value, (list, tuple)) else [value]
-    out = []
-    for item in items:
-        out += [part.strip() for part in item.split(",") if part.strip()] if isinstance(item, str) else [item]
-    return out
-
-
 class EmbeddingOptions(TaskOptions):
     loss: Literal["auto", "mnrl", "cosent", "cosine_mse"] = Field(
         "auto",
@@ -206,7 +195,7 @@ class EmbeddingOptions(TaskOptions):
     @field_validator("matryoshka_dims", "matryoshka_weights", mode="before")
     @classmethod
     def _split(cls, value):
-        return _as_list(value)
+        return comma_list(value)
 
     @model_validator(mode="after")
     def _consistent(self):

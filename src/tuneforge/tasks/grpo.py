@@ -1,0 +1,705 @@
+"""Online RL with verifiable rewards (`--task grpo`): Group Relative Policy Optimization (Shao et al., 2024) and
+its variants (DAPO, Dr. GRPO, GSPO), generating with tuneforge's own continuous-batching engine on the live model.
+
+Each optimizer step: the step's prompts (rows of a json/jsonl file: `prompt` as text or messages, or
+`--prompt-column`; every other column reaches the reward functions by name) get `num_generations` completions
+each, sampled by the engine from the model as it is (no copy, no server); the reward functions score them
+(tuneforge/rewards); each completion's advantage is its reward against its group's (tasks/grpo_loss.py); the
+clipped objective is trained on the completion tokens. A prompt's whole group is generated and scored on the rank
+that holds the prompt, so groups never span ranks; `scale_rewards batch` takes its std over every rank.
+
+Exactness: the loss is summed per micro-batch and divided by its count over the whole step (every micro-batch,
+every rank), as the Trainer does for every task; sampling is seeded by (seed, epoch, the prompt's row, the
+completion's number), so a resumed run, also on another world size, samples what the interrupted one did.
+
+Logged per logging interval: each reward function's mean and std, the total reward, completion length (mean,
+max, share truncated), clip ratios, KL (beta > 0), the share of groups with equal rewards (no signal), generation
+and training tokens/s; a few completions with their rewards go to OUTPUT_DIR/completions.jsonl. Evaluation:
+greedy completions of the validation prompts, each reward function's mean (`accuracy` for the accuracy reward).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import inspect
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import datasets
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from tuneforge.config import EVAL, INPUT, MAX_TOKENS
+from tuneforge.data import chat
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.options import TaskOptions, comma_list
+from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, score
+from tuneforge.tasks import grpo_loss
+from tuneforge.tasks.base import MetricStream, StepTools
+from tuneforge.tasks.clm import CausalLMTask
+
+SAMPLES_FILE = "completions.jsonl"
+
+
+class GRPOOptions(TaskOptions):
+    reward: list[str] = Field(
+        default_factory=list,
+        description="a reward function (repeat the flag for several): accuracy, format, length, FILE.py:FUNCTION "
+        "(TRL's signature) or model:DIR (a --task reward model)",
+        json_schema_extra=EVAL,
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="each --reward's weight in the total reward, comma-separated (default: 1 each)",
+        json_schema_extra={**EVAL, "flag_kwargs": {"metavar": "WEIGHTS"}},
+    )
+    num_generations: int = Field(8, ge=2, le=256, description="completions sampled per prompt (the group)")
+    max_completion_length: int = Field(
+        256, gt=0, le=MAX_TOKENS, description="tokens per completion at most", json_schema_extra=EVAL
+    )
+    max_prompt_length: int = Field(
+        512, gt=0, le=MAX_TOKENS, description="a longer prompt keeps its last tokens", json_schema_extra=EVAL
+    )
+    temperature: float = Field(1.0, gt=0, le=100, description="sampling temperature (the policy's log-probs too)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling: the smallest set of tokens above top_p")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="advantages divided by the group's reward std, the whole step's, or not at all"
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        "dapo", description="how token losses are averaged (README: GRPO); dapo: over the step's tokens"
+    )
+    epsilon: float = Field(0.2, gt=0, lt=1, description="the clip range: ratios below 1 - epsilon are clipped")
+    epsilon_high: float | None = Field(
+        None, gt=0, le=100, description="the upper clip, 1 + epsilon_high (DAPO: 0.28); default: epsilon"
+    )
+    beta: float = Field(
+        0.0, ge=0, le=1e3, description="the weight of the KL to the reference model (0: no reference at all)"
+    )
+    importance_sampling: Literal["token", "sequence"] = Field(
+        "token", description="importance ratio per token, or per sequence (GSPO: the mean log-ratio)"
+    )
+    num_iterations: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="optimizer steps on each generated batch (mu), the later ones against the "
+        "log-probs it was sampled with (clipped)",
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="completions cut at max_completion_length train nothing (DAPO)"
+    )
+    prompt_column: str = Field(
+        "prompt",
+        description="the column holding each row's prompt (text, or a list of messages)",
+        json_schema_extra=EVAL,
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="a system message put before every prompt rendered with the chat template",
+        json_schema_extra=EVAL,
+    )
+    prompt_format: Literal["auto", "chat", "text"] = Field(
+        "auto",
+        description="chat: prompts rendered with the chat template (text prompts as one user turn); text: as "
+        "written; auto: chat when the tokenizer has a template",
+        json_schema_extra=EVAL,
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template file (for a tokenizer without one, or to replace its own)",
+        json_schema_extra={**EVAL, **INPUT},
+    )
+    format_pattern: str = Field(
+        DEFAULT_FORMAT, description="the regular expression the `format` reward wants matched", json_schema_extra=EVAL
+    )
+    target_length: int = Field(
+        256, gt=0, le=MAX_TOKENS, description="the `length` reward's target, in tokens", json_schema_extra=EVAL
+    )
+    answer_column: str = Field(
+        "answer", description="the column the `accuracy` reward compares with", json_schema_extra=EVAL
+    )
+    logged_samples: int = Field(
+        4, ge=0, le=1024, description="completions written to OUTPUT_DIR/completions.jsonl at each log line"
+    )
+    # TRL's GRPO defaults, except a learning rate fit for LoRA on small models (TRL: 1e-6, for full fine-tuning)
+    run_defaults = {"optim.lr": 1e-5, "batch_size": 2, "logging_steps": 1, "data.group_by_length": False}
+    nonfinite_suspects = ("--beta", "--temperature")
+
+    @field_validator("reward_weights", mode="before")
+    @classmethod
+    def _split(cls, value):
+        return comma_list(value)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for spec in self.reward:
+            check_reward_spec(spec)
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(
+                f"--epsilon-high {self.epsilon_high:g} is below --epsilon {self.epsilon:g}; the upper clip is at "
+                "least the lower (DAPO's clip-higher raises it)"
+            )
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward):
+            raise ValueError(
+                f"--reward-weights gives {len(self.reward_weights)} weight(s) for {len(self.reward)} --reward "
+                "function(s); give one per function"
+            )
+        return self
+
+
+def sample_seed(seed: int, epoch: int, row: int, k: int) -> int:
+    """The seed of a prompt's k-th completion in an epoch: the same on any rank and world size."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{row}:{k}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def checked(completions: list) -> list:
+    """The completions, or one line when the engine failed any (the engine logged why): training on an empty
+    completion would teach the model nothing true."""
+    failed = sum(c.finish_reason == "error" for c in completions)
+    if failed:
+        raise ConfigError(
+            f"generation failed for {failed} of {len(completions)} completions (the warning above says why); the "
+            "model cannot be trained on them"
+        )
+    return completions
+
+
+def metric_names(specs: list[str]) -> list[str]:
+    """A short name per reward for logs: accuracy, format, length, the function's name, `model`."""
+    names = []
+    for spec in specs:
+        name = "model" if spec.startswith("model:") else spec.rsplit(":", 1)[-1] if ":" in spec else spec
+        names.append(name if name not in names else f"{name}_{len(names)}")
+    return names
+
+
+class RewardStream(MetricStream):
+    """Evaluation: each reward function's mean over the prompts it applies to and the total reward's, over every
+    rank (sums of value and count)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.sums = torch.zeros(2 * len(names) + 2, dtype=torch.float64)
+
+    def update(self, outputs, batch, valid) -> None:
+        per_function, total = outputs
+        keep = valid.bool().cpu()
+        per_function, total = per_function[keep], total[keep]
+        seen = ~torch.isnan(per_function)
+        row = torch.cat(
+            [
+                torch.nansum(per_function, 0),
+                seen.sum(0).double(),
+                torch.nansum(total)[None],
+                (~torch.isnan(total)).sum()[None].double(),
+            ]
+        )
+        self.sums += row
+
+    def compute(self, backend) -> dict[str, float]:
+        totals = backend.reduce_sum(self.sums.to(backend.device)).cpu()
+        f = len(self.names)
+        mean = lambda s, n: float(s / n) if n else float("nan")  # noqa: E731
+        out = {"reward": mean(totals[-2], totals[-1])}
+        for i, name in enumerate(self.names):
+            out[name if name == "accuracy" else f"reward_{name}"] = mean(totals[i], totals[f + i])
+        return {**out, "num_prompts": int(totals[-1])}
+
+
+class GRPOTask(CausalLMTask):
+    name = "grpo"
+    Options = GRPOOptions
+    model_kind = "a causal language model"
+    best_metric = "reward"
+    greater_is_better = True
+    generates_while_training = True
+    training_data_flags = "--train-file prompts.jsonl"
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        o = self.options
+        if not o.reward:
+            raise ConfigError(
+                "--task grpo needs at least one reward function: --reward accuracy, --reward format, --reward "
+                "length, --reward FILE.py:FUNCTION or --reward model:DIR"
+            )
+        self.clip = grpo_loss.Clip(o.epsilon, o.epsilon_high or o.epsilon, o.beta, o.importance_sampling)
+        self.reward_names = metric_names(o.reward)
+        self.weights = torch.tensor(o.reward_weights or [1.0] * len(o.reward), dtype=torch.float64)
+        self.rewards = None  # the loaded functions (load_raw: before any model work, a bad file fails early)
+        self.adapter = None  # beta > 0 with LoRA: the reference is the model with its adapters off
+        self.reference_model = None  # beta > 0 without an adapter: a frozen copy
+        self.as_chat = False
+        self.window = StepWindow(len(o.reward))
+        self.samples: list[dict] = []
+        self._samples_started = False
+        self._train_started: float | None = None
+        self._keeps_logits: bool | None = None
+        self._pad_id = 0  # the tokenizer's pad token (tokenize sets it)
+        self._rollout: Rollout | None = None  # num_iterations > 1: the generated batch the next steps reuse
+        self._check_reuse(config)
+
+    @property
+    def pads_batches(self) -> bool:
+        return True
+
+    @property
+    def updates_per_batch(self) -> int:
+        return self.options.num_iterations
+
+    def _check_reuse(self, config) -> None:
+        """With num_iterations mu, a checkpoint must fall after a generated batch's last update: a resume cannot
+        rebuild the log-probs of a batch sampled by weights it no longer has."""
+        mu = self.options.num_iterations
+        if mu == 1:
+            return
+        for flag, value in (("--save-steps", config.save_steps), ("--max-steps", config.max_steps)):
+            uses = flag == "--max-steps" or config.save_strategy == "steps"
+            if uses and value and value % mu:
+                raise ConfigError(
+                    f"{flag} {value} is not a multiple of --num-iterations {mu}: each generated batch trains {mu} "
+                    f"steps, and a checkpoint between them could not be resumed exactly; use a multiple of {mu}"
+                )
+
+    def load_tokenizer(self):
+        tokenizer = super().load_tokenizer()
+        if self.options.chat_template:
+            chat.set_chat_template(tokenizer, self.options.chat_template, self.model_path())
+        fmt = self.options.prompt_format
+        self.as_chat = fmt == "chat" or (fmt == "auto" and bool(getattr(tokenizer, "chat_template", None)))
+        if self.as_chat and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                f"--prompt-format chat: the tokenizer of {self.model_path()!r} has no chat template; pass "
+                "--chat-template FILE or --prompt-format text"
+            )
+        return tokenizer
+
+    def resolve_block_size(self) -> int:
+        """The longest sequence trained on: max_prompt_length + max_completion_length, within the context."""
+        from tuneforge.artifacts import context_length
+
+        o = self.options
+        want, limit = o.max_prompt_length + o.max_completion_length, context_length(self._model_config())
+        if limit and want > limit:
+            raise ConfigError(
+                f"--max-prompt-length {o.max_prompt_length} + --max-completion-length {o.max_completion_length} = "
+                f"{want} tokens is above the model's context of {limit}; lower either"
+            )
+        self.block_size = want
+        return want
+
+    # ---- raw data --------------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        self._load_rewards()
+        splits = self.read_given_files(
+            "prompts: pass --train-file prompts.jsonl (rows with `prompt`: text or messages, plus the columns your "
+            "rewards read) and --validation-file",
+            lambda path, split: self._read(path),
+        )
+        return datasets.DatasetDict(self.hold_out_if_needed(splits, "prompt"))
+
+    def _load_rewards(self) -> None:
+        o = self.options
+        settings = RewardSettings(
+            format_pattern=o.format_pattern, target_length=o.target_length, answer_column=o.answer_column
+        )
+        self.rewards = load_rewards(o.reward, settings)
+
+    def _read(self, path: str) -> datasets.Dataset:
+        rows = chat.read_rows(path, "prompt data", "--task grpo")
+        return self._as_dataset(rows, repr(str(path)))
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        if self.rewards is None:
+            self._load_rewards()
+        out = {}
+        for split, ds in splits.items():
+            if ds is not None:
+                out[split] = self._as_dataset(ds.to_list(), f"the {split} dataset")
+        return datasets.DatasetDict(out)
+
+    def _as_dataset(self, rows: list[dict], where: str) -> datasets.Dataset:
+        """Rows as (prompt JSON, the other columns' JSON, row number); each row checked: a prompt, and every
+        column a reward function needs."""
+        key, needed = self.options.prompt_column, sorted({c for f in self.rewards for c in f.columns})
+        if not rows:
+            raise DataError(f"{where} holds no rows")
+        prompts, columns = [], []
+        for n, row in enumerate(rows, 1):
+            field = key if key in row else "messages" if key == "prompt" and "messages" in row else None
+            if field is None or row[field] in (None, "", []):
+                raise DataError(
+                    f"{where}, row {n}: no prompt in column {key!r} (it has: {', '.join(row) or 'no fields'}); "
+                    "give each row a `prompt` (text or messages) or name the column with --prompt-column"
+                )
+            missing = [c for c in needed if c not in row]
+            if missing:
+                users = [f.name for f in self.rewards if set(f.columns) & set(missing)]
+                raise DataError(
+                    f"{where}, row {n}: no column {missing[0]!r}, which reward {users[0]!r} reads (--answer-column "
+                    "names the accuracy reward's)"
+                )
+            prompt = row[field]
+            if not isinstance(prompt, str):
+                prompt = chat.to_conversation(
+                    {"messages": prompt}, "messages", f"{where}, row {n}", need_assistant=False
+                )
+            prompts.append(json.dumps(prompt))
+            columns.append(json.dumps({k: v for k, v in row.items() if k != field}, default=str))
+        return datasets.Dataset.from_dict({"prompt": prompts, "columns": columns, "row": list(range(1, len(rows) + 1))})
+
+    # ---- features --------------------------------------------------------------------------
+    def _render(self, tokenizer, prompt) -> list[int]:
+        """A prompt's token ids: rendered with the chat template (with the generation prompt) where prompts are
+        chat, else the text as written."""
+        system = self.options.system_prompt
+        if self.as_chat:
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+            if system and (not messages or messages[0].get("role") != "system"):
+                messages = [{"role": "system", "content": system}, *messages]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(prompt, str):
+            raise DataError(
+                "a prompt is a list of messages and --prompt-format is text; use --prompt-format chat (or auto)"
+            )
+        return tokenizer(prompt)["input_ids"]
+
+    def tokenize(self, raw, tokenizer, log=print):
+        self.resolve_block_size()
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self._pad_id = pad if pad is not None else 0
+        limit = self.options.max_prompt_length
+
+        def fn(batch):
+            ids = [self._render(tokenizer, json.loads(p))[-limit:] for p in batch["prompt"]]
+            return {**batch, "prompt_ids": ids, "length": [len(x) for x in ids]}
+
+        settings = {
+            "task": "grpo",
+            "template": getattr(tokenizer, "chat_template", None) if self.as_chat else None,
+            "system": self.options.system_prompt,
+            "max_prompt_length": limit,
+        }
+        out = {}
+        for split, ds in raw.items():
+            out[split] = self.tokenize_split(split, ds, ["prompt", "columns", "row"], fn, tokenizer, settings, log)
+            log(f"{split}: {len(out[split])} prompts")
+        return datasets.DatasetDict(out)
+
+    def collate(self, rows, tokenizer):
+        return {k: rows[k] for k in ("prompt_ids", "prompt", "columns", "row")}
+
+    # ---- one step: generate, score, build the training rows ---------------------------------
+    def prepare_step(self, batches: list[dict], tools: StepTools) -> list[dict]:
+        key = (tools.epoch, tuple(r for b in batches for r in b["row"]))
+        if self._rollout is not None and self._rollout.key == key and self._rollout.uses < self.options.num_iterations:
+            self._rollout.uses += 1  # num_iterations: the same completions, against their sampling log-probs
+            return self._rollout.batches
+        started = time.perf_counter()
+        if self._train_started is not None:  # the last step's training ran since its generation ended
+            self.window.train_s += started - self._train_started
+        out = self._generate_and_score(batches, tools, started)
+        if self.options.num_iterations > 1:
+            self._rollout = Rollout(key, out, uses=1)
+        self._train_started = time.perf_counter()
+        return out
+
+    def _generate_and_score(self, batches: list[dict], tools: StepTools, started: float) -> list[dict]:
+        g, o = self.options.num_generations, self.options
+        prompts = [ids for b in batches for ids in b["prompt_ids"]]
+        rows = [r for b in batches for r in b["row"]]
+        sampling = {"max_tokens": o.max_completion_length, "temperature": o.temperature, "top_p": o.top_p}
+        settings = [{**sampling, "seed": sample_seed(tools.seed, tools.epoch, r, k)} for r in rows for k in range(g)]
+        completions = checked(tools.complete([p for p in prompts for _ in range(g)], settings))
+        self.window.gen_s += time.perf_counter() - started
+        per_function = self._score(batches, completions, g)
+        rewards = grpo_loss.total_rewards(per_function, self.weights)
+        batch_std = self._batch_std(rewards, tools) if o.scale_rewards == "batch" else None
+        advantages, flat = grpo_loss.group_advantages(rewards, g, o.scale_rewards, batch_std)
+        self.window.add_rollout(per_function, rewards, flat, completions, g)
+        self._keep_samples(tools.step, batches, completions, per_function, rewards, advantages)
+        out, k = [], 0
+        for b in batches:
+            n = len(b["prompt_ids"]) * g
+            prompt_ids = [p for p in b["prompt_ids"] for _ in range(g)]
+            out.append(self._training_batch(prompt_ids, completions[k : k + n], advantages[k : k + n], tools))
+            k += n
+        return out
+
+    def _completion_ids(self, completion) -> list[int]:
+        """The tokens trained on: the generated ones and the end-of-sequence token that ended them (the model
+        learns to stop)."""
+        ids = list(completion.token_ids)
+        return ids + [completion.stop_token] if completion.stop_token is not None else ids
+
+    def _score(self, batches: list[dict], completions, g: int) -> torch.Tensor:
+        """[completions, functions] rewards (nan: not applicable) of `g` completions per prompt of `batches`."""
+        prompts = [json.loads(p) for b in batches for p in b["prompt"] for _ in range(g)]
+        columns_rows = [json.loads(c) for b in batches for c in b["columns"] for _ in range(g)]
+        texts = [c.text for c in completions]
+        if self.as_chat:  # TRL's conversational form
+            prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
+            texts = [[{"role": "assistant", "content": t}] for t in texts]
+        names = sorted({k for row in columns_rows for k in row})
+        columns = {k: [row.get(k) for row in columns_rows] for k in names}
+        columns["completion_ids"] = [list(c.token_ids) for c in completions]
+        return score(self.rewards, prompts, texts, columns)
+
+    @staticmethod
+    def _batch_std(rewards: torch.Tensor, tools: StepTools) -> torch.Tensor:
+        """The unbiased std of every completion's reward in the step, over all ranks (nan rewards left out)."""
+        valid = rewards[~torch.isnan(rewards)]
+        local = torch.stack([valid.sum(), (valid**2).sum(), torch.tensor(float(valid.numel()), dtype=valid.dtype)])
+        s, sq, n = tools.reduce_sum(local.to(tools.device)).cpu().tolist()
+        if n < 2:
+            return torch.tensor(0.0, dtype=torch.float64)
+        return torch.tensor(max(0.0, (sq - s * s / n) / (n - 1)), dtype=torch.float64).sqrt()
+
+    def _training_batch(self, prompt_ids, completions, advantages, tools: StepTools) -> dict:
+        """Rows of [prompt, left-padded | completion, right-padded] with positions counted from each row's first
+        real token, the completion tokens' mask and each row's advantage; with beta > 0, the reference's log-probs."""
+        ids = [self._completion_ids(c) for c in completions]
+        width_p, width_c = max(map(len, prompt_ids)), max(1, max(map(len, ids)))
+        pad = self._pad_id
+        rows, attention, tokens, mask = [], [], [], []
+        for p, c, comp in zip(prompt_ids, ids, completions):
+            rows.append([pad] * (width_p - len(p)) + p + c + [pad] * (width_c - len(c)))
+            attention.append([0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c)))
+            tokens.append(c + [pad] * (width_c - len(c)))
+            keep = not (self.options.mask_truncated_completions and comp.finish_reason == "length")
+            mask.append([float(keep)] * len(c) + [0.0] * (width_c - len(c)))
+        attention_mask = torch.tensor(attention)
+        batch = {
+            "input_ids": torch.tensor(rows),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "completion_ids": torch.tensor(tokens),
+            "completion_mask": torch.tensor(mask),
+            "advantages": advantages.float(),
+        }
+        batch = {k: v.to(tools.device) for k, v in batch.items()}
+        if self.clip.beta != 0.0:
+            batch["ref_logps"] = self._reference_logps(tools, batch)
+        if self.options.num_iterations > 1:  # the later updates compare with the policy that sampled
+            with torch.no_grad(), tools.autocast():
+                batch["old_logps"] = self._logps(tools.model, batch)
+        return batch
+
+    # ---- the reference (beta > 0) ------------------------------------------------------------
+    def set_up_reference(self, model, adapter) -> None:
+        if self.clip.beta == 0.0:
+            return  # no KL term: no reference at all
+        if adapter is not None:
+            self.adapter = adapter
+        else:
+            self.reference_model = copy.deepcopy(model).requires_grad_(False).eval()
+
+    @torch.no_grad()
+    def _reference_logps(self, tools: StepTools, batch: dict) -> torch.Tensor:
+        with tools.autocast():
+            if self.adapter is not None:
+                with self.adapter.disabled():
+                    return self._logps(tools.model, batch)
+            if next(self.reference_model.parameters()).device != tools.device:
+                self.reference_model.to(tools.device)
+            return self._logps(self.reference_model, batch)
+
+    # ---- the loss ----------------------------------------------------------------------------
+    def _logps(self, model, batch) -> torch.Tensor:
+        """The completion tokens' log-probabilities under `model` ([R, C])."""
+        width = batch["completion_ids"].shape[1]
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        if self._keeps_logits is None:
+            forward = getattr(model, "module", model).forward
+            self._keeps_logits = "logits_to_keep" in inspect.signature(forward).parameters
+        if self._keeps_logits:  # only the completion's logits: the [R, length, vocabulary] tensor is the largest
+            inputs["logits_to_keep"] = width + 1
+        logits = model(**inputs).logits[:, -(width + 1) : -1]
+        return grpo_loss.token_logps(logits, batch["completion_ids"], self.options.temperature)
+
+    def forward(self, model, batch):
+        return self._logps(model, batch)
+
+    def compute_loss(self, outputs, batch, row_mask=None):
+        logps, mask = outputs, batch["completion_mask"]
+        old = batch["old_logps"] if "old_logps" in batch else logps.detach()  # on-policy: ratio 1
+        terms = grpo_loss.token_losses(logps, old, batch["advantages"], mask, self.clip, batch.get("ref_logps"))
+        self.window.add_loss_terms(terms, mask, batch["advantages"], self.clip)
+        self.window.train_tokens += float(batch["attention_mask"].sum())
+        o = self.options
+        return grpo_loss.loss_sum_and_count(terms.loss, mask, o.loss_type, o.max_completion_length)
+
+    def count(self, batch) -> torch.Tensor:
+        return grpo_loss.step_count(
+            batch["completion_mask"], self.options.loss_type, self.options.max_completion_length
+        )
+
+    # ---- logs and samples --------------------------------------------------------------------
+    def train_logs(self, backend, step: int) -> dict:
+        if self._train_started is not None:  # the training since the last generation, up to this log line
+            now = time.perf_counter()
+            self.window.train_s += now - self._train_started
+            self._train_started = now
+        windows = backend.gather_objects(self.window)
+        self.window = StepWindow(len(self.reward_names))
+        logs = StepWindow.merged(windows).logs(self.reward_names, self.clip.beta != 0.0)
+        if backend.is_main:
+            self._write_samples(step)
+        self.samples = []
+        return logs
+
+    def _keep_samples(self, step, batches, completions, per_function, rewards, advantages) -> None:
+        n = self.options.logged_samples
+        if not n:
+            return
+        g = self.options.num_generations
+        prompts = [p for b in batches for p in b["prompt"] for _ in range(g)]
+        self.samples = [
+            {
+                "step": step,
+                "prompt": json.loads(prompts[i]),
+                "completion": completions[i].text,
+                "finish_reason": completions[i].finish_reason,
+                "rewards": {
+                    name: (None if torch.isnan(v) else float(v)) for name, v in zip(self.reward_names, per_function[i])
+                },
+                "reward": None if torch.isnan(rewards[i]) else float(rewards[i]),
+                "advantage": float(advantages[i]),
+            }
+            for i in range(min(n, len(completions)))
+        ]
+
+    def _write_samples(self, step: int) -> None:
+        if not self.samples:
+            return
+        path = Path(self.config.output_dir) / SAMPLES_FILE
+        lines = [json.dumps(s) for s in self.samples]
+        if not self._samples_started and path.is_file():  # a resumed run: the interrupted one's later lines go
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] < step]
+            path.write_text("".join(x + "\n" for x in kept))
+        self._samples_started = True
+        with path.open("a") as f:
+            f.write("".join(x + "\n" for x in lines))
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    def eval_step(self, batch, valid, stream, tools) -> None:
+        """Greedy completions of the batch's prompts, scored by every reward function."""
+        if tools.complete is None:
+            raise ConfigError("--task grpo evaluates with the generation engine; evaluate through the Trainer")
+        params = {"max_tokens": self.options.max_completion_length, "temperature": 0.0}
+        completions = checked(tools.complete(batch["prompt_ids"], [params] * len(batch["prompt_ids"])))
+        per_function = self._score([batch], completions, 1)
+        stream.update((per_function, grpo_loss.total_rewards(per_function, self.weights)), batch, valid)
+
+    def metric_stream(self):
+        return RewardStream(self.reward_names)
+
+    def export_info(self) -> dict:
+        return {"task": self.config.task, "block_size": self.block_size, **self.capabilities()}
+
+
+@dataclass
+class Rollout:
+    """A generated and scored batch kept for the next num_iterations - 1 steps: `key` names the step's data
+    (epoch, rows), `uses` the steps that trained on it so far."""
+
+    key: tuple
+    batches: list[dict]
+    uses: int
+
+
+class StepWindow:
+    """One rank's sums since the last log line (picklable: the ranks' windows are gathered and added)."""
+
+    def __init__(self, functions: int) -> None:
+        self.sums = torch.zeros(functions, dtype=torch.float64)
+        self.squares = torch.zeros(functions, dtype=torch.float64)
+        self.seen = torch.zeros(functions, dtype=torch.float64)
+        self.values: dict[str, float] = dict.fromkeys(
+            ("reward", "reward_sq", "scored", "completions", "tokens", "truncated", "groups", "flat_groups",
+             "clip_low", "clip_high", "clip_region", "loss_tokens", "kl"), 0.0
+        )  # fmt: skip
+        self.longest = 0
+        self.gen_s = self.train_s = self.train_tokens = 0.0
+
+    def add_rollout(self, per_function, rewards, flat, completions, group: int) -> None:
+        v, seen = self.values, ~torch.isnan(per_function)
+        self.sums += torch.nansum(per_function, 0)
+        self.squares += torch.nansum(per_function**2, 0)
+        self.seen += seen.sum(0)
+        scored = rewards[~torch.isnan(rewards)]
+        v["reward"] += float(scored.sum())
+        v["reward_sq"] += float((scored**2).sum())
+        v["scored"] += scored.numel()
+        lengths = [len(c.token_ids) + (c.stop_token is not None) for c in completions]
+        v["completions"] += len(lengths)
+        v["tokens"] += sum(lengths)
+        v["truncated"] += sum(c.finish_reason == "length" for c in completions)
+        v["groups"] += len(lengths) // group
+        v["flat_groups"] += float(flat.view(-1, group)[:, 0].sum())
+        self.longest = max(self.longest, *lengths)
+
+    def add_loss_terms(self, terms, mask, advantages, clip) -> None:
+        with torch.no_grad():
+            ratio, adv = terms.ratio.expand_as(mask), advantages.unsqueeze(1)
+            low = (ratio < 1 - clip.epsilon) & (adv < 0)
+            high = (ratio > 1 + clip.epsilon_high) & (adv > 0)
+            v = self.values
+            v["clip_low"] += float((low * mask).sum())
+            v["clip_high"] += float((high * mask).sum())
+            v["clip_region"] += float(((low | high) * mask).sum())
+            v["loss_tokens"] += float(mask.sum())
+            if terms.kl is not None:
+                v["kl"] += float((terms.kl * mask).sum())
+
+    @classmethod
+    def merged(cls, windows: list[StepWindow]) -> StepWindow:
+        out = cls(len(windows[0].sums))
+        for w in windows:
+            out.sums += w.sums
+            out.squares += w.squares
+            out.seen += w.seen
+            for k in out.values:
+                out.values[k] += w.values[k]
+            out.longest = max(out.longest, w.longest)
+            out.gen_s, out.train_s = max(out.gen_s, w.gen_s), max(out.train_s, w.train_s)  # ranks run at once
+            out.train_tokens += w.train_tokens
+        return out
+
+    def logs(self, names: list[str], with_kl: bool) -> dict:
+        """The window's log values: rewards and completions where a batch was generated in it (num_iterations
+        reuses batches), clipping and KL where one was trained on."""
+        v, out = self.values, {}
+        if v["completions"]:
+            for i, name in enumerate(names):
+                mean_std = _mean_std(self.sums[i], self.squares[i], self.seen[i])
+                out[f"reward_{name}"], out[f"reward_{name}_std"] = mean_std
+            out["reward"], out["reward_std"] = _mean_std(v["reward"], v["reward_sq"], v["scored"])
+            out["completion_length"] = v["tokens"] / v["completions"]
+            out["completion_length_max"] = self.longest
+            out["truncated"] = v["truncated"] / v["completions"]
+            out["flat_groups"] = v["flat_groups"] / max(1.0, v["groups"])
+            out["gen_tokens_per_s"] = round(v["tokens"] / self.gen_s, 1) if self.gen_s else None
+        if v["loss_tokens"]:
+            tokens = v["loss_tokens"]
+            out.update(clip_ratio=v["clip_region"] / tokens, clip_low=v["clip_low"] / tokens)
+            out["clip_high"] = v["clip_high"] / tokens
+            if with_kl:
+                out["kl"] = v["kl"] / tokens
+        out["train_tokens_per_s"] = round(self.train_tokens / self.train_s, 1) if self.train_s else None
+        return out
+
+
+def _mean_std(total, squares, n) -> tuple[float | None, float | None]:
+    n, total, squares = float(n), float(total), float(squares)
+    if not n:
+        return None, None
+    mean = total / n
+    var = (squares - total * total / n) / (n - 1) if n > 1 else 0.0
+    return mean, max(0.0, var) ** 0.5

@@ -1,0 +1,379 @@
+"""Reward models (`--task reward`): a sequence scorer (a sequence-classification head with one output) taught
+to score the chosen completion of each preference pair above the rejected one, and the predictor that scores
+text with it (`tuneforge predict`, `tuneforge serve`, and GRPO's `--reward model:DIR`: rewards/model.py).
+
+Data: the DPO pairs (data/preference.py): prompt/chosen/rejected rows, text or conversations, or hh-rlhf
+dialogues. Each side is scored on its prompt + completion, tokenized as TRL's RewardTrainer does (so both train
+on the same tokens): text is prompt + completion + the eos token (where the tokenizer has one), tokenized whole
+with the tokenizer's special tokens; a conversation is the chat template of its messages (`--chat-template`, or
+the tokenizer's own). A conversation for a tokenizer without a template is joined into hh-rlhf's text form
+("\\n\\nHuman: ...\\n\\nAssistant: ...") and scored as text. A pair whose longer side holds more than
+`--max-length` tokens is dropped and counted, as TRL does (cutting it would cut the completions, where the two
+sides differ).
+
+Loss, per pair (Bradley-Terry, TRL RewardTrainer's): -log sigmoid(r(chosen) - r(rejected)). The Trainer
+normalises the summed loss by the global number of pairs, so accumulation and data parallelism equal one large
+batch. Evaluation reports that loss, the pairwise accuracy (chosen scored above rejected), the mean margin
+r(chosen) - r(rejected) and the mean chosen and rejected scores, each over every pair across ranks.
+
+The exported tuneforge.json records `"scores": true`: the model answers with one score per text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import check_model_path, from_pretrained, read_model_info
+from tuneforge.config import EVAL, INPUT
+from tuneforge.data import chat, preference
+from tuneforge.errors import ConfigError, DataError
+from tuneforge.options import TaskOptions
+from tuneforge.tasks.base import Task, set_dropout
+from tuneforge.tasks.classification import ClassificationPredictor
+from tuneforge.tasks.dpo import PreferenceStream
+
+ROLE_NAMES = {"user": "Human", "assistant": "Assistant"}  # hh-rlhf's names of the turns
+SCORER_NEEDED = (
+    "a reward model: the model folder of a `tuneforge train --task reward` run (OUTPUT_DIR/model), or a "
+    "sequence-classification model with one output"
+)
+
+
+# ---- what a scorer reads -------------------------------------------------------------------------
+def as_messages(value, role: str) -> list[dict]:
+    """A prompt or completion as messages: text is one message of `role`; a list of messages as it is."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if not isinstance(value, list) or not all(isinstance(m, dict) and "content" in m for m in value):
+        what = "prompt" if role == "user" else "completion"
+        raise DataError(
+            f"a {what} is a {type(value).__name__}, not text or a list of {{role, content}} messages; give one of those"
+        )
+    return value
+
+
+def joined(messages: list[dict]) -> str:
+    """A conversation as hh-rlhf text: each message as `\\n\\nRole: content` (user: Human, assistant: Assistant)."""
+    return "".join(
+        f"\n\n{ROLE_NAMES.get(m.get('role'), str(m.get('role')).capitalize())}: {m['content']}" for m in messages
+    )
+
+
+def encode_scored(tokenizer, prompt, completion, max_length: int | None = None) -> list[int]:
+    """The token ids a scorer reads for prompt + completion (TRL RewardTrainer's): text + eos tokenized whole, or
+    a conversation's chat template (a tokenizer without one: the conversation joined, as text). `max_length`: cut
+    to that many tokens from the left (the tokenizer's special tokens kept), so the completion stays whole."""
+    cut = {"truncation": True, "max_length": max_length} if max_length else {}
+    side, tokenizer.truncation_side = tokenizer.truncation_side, "left"
+    try:
+        if isinstance(prompt, list) or isinstance(completion, list):
+            messages = as_messages(prompt, "user") + as_messages(completion, "assistant")
+            if getattr(tokenizer, "chat_template", None):
+                return list(
+                    tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **cut)["input_ids"]
+                )
+            text = joined(messages)
+        else:
+            text = prompt + completion
+        eos = tokenizer.eos_token
+        if eos and not text.endswith(eos):
+            text += eos
+        return list(tokenizer(text, **cut)["input_ids"])
+    finally:
+        tokenizer.truncation_side = side
+
+
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of token-id rows, right-padded with `pad_id` (TRL's collator)."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+        attention[i, : len(r)] = 1
+    return input_ids, attention
+
+
+def pair_scores(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen scores, rejected scores) of a batch's scorer outputs: the chosen rows come first."""
+    return torch.chunk(logits.float().squeeze(-1), 2)
+
+
+def set_pad_token(tokenizer, model_dir: str) -> None:
+    """A tokenizer without a pad token pads with its eos token (TRL's rule): batches of a scorer are padded."""
+    if tokenizer.pad_token is not None:
+        return
+    if tokenizer.eos_token is None:
+        raise ConfigError(
+            f"the tokenizer of {model_dir!r} has neither a pad nor an eos token, and a scorer's batches are padded; "
+            "add a pad token to it (tokenizer.add_special_tokens) or use another model"
+        )
+    tokenizer.pad_token = tokenizer.eos_token
+
+
+class ScoreStream(PreferenceStream):
+    """Sums over pairs (loss, correct, margin, chosen and rejected scores), totalled across ranks."""
+
+    NAMES = ("loss", "accuracy", "margin", "chosen_score", "rejected_score")
+
+    def update(self, outputs, batch, valid) -> None:
+        chosen, rejected = pair_scores(outputs.logits)
+        keep = valid.bool().to(chosen.device)
+        c, r = chosen[keep].double(), rejected[keep].double()
+        row = torch.stack([-F.logsigmoid(c - r).sum(), (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum()])
+        self.sums = self.sums.to(row.device) + torch.cat([row, keep.sum().double()[None]])
+
+
+# ---- the task ------------------------------------------------------------------------------------
+class RewardOptions(TaskOptions):
+    drop_identical_pairs: bool = Field(
+        False, description="drop (and count) pairs whose chosen and rejected are identical instead of refusing"
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template file for conversational pairs, for a tokenizer that has none (or to "
+        "replace its own)",
+        json_schema_extra={**EVAL, **INPUT},
+    )
+
+
+class RewardModelTask(Task):
+    name = "reward"
+    Options = RewardOptions
+    model_kind = "a sequence scorer"
+    best_metric = "accuracy"
+    greater_is_better = True
+
+    # ---- model -------------------------------------------------------------------------------
+    def load_tokenizer(self):
+        """The tokenizer, with a pad token; also rejects a max_length above the model's limit before any data work."""
+        model_config = self._model_config()
+        tokenizer = super().load_tokenizer()
+        if self.options.chat_template:
+            chat.set_chat_template(tokenizer, self.options.chat_template, self.model_path())
+        set_pad_token(tokenizer, self.model_path())
+        self.check_max_length(tokenizer, model_config)
+        return tokenizer
+
+    def _model_config(self, **changes):
+        """The model's config (with `changes`); a classifier of several labels is refused: its head cannot score."""
+        from transformers import AutoConfig
+
+        path = self.model_path()
+        model_config = from_pretrained(AutoConfig, path, "the model config")
+        archs = getattr(model_config, "architectures", None) or []
+        if any(a.endswith("ForSequenceClassification") for a in archs) and model_config.num_labels != 1:
+            raise ConfigError(
+                f"model {path!r} is a classifier with {model_config.num_labels} labels; a reward model starts from a "
+                "base model (an encoder or a causal LM) or a scorer with one output: pass that as --model"
+            )
+        return from_pretrained(AutoConfig, path, "the model config", **changes) if changes else model_config
+
+    def load_model(self, tokenizer):
+        from transformers import AutoModelForSequenceClassification
+
+        path = self.model_path()
+        model_config = set_dropout(self._model_config(num_labels=1), self.config.dropout)
+        self.check_max_length(tokenizer, model_config)
+        model = load_pretrained_model(
+            AutoModelForSequenceClassification,
+            path,
+            "a sequence scorer",
+            config=model_config,
+            **self.pretrained_kwargs(),
+        )
+        model.config.pad_token_id = tokenizer.pad_token_id  # a causal LM's head scores the last token before padding
+        return model
+
+    # ---- raw data ----------------------------------------------------------------------------
+    def load_raw(self) -> datasets.DatasetDict:
+        splits = self.read_given_files(
+            "preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, or hh-rlhf "
+            "chosen/rejected dialogues) and --validation-file",
+            lambda path, _split: self._as_dataset(self._read_pairs(path)),
+        )
+        return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
+
+    def _read_pairs(self, path) -> list[dict]:
+        rows = chat.read_rows(path, what="preference data", reader="--task reward")
+        pairs = [preference.to_pair(row, f"row {i} of {str(path)!r}") for i, row in enumerate(rows, 1)]
+        return preference.distinct(pairs, repr(str(path)), self.options.drop_identical_pairs, self.log)
+
+    @staticmethod
+    def _as_dataset(pairs: list[dict]) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {k: [preference.dumps(p[k]) for p in pairs] for k in ("prompt", "chosen", "rejected")}
+        )
+
+    def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        raw = {}
+        for split, ds in splits.items():
+            if ds is None:
+                continue
+            rows = ds.to_list()
+            if not rows:
+                raise DataError(f"the {split} split has no pairs; give at least one")
+            pairs = [preference.to_pair(row, f"the {split} dataset, row {i}") for i, row in enumerate(rows, 1)]
+            drop = self.options.drop_identical_pairs
+            raw[split] = self._as_dataset(preference.distinct(pairs, f"the {split} dataset", drop, self.log))
+        return datasets.DatasetDict(raw)
+
+    # ---- features ----------------------------------------------------------------------------
+    def _encoder(self, tokenizer, ds, split: str):
+        """The batched map function of one split; a chat template that raises for a row names that row."""
+        from jinja2 import TemplateError
+
+        where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
+
+        def fn(batch):
+            out = {"chosen_ids": [], "rejected_ids": []}
+            for p, c, r in zip(batch["prompt"], batch["chosen"], batch["rejected"]):
+                prompt = json.loads(p)
+                try:
+                    out["chosen_ids"].append(encode_scored(tokenizer, prompt, json.loads(c)))
+                    out["rejected_ids"].append(encode_scored(tokenizer, prompt, json.loads(r)))
+                except (TemplateError, TypeError) as err:
+                    row = ds["prompt"].index(p) + 1  # the error path only: one scan
+                    raise chat.template_error(err, chat.template_name(self.config), row, where) from None
+            return out
+
+        return fn
+
+    def tokenize(self, raw, tokenizer, log=print):
+        settings = {"task": "reward", "template": getattr(tokenizer, "chat_template", None), "eos": tokenizer.eos_token}
+        out = {}
+        for split, ds in raw.items():
+            fn = self._encoder(tokenizer, ds, split)
+            feats = self.tokenize_split(split, ds, ["prompt", "chosen", "rejected"], fn, tokenizer, settings, log)
+            out[split] = self._fit(split, feats, self.config.data.max_length, log)
+        return datasets.DatasetDict(out)
+
+    @staticmethod
+    def _fit(split: str, feats, max_length: int | None, log) -> datasets.Dataset:
+        """The pairs whose both sides fit `max_length` tokens (TRL's filter), the dropped ones counted."""
+        keep = [
+            i
+            for i, (c, r) in enumerate(zip(feats["chosen_ids"], feats["rejected_ids"]))
+            if not max_length or max(len(c), len(r)) <= max_length
+        ]
+        if len(keep) < len(feats):
+            log(
+                f"{split}: {len(feats) - len(keep)} pair(s) dropped: a side holds more than max_length "
+                f"{max_length} tokens (raise --max-length to keep them)"
+            )
+        if not keep:
+            raise DataError(
+                f"every {split} pair holds more than max_length {max_length} tokens on a side; raise --max-length "
+                "(up to the model's limit)"
+            )
+        fitted = feats.select(keep)
+        log(f"{split}: {len(fitted)} pairs")
+        return fitted.add_column(
+            "length", [max(len(c), len(r)) for c, r in zip(fitted["chosen_ids"], fitted["rejected_ids"])]
+        )
+
+    def collate(self, rows, tokenizer):
+        """2n rows, right-padded: each pair's chosen side, then each pair's rejected side (TRL's layout)."""
+        input_ids, attention = pad_rows(list(rows["chosen_ids"]) + list(rows["rejected_ids"]), tokenizer.pad_token_id)
+        return {"input_ids": input_ids, "attention_mask": attention}
+
+    # ---- loss and metrics --------------------------------------------------------------------
+    def compute_loss(self, outputs, batch, row_mask=None):
+        """(sum of the pairs' Bradley-Terry losses, number of pairs)."""
+        chosen, rejected = pair_scores(outputs.logits)
+        losses = -F.logsigmoid(chosen - rejected)
+        if row_mask is not None:
+            losses = losses * row_mask.to(losses.dtype)
+        return losses.sum(), self.count(batch)
+
+    def count(self, batch) -> torch.Tensor:
+        return torch.tensor(float(batch["input_ids"].shape[0] // 2))
+
+    def metric_stream(self):
+        return ScoreStream(self)
+
+    def capabilities(self) -> dict:
+        return {**super().capabilities(), "scores": True}
+
+    @staticmethod
+    def make_predictor(model_dir: str, **kwargs):
+        return RewardPredictor(model_dir, **kwargs)
+
+
+# ---- scoring -------------------------------------------------------------------------------------
+def check_scorer(model_dir: str) -> None:
+    """One ConfigError line unless `model_dir` is a folder holding a sequence scorer: a reward run's export
+    (tuneforge.json says it scores), or a plain sequence-classification folder with one output."""
+    if not Path(model_dir).is_dir():
+        raise ConfigError(f"reward model {model_dir!r} does not exist; need {SCORER_NEEDED}")
+    check_model_path(model_dir)
+    info = read_model_info(model_dir)
+    if info and not info.get("scores"):
+        raise ConfigError(
+            f"model {model_dir!r} was trained by --task {info.get('task')}, not --task reward; need {SCORER_NEEDED}"
+        )
+    from transformers import AutoConfig
+
+    config = from_pretrained(AutoConfig, model_dir, "the model config")
+    archs = getattr(config, "architectures", None) or []
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
+        kind = f"a {archs[0]}" if archs else "a model without a head"
+        raise ConfigError(f"model {model_dir!r} is {kind}, not a sequence scorer; need {SCORER_NEEDED}")
+    if config.num_labels != 1:
+        raise ConfigError(
+            f"model {model_dir!r} is a classifier with {config.num_labels} labels, not a scorer with one output; "
+            f"need {SCORER_NEEDED}"
+        )
+
+
+class RewardPredictor(ClassificationPredictor):
+    """What `tuneforge predict` and `serve` run for a reward model: {"score": float} per text, or per (prompt,
+    completion) pair; `scores(prompts, completions)` takes text or conversations (GRPO's rewards). Inputs are
+    read as the model trained on them (`encode_scored`), cut from the left to max_length."""
+
+    accepts = ("texts", "pairs")
+
+    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
+        check_scorer(str(model_dir))
+        super().__init__(model_dir, device=device, max_length=max_length)
+        set_pad_token(self.tokenizer, str(model_dir))
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+
+    @torch.inference_mode()
+    def score_ids(self, rows: list[list[int]], batch_size: int = 64) -> list[float]:
+        """The score of each token-id row, in order; longest first, so that similar lengths share a batch."""
+        order = np.argsort([-len(r) for r in rows], kind="stable")
+        scores = [0.0] * len(rows)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            input_ids, attention = pad_rows([rows[i] for i in idx], self.tokenizer.pad_token_id)
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)).logits
+            for i, value in zip(idx, logits.float()[:, 0].tolist()):
+                scores[i] = value
+        return scores
+
+    def scores(self, prompts: Sequence, completions: Sequence, batch_size: int = 64) -> list[float]:
+        """The score of each prompt + completion: text, or conversations (a prompt's messages and the completion's
+        assistant messages)."""
+        if len(prompts) != len(completions):
+            raise DataError(f"{len(prompts)} prompts but {len(completions)} completions; give one completion each")
+        rows = [encode_scored(self.tokenizer, p, c, self.max_length) for p, c in zip(prompts, completions)]
+        return self.score_ids(rows, batch_size) if rows else []
+
+    def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
+        """One {"score": float} per input, in input order: a text, or a (prompt, completion) pair."""
+        items = [tuple(x) if isinstance(x, (tuple, list)) else (x, "") for x in inputs]
+        if any(len(item) != 2 or not all(isinstance(t, str) for t in item) for item in items):
+            raise DataError("inputs must be texts or (prompt, completion) pairs of texts")
+        scores = self.scores([p for p, _ in items], [c for _, c in items], batch_size)
+        return [{"score": s} for s in scores]

@@ -1,0 +1,157 @@
+"""GRPO's formulas (tasks/grpo_loss.py) against TRL's GRPOTrainer (1.16) written out here term for term: the group
+advantages (with `None` rewards, each `scale_rewards`), and the loss of every `loss_type` with token and sequence
+importance sampling, off-policy old log-probs (num_iterations > 1), DAPO's clip-higher and the KL term, on one
+micro-batch (where TRL's per-micro-batch normalisers and tuneforge's per-step ones agree)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from tuneforge.tasks import grpo_loss
+
+
+# ---- TRL, written out (trl/trainer/grpo_trainer.py: _generate_and_score_completions, _compute_loss) -------------
+def trl_nanstd(tensor):
+    variance = torch.nanmean((tensor - torch.nanmean(tensor, keepdim=True)) ** 2)
+    count = torch.sum(~torch.isnan(tensor))
+    variance *= count / (count - 1)
+    return torch.sqrt(variance)
+
+
+def trl_advantages(rewards_per_func, weights, num_generations, scale_rewards):
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    grouped = rewards.view(-1, num_generations)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(num_generations, dim=0)
+    if scale_rewards in ["group", "none"]:
+        std = torch.stack([trl_nanstd(row) for row in grouped]).repeat_interleave(num_generations, dim=0)
+    else:
+        std = trl_nanstd(rewards).expand_as(rewards)
+    advantages = rewards - mean
+    if scale_rewards != "none":
+        advantages = advantages / (std + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def trl_loss(per_token_logps, old, ref, advantages, mask, *, loss_type, level, eps_low, eps_high, beta, max_len):
+    advantages = advantages.unsqueeze(1)
+    log_ratio = per_token_logps - old
+    if level == "token":
+        log_importance_weights = log_ratio
+    else:
+        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    if beta != 0.0:
+        per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+    if beta != 0.0:
+        per_token_loss = per_token_loss + beta * per_token_kl
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type == "bnpo":
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_len)
+    num_items_in_batch = mask.sum()  # dapo: the generation batch's tokens (one process, one micro-batch)
+    return (per_token_loss * mask).sum() / num_items_in_batch.clamp(min=1.0)
+
+
+# ---- fixed prompts, completions and rewards -----------------------------------------------------------------------
+G, ROWS, WIDTH, MAX_LEN = 4, 8, 7, 9
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    gen = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 7, 2, 4])
+    mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
+    logps = -torch.rand(ROWS, WIDTH, generator=gen, dtype=torch.float64) * 3
+    old = logps + torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64) * 0.3  # off-policy: ratios clip
+    ref = logps + torch.randn(ROWS, WIDTH, generator=gen, dtype=torch.float64) * 0.2
+    rewards = torch.tensor(
+        [[1.0, 0.5], [0.0, float("nan")], [1.0, 0.2], [0.0, 0.9], [0.3, 0.3], [0.3, 0.3], [0.3, 0.3], [0.3, 0.3]],
+        dtype=torch.float64,
+    )
+    return {"mask": mask, "logps": logps, "old": old, "ref": ref, "rewards": rewards}
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_advantages_are_trls_with_none_rewards_and_a_flat_group(rollout, scale):
+    weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    total = grpo_loss.total_rewards(rollout["rewards"], weights)
+    ours, flat = grpo_loss.group_advantages(total, G, scale)
+    theirs = trl_advantages(rollout["rewards"].clone(), weights, G, scale)
+    assert torch.allclose(ours, theirs, atol=1e-9), (ours, theirs)
+    assert flat.tolist() == [False] * 4 + [True] * 4  # the second group's rewards are all equal: no signal
+    assert ours[4:].abs().max() == 0
+
+
+def test_an_unscorable_completion_gets_no_advantage_and_no_weight_in_its_group():
+    rewards = torch.tensor([[1.0], [float("nan")], [0.0], [0.0]], dtype=torch.float64)
+    total = grpo_loss.total_rewards(rewards, torch.ones(1, dtype=torch.float64))
+    advantages, _ = grpo_loss.group_advantages(total, 4, "group")
+    assert torch.isnan(total[1]) and advantages[1] == 0
+    mean, std = 1 / 3, torch.tensor([1.0, 0.0, 0.0]).std().item()  # over the three scored completions
+    assert advantages[0].item() == pytest.approx((1 - mean) / (std + 1e-4))
+
+
+CASES = list(itertools.product(["grpo", "bnpo", "dr_grpo", "dapo"], ["token", "sequence"], [0.0, 0.04]))
+
+
+@pytest.mark.parametrize("loss_type, level, beta", CASES)
+def test_each_loss_type_is_trls_within_1e_5(rollout, loss_type, level, beta):
+    advantages = trl_advantages(rollout["rewards"].clone(), torch.tensor([1.0, 0.5], dtype=torch.float64), G, "group")
+    clip = grpo_loss.Clip(epsilon=0.2, epsilon_high=0.28, beta=beta, importance_sampling=level)
+    mask, logps, old, ref = rollout["mask"], rollout["logps"], rollout["old"], rollout["ref"]
+    terms = grpo_loss.token_losses(logps, old, advantages, mask, clip, ref)
+    loss_sum, count = grpo_loss.loss_sum_and_count(terms.loss, mask, loss_type, MAX_LEN)
+    assert count == grpo_loss.step_count(mask, loss_type, MAX_LEN)
+    theirs = trl_loss(
+        logps, old, ref, advantages, mask, loss_type=loss_type, level=level, eps_low=0.2, eps_high=0.28, beta=beta,
+        max_len=MAX_LEN,
+    )  # fmt: skip
+    assert (loss_sum / count).item() == pytest.approx(theirs.item(), abs=1e-5)
+    clipped = ((terms.ratio < 0.8) | (terms.ratio > 1.28)).any()
+    assert clipped, "no ratio reached the clip: the case would not test it"
+
+
+def test_the_gradient_is_trls_too(rollout):
+    """The same loss through autograd: the policy's log-probs get TRL's gradient (dapo, clip-higher, KL)."""
+    advantages = trl_advantages(rollout["rewards"].clone(), torch.tensor([1.0, 0.5], dtype=torch.float64), G, "batch")
+    mask, old, ref = rollout["mask"], rollout["old"], rollout["ref"]
+    ours_in = rollout["logps"].clone().requires_grad_(True)
+    theirs_in = rollout["logps"].clone().requires_grad_(True)
+    clip = grpo_loss.Clip(0.2, 0.28, 0.04, "token")
+    loss_sum, count = grpo_loss.loss_sum_and_count(
+        grpo_loss.token_losses(ours_in, old, advantages, mask, clip, ref).loss, mask, "dapo", MAX_LEN
+    )
+    (loss_sum / count).backward()
+    trl_loss(
+        theirs_in, old, ref, advantages, mask, loss_type="dapo", level="token", eps_low=0.2, eps_high=0.28, beta=0.04,
+        max_len=MAX_LEN,
+    ).backward()  # fmt: skip
+    assert torch.allclose(ours_in.grad, theirs_in.grad, atol=1e-9)
+    assert ours_in.grad.abs().sum() > 0
+
+
+def test_on_policy_the_ratio_is_one_and_the_loss_is_minus_the_advantage(rollout):
+    """num_iterations 1: old log-probs are the policy's own (detached), so nothing clips and each token's loss
+    is -advantage; its gradient is -advantage x grad log p (REINFORCE with the group baseline)."""
+    mask, logps = rollout["mask"], rollout["logps"].clone().requires_grad_(True)
+    advantages = torch.linspace(-1, 1, ROWS, dtype=torch.float64)
+    terms = grpo_loss.token_losses(logps, logps.detach(), advantages, mask, grpo_loss.Clip(0.2, 0.2, 0.0, "token"))
+    assert torch.equal(terms.ratio, torch.ones_like(terms.ratio))
+    (terms.loss * mask).sum().backward()
+    assert torch.allclose(logps.grad, -advantages[:, None] * mask)
+
+
+def test_token_logps_are_the_log_softmax_at_the_sampling_temperature():
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(1))
+    tokens = torch.tensor([[1, 5, 10], [0, 0, 3]])
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    assert torch.allclose(grpo_loss.token_logps(logits, tokens, 0.7), expected, atol=1e-6)
