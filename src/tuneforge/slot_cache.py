@@ -73,10 +73,12 @@ class SlotCache:
 
     def layer(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The key and value buffers of a layer whose keys and values look like `key`, `value` [1, kv_heads,
-        tokens, head_dim] (each its own dtype: under autocast the rotary keys are float32, the values bf16)."""
+        tokens, head_dim], both in the values' dtype: under autocast the rotary keys come out float32 and the
+        values bf16, and the attention would cast the whole cached keys to bf16 at every step (kept so, the same
+        numbers once)."""
         if index not in self.keys:
             shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
-            self.keys[index] = key.new_zeros(shape)
+            self.keys[index] = value.new_zeros(shape)
             self.values[index] = value.new_zeros(shape)
         return self.keys[index], self.values[index]
 
@@ -119,7 +121,8 @@ class Packed:
             self._rows = (
                 (self.slot[:, None] * kv_heads + heads[None, :]) * capacity + self.position[:, None]
             ).flatten()
-        buffer.view(-1, dim).index_copy_(0, self._rows, new[0].transpose(0, 1).reshape(-1, dim))
+        rows = new[0].transpose(0, 1).reshape(-1, dim)
+        buffer.view(-1, dim).index_copy_(0, self._rows, rows.to(buffer.dtype))
 
 
 def pack(cache: SlotCache, lengths: list[int], decoding: int, prompts: list[int], device) -> Packed:

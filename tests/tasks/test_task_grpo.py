@@ -83,7 +83,7 @@ def test_grpo_generates_scores_logs_and_samples(tiny_llama, data, cache_dir, tmp
     for key in ("reward_accuracy", "reward_variety_std", "reward", "completion_length", "completion_length_max",
                 "truncated", "clip_ratio", "flat_groups", "gen_tokens_per_s", "train_tokens_per_s"):  # fmt: skip
         assert key in train[0], key
-    assert 0 < train[0]["reward_variety"] <= 0.6 and 0 < train[0]["completion_length"] <= 13
+    assert 0 < train[0]["reward_variety"] < 2 and 0 < train[0]["completion_length"] <= 13
     assert "kl" not in train[0]  # beta 0: no reference, no KL
     final = rows[-1]
     assert final["split"] == "eval" and final["num_prompts"] == 4 and 0 <= final["accuracy"] <= 1

@@ -57,7 +57,7 @@ import torch
 
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
-from tuneforge.serve.logit_rules import filtered, penalised
+from tuneforge.serve.logit_rules import changes_logits, filtered, penalised
 from tuneforge.serve.logprobs import TokenLogprob, chosen_logprobs, prompt_logprobs
 from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
@@ -132,11 +132,16 @@ def sample(logits: torch.Tensor, rows: Seq[Sequence], eos_ids=frozenset(), maske
     """One token per row (None for a row whose sampling failed: it fails alone): each row's logits masked by its
     grammar (response_format), after its penalties, logit_bias and min_tokens (serve/logit_rules.py); then greedy
     where the temperature is below SAMPLING_EPS, else temperature, top_k, top_p and min_p sampling with the row's
-    own random generator. `masked`: the grammars' masks are applied already (`grammar_masked`)."""
+    own random generator. `masked`: the grammars' masks are applied already (`grammar_masked`). Rows sampled at
+    a temperature alone (no other rule: GRPO's completions) are drawn together (`plain_draws`)."""
     logits = logits.float()
     greedy = logits.argmax(-1).tolist()
+    drawn = plain_draws(logits, rows)
     out: list[int | None] = []
     for i, seq in enumerate(rows):
+        if i in drawn:
+            out.append(drawn[i])
+            continue
         try:
             base = logits[i]
             row = base if seq.constraint is None or masked else seq.constraint.mask(base)
@@ -149,6 +154,33 @@ def sample(logits: torch.Tensor, rows: Seq[Sequence], eos_ids=frozenset(), maske
             log.warning("sampling failed for one sequence (%s: %s); the others go on", type(err).__name__, err)
             out.append(None)
     return out
+
+
+def is_plain(seq: Sequence, vocabulary: int) -> bool:
+    """Sampled at its temperature alone: no grammar, penalty, bias, min_tokens, top_k, top_p or min_p."""
+    p = seq.params
+    return (
+        seq.constraint is None
+        and p.temperature >= SAMPLING_EPS  # NaN is not: it fails alone, in sample_row
+        and not changes_logits(p)
+        and not 0 < p.top_k < vocabulary
+        and p.min_p == 0
+        and p.top_p >= 1.0
+    )
+
+
+def plain_draws(logits: torch.Tensor, rows: Seq[Sequence]) -> dict[int, int]:
+    """{row: token} of the plain rows, drawn in one batch: softmax at each row's temperature, each row's own
+    generator's uniform draw against its cumulative probabilities (`draw_rows`: what `sample_row` draws for the
+    same row alone). A row whose probabilities are not finite is left out (`sample_row` fails it alone)."""
+    plain = [i for i, seq in enumerate(rows) if is_plain(seq, logits.shape[-1])]
+    if len(plain) < 2:
+        return {}
+    temperatures = torch.tensor([rows[i].params.temperature for i in plain], device=logits.device)
+    probs = torch.softmax(logits[plain] / temperatures[:, None], dim=-1)
+    finite = torch.isfinite(probs).all(-1).tolist()
+    tokens = draw_rows(probs, [rows[i].generator for i in plain])
+    return {i: token for i, token, ok in zip(plain, tokens, finite) if ok}
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -164,12 +196,18 @@ def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Ge
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One index drawn in proportion to `probs` (need not sum to 1): where its cumulative sum first passes a
-    uniform draw times the total (one random number; torch.multinomial takes ~2 ms for a 49k vocabulary, this
-    ~0.1). `right=True`: a zero-probability index is never drawn."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand(1, generator=generator, dtype=torch.float64, device=probs.device) * cdf[-1]
-    return int(torch.searchsorted(cdf, u, right=True).clamp(max=probs.numel() - 1))
+    """One index drawn in proportion to `probs` (need not sum to 1); see `draw_rows`."""
+    return draw_rows(probs[None], [generator])[0]
+
+
+def draw_rows(probs: torch.Tensor, generators: list) -> list[int]:
+    """One index per row of `probs` [rows, vocabulary], drawn in proportion to it: where the row's cumulative sum
+    first passes a uniform draw of its generator times the row's total (one random number a row; torch.multinomial
+    takes ~2 ms a row for a 49k vocabulary). `right=True`: a zero-probability index is never drawn."""
+    cdf = probs.float().cumsum(-1)  # float64 costs 9x as much here; float32's rounding (~1e-5) moves no real choice
+    u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp(max=probs.shape[-1] - 1)
+    return picked[:, 0].tolist()
 
 
 def grammar_masked(logits: torch.Tensor, rows: Seq[Sequence]) -> torch.Tensor | None:
