@@ -50,6 +50,38 @@ def test_rows_that_join_and_leave_match_each_row_alone(llama):
     assert batch.cache.capacity >= 75 and batch.cached_length() == max(map(len, seqs)) == 78
 
 
+def test_a_prompt_given_several_times_is_computed_once_and_each_copy_decodes_alone(llama):
+    """GRPO's group (OpenAI's n): the copies of a prompt join beside a running row, the forward pass holds the
+    prompt once (one span per distinct prompt) and its keys are copied to the other copies' slots; each copy then
+    decodes its own tokens exactly as the sequence alone."""
+    from tuneforge import running_batch
+    from tuneforge.running_batch import SlotBatch
+
+    batch = SlotBatch(llama, pad_id=0)
+    running, shared, other = [9, 8, 7], [5, 6, 7, 8, 9], [11, 12]
+    assert running_batch.shared_prompts([shared, other, shared, shared]) == {2: 0, 3: 0}
+    spans = []
+    packed = running_batch.pack
+    running_batch.pack = lambda *a, **k: spans.append(a[3]) or packed(*a, **k)  # records the packed prompt sizes
+    try:
+        with torch.inference_mode():
+            first = batch.prefill([running]).argmax(-1)
+            decoded, prefilled = batch.step(first, [shared, other, shared, shared])
+            seqs = [running + [int(first[0])], shared, other, shared, shared]
+            logits = torch.cat([decoded, prefilled])
+            for row, seq in zip(logits, seqs):
+                torch.testing.assert_close(row, alone_logits(llama, seq), atol=1e-4, rtol=1e-4)
+            for step in range(4):  # the copies take different tokens: their slots are their own
+                tokens = torch.tensor([(7 * r + step) % 150 + 3 for r in range(len(seqs))])
+                for seq, token in zip(seqs, tokens.tolist()):
+                    seq.append(token)
+                for row, seq in zip(batch.decode(tokens), seqs):
+                    torch.testing.assert_close(row, alone_logits(llama, seq), atol=1e-4, rtol=1e-4)
+    finally:
+        running_batch.pack = packed
+    assert spans[1] == [5, 2]  # the second pass: the shared prompt once, the other once
+
+
 def test_echoed_prompts_get_every_positions_logits(llama):
     """`every_position` (an echoed prompt's log-probs): each prompt's logits at every position, right-aligned
     like CausalBatch's left-padded prefill, beside a running row."""

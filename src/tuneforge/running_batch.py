@@ -203,6 +203,17 @@ class Seq2SeqBatch:
         self.model(input_ids=one, decoder_input_ids=torch.full_like(one, self.start_id), use_cache=False)
 
 
+def shared_prompts(prompts: list[list[int]]) -> dict[int, int]:
+    """{i: j} for each prompt i equal to an earlier prompt j (its first copy)."""
+    first: dict[tuple[int, ...], int] = {}
+    shared = {}
+    for i, prompt in enumerate(prompts):
+        j = first.setdefault(tuple(prompt), i)
+        if j != i:
+            shared[i] = j
+    return shared
+
+
 class SlotBatch:
     """The running rows of a causal LM on slots (tuneforge/slot_cache.py): each row's keys in a slot of its own,
     newcomers' prompts packed into the same forward pass as the running rows' next tokens (`step`)."""
@@ -235,9 +246,14 @@ class SlotBatch:
         last = tokens.tolist() if decoding else []  # one copy to the host, not one per row
         for row, slot in enumerate(self.slot_of_row[:decoding]):
             ids[slot] = last[row]
-        for prompt in prompts:
-            ids += prompt
-        plan = pack(self.cache, self.lengths, decoding, [len(p) for p in prompts], self.device)
+        # a prompt given more than once (GRPO's group, OpenAI's n) is computed once, its keys copied after
+        first_new, shared = len(self.lengths), {} if every_position else shared_prompts(prompts)
+        computed = [i for i in range(len(prompts)) if i not in shared]
+        for i in computed:
+            ids += prompts[i]
+        slots = [first_new + i for i in computed]
+        self.cache.reserve(first_new + len(prompts), 0)  # the copies' slots too (allocated with the layers)
+        plan = pack(self.cache, self.lengths, decoding, [len(prompts[i]) for i in computed], self.device, slots)
         ends = [end - 1 for _, end in plan.prompts]
         keep = list(range(decoding)) + (list(range(decoding, len(ids))) if every_position else ends)
         with slot_attention_on(self.model):
@@ -250,6 +266,11 @@ class SlotBatch:
             ).logits[0]
         decoded = logits[torch.tensor(self.slot_of_row, device=logits.device)] if decoding else None
         prefilled = self._prompt_logits(logits[decoding:], plan, every_position) if prompts else None
+        if shared:
+            for i, source in shared.items():
+                self.cache.move(first_new + source, first_new + i, len(prompts[i]))
+            order = [computed.index(shared.get(i, i)) for i in range(len(prompts))]
+            prefilled = prefilled[torch.tensor(order, device=prefilled.device)]
         for slot in range(decoding):
             self.lengths[slot] += 1
         self.slot_of_row += range(len(self.lengths), len(self.lengths) + len(prompts))

@@ -125,13 +125,16 @@ class Packed:
         buffer.view(-1, dim).index_copy_(0, self._rows, rows.to(buffer.dtype))
 
 
-def pack(cache: SlotCache, lengths: list[int], decoding: int, prompts: list[int], device) -> Packed:
+def pack(
+    cache: SlotCache, lengths: list[int], decoding: int, prompts: list[int], device, slots: list[int] | None = None
+) -> Packed:
     """The layout for slots 0..decoding-1 decoding one token each (slot s at position lengths[s]) and prompts of
-    these sizes starting in the slots after `len(lengths)`; reserves the room they need."""
+    these sizes in `slots` (default: the slots after `len(lengths)`, in order); reserves the room they need."""
     first_new = len(lengths)
+    slots = list(range(first_new, first_new + len(prompts))) if slots is None else slots
     slot, position, spans, start = list(range(decoding)), lengths[:decoding], [], decoding
-    for i, size in enumerate(prompts):
-        slot += [first_new + i] * size
+    for target, size in zip(slots, prompts):
+        slot += [target] * size
         position += range(size)
         spans.append((start, start + size))
         start += size
@@ -139,7 +142,7 @@ def pack(cache: SlotCache, lengths: list[int], decoding: int, prompts: list[int]
     if decoding:
         attend = torch.tensor(lengths[:decoding]) + 1
         mask = (torch.arange(int(attend.max()))[None, :] < attend[:, None])[:, None, None, :].to(device)
-    cache.reserve(first_new + len(prompts), max([*prompts, mask.shape[-1] if mask is not None else 0]))
+    cache.reserve(max([first_new - 1, *slots]) + 1, max([*prompts, mask.shape[-1] if mask is not None else 0]))
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
     return Packed(cache, as_tensor(slot), as_tensor(position), decoding, mask, spans)
 
