@@ -130,6 +130,8 @@ def step_count(mask: torch.Tensor, loss_type: str, max_completion_length: int) -
 def token_logps(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """log p(token) of each position's token under softmax(logits / temperature) ([R, C, V] logits, [R, C]
     tokens): the distribution the completions were sampled from (TRL divides by the temperature too)."""
-    logits = logits.float() / temperature
+    logits = logits.float()
+    if temperature != 1.0:  # (at 1, no second [R, C, vocabulary] tensor)
+        logits = logits / temperature
     picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
