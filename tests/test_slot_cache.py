@@ -67,7 +67,7 @@ def test_a_prompt_given_several_times_is_computed_once_and_each_copy_decodes_alo
         with torch.inference_mode():
             first = batch.prefill([running]).argmax(-1)
             decoded, prefilled = batch.step(first, [shared, other, shared, shared])
-            seqs = [running + [int(first[0])], shared, other, shared, shared]
+            seqs = [running + [int(first[0])], list(shared), list(other), list(shared), list(shared)]
             logits = torch.cat([decoded, prefilled])
             for row, seq in zip(logits, seqs):
                 torch.testing.assert_close(row, alone_logits(llama, seq), atol=1e-4, rtol=1e-4)

@@ -118,13 +118,12 @@ def test_the_loss_is_exact_under_accumulation_and_across_ranks(tiny_llama, data,
         assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
-@pytest.mark.parametrize("iterations", ["1", "2"])
-def test_a_sigkilled_run_resumes_bit_for_bit(tiny_llama, data, cache_dir, tmp_path, iterations):
-    """Killed after step 4's updates, before its checkpoint: resumed from step 2, it samples steps 3-4's completions
-    again (seeded by row) and ends with the uninterrupted run's weights, logs and samples. With num_iterations 2,
-    steps 3 and 4 are one generated batch trained twice."""
+def test_a_sigkilled_run_resumes_bit_for_bit(tiny_llama, data, cache_dir, tmp_path):
+    """Killed after step 4's updates, before its checkpoint: resumed from step 2, it samples step 3's completions
+    again (seeded by row) and ends with the uninterrupted run's weights, logs and samples. num_iterations 2: steps
+    3 and 4 are one generated batch trained twice (against the log-probs it was sampled with)."""
     flags = grpo_args(tiny_llama, data, cache_dir, tmp_path / "unused", "--max-steps", "4", "--batch-size", "2")
-    flags += ["--num-iterations", iterations]
+    flags += ["--num-iterations", "2"]
     flags = flags[: flags.index("--output-dir")] + flags[flags.index("--output-dir") + 2 :]
     flags += ["--save-strategy", "steps", "--save-steps", "2", "--eval-strategy", "no", "--logging-steps", "1"]
     reference = tmp_path / "reference"
@@ -152,6 +151,26 @@ def test_num_iterations_trains_each_generated_batch_several_times(tiny_llama, da
     assert train[1]["clip_ratio"] == 0 and train[3]["clip_ratio"] == 0  # first use: on-policy, ratio 1
     assert train[2]["clip_ratio"] > 0 or train[4]["clip_ratio"] > 0
     assert "reward" not in train[2] and "reward" in train[3]  # rewards are logged where a batch was generated
+
+
+def test_a_reward_model_rewards_and_qlora_trains(tiny_llama, data, cache_dir, tmp_path, minilm_dir):
+    """--reward model:DIR scores each prompt + completion with a sequence scorer (its own tokenizer); the policy
+    trains on a 4-bit base (QLoRA), generating with it."""
+    pytest.importorskip("bitsandbytes", reason="QLoRA needs bitsandbytes")
+    from transformers import BertForSequenceClassification
+
+    from conftest import save_tiny_bert
+
+    torch.manual_seed(0)
+    scorer = save_tiny_bert(tmp_path / "rm", minilm_dir, BertForSequenceClassification, num_labels=1)
+    args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "run", "--max-steps", "2", "--batch-size", "2")
+    args[args.index("--reward-weights") + 1] = "1,0.5,2"
+    args += ["--reward", f"model:{scorer}", "--adapter", "lora", "--quantize", "4bit", "--eval-strategy", "no"]
+    out = grpo_run(*args)
+    train = [r for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
+    assert train[0]["reward_model_std"] > 0  # the scorer tells the completions apart
+    samples = read_jsonl(out / "completions.jsonl")
+    assert set(samples[0]["rewards"]) == {"accuracy", "variety", "model"}
 
 
 def test_backends_that_split_the_weights_are_refused_in_one_line(capfd, tiny_llama, data, cache_dir, tmp_path):

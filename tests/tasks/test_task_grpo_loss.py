@@ -37,7 +37,21 @@ def trl_advantages(rewards_per_func, weights, num_generations, scale_rewards):
     return torch.nan_to_num(advantages, nan=0.0)
 
 
-def trl_loss(per_token_logps, old, ref, advantages, mask, *, loss_type, level, eps_low, eps_high, beta, max_len):
+def trl_loss(
+    per_token_logps,
+    old,
+    ref,
+    advantages,
+    mask,
+    *,
+    loss_type,
+    level,
+    eps_low,
+    eps_high,
+    beta,
+    max_len,
+    kl_correction=True,
+):
     advantages = advantages.unsqueeze(1)
     log_ratio = per_token_logps - old
     if level == "token":
@@ -47,6 +61,8 @@ def trl_loss(per_token_logps, old, ref, advantages, mask, *, loss_type, level, e
     coef_1 = torch.exp(log_importance_weights)
     if beta != 0.0:
         per_token_kl = torch.exp(ref - per_token_logps) - (ref - per_token_logps) - 1
+        if kl_correction:  # use_bias_correction_kl (True by default)
+            per_token_kl = per_token_kl * coef_1
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
     per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
     if beta != 0.0:
@@ -101,19 +117,23 @@ def test_an_unscorable_completion_gets_no_advantage_and_no_weight_in_its_group()
 
 
 CASES = list(itertools.product(["grpo", "bnpo", "dr_grpo", "dapo"], ["token", "sequence"], [0.0, 0.04]))
+CASES += [("dapo", "token", 0.04, False), ("grpo", "sequence", 0.04, False)]  # without the KL's ratio weight
+CASES = [case if len(case) == 4 else (*case, True) for case in CASES]
 
 
-@pytest.mark.parametrize("loss_type, level, beta", CASES)
-def test_each_loss_type_is_trls_within_1e_5(rollout, loss_type, level, beta):
+@pytest.mark.parametrize("loss_type, level, beta, kl_correction", CASES)
+def test_each_loss_type_is_trls_within_1e_5(rollout, loss_type, level, beta, kl_correction):
     advantages = trl_advantages(rollout["rewards"].clone(), torch.tensor([1.0, 0.5], dtype=torch.float64), G, "group")
-    clip = grpo_loss.Clip(epsilon=0.2, epsilon_high=0.28, beta=beta, importance_sampling=level)
+    clip = grpo_loss.Clip(
+        epsilon=0.2, epsilon_high=0.28, beta=beta, importance_sampling=level, kl_correction=kl_correction
+    )
     mask, logps, old, ref = rollout["mask"], rollout["logps"], rollout["old"], rollout["ref"]
     terms = grpo_loss.token_losses(logps, old, advantages, mask, clip, ref)
     loss_sum, count = grpo_loss.loss_sum_and_count(terms.loss, mask, loss_type, MAX_LEN)
     assert count == grpo_loss.step_count(mask, loss_type, MAX_LEN)
     theirs = trl_loss(
         logps, old, ref, advantages, mask, loss_type=loss_type, level=level, eps_low=0.2, eps_high=0.28, beta=beta,
-        max_len=MAX_LEN,
+        max_len=MAX_LEN, kl_correction=kl_correction,
     )  # fmt: skip
     assert (loss_sum / count).item() == pytest.approx(theirs.item(), abs=1e-5)
     clipped = ((terms.ratio < 0.8) | (terms.ratio > 1.28)).any()
@@ -155,3 +175,71 @@ def test_token_logps_are_the_log_softmax_at_the_sampling_temperature():
     tokens = torch.tensor([[1, 5, 10], [0, 0, 3]])
     expected = torch.log_softmax(logits / 0.7, -1).gather(-1, tokens[..., None]).squeeze(-1)
     assert torch.allclose(grpo_loss.token_logps(logits, tokens, 0.7), expected, atol=1e-6)
+
+
+# ---- against TRL's GRPOTrainer itself (trl is in the bench extra: skipped without it) ---------------------------
+TRL_CASES = [("grpo", "token", 0.0), ("bnpo", "token", 0.04), ("dr_grpo", "sequence", 0.0), ("dapo", "token", 0.04)]
+
+
+@pytest.fixture(scope="module")
+def trl_trainer(tiny_llama, tmp_path_factory):
+    pytest.importorskip("trl", reason="trl is in the bench extra")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    args = GRPOConfig(
+        str(tmp_path_factory.mktemp("trl")), per_device_train_batch_size=G, num_generations=G, use_cpu=True,
+        bf16=False, report_to=[], max_completion_length=MAX_LEN, epsilon=0.2, epsilon_high=0.28,
+    )  # fmt: skip
+    rows = Dataset.from_list([{"prompt": "where is the cat?"}] * G)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[lambda completions, **k: [0.0] * len(completions)], args=args,
+        train_dataset=rows, processing_class=AutoTokenizer.from_pretrained(tiny_llama),
+    )  # fmt: skip
+    return trainer, model
+
+
+@pytest.mark.parametrize("loss_type, level, beta", TRL_CASES)
+def test_the_task_loss_equals_trl_grpo_trainer_compute_loss(trl_trainer, tiny_llama, loss_type, level, beta):
+    """The same model, prompts, completions, advantages and old / reference log-probs through TRL's own
+    `_compute_loss` and through the task's `forward` + `compute_loss` (its batch layout: left-padded prompts,
+    right-padded completions): the same loss within 1e-5."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    trainer, model = trl_trainer
+    trainer.loss_type, trainer.importance_sampling_level, trainer.beta = loss_type, level, beta
+    trainer.current_gradient_accumulation_steps = 1  # set by its training loop
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(5, 200, (1, 6), generator=gen).expand(G, 6)
+    lengths = torch.tensor([7, 3, 5, 1])
+    completion_mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).long()
+    completion = torch.randint(5, 200, (G, WIDTH), generator=gen) * completion_mask
+    advantages = torch.tensor([1.2, -0.4, 0.3, -1.1])
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([prompt, completion], 1)).logits[:, 5:-1]
+        logps = torch.log_softmax(logits, -1).gather(-1, completion[..., None])[..., 0]
+    old = logps + torch.randn(G, WIDTH, generator=gen) * 0.3
+    ref = logps + torch.randn(G, WIDTH, generator=gen) * 0.2
+    inputs = {
+        "prompt_ids": prompt, "prompt_mask": torch.ones_like(prompt), "completion_ids": completion,
+        "completion_mask": completion_mask, "advantages": advantages, "old_per_token_logps": old,
+        "ref_per_token_logps": ref, "num_items_in_batch": completion_mask.sum(),
+    }  # fmt: skip
+    model.train()
+    theirs = trainer._compute_loss(model, inputs)
+
+    options = {"reward": ["length"], "loss_type": loss_type, "importance_sampling": level, "beta": beta}
+    options.update(epsilon=0.2, epsilon_high=0.28, max_completion_length=MAX_LEN, max_prompt_length=16)
+    task = get_task(build_config(task="grpo", model=tiny_llama, task_options=options))
+    attention = torch.cat([torch.ones_like(prompt), completion_mask], 1)
+    batch = {
+        "input_ids": torch.cat([prompt, completion], 1), "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0), "completion_ids": completion,
+        "completion_mask": completion_mask.float(), "advantages": advantages, "old_logps": old, "ref_logps": ref,
+    }  # fmt: skip
+    loss_sum, count = task.compute_loss(task.forward(model, batch), batch)
+    assert (loss_sum / count).item() == pytest.approx(theirs.item(), abs=1e-5)

@@ -79,6 +79,9 @@ class GRPOOptions(TaskOptions):
     beta: float = Field(
         0.0, ge=0, le=1e3, description="the weight of the KL to the reference model (0: no reference at all)"
     )
+    kl_importance_correction: bool = Field(
+        True, description="the KL term weighted by the importance ratio (TRL's use_bias_correction_kl, its default)"
+    )
     importance_sampling: Literal["token", "sequence"] = Field(
         "token", description="importance ratio per token, or per sequence (GSPO: the mean log-ratio)"
     )
@@ -228,7 +231,9 @@ class GRPOTask(CausalLMTask):
                 "--task grpo needs at least one reward function: --reward accuracy, --reward format, --reward "
                 "length, --reward FILE.py:FUNCTION or --reward model:DIR"
             )
-        self.clip = grpo_loss.Clip(o.epsilon, o.epsilon_high or o.epsilon, o.beta, o.importance_sampling)
+        self.clip = grpo_loss.Clip(
+            o.epsilon, o.epsilon_high or o.epsilon, o.beta, o.importance_sampling, o.kl_importance_correction
+        )
         self.reward_names = metric_names(o.reward)
         self.weights = torch.tensor(o.reward_weights or [1.0] * len(o.reward), dtype=torch.float64)
         self.rewards = None  # the loaded functions (load_raw: before any model work, a bad file fails early)

@@ -62,6 +62,7 @@ class Clip:
     epsilon_high: float  # the upper clip (DAPO's clip-higher when above epsilon)
     beta: float  # the KL term's weight (0: none)
     importance_sampling: str  # "token" or "sequence" (GSPO)
+    kl_correction: bool = True  # the KL estimate times the importance ratio (TRL's use_bias_correction_kl default)
 
 
 @dataclass
@@ -95,6 +96,8 @@ def token_losses(
     if clip.beta != 0.0:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1  # k3, non-negative, unbiased
+        if clip.kl_correction:  # sampled by the old policy: weighted by the ratio (1 on-policy, its gradient not 0)
+            kl = kl * ratio
         loss = loss + clip.beta * kl
     return TokenLoss(loss=loss, ratio=ratio, kl=kl)
 
