@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
-from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained, is_adapter_folder
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
@@ -231,14 +232,22 @@ class CausalLMTask(Task):
                 "or Llama"
             )
         self.resolve_block_size()
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, config=set_dropout(copy.deepcopy(model_config), self.config.dropout), **self.pretrained_kwargs()
+        config = set_dropout(copy.deepcopy(model_config), self.config.dropout)
+        if is_adapter_folder(path):  # a LoRA run's export: its base with the adapter merged in (eval, a new run)
+            return self._fit_tokenizer(
+                load_pretrained_model(AutoModelForCausalLM, path, "the model", config=config), tokenizer
             )
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, **self.pretrained_kwargs())
         except (ValueError, OSError, SafetensorError) as err:  # no causal-LM head for this config; bad weights
             raise ConfigError(
                 f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}"
             ) from None
+        return self._fit_tokenizer(model, tokenizer)
+
+    @staticmethod
+    def _fit_tokenizer(model, tokenizer):
+        """`model` with room for every token of `tokenizer` and its pad token."""
         if len(tokenizer) > model.get_input_embeddings().num_embeddings:
             model.resize_token_embeddings(len(tokenizer))
         if model.config.pad_token_id is None and tokenizer.pad_token_id is not None:
