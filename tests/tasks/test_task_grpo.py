@@ -173,9 +173,13 @@ def test_a_reward_model_rewards_and_qlora_trains(tiny_llama, data, cache_dir, tm
     assert set(samples[0]["rewards"]) == {"accuracy", "variety", "model"}
 
 
-def test_backends_that_split_the_weights_are_refused_in_one_line(capfd, tiny_llama, data, cache_dir, tmp_path):
-    args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--backend", "fsdp", "--nproc", "2")
-    assert_refused(in_process(capfd, *args), tmp_path / "out", "generates with the model while it trains", "ddp")
+@pytest.mark.parametrize(
+    "backend", [("fsdp",), ("tp",), ("deepspeed", "--zero-stage", "3")], ids=["fsdp", "tp", "zero3"]
+)
+def test_backends_that_split_the_weights_are_refused_in_one_line(capfd, tiny_llama, data, cache_dir, tmp_path, backend):
+    args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--backend", *backend, "--nproc", "2")
+    proc = in_process(capfd, *args)
+    assert_refused(proc, tmp_path / "out", "generates with the model while it trains", f"'{backend[0]}'", "ddp")
 
 
 BAD_FLAGS = [
@@ -245,3 +249,9 @@ def test_messages_prompts_are_rendered_with_the_chat_template_and_system_prompt(
     tokenizer = task.load_tokenizer()
     feats = task.tokenize(task.load_raw(), tokenizer, log=lambda m: None)["train"]
     assert tokenizer.decode(feats[0]["prompt_ids"]) == "s>be brief\nu>hi 0\na>"
+
+
+def test_a_reward_model_folder_that_is_not_a_scorer_is_one_line(capfd, tiny_llama, data, cache_dir, tmp_path):
+    args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--reward", f"model:{tiny_llama}")
+    args[args.index("--reward-weights") + 1] = "1,1,1"
+    assert_refused(in_process(capfd, *args), tmp_path / "out", tiny_llama)
