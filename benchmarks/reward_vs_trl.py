@@ -1,15 +1,17 @@
 """Reward models: tuneforge (`--task reward`) against TRL's RewardTrainer (issue 25), same model, pairs and
 settings, same machine, whole processes one after the other.
 
-    python benchmarks/reward_vs_trl.py --train-pairs 512 --eval-pairs 128 --seeds 1 2
+    python benchmarks/reward_vs_trl.py --train-pairs 256 --eval-pairs 64 --seeds 1 2
 
-Model: the bundled MiniLM (all-MiniLM-L6-v2) with a fresh one-output score head, initialised from the same seed
-on both sides. Pairs: Anthropic hh-rlhf harmless-base (../shared/data/hh-rlhf/harmless-base/test.jsonl.gz),
-split by tuneforge's reader into prompt (through the last shared "Assistant:") and the two replies, written once
-as prompt/chosen/rejected text rows both sides read, kept where prompt + the longer reply fits 256 tokens (so no
-side drops or truncates any); the first --train-pairs train, the next --eval-pairs evaluate. Settings on both:
-batch 16 pairs, AdamW lr 5e-5, linear decay without warm-up, no weight decay, one epoch, bf16 autocast where the
-CPU has it, no gradient checkpointing, each side's own tokenization (TRL's recipe on both: text + eos).
+Model: the bundled SmolLM2-135M-Instruct with a fresh one-output score head (its last token's score),
+initialised from the same seed on both sides, fully fine-tuned. (MiniLM's tokenizer has no eos token, on which
+TRL 1.16's RewardTrainer fails: `endswith(None)`.) Pairs: Anthropic hh-rlhf harmless-base
+(../shared/data/hh-rlhf/harmless-base/test.jsonl.gz), split by tuneforge's reader into prompt (through the last
+shared "Assistant:") and the two replies, written once as prompt/chosen/rejected text rows both sides read, kept
+where prompt + the longer reply fits 256 tokens (so no side drops or truncates any); the first --train-pairs
+train, the next --eval-pairs evaluate. Settings on both: batch 16 pairs, AdamW lr 2e-5, linear decay without
+warm-up, no weight decay, one epoch, bf16 autocast where the CPU has it, no gradient checkpointing, each side's
+own tokenization (TRL's recipe on both: text + eos).
 
 Reported per side and seed: the evaluation loss before training (the loss both start from: equal when the two
 compute the same thing), the evaluation loss and pairwise accuracy after the epoch, the whole process's wall time
@@ -29,7 +31,7 @@ from _process import timed
 
 HERE = Path(__file__).resolve().parent
 HH = HERE.parent.parent / "shared/data/hh-rlhf/harmless-base/test.jsonl.gz"
-MAX_LENGTH, BATCH, LR = 256, 16, "5e-5"
+MAX_LENGTH, BATCH, LR = 256, 16, "2e-5"
 
 
 def write_pairs(model: str, folder: Path, n_train: int, n_eval: int) -> tuple[Path, Path]:
@@ -83,14 +85,14 @@ def run_trl(model, train, valid, out: Path, seed: int, bf16: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--train-pairs", type=int, default=512)
-    ap.add_argument("--eval-pairs", type=int, default=128)
+    ap.add_argument("--train-pairs", type=int, default=256)
+    ap.add_argument("--eval-pairs", type=int, default=64)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     args = ap.parse_args()
-    from tuneforge.artifacts import bundled_minilm
     from tuneforge.backends.precision import cpu_has_native_bf16
+    from tuneforge.tasks.clm import bundled_smollm2
 
-    model, bf16 = bundled_minilm(), cpu_has_native_bf16()
+    model, bf16 = bundled_smollm2(log=lambda m: None), cpu_has_native_bf16()
     results: dict = {"machine": machine_meta(), "settings": {**vars(args), "bf16": bf16, "max_length": MAX_LENGTH}}
     with tempfile.TemporaryDirectory() as tmp:
         train, valid = write_pairs(model, Path(tmp), args.train_pairs, args.eval_pairs)

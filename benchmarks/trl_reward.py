@@ -30,7 +30,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
-    import numpy as np
     import torch
     from datasets import Dataset
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -38,10 +37,6 @@ def main() -> None:
 
     def rows(path: str) -> Dataset:
         return Dataset.from_list([json.loads(x) for x in open(path, encoding="utf-8") if x.strip()])
-
-    def accuracy(pred):
-        scores = pred.predictions  # [pairs, 2]: chosen, rejected
-        return {"accuracy": float(np.mean(scores[:, 0] > scores[:, 1]))}
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     torch.manual_seed(args.seed)
@@ -71,13 +66,18 @@ def main() -> None:
         train_dataset=rows(args.train_file),
         eval_dataset=rows(args.validation_file),
         processing_class=tokenizer,
-        compute_metrics=accuracy,
     )
-    before = trainer.evaluate()
+
+    def evaluate() -> dict:  # RewardTrainer logs its eval accuracy (the mean over equal batches) with the loss
+        loss = trainer.evaluate()["eval_loss"]
+        logged = [r for r in trainer.state.log_history if "eval_loss" in r][-1]
+        return {"eval_loss": loss, "eval_accuracy": logged.get("eval_accuracy")}
+
+    before = evaluate()
     start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - start
-    after = trainer.evaluate()
+    after = evaluate()
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r and "eval_loss" not in r]
     print(
         json.dumps(
