@@ -104,11 +104,33 @@ def distinct(pairs: list[dict], where: str, drop: bool, log=print) -> list[dict]
     return [p for p in pairs if p["chosen"] != p["rejected"]]
 
 
-def read_pairs(path: str | Path, drop_identical: bool = False, log=print) -> list[dict]:
-    """The checked pairs of a preference file."""
-    rows = chat.read_rows(path, what="preference data", reader="--task dpo")
+def read_pairs(path: str | Path, drop_identical: bool = False, log=print, reader: str = "--task dpo") -> list[dict]:
+    """The checked pairs of a preference file (`reader`: the task reading it, for messages)."""
+    rows = chat.read_rows(path, what="preference data", reader=reader)
     pairs = [to_pair(row, f"row {i} of {str(path)!r}") for i, row in enumerate(rows, 1)]
     return distinct(pairs, repr(str(path)), drop_identical, log)
+
+
+def pairs_dataset(pairs: list[dict]):
+    """Pairs as a raw split: prompt, chosen and rejected each as JSON text (text or messages alike)."""
+    import datasets
+
+    return datasets.Dataset.from_dict({k: [dumps(p[k]) for p in pairs] for k in ("prompt", "chosen", "rejected")})
+
+
+def given_splits(splits: dict, drop_identical: bool, log=print) -> dict:
+    """{split: raw split} of datasets of pair rows given through the Python API, each row checked as a file's."""
+    raw = {}
+    for split, ds in splits.items():
+        if ds is None:
+            continue
+        rows = ds.to_list()
+        if not rows:
+            raise DataError(f"the {split} split has no pairs; give at least one")
+        where = f"the {split} dataset"
+        pairs = [to_pair(row, f"{where}, row {i}") for i, row in enumerate(rows, 1)]
+        raw[split] = pairs_dataset(distinct(pairs, where, drop_identical, log))
+    return raw
 
 
 # ---- tokens ------------------------------------------------------------------------------------

@@ -132,32 +132,14 @@ class DPOTask(CausalLMTask):
         splits = self.read_given_files(
             "preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, or hh-rlhf "
             "chosen/rejected dialogues) and --validation-file",
-            lambda path, _split: self._as_dataset(
+            lambda path, _split: preference.pairs_dataset(
                 preference.read_pairs(path, self.options.drop_identical_pairs, self.log)
             ),
         )
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
 
-    @staticmethod
-    def _as_dataset(pairs: list[dict]) -> datasets.Dataset:
-        return datasets.Dataset.from_dict(
-            {k: [preference.dumps(p[k]) for p in pairs] for k in ("prompt", "chosen", "rejected")}
-        )
-
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
-        raw = {}
-        for split, ds in splits.items():
-            if ds is None:
-                continue
-            rows = ds.to_list()
-            if not rows:
-                raise DataError(f"the {split} split has no pairs; give at least one")
-            pairs = [preference.to_pair(row, f"the {split} dataset, row {i}") for i, row in enumerate(rows, 1)]
-            where = f"the {split} dataset"
-            raw[split] = self._as_dataset(
-                preference.distinct(pairs, where, self.options.drop_identical_pairs, self.log)
-            )
-        return datasets.DatasetDict(raw)
+        return datasets.DatasetDict(preference.given_splits(splits, self.options.drop_identical_pairs, self.log))
 
     # ---- features --------------------------------------------------------------------------
     def _encoder(self, tokenizer, ds, split: str):
