@@ -30,6 +30,7 @@ EXPECTED = {
     "ddp",
     "deepspeed",
     "fsdp",
+    "gsm8k-grpo-lora",
 }
 
 

@@ -97,7 +97,8 @@ def test_grpo_generates_scores_logs_and_samples(tiny_llama, data, cache_dir, tmp
 
 def test_the_loss_is_exact_under_accumulation_and_across_ranks(tiny_llama, data, cache_dir, tmp_path):
     """dapo's token normalisation over the whole step, with the KL term to the reference (LoRA: the adapters off):
-    one process with 2 prompts per step = 1 prompt x 2 micro-batches = 1 prompt on each of 2 ddp ranks. Each
+    one process with 2 prompts per step = 1 prompt x 2 micro-batches = 1 prompt on each of 2 ddp ranks = the same
+    on 2 DeepSpeed ZeRO-2 ranks (each generates with its whole model). Each
     prompt's completions are seeded by its row, so all three sample the same ones."""
     common = ("--max-steps", "3", "--eval-strategy", "no", "--adapter", "lora", "--lora-dropout", "0", "--beta", "0.5")
     common += ("--logging-steps", "1")
@@ -107,10 +108,12 @@ def test_the_loss_is_exact_under_accumulation_and_across_ranks(tiny_llama, data,
     )
     ddp_flags = ("--batch-size", "1", "--backend", "ddp", "--nproc", "2")
     ddp = grpo_run(*grpo_args(tiny_llama, data, cache_dir, tmp_path / "ddp", *common, *ddp_flags))
+    zero_flags = ("--batch-size", "1", "--backend", "deepspeed", "--zero-stage", "2", "--nproc", "2")
+    zero = grpo_run(*grpo_args(tiny_llama, data, cache_dir, tmp_path / "zero2", *common, *zero_flags))
     whole = train_losses(one)
     kl = {r["step"]: r["kl"] for r in read_jsonl(one / "metrics.jsonl") if r["split"] == "train"}
     assert kl[1] == 0 and kl[3] > 1e-4  # the policy starts as its reference, then leaves it
-    for other in (acc, ddp):
+    for other in (acc, ddp, zero):
         losses = train_losses(other)
         assert max(abs(whole[s] - losses[s]) for s in whole) < 1e-5, (whole, losses)
         a = load_file(one / "model" / "adapter_model.safetensors")
