@@ -215,7 +215,6 @@ def test_the_metrics_sum_every_pair_across_ranks_and_skip_padding_rows():
     assert out["loss"] == pytest.approx(-F.logsigmoid(margins).mean().item())
 
 
-@pytest.mark.serial
 def test_the_export_scores_text_in_predict_and_serve(run, data, capsys, tmp_path):
     from tuneforge.predict import load_predictor
 
