@@ -49,6 +49,15 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return -token_losses.sum(-1)
 
 
+def pairwise_loss(chosen: torch.Tensor, rejected: torch.Tensor, row_mask=None) -> torch.Tensor:
+    """The summed Bradley-Terry loss -log sigmoid(chosen - rejected) of pairs (DPO's rewards, a reward model's
+    scores); rows where `row_mask` is False (evaluation padding) add nothing."""
+    losses = -F.logsigmoid(chosen - rejected)
+    if row_mask is not None:
+        losses = losses * row_mask.to(losses.dtype)
+    return losses.sum()
+
+
 @dataclass
 class PairOutputs:
     """The policy's and the reference's log-probabilities of each row's completion: chosen rows first."""
@@ -244,11 +253,7 @@ class DPOTask(CausalLMTask):
 
     def compute_loss(self, outputs, batch, row_mask=None):
         """(sum of the pairs' DPO losses, number of pairs)."""
-        chosen, rejected = outputs.rewards(self.options.dpo_beta)
-        losses = -F.logsigmoid(chosen - rejected)
-        if row_mask is not None:
-            losses = losses * row_mask.to(losses.dtype)
-        return losses.sum(), self.count(batch)
+        return pairwise_loss(*outputs.rewards(self.options.dpo_beta), row_mask), self.count(batch)
 
     def count(self, batch) -> torch.Tensor:
         return torch.tensor(float(batch["input_ids"].shape[0] // 2))

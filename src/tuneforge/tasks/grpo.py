@@ -535,8 +535,7 @@ class GRPOTask(CausalLMTask):
         logps, mask = outputs, batch["completion_mask"]
         old = batch["old_logps"] if "old_logps" in batch else logps.detach()  # on-policy: ratio 1
         terms = grpo_loss.token_losses(logps, old, batch["advantages"], mask, self.clip, batch.get("ref_logps"))
-        self.window.add_loss_terms(terms, mask, batch["advantages"], self.clip)
-        self.window.train_tokens += float(batch["attention_mask"].sum())
+        self.window.add_loss_terms(terms, mask, batch["advantages"], batch["attention_mask"], self.clip)
         o = self.options
         return grpo_loss.loss_sum_and_count(terms.loss, mask, o.loss_type, o.max_completion_length)
 
@@ -551,7 +550,7 @@ class GRPOTask(CausalLMTask):
             now = time.perf_counter()
             self.window.train_s += now - self._train_started
             self._train_started = now
-        windows = backend.gather_objects(self.window)
+        windows = backend.gather_objects(self.window.settled())
         self.window = StepWindow(len(self.reward_names))
         logs = StepWindow.merged(windows).logs(self.reward_names, self.clip.beta != 0.0)
         if backend.is_main:
@@ -619,6 +618,9 @@ class Rollout:
     uses: int
 
 
+LOSS_TERMS = ("clip_low", "clip_high", "clip_region", "loss_tokens", "kl", "train_tokens")
+
+
 class StepWindow:
     """One rank's sums since the last log line (picklable: the ranks' windows are gathered and added)."""
 
@@ -628,10 +630,11 @@ class StepWindow:
         self.seen = torch.zeros(functions, dtype=torch.float64)
         self.values: dict[str, float] = dict.fromkeys(
             ("reward", "reward_sq", "scored", "completions", "tokens", "truncated", "groups", "flat_groups",
-             "clip_low", "clip_high", "clip_region", "loss_tokens", "kl"), 0.0
+             *LOSS_TERMS), 0.0
         )  # fmt: skip
+        self.loss_terms: torch.Tensor | None = None  # LOSS_TERMS' sums on the training device (`settled` reads them)
         self.longest = 0
-        self.gen_s = self.train_s = self.train_tokens = 0.0
+        self.gen_s = self.train_s = 0.0
 
     def add_rollout(self, per_function, rewards, flat, completions, group: int) -> None:
         v, seen = self.values, ~torch.isnan(per_function)
@@ -650,18 +653,24 @@ class StepWindow:
         v["flat_groups"] += float(flat.view(-1, group)[:, 0].sum())
         self.longest = max(self.longest, *lengths)
 
-    def add_loss_terms(self, terms, mask, advantages, clip) -> None:
+    def add_loss_terms(self, terms, mask, advantages, attention_mask, clip) -> None:
+        """A micro-batch's clipped tokens, KL and token counts, added on its device (no host copy per micro-batch)."""
         with torch.no_grad():
             ratio, adv = terms.ratio.expand_as(mask), advantages.unsqueeze(1)
             low = (ratio < 1 - clip.epsilon) & (adv < 0)
             high = (ratio > 1 + clip.epsilon_high) & (adv > 0)
-            v = self.values
-            v["clip_low"] += float((low * mask).sum())
-            v["clip_high"] += float((high * mask).sum())
-            v["clip_region"] += float(((low | high) * mask).sum())
-            v["loss_tokens"] += float(mask.sum())
-            if terms.kl is not None:
-                v["kl"] += float((terms.kl * mask).sum())
+            kl = (terms.kl * mask).sum() if terms.kl is not None else mask.new_zeros(())
+            sums = [(low * mask).sum(), (high * mask).sum(), ((low | high) * mask).sum(), mask.sum(), kl]
+            row = torch.stack([*(x.double() for x in sums), attention_mask.sum().double()])
+            self.loss_terms = row if self.loss_terms is None else self.loss_terms + row
+
+    def settled(self) -> StepWindow:
+        """The window with its device sums read into `values` (one host copy, at a log line)."""
+        if self.loss_terms is not None:
+            for name, value in zip(LOSS_TERMS, self.loss_terms.tolist()):
+                self.values[name] += value
+            self.loss_terms = None
+        return self
 
     @classmethod
     def merged(cls, windows: list[StepWindow]) -> StepWindow:
@@ -674,7 +683,6 @@ class StepWindow:
                 out.values[k] += w.values[k]
             out.longest = max(out.longest, w.longest)
             out.gen_s, out.train_s = max(out.gen_s, w.gen_s), max(out.train_s, w.train_s)  # ranks run at once
-            out.train_tokens += w.train_tokens
         return out
 
     def logs(self, names: list[str], with_kl: bool) -> dict:
@@ -697,7 +705,7 @@ class StepWindow:
             out["clip_high"] = v["clip_high"] / tokens
             if with_kl:
                 out["kl"] = v["kl"] / tokens
-        out["train_tokens_per_s"] = round(self.train_tokens / self.train_s, 1) if self.train_s else None
+        out["train_tokens_per_s"] = round(v["train_tokens"] / self.train_s, 1) if self.train_s else None
         return out
 
 

@@ -39,7 +39,7 @@ from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import Task, set_dropout
 from tuneforge.tasks.classification import ClassificationPredictor
-from tuneforge.tasks.dpo import PreferenceStream
+from tuneforge.tasks.dpo import PreferenceStream, pairwise_loss
 
 ROLE_NAMES = {"user": "Human", "assistant": "Assistant"}  # hh-rlhf's names of the turns
 SCORER_NEEDED = (
@@ -271,11 +271,7 @@ class RewardModelTask(Task):
     # ---- loss and metrics --------------------------------------------------------------------
     def compute_loss(self, outputs, batch, row_mask=None):
         """(sum of the pairs' Bradley-Terry losses, number of pairs)."""
-        chosen, rejected = pair_scores(outputs.logits)
-        losses = -F.logsigmoid(chosen - rejected)
-        if row_mask is not None:
-            losses = losses * row_mask.to(losses.dtype)
-        return losses.sum(), self.count(batch)
+        return pairwise_loss(*pair_scores(outputs.logits), row_mask), self.count(batch)
 
     def count(self, batch) -> torch.Tensor:
         return torch.tensor(float(batch["input_ids"].shape[0] // 2))
