@@ -33,8 +33,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op c
 # `make test` runs the suite in two halves: the tests here marked `serial` alone, the rest spread over both cores
 # by pytest-xdist. Serial: what depends on timing or on having the CPU to itself (servers with timeouts and
 # concurrent clients, crash and restart tests that kill workers at a moment, launchers); a test elsewhere that
-# needs it says so with @pytest.mark.serial.
-SERIAL_PATHS = ("serve/", "test_crash.py", "test_launch.py", "test_resume.py")
+# needs it says so with @pytest.mark.serial. The other serve tests (fuzzing, tools, the page, logprobs, structured
+# output) check answers, not timing: they run beside other tests, where they do not leave a core idle.
+SERIAL_PATHS = (
+    "serve/test_serve.py",
+    "serve/test_serve_generate.py",
+    "serve/test_serve_isolation.py",
+    "serve/test_serve_embeddings.py",
+    "test_crash.py",
+    "test_launch.py",
+    "test_resume.py",
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
