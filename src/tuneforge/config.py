@@ -28,7 +28,8 @@ from pydantic_core import PydanticCustomError
 from tuneforge.errors import ConfigError
 from tuneforge.flags import allowed_range
 from tuneforge.harness.options import HarnessSettings
-from tuneforge.options import BackendOptions, Options, TaskOptions
+from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list
+from tuneforge.tracking import check_log_model, check_report_to, tracker_names, trackers_that, uri_variables
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
 EVAL: dict[str, Any] = {"eval": True}  # json_schema_extra of a field `tuneforge eval` takes too
@@ -271,7 +272,30 @@ class TrainConfig(Options):
     quiet: bool = Field(
         False, description="no progress bar or log lines, only errors (and --json)", json_schema_extra=EVAL
     )
-    report_to: list[Literal["jsonl", "tensorboard"]] = Field(["jsonl"], description="where metrics are written")
+    # experiment trackers (tuneforge/tracking/, which names them); metrics.jsonl is written whatever this says
+    report_to: list[str] = Field(
+        ["jsonl"],
+        description=f"where metrics go besides OUTPUT_DIR/metrics.jsonl, which is always written: "
+        f"{', '.join(tracker_names())} (comma-separated; none: no tracker); a tracker's package is an extra: "
+        "pip install 'tuneforge[NAME]'",
+        json_schema_extra={"flag_kwargs": {"nargs": "+", "action": "extend", "metavar": "NAME"}},
+    )
+    log_model: bool = Field(
+        False,
+        description="at the end, upload OUTPUT_DIR/model as an artifact of the tracker runs that keep models "
+        f"({', '.join(trackers_that('logs_model'))})",
+    )
+    tracking_uri: str | None = Field(
+        None,
+        description=f"the tracking server or store of {', '.join(trackers_that('uri_variable'))} "
+        f"(http://HOST:PORT, sqlite:///FILE); default: {', '.join(uri_variables())}, else the tracker's own",
+    )
+    experiment_name: str | None = Field(
+        None,
+        description="the experiment or project the tracker runs go to (default: the tracker's own environment "
+        "variable where set, else tuneforge)",
+    )
+    run_name: str | None = Field(None, description="the tracker runs' name (default: the output dir's name)")
 
     optim: OptimConfig = OptimConfig()
     data: DataConfig = DataConfig()
@@ -280,6 +304,11 @@ class TrainConfig(Options):
     @classmethod
     def _yaml_no(cls, value: Any) -> Any:
         return "no" if value is False else value  # YAML reads a bare `no` as false
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _trackers(cls, value: Any) -> Any:
+        return check_report_to(comma_list(value))  # `--report-to mlflow,tensorboard` as a repeated flag does
 
     @field_validator("freeze_layers", mode="before")
     @classmethod
@@ -346,6 +375,8 @@ class TrainConfig(Options):
             )
         if self.early_stopping_patience and self.eval_strategy == "no":
             raise ValueError("early_stopping_patience needs evaluation: set eval_strategy to epoch or steps")
+        if self.log_model:
+            check_log_model(self.report_to)
         return self
 
     # ---- helpers -----------------------------------------------------------------------

@@ -23,6 +23,9 @@ class Progress:
     log_count: float = 0.0  # this rank's item count since the last log line
     skipped_steps: int = 0  # steps skipped for a nan/inf loss or gradient (skip_nonfinite allows them)
     metrics_records: int | None = None  # records in metrics.jsonl at the last save (a resume cuts it back to them)
+    # the job's experiment-tracker runs, {tracker: run id} (tuneforge/tracking/): a resume continues them; a
+    # checkpoint of before them has none
+    tracker_runs: dict[str, str] = field(default_factory=dict)
 
     PER_RANK: ClassVar[tuple[str, ...]] = ("log_loss", "log_count")  # saved per rank, not in trainer_state.json
 

@@ -1,7 +1,8 @@
 """What a run shows and leaves behind: progress bar, metrics.jsonl (and cutting it back to a checkpoint's
-records on a resume), TensorBoard, a plot.
+records on a resume), a plot, and the run's experiment trackers (`--report-to`: TensorBoard, MLflow, W&B, trackio;
+tuneforge/tracking/), which get every record metrics.jsonl gets.
 
-Only the main rank writes. Human-readable lines go to stderr so that stdout stays clean for
+Only the main rank writes and opens the trackers. Human-readable lines go to stderr so that stdout stays clean for
 `--json` (its last line is the result object).
 """
 
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from tuneforge.files import write_text
+from tuneforge.tracking import Resumption, Trackers, describe_run, points_of
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -41,7 +43,8 @@ class Reporter:
         self.quiet = config.quiet or not is_main
         self.run_dir = Path(config.output_dir)
         self.bar = None
-        self.tb = None
+        self.trackers: Trackers | None = None
+        self.resumed: Resumption | None = None  # a resume: what the trackers continue (continue_from)
         self._metrics_file = None
         self._t0 = time.perf_counter()
 
@@ -53,15 +56,26 @@ class Reporter:
         else:
             print(msg, file=sys.stderr, flush=True)
 
-    def start(self, total_steps: int, start_step: int, n_train: int, global_batch: int, backend) -> None:
+    def warn(self, msg: str) -> None:
+        """A warning line on stderr (main rank), --quiet or not."""
+        if not self.is_main:
+            return
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr, flush=True)
+
+    def start(
+        self, total_steps: int, start_step: int, n_train: int, global_batch: int, backend, device: str = ""
+    ) -> None:
+        """Open metrics.jsonl and the trackers (a failure to open one is its one error line), show the plan.
+        `device`: where the run runs (a GPU's name, or the CPU and its class), for the trackers' tags."""
         if not self.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        run = describe_run(self.config, backend, device or backend.device.type)
+        self.trackers = Trackers.open(self.config.report_to, run, self.resumed, warn=self.warn)
         self._metrics_file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
-        if "tensorboard" in self.config.report_to:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         self.print(
             f"training {n_train} examples, global batch {global_batch}, {total_steps} steps "
             f"on {backend.name} ({backend.world_size} process{'es' if backend.world_size > 1 else ''}, "
@@ -81,11 +95,9 @@ class Reporter:
         if self._metrics_file:
             self._metrics_file.write(json.dumps(record) + "\n")
             self._metrics_file.flush()
+        if self.trackers is not None:
+            self.trackers.log(record)
         split = record.get("split", "train")
-        if self.tb:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k not in ("step", "epoch", "split"):
-                    self.tb.add_scalar(f"{split}/{k}", v, record.get("step", 0))
         if split == "train" and self.bar is not None:
             self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
         elif split == "eval":
@@ -97,6 +109,29 @@ class Reporter:
         if not self.is_main:
             return None
         return len(read_metrics_lines(self.run_dir))
+
+    def checkpoint_trackers(self) -> dict[str, str]:
+        """Before a checkpoint: the trackers' runs, {tracker: run id}, for the checkpoint to keep (a resume continues
+        them), with what the trackers hold flushed to their stores. Main rank ({} on the others)."""
+        if self.trackers is None:
+            return {}
+        self.trackers.flush()
+        return dict(self.trackers.ids)
+
+    def continue_from(self, records: int | None, tracker_runs: dict[str, str]) -> None:
+        """A resume: metrics.jsonl cut back to the checkpoint's `records`, and the trackers, once `start` opens them,
+        continuing their runs `tracker_runs` (the records cut are those they were sent after the checkpoint, logged
+        again as its steps are re-run). Before `start`; main rank."""
+        if not self.is_main:
+            return
+        lines = read_metrics_lines(self.run_dir)
+        kept = len(lines) if records is None else records
+        self.resumed = Resumption(
+            runs=dict(tracker_runs),
+            kept=points_of(parsed(lines[:kept])),
+            replayed=points_of(parsed(lines[kept:])),
+        )
+        self.keep_records(records)
 
     def keep_records(self, records: int | None) -> None:
         """Cut metrics.jsonl back to its first `records` records (a resume: those written before the checkpoint),
@@ -112,17 +147,17 @@ class Reporter:
             self.bar.update(1)
 
     def stop(self) -> None:
-        """A run that stops on an error: the progress bar ends (the error is the last line) and metrics.jsonl is
-        closed; no result is written."""
+        """A run that stops on an error: the progress bar ends (the error is the last line), metrics.jsonl is
+        closed and the trackers' runs end as failed; no result is written. Called again, it does nothing."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
         if self._metrics_file:
             self._metrics_file.close()
             self._metrics_file = None
-        if self.tb:
-            self.tb.close()
-            self.tb = None
+        if self.trackers is not None:
+            trackers, self.trackers = self.trackers, None
+            trackers.close(finished=False)
 
     def finish(self, result: dict) -> None:
         if self.bar is not None:
@@ -132,20 +167,35 @@ class Reporter:
             return
         if self._metrics_file:
             self._metrics_file.close()
-        if self.tb:
-            self.tb.close()
+            self._metrics_file = None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
         try:
             plot_run(self.run_dir)
         except Exception as err:  # a plot must never fail a finished run
             self.print(f"(no plot: {err})")
+        if self.trackers is not None:  # the model (--log-model), then each tracker run ends as finished
+            trackers, self.trackers = self.trackers, None
+            if self.config.log_model and result.get("model_dir"):
+                trackers.log_model(Path(result["model_dir"]))
+            trackers.close(finished=True)
 
 
 def read_metrics_lines(run_dir: Path) -> list[str]:
     """The non-empty lines of RUN/metrics.jsonl (none where there is no file)."""
     path = Path(run_dir) / METRICS_FILE
     return [ln for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def parsed(lines: list[str]) -> list[dict]:
+    """The records of metrics.jsonl lines; a line that is not one (cut short by a kill) is left out."""
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -64,6 +64,17 @@ class Run:
     engine: Any = None  # the generation engine on the live model, built at the first in-training generation
 
 
+def device_name(device: torch.device) -> str:
+    """Where a run runs: the GPU's name, or the CPU and its class (environment.cpu_class); the device's type else."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        from tuneforge.environment import cpu_class
+
+        return cpu_class()
+    return device.type
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -244,13 +255,15 @@ def make_checkpointer(run: Run, task) -> Checkpointer:
 
 def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | None]:
     """Continue from `config.resume`: model, optimizer, scheduler and RNG states restored into `run`, metrics.jsonl
-    cut back to the checkpoint, the plan (and LR schedule) re-made where the batch geometry changed. Returns the
-    restored Progress and, for load_best_model_at_end, the best evaluation's weights (main rank)."""
+    cut back to the checkpoint and the tracker runs to continue handed to the reporter, the plan (and LR schedule)
+    re-made where the batch geometry changed. Returns the restored Progress and, for load_best_model_at_end, the best
+    evaluation's weights (main rank)."""
     cfg, report = run.config, run.report
     path = checkpoint.find_checkpoint(cfg.resume, cfg.output_dir)
     st = run.checkpointer.load(path, run.model, run.optimizer, run.scheduler)
     run.resumed_from = path
-    report.keep_records(st.metrics_records)  # metrics.jsonl reads like an uninterrupted run
+    # metrics.jsonl reads like an uninterrupted run; the trackers continue the checkpoint's runs
+    report.continue_from(st.metrics_records, st.tracker_runs)
     best_weights = _best_weights(path, st, run) if cfg.load_best_model_at_end else None
     report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
     plan = run.plan.resumed_at(st, run.train_data["length"])

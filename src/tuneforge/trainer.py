@@ -35,10 +35,11 @@ from tuneforge.data.samplers import eval_batches
 from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
-from tuneforge.run import Given, Run, set_up_evaluation, set_up_training
+from tuneforge.run import Given, Run, device_name, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
 from tuneforge.tasks.base import EvalTools, StepTools
+from tuneforge.tracking import check_trackers
 
 __all__ = ["Callback", "Trainer", "TrainState"]
 
@@ -139,6 +140,8 @@ class Trainer:
             cfg = cfg.model_copy(update={"resume": "latest"})  # elastic restart: this run continues the last one
         if not cfg.resume and not launch.launched_by_us() and not restarted:
             checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
+        if launch.process_rank() == 0 and cfg.node_rank == 0:  # where the trackers open: packages, servers
+            check_trackers(cfg)
         harness = cfg.harness_after_train if launch.prints_result() else None  # run once, where the result shows
         if harness:
             after_train.check_after_train(harness, cfg.output_dir, generates=self.task.generates)
@@ -204,14 +207,19 @@ class Trainer:
         plan = self.run.plan
         replace_old = cfg.overwrite and not cfg.resume and launch.restart_count() == 0
         checkpoint.write_run_files(cfg, backend.is_main, replace_old=replace_old)
-        self.report.start(plan.total_steps, self.state.step, plan.n_train, plan.step_examples, backend)
-        self._fire("on_train_begin")
-        self._loop()
-        if self.run.window[1].item() > 0:
-            self._log_train()
-        if cfg.eval_strategy == "no" or not self.state.last_eval:
-            self.evaluate_and_log(scheduled=False)
-        return self._finish(t0)
+        try:
+            steps, examples = plan.total_steps, plan.step_examples
+            self.report.start(steps, self.state.step, plan.n_train, examples, backend, device_name(backend.device))
+            self._fire("on_train_begin")
+            self._loop()
+            if self.run.window[1].item() > 0:
+                self._log_train()
+            if cfg.eval_strategy == "no" or not self.state.last_eval:
+                self.evaluate_and_log(scheduled=False)
+            return self._finish(t0)
+        except BaseException:
+            self.report.stop()  # the trackers' runs end as failed
+            raise
 
     def _loop(self) -> None:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
@@ -250,6 +258,7 @@ class Trainer:
         run, st = self.run, self.state
         st.log_loss, st.log_count = run.window.tolist()  # this rank's logging window
         st.metrics_records = run.report.count_records()
+        st.tracker_runs = run.report.checkpoint_trackers()
         path = run.checkpointer.save(run.model, run.optimizer, run.scheduler, st)
         self._fire("on_save", path)
         return path

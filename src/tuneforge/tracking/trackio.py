@@ -1,0 +1,82 @@
+"""trackio: one trackio run per job, where trackio's own settings send it: by default its local store (an SQLite
+database per project in TRACKIO_DIR, else ~/.cache/huggingface/trackio; `trackio show` draws it), or a Space or
+server (TRACKIO_SPACE_ID, TRACKIO_SERVER_URL).
+
+Project: --experiment-name, else "tuneforge"; run name: --run-name, else the output dir's name (trackio resumes runs
+by name, so the checkpoint keeps the name). Config: the resolved config flattened with dots and the tags
+(tuneforge.version, .task, .backend, .device, .world_size), sent by each attempt (a resume that sent none would leave
+the run with an empty one: trackio replaces it). Metrics: each record's
+numeric values at its step. trackio prints its notes on stdout: they go to stderr (stdout stays for --json), or
+nowhere under --quiet.
+
+Resume: `trackio.init(name=..., resume="must")` continues the run (the latest of that name in the project). trackio
+stores whatever it is sent, a step logged twice included, so the last step of each of the run's metrics is read from
+its store, and a value at or below it is not sent again: every step is in the run once. Records from before the
+checkpoint that the store lacks (trackio writes from a background thread, so the last moments before a SIGKILL may
+not have reached it) are sent when the run opens. (Read from the local store: a run in a Space or on a server is
+continued, but not checked for steps it has.)
+
+No model (--log-model needs mlflow or wandb); trackio has no run status: the end is `finish` either way.
+"""
+
+from __future__ import annotations
+
+from tuneforge.tracking.base import Continued, Point, RunDescription, Tracker, library_notes, unlogged
+
+DEFAULT_PROJECT = "tuneforge"
+
+
+class TrackioTracker(Tracker):
+    name = "trackio"
+    package = "trackio"
+    extra = "trackio"
+
+    def __init__(self, run: RunDescription, continued: Continued | None) -> None:
+        import trackio
+
+        resuming = continued is not None and continued.run_id is not None
+        self.quiet = run.quiet
+        with library_notes(self.quiet):
+            self.run = trackio.init(
+                project=run.experiment or DEFAULT_PROJECT,
+                name=continued.run_id if resuming else run.name,
+                resume="must" if resuming else "never",
+                config={**run.params, **run.tags},  # on a resume too: trackio replaces the run's config
+                embed=False,
+            )
+        self.run_id = self.run.name
+        self.last_steps = self._last_steps() if resuming else {}
+        if continued is not None:  # records from before the checkpoint the run lacks
+            for point in continued.kept:
+                self.log(point)
+
+    def _last_steps(self) -> dict[str, int]:
+        """The last step stored of each of the run's metrics (the local store)."""
+        from trackio.sqlite_storage import SQLiteStorage
+
+        last: dict[str, int] = {}
+        for row in SQLiteStorage.get_logs(self.run.project, self.run.name, run_id=self.run.id):
+            for key in row.keys() - {"step", "timestamp"}:
+                last[key] = max(last.get(key, -1), row["step"])
+        return last
+
+    def log(self, point: Point) -> None:
+        metrics = unlogged(point, self.last_steps)
+        if metrics:
+            with library_notes(self.quiet):
+                self.run.log(metrics, step=point.step)
+
+    def close(self, finished: bool) -> None:
+        import trackio
+
+        with library_notes(self.quiet):
+            if trackio.context_vars.current_run.get() is self.run:
+                trackio.finish()  # also forgets it as the current run (which trackio would finish again at exit)
+            else:
+                self.run.finish()
+
+    def abandon(self) -> None:
+        self.close(finished=False)
+
+
+TRACKER = TrackioTracker

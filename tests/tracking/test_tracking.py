@@ -1,0 +1,114 @@
+"""The trackers' registry and checks (tuneforge/tracking/__init__.py): `--report-to` as a comma list or repeated, and
+every bad input one `error:` line, exit 2, before any training (no output folder made): an unknown name (the valid ones
+listed), `none` with another name, --log-model without a tracker that keeps models, a tracking server that does not
+answer (in seconds, not after MLflow's minutes of retries), a tracker whose package is not installed (the extra
+named). A checkpoint of before trackers still loads.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from conftest import run_forked, sentiment_split, train_command
+from tuneforge.configure import config_from_sources
+from tuneforge.progress import Progress
+from tuneforge.tracking import tracker_names, trackers_that
+
+
+@pytest.mark.parametrize(
+    "flags,report_to",
+    [
+        (["--report-to", "mlflow,tensorboard"], ["mlflow", "tensorboard"]),
+        (["--report-to", "jsonl", "tensorboard"], ["jsonl", "tensorboard"]),  # the flag's form of before
+        (["--report-to", "wandb", "--report-to", "trackio,jsonl"], ["wandb", "trackio", "jsonl"]),
+        (["--report-to", "none"], ["none"]),
+        ([], ["jsonl"]),
+    ],
+)
+def test_report_to_takes_a_comma_list_or_several_names(flags, report_to):
+    from tuneforge.cli import _flags, build_parser, train_flags
+
+    ns = build_parser("train").parse_args(["train", *flags])
+    assert config_from_sources(None, [], _flags(ns, train_flags())).report_to == report_to
+
+
+def test_the_names_come_from_the_trackers_files():
+    assert tracker_names() == ["jsonl", "mlflow", "tensorboard", "trackio", "wandb", "none"]
+    assert trackers_that("logs_model") == ["mlflow", "wandb"]
+
+
+@pytest.fixture
+def run_args(tmp_path, tiny_bert):
+    def args(*flags: str) -> list[str]:
+        files = sentiment_split(tmp_path, 16, 8)
+        return train_command(files, tiny_bert, max_steps=1, output_dir=tmp_path / "run") + list(flags)
+
+    return args
+
+
+def refused(proc, tmp_path) -> str:
+    """The one error line of a run refused before any work."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists() and proc.stdout == ""
+    return lines[0]
+
+
+def cli_in_fork(args: list[str], block: str | None = None):
+    """`tuneforge ARGS` in a child forked from this process; `block`: a package that is not installed there
+    (Python's own way: None in sys.modules makes its import fail and find_spec find nothing)."""
+    from tuneforge.cli import main
+
+    def run() -> int:
+        if block:
+            sys.modules[block] = None
+        return main(args)
+
+    return run_forked(run, ["tuneforge", *args], 120)
+
+
+@pytest.mark.parametrize(
+    "flags,needles",
+    [
+        (["--report-to", "mlflow,tensorbord"], ["unknown tracker 'tensorbord'", ", ".join(tracker_names())]),
+        (["--report-to", "none,mlflow"], ["'none' means no tracker at all"]),
+        (["--report-to", "none", "--report-to", "wandb"], ["'none' means no tracker at all"]),
+        (["--log-model"], ["--log-model", "(mlflow, wandb)", "--report-to jsonl has none"]),
+        (["--report-to", "tensorboard,trackio", "--log-model"], ["--report-to tensorboard,trackio has none"]),
+        (["--report-to", "mlflow", "--tracking-uri", "http://127.0.0.1:1"], ["http://127.0.0.1:1 does not answer"]),
+        (["--report-to", "mlflow", "--tracking-uri", "https://user:secret@127.0.0.1:1/x"], ["127.0.0.1:1/x"]),
+    ],
+)
+def test_bad_tracker_settings_are_one_line_before_any_work(flags, needles, run_args, tmp_path):
+    started = time.monotonic()
+    line = refused(cli_in_fork(run_args(*flags)), tmp_path)
+    assert time.monotonic() - started < 20  # an unreachable server: one probe, not MLflow's retries
+    assert all(needle in line for needle in needles), line
+    assert "secret" not in line
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "wandb", "trackio"])
+def test_a_tracker_whose_package_is_missing_names_its_extra(tracker, run_args, tmp_path):
+    line = refused(cli_in_fork(run_args("--report-to", f"jsonl,{tracker}"), block=tracker), tmp_path)
+    assert line == (
+        f"error: --report-to {tracker} needs the {tracker} package, which is not installed: "
+        f"pip install 'tuneforge[{tracker}]'"
+    )
+
+
+def test_a_checkpoint_of_before_trackers_loads_with_no_tracker_runs():
+    saved = {"step": 4, "epoch": 0, "consumed": 32, "metrics_records": 5}  # trainer_state.json of before
+    assert Progress.from_dict(saved).tracker_runs == {}
+    assert Progress.from_dict({**saved, "tracker_runs": {"mlflow": "abc"}}).tracker_runs == {"mlflow": "abc"}
+
+
+def test_flags_of_the_trackers_are_in_train_help():
+    from tuneforge.cli import build_parser
+
+    text = " ".join(build_parser("train")._subparsers._group_actions[0].choices["train"].format_help().split())
+    for flag in ("--report-to NAME", "--log-model", "--tracking-uri", "--experiment-name", "--run-name"):
+        assert flag in text
+    assert "MLFLOW_TRACKING_URI" in text
