@@ -1,0 +1,277 @@
+"""The study loop: an Optuna study (ask and tell) whose trials are `tuneforge train` runs.
+
+- Objective: the task's metric (`objective`: --metric, else the config's metric_for_best, else the task's
+  best_metric; the direction as the run ranks it, or --direction), read from each trial's result.json.
+- Sampling: each trial's values are drawn by a sampler seeded by (seed, trial number) (`trial_sampler`), so a sweep
+  killed half-way and resumed asks the same values as an uninterrupted one with the same seed (a sampler's own
+  random state would restart with the new process).
+- Intermediate values: while a trial runs, each evaluation in its metrics.jsonl is reported with its step, and the
+  pruner asked after each one, in order; a pruned trial's process group is stopped (SIGTERM, then SIGKILL). The
+  decision depends only on the evaluations, never on when the sweep read them.
+- Resuming: trials this sweep folder left RUNNING in the storage (the sweep was killed) are continued first, each
+  from its last checkpoint and told to the same Optuna trial, then new trials run until the study has --trials.
+- Several machines share a study through an RDB storage (Optuna's own mechanism): each sweep asks and tells its own
+  trials and continues only the interrupted trials of its own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuneforge.errors import ConfigError
+from tuneforge.sweep import trial as trials
+from tuneforge.sweep.outputs import FOLDER_ATTR
+from tuneforge.sweep.trial import TrialProcess
+
+HOST_ATTR = "tuneforge_host"
+RECORD_ATTR = "tuneforge_sweep"  # the study's user attribute: what every sweep that joins it must share
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    direction: str  # "maximize" or "minimize"
+    why: str  # where the metric came from, for the sweep's first line
+
+
+def objective(config, metric: str | None, direction: str | None) -> Objective:
+    """The metric and its direction, resolved as a run picks its best model (run.set_up_training)."""
+    from tuneforge.tasks import get_task
+
+    task = get_task(config)
+    chosen = metric or config.metric_for_best or task.best_metric
+    why = "--metric" if metric else "metric_for_best" if config.metric_for_best else f"task {config.task}'s metric"
+    if direction is None:
+        greater = task.greater_is_better if chosen == task.best_metric else chosen != "loss"
+        direction = "maximize" if greater else "minimize"
+    return Objective(chosen, direction, why)
+
+
+def trial_sampler(kind: str, seed: int, number: int):
+    """A fresh sampler for trial `number`, seeded by (seed, number): the same values for the same history, in any
+    process."""
+    import numpy as np
+    import optuna
+
+    trial_seed = int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=trial_seed)
+    return optuna.samplers.TPESampler(seed=trial_seed)
+
+
+def make_pruner(kind: str, startup_trials: int, warmup_steps: int):
+    import optuna
+
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=startup_trials, n_warmup_steps=warmup_steps)
+    if kind == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+def open_study(storage: str, name: str, direction: str, pruner, record: dict[str, Any]):
+    """The study in `storage` (created, or loaded: a resumed sweep's, or one that another machine's sweep runs),
+    checked to be this sweep's: the direction, and what defines the search (space, metric, sampler, seed, pruner;
+    the base config may differ between machines, in its paths)."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's RDB storage is SQLAlchemy's
+
+    try:
+        study = optuna.create_study(
+            storage=storage, study_name=name, direction=direction, pruner=pruner, load_if_exists=True
+        )
+    except (ValueError, ImportError, optuna.exceptions.StorageInternalError, SQLAlchemyError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        raise ConfigError(f"cannot open the study {name!r} in --storage {storage!r}: {first}") from None
+    shared = {k: record[k] for k in ("space", "metric", "seed", "sampler", "pruner")}
+    earlier = study.user_attrs.get(RECORD_ATTR)
+    if study.direction.name.lower() != direction or (earlier is not None and earlier != shared):
+        raise ConfigError(
+            f"study {name!r} in {storage!r} belongs to another sweep (another space, metric, direction, sampler, "
+            "seed or pruner); pass another --study-name"
+        )
+    if earlier is None:
+        study.set_user_attr(RECORD_ATTR, shared)
+    return study
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the loop needs: where trials go, how many, how they are sampled and configured, and what runs after each."""
+
+    folder: Path
+    trials: int
+    parallel: int
+    seed: int
+    sampler: str
+    objective: Objective
+    distributions: dict[str, Any]
+    write_config: Callable[[Path, dict[str, Any], int], Path]  # (trial folder, params, number) -> its YAML
+    threads: int
+    after_trial: Callable[[Any], None]  # (study) -> None: the sweep folder's outputs
+
+
+@dataclass
+class Active:
+    """A trial whose child is running."""
+
+    trial: Any  # optuna.trial.Trial
+    folder: Path
+    process: TrialProcess
+    started: float
+    resumed: bool
+    pruned_at: int | None = None
+    done: set[int] = field(default_factory=set)  # the steps reported
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _name(number: int, plan: Plan) -> str:
+    return f"trial {number} [{number + 1}/{plan.trials}]"
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
+def _launch(study, plan: Plan, trial, resumed: bool) -> Active:
+    folder = trials.trial_folder(plan.folder, trial.number).resolve()
+    plan.write_config(folder, dict(trial.params), trial.number)
+    flags = trials.start_flags(folder, interrupted=resumed)
+    process = trials.start(folder, flags, plan.threads)
+    how = "resumed from its checkpoint" if "resume" in flags else "started again" if resumed else "started"
+    _say(f"{_name(trial.number, plan)} {how}: {_params_text(trial.params)} (log: {folder / trials.TRIAL_LOG})")
+    done = set(_stored(study, trial.number).intermediate_values) if resumed else set()
+    active = Active(trial, folder, process, time.monotonic(), resumed, done=done)
+    if done and trial.should_prune():  # the sweep was killed between a report and the pruner's answer
+        active.pruned_at = max(done)
+        process.stop()
+    return active
+
+
+def _stored(study, number: int):
+    """The stored (frozen) trial `number`."""
+    return next(t for t in study.get_trials(deepcopy=False) if t.number == number)
+
+
+def _ask(study, plan: Plan):
+    """A new trial, its values drawn by the sampler of (seed, its number); its folder noted in the storage first."""
+    number = len(study.get_trials(deepcopy=False))  # the number the next trial gets (one sweep per study)
+    study.sampler = trial_sampler(plan.sampler, plan.seed, number)
+    trial = study.ask(plan.distributions)
+    trial.set_user_attr(FOLDER_ATTR, str(trials.trial_folder(plan.folder, trial.number).resolve()))
+    trial.set_user_attr(HOST_ATTR, socket.gethostname())
+    return trial
+
+
+def interrupted(study, folder: Path) -> list:
+    """The trials this sweep folder left RUNNING in the storage (its sweep was killed), as Optuna trials to tell."""
+    import optuna
+
+    root, host = folder.resolve(), socket.gethostname()
+    out = []
+    for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        where = Path(str(frozen.user_attrs.get(FOLDER_ATTR, "")))
+        if where.is_absolute() and where.parent == root and frozen.user_attrs.get(HOST_ATTR) == host:
+            out.append(optuna.trial.Trial(study, frozen._trial_id))  # Optuna's handle on a stored trial
+    return out
+
+
+def _follow(active: Active, objective: Objective) -> None:
+    """Report the trial's new evaluations in order, asking the pruner after each; stop its process when pruned."""
+    if active.pruned_at is not None:
+        return
+    for step, value in trials.evaluations(active.folder, objective.metric):
+        if step in active.done:
+            continue
+        active.trial.report(value, step)
+        active.done.add(step)
+        if active.trial.should_prune():
+            active.pruned_at = step
+            active.process.stop()
+            return
+
+
+def _settle(study, active: Active, plan: Plan) -> str:
+    """Tell the storage how an ended trial ended; returns its progress line."""
+    import optuna
+
+    trial, metric = active.trial, plan.objective.metric
+    code = active.process.poll()
+    seconds = time.monotonic() - active.started
+    if active.pruned_at is not None:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        value = _stored(study, trial.number).intermediate_values[active.pruned_at]
+        outcome = f"pruned at step {active.pruned_at} ({metric} {value:.4g})"
+    else:
+        value, why = trials.read_result(active.folder, metric) if code == 0 else (None, "")
+        if value is not None:
+            study.tell(trial, value)
+            outcome = f"{metric} {value:.4g}"
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            outcome = f"failed ({why or f'exit code {code}: ' + trials.last_error(active.folder)})"
+    best = _best_text(study, metric)
+    return f"{_name(trial.number, plan)}: {outcome}, {seconds:.0f} s{'; ' + best if best else ''}"
+
+
+def _best_text(study, metric: str) -> str:
+    try:
+        best = study.best_trial
+    except ValueError:  # none finished yet
+        return ""
+    return f"best: trial {best.number} ({metric} {best.value:.4g})"
+
+
+def run_trials(study, plan: Plan) -> None:
+    """Continue the interrupted trials, then run new ones until the study has plan.trials, plan.parallel at a time.
+    A stop (Ctrl-C, SIGTERM) stops the running trials' processes and leaves them RUNNING in the storage, for
+    --resume; it ends as KeyboardInterrupt."""
+    waiting = interrupted(study, plan.folder)
+    running: list[Active] = []
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        while True:
+            for active in list(running):
+                _follow(active, plan.objective)
+                if active.pruned_at is not None or active.process.poll() is not None:
+                    _follow(active, plan.objective)  # what it wrote before it ended
+                    running.remove(active)
+                    _say(_settle(study, active, plan))
+                    plan.after_trial(study)
+            while len(running) < plan.parallel and (waiting or len(study.get_trials(deepcopy=False)) < plan.trials):
+                trial, resumed = (waiting.pop(0), True) if waiting else (_ask(study, plan), False)
+                running.append(_launch(study, plan, trial, resumed))
+            if not running:
+                return
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        for active in running:
+            active.process.stop()
+        if running:
+            numbers = ", ".join(str(a.trial.number) for a in running)
+            _say(f"stopped: trial {numbers} stays unfinished in the study; the same command with --resume continues it")
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def cpu_threads(parallel: int, nproc: int) -> int:
+    """Threads for each trial's process: this machine's cores shared by the trials at once and their processes."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // (parallel * max(1, nproc)))

@@ -1,0 +1,233 @@
+"""Real sweeps (tuneforge/sweep/study.py, trial.py): Optuna SQLite studies of tiny `tuneforge train` trials (4 steps,
+an evaluation every 2, on the tiny BERT), each sweep in a process of its own.
+
+One uninterrupted sweep of three trials is the reference: its middle trial draws a learning rate that wrecks the loss
+and is pruned at its first evaluation; the other two finish, and only the better keeps its model. The same sweep
+SIGKILLed in its first trial (paused in its second checkpoint's save, after the first) and resumed with --resume
+reaches the same table, its first trial continued from its checkpoint. A ddp trial (2 processes) gets the loss the
+single-process trial of the same values got.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution
+
+from conftest import Forked, last_json, made_once, read_jsonl, run_cli, write_sentiment_csv
+from tuneforge.config import load_yaml
+from tuneforge.configure import build_config
+from tuneforge.sweep import folder as sweep_folder
+from tuneforge.sweep.study import trial_sampler
+
+LRS = [0.01, 0.05, 1.0]  # 1.0 wrecks the loss (eval loss ~15 after 2 steps, against ~0.7)
+
+
+def draws(seed: int, n: int = 3) -> list[float]:
+    """The learning rates trials 0..n-1 of a sweep with `seed` draw (TPE starts with random draws)."""
+    study = optuna.create_study()
+    out = []
+    for number in range(n):
+        study.sampler = trial_sampler("tpe", seed, number)
+        trial = study.ask({"optim.lr": CategoricalDistribution(LRS)})
+        study.tell(trial, 0.0)
+        out.append(trial.params["optim.lr"])
+    return out
+
+
+# a seed whose trials draw a good rate, the wrecking one, then the best one (ahead of the first at each evaluation, so
+# that the median pruner, from one finished trial on, lets it finish); checked by `reference`
+SEED, DRAWS = 24, [0.05, 1.0, 0.01]
+
+
+@dataclass(frozen=True)
+class Setup:
+    root: Path
+    base: Path
+    space: Path
+
+    def args(self, out: Path, *extra: str, config: tuple[str, ...] = ()) -> list[str]:
+        flags = ["--space", str(self.space), "--trials", "3", "--output-dir", str(out), "--metric", "loss"]
+        flags += ["--seed", str(SEED), "--prune-startup-trials", "1", "--keep-best", "1"]
+        return ["sweep", str(self.base), *config, *flags, *extra]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tiny_bert, cache_dir) -> Setup:
+    """The data, base config and space, written once a session (made_once: shared by pytest-xdist's workers)."""
+
+    def write(root: Path) -> None:
+        train = write_sentiment_csv(root / "train.csv", 48, seed=1)
+        val = write_sentiment_csv(root / "val.csv", 16, seed=2)
+        base = {
+            "task": "classification",
+            "model": tiny_bert,
+            "max_steps": 4,
+            "batch_size": 8,
+            "eval_strategy": "steps",
+            "eval_steps": 2,
+            "logging_steps": 2,
+            "precision": "fp32",
+            "data": {"train_file": str(train), "validation_file": str(val), "cache_dir": cache_dir},
+        }
+        (root / "base.yaml").write_text(yaml.safe_dump(base))
+        (root / "space.yaml").write_text(f"optim.lr: {LRS}\n")
+
+    root = made_once(tmp_path_factory, "sweep-setup", write)
+    return Setup(root, root / "base.yaml", root / "space.yaml")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, setup) -> tuple[Path, subprocess.CompletedProcess]:
+    """The uninterrupted sweep, made once a session: (its folder, what it printed)."""
+    assert draws(SEED) == DRAWS, f"seed {SEED} no longer draws {DRAWS}; pick another"
+
+    def make(folder: Path) -> None:
+        proc = run_cli(*setup.args(folder / "sweep", "--json"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (folder / "stdout.txt").write_text(proc.stdout)
+        (folder / "stderr.txt").write_text(proc.stderr)
+
+    folder = made_once(tmp_path_factory, "sweep-reference", make)
+    printed = [(folder / name).read_text() for name in ("stdout.txt", "stderr.txt")]
+    return folder / "sweep", subprocess.CompletedProcess([], 0, *printed)
+
+
+def replaced(args: list[str], **flags) -> list[str]:
+    """`args` with other values of the flags given (space=PATH: --space PATH)."""
+    out = list(args)
+    for name, value in flags.items():
+        out[out.index("--" + name.replace("_", "-")) + 1] = str(value)
+    return out
+
+
+def study_of(out: Path):
+    return optuna.load_study(study_name=out.name, storage=f"sqlite:///{out}/study.db")
+
+
+def table(out: Path) -> list[tuple]:
+    """(number, state, value, params, intermediate values) of each trial of the sweep in `out`."""
+    return [
+        (t.number, t.state.name, t.value, t.params, dict(t.intermediate_values))
+        for t in study_of(out).get_trials(deepcopy=False)
+    ]
+
+
+def test_a_sweep_is_an_optuna_study_of_train_runs(setup, reference):
+    out, proc = reference
+    rows = table(out)
+    assert [r[1] for r in rows] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    assert [r[3]["optim.lr"] for r in rows] == DRAWS  # each trial's values drawn by (seed, its number)
+    for number, state, value, _, steps in rows:
+        folder = out / f"trial-{number:04d}"
+        evals = [r for r in read_jsonl(folder / "metrics.jsonl") if r["split"] == "eval"]
+        # every evaluation reported with its step (a pruned trial's up to its pruning)
+        assert steps == {r["step"]: r["loss"] for r in evals if r["step"] <= max(steps)}
+        if state == "COMPLETE":
+            assert list(steps) == [2, 4] and value == json.loads((folder / "result.json").read_text())["loss"]
+    assert rows[0][2] != rows[2][2]  # the two finished trials differ: the comparisons below mean something
+
+    assert (out / "trials.csv").read_text().splitlines()[0] == "number,state,loss,duration_s,optim.lr,folder"
+    assert len((out / "trials.csv").read_text().splitlines()) == 4
+    best = min((r for r in rows if r[1] == "COMPLETE"), key=lambda r: r[2])
+    summary = last_json(proc.stdout)
+    assert summary["best_trial"] == best[0] and summary["value"] == best[2] and summary["params"] == best[3]
+    assert [ln.split()[:2] for ln in proc.stdout.splitlines()[:4]] == [["trial", "state"], ["0", "complete"]] + [
+        ["1", "pruned"],
+        ["2", "complete"],
+    ]
+    ends = [ln for ln in proc.stderr.splitlines() if ln.startswith("trial ") and "]: " in ln]
+    assert [ln.split(" [")[0] for ln in ends] == ["trial 0", "trial 1", "trial 2"], proc.stderr
+
+    config = build_config(load_yaml(out / "best.yaml"))  # ready to train: the base with the best values
+    assert config.optim.lr == best[3]["optim.lr"] and config.max_steps == 4 and config.save_strategy == "no"
+    for plot in ("history.png", "parallel_coordinates.png", "importances.png"):
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG", plot
+
+
+def test_pruning_stops_the_hopeless_trial(reference):
+    out, proc = reference
+    number, state, value, params, steps = table(out)[1]
+    assert params == {"optim.lr": 1.0} and state == "PRUNED"
+    # pruned at its first evaluation, its loss far above the first trial's: its later evaluations are not reported
+    # (a trial this small may have finished before its process was stopped: test_sweep_trial.py stops one)
+    assert steps == {2: value} and value > 5 * table(out)[0][4][2]
+    assert "trial 1 [2/3]: pruned at step 2" in proc.stderr
+
+
+def test_only_the_best_trial_keeps_its_model(reference):
+    out, _ = reference
+    rows = table(out)
+    best, worse = sorted((r for r in rows if r[1] == "COMPLETE"), key=lambda r: r[2])
+    kept = out / f"trial-{best[0]:04d}"
+    assert (kept / "model" / "model.safetensors").exists() and list(kept.glob("checkpoint-*"))
+    for number in (worse[0], 1):
+        folder = out / f"trial-{number:04d}"
+        assert not (folder / "model").exists() and not list(folder.glob("checkpoint-*")), number
+        assert (folder / "metrics.jsonl").exists() and (folder / "config.yaml").exists()  # the record stays
+        assert (folder / "sweep-trial.log").exists() and (folder / "sweep-trial.yaml").exists()
+    assert (out / f"trial-{worse[0]:04d}" / "result.json").exists()
+
+
+def kill_in_first_trial(setup: Setup, out: Path, log: Path) -> None:
+    """Run the sweep until its first trial pauses in the save of step 4 (checkpoint 2 written), then SIGKILL the
+    sweep's process group (the trial, in a group of its own, gets SIGTERM as its sweep dies)."""
+    from tuneforge.cli import main
+
+    marker = log.with_suffix(".paused")
+    pause = dict(TUNEFORGE_PAUSE_IN_SAVE="600", TUNEFORGE_PAUSE_STAGE="start", TUNEFORGE_PAUSE_STEP="4")
+    args = setup.args(out)
+    with open(log.with_suffix(".out"), "w") as stdout, open(log, "w") as stderr:
+        env = {**pause, "TUNEFORGE_PAUSE_MARKER": str(marker)}
+        proc = Forked(lambda: main(args), stdout.fileno(), stderr.fileno(), env=env)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert proc.poll() is None, f"the sweep ended before the pause: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, "the trial never reached the pause"
+        time.sleep(0.1)
+    time.sleep(0.5)  # the sweep reports the evaluation of step 2
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    os.close(sweep_folder.lock(out, wait=30))  # the trial (it shares the sweep's lock) ended with its sweep
+
+
+def test_a_killed_sweep_resumes_to_the_same_trials(setup, reference, tmp_path):
+    out = tmp_path / "sweep"
+    kill_in_first_trial(setup, out, tmp_path / "killed.log")
+    (first,) = table(out)
+    assert first[1] == "RUNNING" and first[3] == {"optim.lr": DRAWS[0]}
+    assert (out / "trial-0000" / "checkpoint-2").is_dir() and not (out / "trial-0000" / "model").exists()
+
+    again = run_cli(*setup.args(out))  # without --resume: refused, nothing touched
+    assert again.returncode == 2 and "pass --resume to continue it" in again.stderr
+    (tmp_path / "other.yaml").write_text("optim.lr: [0.01, 0.05]\n")
+    changed = run_cli(*replaced(setup.args(out, "--resume"), space=tmp_path / "other.yaml"))
+    assert changed.returncode == 2 and "was started with another space" in changed.stderr
+
+    resumed = run_cli(*setup.args(out, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "trial 0 [1/3] resumed from its checkpoint" in resumed.stderr
+    log = (out / "trial-0000" / "sweep-trial.log").read_text()
+    assert f"resumed from {out / 'trial-0000' / 'checkpoint-2'} at step 2" in log
+    assert table(out) == table(reference[0])  # values, states, params and every reported evaluation
+    assert (out / "trials.csv").read_text().count("\n") == 4
+
+
+def test_a_ddp_trial(setup, reference, tmp_path):
+    """One trial on 2 ddp processes (batch 4 each: the global batch of 8): the loss of the single-process trial."""
+    out = tmp_path / "ddp"
+    lr = DRAWS[0]
+    (space := tmp_path / "space.yaml").write_text(f"optim.lr: [{lr}]\n")
+    proc = run_cli(*replaced(setup.args(out, config=("backend=ddp", "nproc=2", "batch_size=4")), space=space, trials=1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ((_, state, value, params, _),) = table(out)
+    assert state == "COMPLETE" and params == {"optim.lr": lr}
+    assert "on ddp (2 processes" in (out / "trial-0000" / "sweep-trial.log").read_text()
+    assert value == pytest.approx(table(reference[0])[0][2], rel=1e-4)
