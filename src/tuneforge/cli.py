@@ -271,7 +271,15 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         "serve a model over HTTP: OpenAI-compatible generation, /predict for classifiers, a web page",
         _module_arguments("tuneforge.serve"),
     ),
+    "sweep": (
+        "search hyperparameters with Optuna: each trial a train run; pruning, --resume after a kill",
+        _module_arguments("tuneforge.sweep"),
+    ),
     "download": ("download a model or dataset repo from the Hugging Face hub", _module_arguments("tuneforge.download")),
+    "runs": (
+        "compare runs: the config keys that differ, final and best metrics, speed; a plot of their curves",
+        _module_arguments("tuneforge.runs"),
+    ),
 }
 
 
