@@ -34,15 +34,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op c
 # by pytest-xdist. Serial: what depends on timing or on having the CPU to itself (servers with timeouts and
 # concurrent clients, crash and restart tests that kill workers at a moment, launchers); a test elsewhere that
 # needs it says so with @pytest.mark.serial. The other serve tests (fuzzing, tools, the page, logprobs, structured
-# output) check answers, not timing: they run beside other tests, where they do not leave a core idle.
+# output) check answers, not timing, and the crash and resume tests kill at marker files (the save's pause hook),
+# not at a moment: they run beside other tests, where they do not leave a core idle.
 SERIAL_PATHS = (
     "serve/test_serve.py",
     "serve/test_serve_generate.py",
     "serve/test_serve_isolation.py",
     "serve/test_serve_embeddings.py",
-    "test_crash.py",
     "test_launch.py",
-    "test_resume.py",
 )
 
 

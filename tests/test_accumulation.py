@@ -9,7 +9,7 @@ def _losses(tmp_path, tiny_bert, cache_dir, name, **batch):
     out = tmp_path / name
     run = cli_flags(max_steps=6, logging_steps=1, precision="fp32", lr="1e-2", eval_strategy="no", **batch)
     args = train_command((train, val), tiny_bert, output_dir=out, cache_dir=cache_dir, quiet=True)
-    proc = run_cli(*args, *run, env={"OMP_NUM_THREADS": "1"})
+    proc = run_cli(*args, *run)  # forked: one thread, as conftest sets OMP_NUM_THREADS
     assert proc.returncode == 0, proc.stderr
     return [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if r["split"] == "train"]
 

@@ -111,7 +111,7 @@ def test_deepspeed_zero3_load_best_model_at_end_finishes(tmp_path, tiny_bert, ca
     flags += " --load-best-model-at-end --metric-for-best loss --quiet --json"
     files = ["--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert]
     dirs = ["--output-dir", str(out), "--cache-dir", cache_dir]
-    proc = run_cli("train", *files, *flags.split(), *dirs, env={"OMP_NUM_THREADS": "1"}, timeout=400)
+    proc = run_cli("train", *files, *flags.split(), *dirs, timeout=400)  # forked (one thread: conftest)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = last_json(proc.stdout)
     evals = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]

@@ -13,13 +13,16 @@ Resume: `trackio.init(name=..., resume="must")` continues the run (the latest of
 stores whatever it is sent, a step logged twice included, so the last step of each of the run's metrics is read from
 its store, and a value at or below it is not sent again: every step is in the run once. Records from before the
 checkpoint that the store lacks (trackio writes from a background thread, so the last moments before a SIGKILL may
-not have reached it) are sent when the run opens. (Read from the local store: a run in a Space or on a server is
-continued, but not checked for steps it has.)
+not have reached it) are sent when the run opens; where the store holds no run of that name at all (the killed
+attempt's first writes never reached it), the run starts under that name and is sent all of them. (Read from the
+local store: a run in a Space or on a server is continued, but not checked for steps it has.)
 
 No model (--log-model needs mlflow or wandb); trackio has no run status: the end is `finish` either way.
 """
 
 from __future__ import annotations
+
+import sys
 
 from tuneforge.tracking.base import Continued, Point, RunDescription, Tracker, library_notes, unlogged
 
@@ -36,14 +39,19 @@ class TrackioTracker(Tracker):
 
         resuming = continued is not None and continued.run_id is not None
         self.quiet = run.quiet
+        project, name = run.experiment or DEFAULT_PROJECT, continued.run_id if resuming else run.name
+        config = {**run.params, **run.tags}  # on a resume too: trackio replaces the run's config
         with library_notes(self.quiet):
-            self.run = trackio.init(
-                project=run.experiment or DEFAULT_PROJECT,
-                name=continued.run_id if resuming else run.name,
-                resume="must" if resuming else "never",
-                config={**run.params, **run.tags},  # on a resume too: trackio replaces the run's config
-                embed=False,
-            )
+            try:
+                mode = "must" if resuming else "never"
+                self.run = trackio.init(project=project, name=name, resume=mode, config=config, embed=False)
+            except ValueError as err:  # the killed attempt's run never reached the store (written from a thread)
+                if not resuming or "does not exist" not in str(err):
+                    raise
+                resuming = False
+                self.run = trackio.init(project=project, name=name, resume="never", config=config, embed=False)
+                if not self.quiet:
+                    print(f"note: trackio holds no run {name!r} yet: it starts with the job's records", file=sys.stderr)
         self.run_id = self.run.name
         self.last_steps = self._last_steps() if resuming else {}
         if continued is not None:  # records from before the checkpoint the run lacks
