@@ -31,17 +31,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: 2 threads per op c
 
 
 # `make test` runs the suite in two halves: the tests here marked `serial` alone, the rest spread over both cores
-# by pytest-xdist. Serial: what depends on timing or on having the CPU to itself (servers with timeouts and
-# concurrent clients, crash and restart tests that kill workers at a moment, launchers); a test elsewhere that
-# needs it says so with @pytest.mark.serial. The other serve tests (fuzzing, tools, the page, logprobs, structured
-# output) check answers, not timing, and the crash and resume tests kill at marker files (the save's pause hook),
-# not at a moment: they run beside other tests, where they do not leave a core idle.
+# by pytest-xdist. Serial: what depends on timing or on having the CPU to itself (servers with timeouts, batching
+# windows and concurrent clients); a test elsewhere that needs it says so with @pytest.mark.serial. The other serve
+# tests (fuzzing, tools, the page, logprobs, structured output) check answers, not timing; the crash and resume
+# tests kill at marker files (the save's pause hook), not at a moment; the launch tests take free ports and wait
+# minutes for a hang: they all run beside other tests, where their process starts and waits leave no core idle.
 SERIAL_PATHS = (
     "serve/test_serve.py",
     "serve/test_serve_generate.py",
     "serve/test_serve_isolation.py",
     "serve/test_serve_embeddings.py",
-    "test_launch.py",
 )
 
 
