@@ -131,6 +131,7 @@ class Active:
     resumed: bool
     pruned_at: int | None = None
     done: set[int] = field(default_factory=set)  # the steps reported
+    seen_size: int = -1  # metrics.jsonl's size when last read (read again only once it changes)
 
 
 def _say(line: str) -> None:
@@ -190,8 +191,10 @@ def interrupted(study, folder: Path) -> list:
 
 def _follow(active: Active, objective: Objective) -> None:
     """Report the trial's new evaluations in order, asking the pruner after each; stop its process when pruned."""
-    if active.pruned_at is not None:
+    size = trials.metrics_size(active.folder)
+    if active.pruned_at is not None or size == active.seen_size:
         return
+    active.seen_size = size
     for step, value in trials.evaluations(active.folder, objective.metric):
         if step in active.done:
             continue

@@ -243,11 +243,17 @@ def _end_with_parent(parent: int) -> None:
 
 
 # ---- what a trial has written ----------------------------------------------------------------------------------
+def metrics_size(folder: Path) -> int:
+    """The size of the trial's metrics.jsonl (-1 before the run writes it): what tells a poll there is more to read."""
+    path = folder / METRICS_FILE
+    return path.stat().st_size if path.exists() else -1
+
+
 def evaluations(folder: Path, metric: str) -> list[tuple[int, float]]:
     """(step, value of `metric`) of each evaluation in the trial's metrics.jsonl so far, in order. A resumed run cuts
     the file back to its checkpoint's records first, so this is always the run's own history."""
     out = []
-    for line in read_metrics_lines(folder) if (folder / METRICS_FILE).exists() else []:
+    for line in read_metrics_lines(folder):  # none before the run writes the file
         try:
             record = json.loads(line)
         except ValueError:  # a line being written
