@@ -1,7 +1,8 @@
 """MLflow (tuneforge/tracking/mlflow.py) against a real `mlflow server` on 127.0.0.1, started once for the module:
 a job killed after a checkpoint and resumed is one run, FINISHED, holding metrics.jsonl's values at its steps, each
 step once, the config as params, the tags and the model; a 2-process ddp job is one run; a run the tracker loses mid-way
-is one warning and the training goes on. Read back through MLflow's own client.
+is one warning and the training goes on; a record is only queued, and a flush (before each checkpoint) finds every one
+in the run. Read back through MLflow's own client.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ def test_a_ddp_job_is_one_run_written_by_the_main_process(mlflow_server, tmp_pat
 
 
 class LoseTheRunAt(Callback):
-    """At the end of step `step`, the run's MLflow run is deleted on the server: the tracker's next call fails."""
+    """At the end of step `step`, once the server holds that step's loss (the tracker sends it in the background), the
+    run's MLflow run is deleted on the server: the tracker's next send fails."""
 
     def __init__(self, url: str, experiment: str, step: int):
         self.url, self.experiment, self.step = url, experiment, step
@@ -169,6 +171,10 @@ class LoseTheRunAt(Callback):
         if trainer.state.step == self.step:
             client = MlflowClient(self.url)
             (run,) = runs_of(client, self.experiment)
+            deadline = time.monotonic() + 60
+            while self.step not in [step for step, _ in history(client, run.info.run_id, "train/loss")]:
+                assert time.monotonic() < deadline, f"step {self.step} never reached the server"
+                time.sleep(0.05)
             client.delete_run(run.info.run_id)
 
 
@@ -194,3 +200,33 @@ def test_a_tracker_that_fails_mid_run_is_one_warning_and_the_run_goes_on(mlflow_
     client = MlflowClient(mlflow_server)
     lost = client.search_runs([client.get_experiment_by_name("lost").experiment_id], run_view_type=ViewType.ALL)
     assert [step for step, _ in history(client, lost[0].info.run_id, "train/loss")] == [1, 2]
+
+
+def test_a_record_is_only_queued_and_a_flush_finds_every_one_in_the_run(mlflow_server, tmp_path):
+    """Logging is asynchronous: right after 100 records are logged the server holds few of them (the step did not wait
+    for it); after `flush` (what every checkpoint calls first, Reporter.checkpoint_trackers) it holds each one, once.
+    A send that fails in the background (the run deleted on the server) is raised by the tracker's next call."""
+    from mlflow.exceptions import MlflowException
+
+    from tuneforge.tracking import Point, RunDescription
+    from tuneforge.tracking.mlflow import MlflowTracker
+
+    run = RunDescription(tmp_path, "queued", "queued", mlflow_server, {"lr": "0.1"}, {"tuneforge.task": "x"}, True)
+    tracker = MlflowTracker(run, None)
+    client = MlflowClient(mlflow_server)
+    expected = [(step, 1.0 / step) for step in range(1, 101)]
+    try:
+        for step, loss in expected:
+            tracker.log(Point(step, {"train/loss": loss}))
+        assert len(history(client, tracker.run_id, "train/loss")) < len(expected)
+        tracker.flush()
+        assert history(client, tracker.run_id, "train/loss") == expected
+        assert client.get_run(tracker.run_id).data.params == {"lr": "0.1"}
+        client.delete_run(tracker.run_id)
+        tracker.log(Point(101, {"train/loss": 0.0}))  # queued: its send fails in the background
+        with pytest.raises(MlflowException, match="must be in the 'active' state"):
+            tracker.flush()
+        with pytest.raises(MlflowException, match="must be in the 'active' state"):
+            tracker.log(Point(102, {"train/loss": 0.0}))
+    finally:
+        tracker.abandon()

@@ -20,18 +20,32 @@ Records from before the checkpoint that the server lacks (its attempt was killed
 tracker had failed) are sent when the run opens; a run id the server does not know starts a new run (a note says
 so) that is sent them all.
 
+Asynchronous: a record's metrics are only queued by `log` (the training step never waits on the server); one
+background thread of the tracker (`Sender`) sends them, one log_batch a record, in their order. What is queued is
+flushed (waited for) before each checkpoint is written (`flush`, through Reporter.checkpoint_trackers), before the
+model's upload and at the end (`close`), so a checkpoint's records are in the run before the checkpoint is. The
+first error of a send stops the sending (what is queued after it is dropped) and is raised by the tracker's next
+call (`log`, `flush`, `log_model` or `close`): the same one warning and dropped tracker as a failure in the step
+itself. The run's opening (params, tags, the resume's records) is synchronous: its failure is one error line before
+training. (MLflow's own `log_batch(synchronous=False)` is not used: its queue is the process's, shared by every
+client of a store and inherited by forked children, sends on 10 threads at once, logs each failed batch as an error
+of its own and cannot drop what is queued, and its exit hook waits for every retry.)
+
 --log-model: OUTPUT_DIR/model uploaded under the run's `model/` artifacts (log_artifacts). End: status FINISHED, or
 FAILED where the run stopped on an error; MLflow's note of the run's address goes to stderr (none under --quiet).
 """
 
 from __future__ import annotations
 
+import queue
 import re
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
@@ -99,10 +113,12 @@ class MlflowTracker(Tracker):
         from mlflow.tracking import MlflowClient
 
         self.quiet = run.quiet
+        self.sender: Sender | None = None
         self._http_settings_set = quick_http_settings()
         try:
             self.client = MlflowClient(tracking_uri=tracking_uri(run.tracking_uri))
             self._open(run, continued)
+            self.sender = Sender(self._send)
         except BaseException:
             self.abandon()
             raise
@@ -163,23 +179,35 @@ class MlflowTracker(Tracker):
                 tags=[x for x in chunk if isinstance(x, RunTag)],
             )
 
-    def _log_points(self, points) -> None:
+    def _metrics(self, points) -> list:
+        """The metrics of `points` the run does not hold yet, stamped now."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [
+        return [
             Metric(clean_key(key), value, now, point.step)
             for point in points
             for key, value in unlogged(point, self.last_steps).items()
         ]
+
+    def _log_points(self, points) -> None:
+        self._send(self._metrics(points))
+
+    def _send(self, metrics: list) -> None:
         for i in range(0, len(metrics), METRICS_PER_BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i : i + METRICS_PER_BATCH])
 
     def log(self, point: Point) -> None:
-        self._log_points([point])
+        metrics = self._metrics([point])
+        if metrics:
+            self.sender.put(metrics)
+
+    def flush(self) -> None:
+        self.sender.wait()
 
     def log_model(self, folder: Path) -> None:
         # the server's answer to an upload may take long (it stores a large model): MLflow's own request timeout
+        self.sender.wait()  # no metric goes out under the upload's settings
         cut = [s for s in self._http_settings_set if s.name == "MLFLOW_HTTP_REQUEST_TIMEOUT"]
         for setting in cut:
             setting.unset()
@@ -191,15 +219,62 @@ class MlflowTracker(Tracker):
 
     def close(self, finished: bool) -> None:
         try:
+            self.sender.wait()
             with library_notes(self.quiet):  # MLflow prints the run's address on stdout
                 self.client.set_terminated(self.run_id, status="FINISHED" if finished else "FAILED")
         finally:
             self.abandon()
 
     def abandon(self) -> None:
+        if self.sender is not None:  # what is queued is dropped; a request under way is not waited for
+            self.sender.stop()
         for setting in self._http_settings_set:
             setting.unset()
         self._http_settings_set = []
+
+
+class Sender:
+    """One background thread that calls `send` with each list `put`, one at a time, in their order. The first error
+    stops the sending: what is queued after it is dropped, and the next `put` or `wait` raises it."""
+
+    def __init__(self, send: Callable[[list], None]) -> None:
+        self.send = send
+        self.queue: queue.Queue[list | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name="tuneforge-mlflow-sender", daemon=True)
+        self.thread.start()
+
+    def put(self, items: list) -> None:
+        self._raise_error()
+        self.queue.put(items)
+
+    def wait(self) -> None:
+        """Until all that is queued is sent (or dropped after an error); raises the error where there was one."""
+        self.queue.join()
+        self._raise_error()
+
+    def stop(self) -> None:
+        """Drop what is queued; the thread ends after the call it is in (not waited for)."""
+        self.stopped = True
+        self.queue.put(None)
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while True:
+            items = self.queue.get()
+            try:
+                if items is None:
+                    return
+                if self.error is None and not self.stopped:
+                    self.send(items)
+            except BaseException as err:  # (any: a thread that died would leave `wait` waiting forever)
+                self.error = err
+            finally:
+                self.queue.task_done()
 
 
 def cut(value: str) -> str:
