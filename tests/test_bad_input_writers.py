@@ -382,6 +382,7 @@ def resume_case(case: str, run: Path, data: Path, tmp: Path, tiny_bert: str, tin
         three = tmp / "three.csv"
         three.write_text("text,label\na,x\nb,y\nc,z\nd,x\ne,y\nf,z\n")
         args = cli_flags(model=tiny_bert, train_file=three, validation_file=three, resume=ckpt)
+        args += ["--allow-changed-data"]  # (other data: refused first without it, test_data_mixture.py)
         return args + common, ("does not match this run: labels is ['neg', 'pos'] in the checkpoint",)
     if case == "a model folder":
         args = cli_flags(model=tiny_bert, train_file=data, validation_file=data, resume=str(run / "model"))

@@ -240,6 +240,8 @@ def test_incompatible_checkpoints_are_refused(run_copy, files, tiny_bert, other_
     three = tmp_path / "three.csv"
     three.write_text(files[0].read_text() + '"so so, neither good nor bad",neutral\n')
     line = refused(*[str(three) if a == str(files[0]) else a for a in flags])
+    assert line.startswith(f"error: --train-file changed since {ckpt} was written (content fingerprint)")
+    line = refused(*[str(three) if a == str(files[0]) else a for a in flags], "--allow-changed-data")
     assert "labels is ['neg', 'pos'] in the checkpoint but ['neg', 'neutral', 'pos'] here" in line
     # another task (regression on the same rows with numeric labels)
     numeric = tmp_path / "numeric.csv"
@@ -247,7 +249,7 @@ def test_incompatible_checkpoints_are_refused(run_copy, files, tiny_bert, other_
     numeric_val = tmp_path / "numeric_val.csv"
     numeric_val.write_text(files[1].read_text().replace(",pos\n", ",1\n").replace(",neg\n", ",0\n"))
     swapped = {str(files[0]): str(numeric), str(files[1]): str(numeric_val)}
-    line = refused(*[swapped.get(a, a) for a in flags], "--task", "regression")
+    line = refused(*[swapped.get(a, a) for a in flags], "--task", "regression", "--allow-changed-data")
     assert "task is 'classification' in the checkpoint but 'regression' here" in line
     # other weights trained (the run kept the classifier's embeddings and bottom layer fixed)
     line = refused(*flags, "--freeze-layers", "0", "--freeze-embeddings", "off")

@@ -432,6 +432,18 @@ def check_resumable(config) -> None:
                 f"checkpoint {str(path)!r} does not match this run: {key} is {meta[key]!r} in the checkpoint but "
                 f"{value!r} here; resume with the same task, labels and model, or start a new run"
             )
+    if not config.data.allow_changed_data:  # the training files it was written from, unchanged
+        from tuneforge.data.fingerprint import check_unchanged, fingerprints
+
+        saved = _read_state(path).get("data_fingerprints") or {}
+        check_unchanged(saved, fingerprints(config) if saved else {}, str(path), allow=False, log=print)
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return {}  # the load says what is wrong with it
 
 
 def read_meta(path: Path) -> dict:

@@ -164,7 +164,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
     result = Trainer(config, fork_workers=True).fit()
     if not result or not launch.prints_result():  # a non-main node, or a worker (its launcher prints)
         return 0
-    shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in ("wall_s",)}
+    shown = {k: v for k, v in result.items() if isinstance(v, float) and k not in ("wall_s", "data_wait_s")}
     headline = (
         None
         if config.quiet and ns.json
@@ -172,9 +172,22 @@ def cmd_train(ns: argparse.Namespace) -> int:
             "final: "
             + ", ".join(f"{k} {v:.4f}" for k, v in shown.items())
             + f"\nmodel saved to {result['model_dir']}\ntook {result['wall_s']:.0f} s on {machine()}"
+            + f" ({result.get('data_wait_s', 0):.1f} s of it waiting for data)"
         )
     )
     _emit(result, ns.json, headline)
+    return 0
+
+
+def cmd_prepare(ns: argparse.Namespace) -> int:
+    from tuneforge.configure import config_from_sources
+    from tuneforge.prepare import prepare
+
+    yaml_path, overrides = _split_positionals(ns.config)
+    config = config_from_sources(yaml_path, overrides, _flags(ns, train_flags()))
+    result = prepare(config, log=lambda line: print(line, file=sys.stderr, flush=True))
+    rows = f"{result['train_rows']:,} training and {result['validation_rows']:,} validation examples"
+    _emit(result, ns.json, f"prepared {rows} in {result['wall_s']:.0f} s; `tuneforge train` of this config reads them")
     return 0
 
 
@@ -221,6 +234,13 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def _prepare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="*", help="the YAML config of the runs to prepare for, then key=value overrides")
+    _add_flags(p, train_flags())
+    p.add_argument("--json", action="store_true", help="last stdout line: rows prepared, as JSON")
+    p.set_defaults(func=cmd_prepare)
+
+
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
     from tuneforge.harness.command import add_harness_flags
 
@@ -252,6 +272,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "eval": (
         "evaluate a model on a task's validation data, or on lm-evaluation-harness tasks (--harness)",
         _eval_arguments,
+    ),
+    "prepare": (
+        "tokenize a config's data once into memory-mapped shards that its runs read (data sources, any size)",
+        _prepare_arguments,
     ),
     "predict": ("predict labels for a csv/tsv/jsonl file", _module_arguments("tuneforge.predict")),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),

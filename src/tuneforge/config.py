@@ -17,6 +17,7 @@ help; fields marked `EVAL` are also `tuneforge eval`'s, fields marked `INPUT` na
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -67,6 +68,37 @@ class OptimConfig(Options):
     fused: bool | None = Field(None, description="fused AdamW; null = where available", json_schema_extra=NO_FLAG)
 
 
+SOURCE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class SourceConfig(Options):
+    """One source of a data mixture (`data.sources`): a local file or folder (read as --train-file / --data-dir
+    would be) or a hub dataset, its share of each epoch, and the task options it is read with (its format)."""
+
+    name: str | None = Field(None, pattern=SOURCE_NAME, description="the source's name (default: the file's stem)")
+    path: str | None = Field(
+        None, description="a training file, or a folder of the task's files", json_schema_extra=INPUT
+    )
+    hub: str | None = Field(None, description="a Hugging Face hub dataset (instead of path)")
+    subset: str | None = Field(None, description="the hub dataset's configuration")
+    split: str = Field("train", description="the hub dataset's split to train on")
+    weight: float | None = Field(None, gt=0, le=1e6, description="the source's share of each epoch (relative)")
+    epochs: float | None = Field(None, gt=0, le=MAX_EPOCHS, description="passes over the source per epoch")
+    validation_file: str | None = Field(
+        None, description="the source's validation rows (default: 10% held out)", json_schema_extra=INPUT
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="task options for this source (its format)")
+
+    @model_validator(mode="after")
+    def _one_place(self) -> SourceConfig:
+        if (self.path is None) == (self.hub is None):
+            raise ValueError("give a source either path (a file or folder) or hub (a hub dataset), one of them")
+        if self.name is None:
+            stem = Path(self.path).name.split(".")[0] if self.path else self.hub.rsplit("/", 1)[-1]
+            self.name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:64] or "source"
+        return self
+
+
 class DataConfig(Options):
     # sources (a task's own, such as seq2seq's parallel files, are its options)
     data_dir: str | None = Field(
@@ -112,7 +144,67 @@ class DataConfig(Options):
     )
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
     cache_dir: str | None = Field(None, description="where tokenized datasets are cached", json_schema_extra=EVAL)
+    num_workers: int = Field(1, ge=1, le=1024, description="processes that tokenize the data (datasets' num_proc)")
     split_seed: int = Field(42, ge=0, le=MAX_SEED, json_schema_extra=NO_FLAG)
+    # a mixture of sources, each with its weight or epochs (in a config file; replaces train_file / data_dir)
+    sources: list[SourceConfig] = Field(default_factory=list, json_schema_extra=NO_FLAG)
+    allow_changed_data: bool = Field(
+        False,
+        description="resume although a training file changed since the checkpoint (the rest of the run then "
+        "follows the changed data, not the order the interrupted run would have had)",
+    )
+
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _sources(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            return value
+        for i, item in enumerate(value):
+            try:
+                SourceConfig.model_validate(item)
+            except ValidationError as err:
+                what = f"data source {_source_label(item, i)}"
+                raise PydanticCustomError(
+                    "source", "{what}: {why}", {"what": what, "why": format_error(err, {"": SourceConfig})}
+                ) from None
+        return value
+
+    @model_validator(mode="after")
+    def _mixture(self) -> DataConfig:
+        if not self.sources:
+            return self
+        if self.train_file or self.data_dir:
+            given = "--train-file" if self.train_file else "--data-dir"
+            raise ValueError(f"data.sources replaces {given}: give the training data one way")
+        names = [s.name for s in self.sources]
+        twice = next((n for n in names if names.count(n) > 1), None)
+        if twice:
+            raise ValueError(f"two data sources are named {twice!r}; give each its own name")
+        weighted = [s.name for s in self.sources if s.weight is not None]
+        counted = [s.name for s in self.sources if s.epochs is not None]
+        both = next((s.name for s in self.sources if s.weight is not None and s.epochs is not None), None)
+        if both or (weighted and counted):
+            odd = both or (counted[0] if len(weighted) >= len(counted) else weighted[0])
+            raise ValueError(
+                f"data source {odd!r} mixes weight and epochs with the other sources; give every source a weight "
+                "(shares of each epoch) or every source epochs (passes per epoch)"
+            )
+        if weighted and len(weighted) < len(names):
+            lacking = next(n for n in names if n not in weighted)
+            raise ValueError(f"data source {lacking!r} has no weight while others do; give every source a weight")
+        if counted and len(counted) < len(names):
+            lacking = next(n for n in names if n not in counted)
+            raise ValueError(f"data source {lacking!r} has no epochs while others do; give every source epochs")
+        return self
+
+
+def _source_label(item: Any, i: int) -> str:
+    """How an error names a source that did not validate: its name, its file's name, or its place in the list."""
+    if isinstance(item, dict):
+        for key in ("name", "path", "hub"):
+            if isinstance(item.get(key), str) and item[key]:
+                return repr(item[key] if key == "name" else Path(item[key]).name)
+    return f"{i + 1} of the list"
 
 
 class TrainConfig(Options):
@@ -468,7 +560,7 @@ def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | 
             msg = e["msg"].removeprefix("Value error, ")
             got = e.get("input")
             where = f"'{loc}'" if loc else "config"
-            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            shown = "" if isinstance(got, dict) or e["type"] == "source" else f" (got {got!r})"
             field = field_at(loc, options) if loc else None
             allowed = allowed_range(field) if field is not None else None
             lines.append(f"bad value for {where}: {msg}{shown}" + (f"; allowed: {allowed}" if allowed else ""))

@@ -36,7 +36,8 @@ def build_config(values: Mapping[str, Any] | None = None, **kwargs: Any) -> Trai
     """Validate and resolve `values` (+ kwargs) into a TrainConfig, raising one ConfigError line."""
     given = validate_config({**(values or {}), **kwargs})
     named = {key.rpartition(".")[2]: value for key, value in given.pending_options.items()}
-    task = given.task or infer_task(given.data.train_file, named) or DEFAULT_TASK
+    first_source = given.data.sources[0].path if given.data.sources else None
+    task = given.task or infer_task(given.data.train_file or first_source, named) or DEFAULT_TASK
     backend = given.backend or DEFAULT_BACKEND
     models = {"task_options": task_class(task).Options, "backend_options": backend_class(backend).Options}
     owners = {"task_options": ("task", task), "backend_options": ("backend", backend)}
@@ -50,7 +51,23 @@ def build_config(values: Mapping[str, Any] | None = None, **kwargs: Any) -> Trai
             raise ConfigError(format_error(err, models, prefix=f"{section}.")) from None
     config = validate_config(resolved)
     _check_capabilities(config, backend_class(backend))
+    _check_source_options(config, models)
     return config
+
+
+def source_options(config: TrainConfig, source) -> Any:
+    """The task options a mixture's `source` is read with: the run's, with the source's `options` on top."""
+    given = {**config.task_options.model_dump(exclude_unset=True), **source.options}
+    return type(config.task_options).model_validate(given)
+
+
+def _check_source_options(config: TrainConfig, models: dict) -> None:
+    for source in config.data.sources:
+        try:
+            source_options(config, source)
+        except ValidationError as err:
+            why = format_error(err, models, prefix="task_options.")
+            raise ConfigError(f"data source {source.name!r}: {why} (in its options)") from None
 
 
 def resolve(config: TrainConfig, **update: Any) -> TrainConfig:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tuneforge.data.mixture import Mixture
 from tuneforge.data.samplers import epoch_order, rank_batches
 from tuneforge.progress import Progress
 
@@ -32,13 +33,15 @@ class StepPlan:
     # optimizer steps taken on each step's data (a task's `updates_per_batch`: GRPO's num_iterations reuses a
     # generated batch); the data position advances after the last of them
     repeats: int = 1
+    mixture: Mixture | None = None  # data sources: the mixture that orders each epoch (n_train: its epoch's rows)
 
     @classmethod
-    def of(cls, config, n_train: int, dp_size: int, repeats: int = 1) -> StepPlan:
-        """The plan of a run of `config` over `n_train` examples on `dp_size` ranks, `repeats` optimizer steps on
-        each step's data."""
+    def of(cls, config, n_train: int, dp_size: int, repeats: int = 1, mixture: Mixture | None = None) -> StepPlan:
+        """The plan of a run of `config` over `n_train` examples per epoch on `dp_size` ranks, `repeats` optimizer
+        steps on each step's data, the epochs ordered by `mixture` where given."""
         plan = cls(
             repeats=repeats,
+            mixture=mixture,
             n_train=n_train,
             batch_size=config.batch_size,
             dp_size=dp_size,
@@ -80,6 +83,7 @@ class StepPlan:
             epoch=progress.epoch,
             global_batch=progress.order_global_batch,
             group_by_length=self.group_by_length,
+            mixture=self.mixture,
         )
         batches = rank_batches(
             order, start=progress.consumed, global_batch=self.global_batch, dp_rank=dp_rank, dp_size=self.dp_size

@@ -26,6 +26,8 @@ class Progress:
     # the job's experiment-tracker runs, {tracker: run id} (tuneforge/tracking/): a resume continues them; a
     # checkpoint of before them has none
     tracker_runs: dict[str, str] = field(default_factory=dict)
+    # content fingerprints of the training inputs (data/fingerprint.py): a resume onto changed data is refused
+    data_fingerprints: dict[str, str] = field(default_factory=dict)
 
     PER_RANK: ClassVar[tuple[str, ...]] = ("log_loss", "log_count")  # saved per rank, not in trainer_state.json
 

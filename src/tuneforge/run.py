@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,14 @@ import torch
 from tuneforge import adapters, checkpoint
 from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
 from tuneforge.checkpoint import Checkpointer
+from tuneforge.data.fingerprint import check_unchanged
+from tuneforge.data.samplers import lengths_of
 from tuneforge.errors import ConfigError
 from tuneforge.freezing import freeze_bottom
 from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
+from tuneforge.training_data import TrainingData, load_mixture, load_single
 
 MakeScheduler = Callable[..., Any]  # (optimizer, total_steps, start_step=0) -> LR scheduler
 
@@ -62,6 +65,13 @@ class Run:
     resumed_from: Path | None = None  # the checkpoint this run continues
     window: torch.Tensor | None = None  # this rank's loss sum and item count since the last log line
     engine: Any = None  # the generation engine on the live model, built at the first in-training generation
+    data: TrainingData | None = None  # the features above, with a mixture's plan and its sources' validation sets
+    feed: Any = None  # the epoch's Prefetch of collated micro-batches, while the loop is in an epoch
+    data_wait: float = 0.0  # seconds this rank's steps waited for their data
+
+    @property
+    def data_fingerprints(self) -> dict[str, str]:
+        return self.data.fingerprints if self.data else {}
 
 
 def device_name(device: torch.device) -> str:
@@ -83,9 +93,9 @@ def seed_everything(seed: int) -> None:
 
 def set_up_evaluation(config, task, backend, given: Given, callbacks: list[Callback]) -> Run:
     report = Reporter(config, is_main=backend.is_main)
-    model, tokenizer, (train, evals), _ = _load(config, task, backend, report, given, training=False)
+    model, tokenizer, data, _ = _load(config, task, backend, report, given, training=False)
     model, _ = backend.wrap(model, None)  # evaluation only: no optimizer
-    return Run(config, backend, report, tokenizer, train, evals, model, callbacks=list(callbacks))
+    return Run(config, backend, report, tokenizer, data.train, data.evals, model, callbacks=list(callbacks), data=data)
 
 
 def set_up_training(
@@ -93,16 +103,18 @@ def set_up_training(
 ) -> tuple[Run, Progress]:
     """The run and the Progress it starts at (a resume's, or step 0)."""
     report = Reporter(config, is_main=backend.is_main)
-    model, tokenizer, (train, evals), adapter = _load(config, task, backend, report, given, training=True)
+    model, tokenizer, data, adapter = _load(config, task, backend, report, given, training=True)
     enable_gradient_checkpointing(model, config, backend)
     model.train()
     model, optimizer = backend.wrap(model, make_optimizer)
-    plan = StepPlan.of(config, len(train), backend.dp_size, repeats=task.updates_per_batch)
-    run = Run(config, backend, report, tokenizer, train, evals, model, adapter, optimizer, plan=plan)
+    plan = StepPlan.of(config, data.epoch_rows, backend.dp_size, repeats=task.updates_per_batch, mixture=data.mixture)
+    run = Run(config, backend, report, tokenizer, data.train, data.evals, model, adapter, optimizer, plan=plan)
+    run.data = data
     run.scheduler = make_scheduler(optimizer, plan.total_steps)
     run.checkpointer = make_checkpointer(run, task)
     # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
-    state, best_weights = Progress(order_global_batch=plan.step_examples), None
+    state = Progress(order_global_batch=plan.step_examples, data_fingerprints=run.data_fingerprints)
+    best_weights = None
     if config.resume:
         state, best_weights = resume(run, make_scheduler)
     metric = config.metric_for_best or task.best_metric
@@ -129,7 +141,7 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
         adapters.check_quantize(config)
     splits = ("train", "validation") if training else ("validation",)
     data = prepare_data(task, backend, tokenizer, given, splits, log=report.print)
-    if training and data[0] is None:  # a task may load a validation split alone (for eval)
+    if training and data.train is None:  # a task may load a validation split alone (for eval)
         raise ConfigError(f"training needs training data: pass {task.training_data_flags}")
     model = given.model if given.model is not None else task.load_model(tokenizer)
     set_attention(model, config.attn_implementation, backend, task)  # evaluation runs the kernel training runs
@@ -158,25 +170,41 @@ def data_parallel_group(backend):
     return dist.group.WORLD if backend.dp_group is None else backend.dp_group
 
 
-def prepare_data(task, backend, tokenizer, given: Given, splits, log) -> tuple[Any, Any]:
-    """Tokenized train/eval features; the main rank tokenizes first so the others hit the cache."""
-    train_dataset, eval_dataset = given.train_dataset, given.eval_dataset
-    some = train_dataset if train_dataset is not None else eval_dataset
+def prepare_data(task, backend, tokenizer, given: Given, splits, log) -> TrainingData:
+    """Tokenized train/eval features (a mixture's, where the config has data sources and the run trains); the
+    main rank reads and tokenizes first, so the others hit the cache."""
+    some = given.train_dataset if given.train_dataset is not None else given.eval_dataset
     if some is not None and "input_ids" in some.column_names:
-        feats = {"train": train_dataset, "validation": eval_dataset}
-    else:
-        for rank_turn in (True, False):
-            if backend.is_main == rank_turn:
-                if some is not None:
-                    raw = task.prepare_raw({"train": train_dataset, "validation": eval_dataset})
-                else:
-                    raw = task.load_raw()
-                task.use_labels(task.label_set(raw))  # the label set, decided from the raw training split
-                raw = {k: v for k, v in task.encode_labels(raw).items() if k in splits}
-                feats = task.tokenize(raw, tokenizer, log=log)
-            backend.barrier()
+        feats = {"train": given.train_dataset, "validation": given.eval_dataset}
+        return _selected(task, feats, {})
+    mixed = some is None and bool(task.config.data.sources) and "train" in splits
+    for rank_turn in (True, False):
+        if backend.is_main == rank_turn:
+            data = (
+                load_mixture(task, task.config, tokenizer, log) if mixed else _read(task, tokenizer, given, splits, log)
+            )
+        backend.barrier()
+    return replace(
+        data,
+        train=_with_length(data.train),
+        evals=_with_length(data.evals),
+        eval_parts={name: _with_length(part) for name, part in data.eval_parts.items()},
+    )
+
+
+def _read(task, tokenizer, given: Given, splits, log) -> TrainingData:
+    """The features of the config's data files, or of the raw datasets given to fit / validate."""
+    if given.train_dataset is None and given.eval_dataset is None:
+        return load_single(task, tokenizer, splits, log)
+    raw = task.prepare_raw({"train": given.train_dataset, "validation": given.eval_dataset})
+    task.use_labels(task.label_set(raw))  # the label set, decided from the raw training split
+    raw = {k: v for k, v in task.encode_labels(raw).items() if k in splits}
+    return _selected(task, task.tokenize(raw, tokenizer, log=log), {})
+
+
+def _selected(task, feats, prints: dict) -> TrainingData:
     train, evals = (task.select_examples(split, feats.get(split)) for split in ("train", "validation"))
-    return _with_length(train), _with_length(evals)
+    return TrainingData(train, evals, fingerprints=prints)
 
 
 def _with_length(ds):
@@ -265,8 +293,10 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
     # metrics.jsonl reads like an uninterrupted run; the trackers continue the checkpoint's runs
     report.continue_from(st.metrics_records, st.tracker_runs)
     best_weights = _best_weights(path, st, run) if cfg.load_best_model_at_end else None
+    check_unchanged(st.data_fingerprints, run.data_fingerprints, str(path), cfg.data.allow_changed_data, report.print)
+    st.data_fingerprints = run.data_fingerprints  # (--allow-changed-data: the data the rest of the run trains on)
     report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
-    plan = run.plan.resumed_at(st, run.train_data["length"])
+    plan = run.plan.resumed_at(st, lengths_of(run.train_data))
     if plan.total_steps != run.plan.total_steps:  # the batch geometry changed: the schedule over the new total
         run.scheduler = make_scheduler(run.optimizer, plan.total_steps, start_step=st.step)
         report.print(

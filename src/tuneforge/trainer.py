@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from tuneforge import checkpoint, export, launch
@@ -31,7 +30,8 @@ from tuneforge.backends.base import NonFiniteStep
 from tuneforge.callbacks import Callback
 from tuneforge.config import TrainConfig
 from tuneforge.configure import build_config, resolve
-from tuneforge.data.samplers import eval_batches
+from tuneforge.data.prefetch import Prefetch
+from tuneforge.data.samplers import eval_batches, lengths_of
 from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
@@ -219,15 +219,18 @@ class Trainer:
             return self._finish(t0)
         except BaseException:
             self.report.stop()  # the trackers' runs end as failed
+            if self.run.feed is not None:  # the prefetch thread of the epoch it stopped in
+                self.run.feed = self.run.feed.close()
             raise
 
     def _loop(self) -> None:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
         step logged and then heard by the callbacks (evaluation, checkpoint); an epoch's end likewise."""
         run, st, plan = self.run, self.state, self.run.plan
-        lengths = np.asarray(run.train_data["length"])
+        lengths = lengths_of(run.train_data)
         while st.step < plan.total_steps and not st.stop:
             steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank)
+            run.feed = Prefetch(functools.partial(self._collate, run.train_data), steps, on_wait=self._waited)
             for i, micro_batches in enumerate(steps):
                 loss_sum, count = self.train_step(micro_batches)
                 run.scheduler.step()
@@ -245,6 +248,7 @@ class Trainer:
             else:  # the epoch ran to its end
                 st.epoch, st.consumed, st.order_global_batch = st.epoch + 1, 0, plan.step_examples
                 self._fire("on_epoch_end")
+            run.feed = run.feed.close()
 
     def _fire(self, hook: str, *args, callbacks: list | None = None) -> None:
         """Tell the run's callbacks (or `callbacks`) an event; a callback without that hook skips it."""
@@ -271,7 +275,11 @@ class Trainer:
         accumulated batch, so accumulation and data parallelism equal one large batch.
         """
         b = self.backend
-        batches = [self._to_device(self._collate(self.train_data, idx)) for idx in micro_batches]
+        feed = self.run.feed
+        if feed is not None:  # collated ahead, while the step before trained
+            batches = [self._to_device(batch) for batch in feed.take(micro_batches)]
+        else:
+            batches = [self._to_device(self._collate(self.train_data, idx)) for idx in micro_batches]
         batches = self.task.prepare_step(batches, self._step_tools())  # e.g. GRPO: generated and scored here
         counts = torch.stack([self.task.count(bt).to(b.device).float() for bt in batches])
         local_count = counts.sum()
@@ -372,7 +380,7 @@ class Trainer:
             complete=self.complete,
         )
         bs = run.config.eval_batch_size or run.config.batch_size * 2
-        for idx in eval_batches(np.asarray(data["length"]), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):
+        for idx in eval_batches(lengths_of(data), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):
             valid = torch.tensor([i >= 0 for i in idx], device=b.device)
             batch = self._to_device(self._collate(data, [max(i, 0) for i in idx]))
             self.task.eval_step(batch, valid, stream, tools)
@@ -385,6 +393,8 @@ class Trainer:
         the user's alone for the final evaluation of a run that had none (the built-ins track scheduled ones)."""
         st = self.state
         metrics = self.evaluate()
+        for name, part in self.run.data.eval_parts.items() if self.run.data else ():  # a mixture: each source alone
+            metrics.update({f"{name}/{key}": value for key, value in self.evaluate(part).items()})
         st.last_eval = metrics
         self.report.log({"split": "eval", "step": st.step, "epoch": st.epoch, **metrics})
         self._fire("on_evaluate", metrics, callbacks=None if scheduled else self.callbacks)
@@ -397,6 +407,9 @@ class Trainer:
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         dev = self.backend.device
         return {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+    def _waited(self, seconds: float) -> None:
+        self.run.data_wait += seconds
 
     def _log_train(self) -> None:
         """The loss since the last log line (the global mean over the ranks' windows); the window empties."""
@@ -429,6 +442,7 @@ class Trainer:
         )
         result = {**((st.best_eval if use_best else st.last_eval) or {})}
         result.update(train_loss=st.train_loss, steps=st.step, wall_s=round(time.perf_counter() - t0, 2))
+        result["data_wait_s"] = round(run.data_wait, 3)  # (this rank's steps, waiting for their data)
         result.update(model_dir=str(model_dir), output_dir=str(cfg.output_dir))
         if st.best_step is not None:
             result["best_step"] = st.best_step

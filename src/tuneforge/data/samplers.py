@@ -10,26 +10,65 @@ from __future__ import annotations
 
 import numpy as np
 
+from tuneforge.data.mixture import Mixture
+
 MEGABATCH_FACTOR = 50  # batches per length-sorted bucket (as transformers' LengthGroupedSampler)
+MIXTURE_GROUP = 4  # a mixture's batches per length-sorted bucket (small: the sources' shares hold in any window)
 
 
-def epoch_order(lengths: np.ndarray, *, seed: int, epoch: int, global_batch: int, group_by_length: bool) -> np.ndarray:
-    """The epoch's example order. Consecutive chunks of `global_batch` are the global batches."""
+def epoch_order(
+    lengths: np.ndarray,
+    *,
+    seed: int,
+    epoch: int,
+    global_batch: int,
+    group_by_length: bool,
+    mixture: Mixture | None = None,
+) -> np.ndarray:
+    """The epoch's example order. Consecutive chunks of `global_batch` are the global batches.
+
+    One dataset: a seeded permutation; grouped by length, seeded buckets of MEGABATCH_FACTOR global batches each
+    sorted by length (longest first), then the order of the full batches shuffled. A mixture: its interleaved order
+    (data/mixture.py); grouped by length only within MIXTURE_GROUP global batches, whose order is shuffled among
+    themselves, so that the sources' shares hold over any window of the epoch."""
     rng = np.random.default_rng([seed, epoch])
+    if mixture is not None:
+        order = mixture.order(seed, epoch)
+        if not group_by_length:
+            return order
+        return shuffle_batches(
+            sort_chunks(order, lengths, global_batch * MIXTURE_GROUP), global_batch, rng, MIXTURE_GROUP
+        )
     perm = rng.permutation(len(lengths))
     if not group_by_length:
         return perm
-    # seeded random buckets, each sorted by length (longest first), then batch order shuffled
-    mega = global_batch * MEGABATCH_FACTOR
-    chunks = [perm[i : i + mega] for i in range(0, len(perm), mega)]
-    chunks = [c[np.argsort(-lengths[c], kind="stable")] for c in chunks]
-    order = np.concatenate(chunks)
-    batches = [order[i : i + global_batch] for i in range(0, len(order), global_batch)]
-    # keep the very last (possibly short) batch last; shuffle the full ones
-    full = batches[:-1] if len(batches[-1]) < global_batch else batches
-    tail = batches[len(full) :]
-    shuffled = [full[i] for i in rng.permutation(len(full))]
-    return np.concatenate(shuffled + tail) if (shuffled or tail) else order
+    return shuffle_batches(sort_chunks(perm, lengths, global_batch * MEGABATCH_FACTOR), global_batch, rng)
+
+
+def sort_chunks(order: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
+    """`order` cut into chunks of `size` examples (the last may be shorter), each sorted by length, longest first
+    (a stable sort: equal lengths keep their order)."""
+    lengths = np.asarray(lengths)
+    keys_type = np.int16 if len(lengths) and lengths.max() < 2**15 else np.int64  # 16-bit keys sort by radix
+    full = len(order) // size * size
+    head = order[:full].reshape(-1, size)
+    by_length = np.argsort(-lengths[head].astype(keys_type), axis=1, kind="stable")
+    tail = order[full:]
+    tail = tail[np.argsort(-lengths[tail].astype(keys_type), kind="stable")]
+    return np.concatenate([np.take_along_axis(head, by_length, axis=1).ravel(), tail])
+
+
+def shuffle_batches(order: np.ndarray, global_batch: int, rng, within: int | None = None) -> np.ndarray:
+    """The full global batches of `order` in a seeded random order (only among each `within` consecutive batches,
+    where given); a last, short batch stays last."""
+    n_full = len(order) // global_batch
+    batches, tail = order[: n_full * global_batch].reshape(n_full, global_batch), order[n_full * global_batch :]
+    if within is None:
+        return np.concatenate([batches[rng.permutation(n_full)].ravel(), tail])
+    groups = n_full // within
+    picks = np.argsort(rng.random((groups, within)), axis=1) + np.arange(groups)[:, None] * within
+    rest = np.arange(groups * within, n_full)
+    return np.concatenate([batches[np.concatenate([picks.ravel(), rest])].ravel(), tail])
 
 
 def rank_batches(order: np.ndarray, *, start: int, global_batch: int, dp_rank: int, dp_size: int) -> list[list[int]]:
@@ -64,3 +103,11 @@ def eval_batches(lengths: np.ndarray, *, batch_size: int, dp_rank: int, dp_size:
         mine = chunk[bounds[dp_rank] : bounds[dp_rank + 1]].tolist()
         out.append(mine or [-1])
     return out
+
+
+def lengths_of(data) -> np.ndarray:
+    """The `length` column of tokenized features as a numpy array (a `datasets.Dataset` is read through Arrow,
+    never as a list of Python ints: 10 million rows in a fraction of a second)."""
+    if hasattr(data, "with_format"):
+        return data.with_format("arrow", columns=["length"])[:]["length"].to_numpy()
+    return np.asarray(data["length"])

@@ -19,6 +19,38 @@ import pandas as pd
 from tuneforge.errors import DataError
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "txt"}
+COMPRESSED = {".gz": "gzip", ".zst": "zstd"}  # a table file compressed whole: rows.jsonl.gz, rows.csv.zst
+
+
+def data_suffix(path: str | Path) -> str:
+    """The format suffix of a data file, under its compression's: '.jsonl' for rows.jsonl.gz."""
+    p = Path(path)
+    return Path(p.stem).suffix.lower() if p.suffix.lower() in COMPRESSED else p.suffix.lower()
+
+
+def decompressed(path: str | Path) -> bytes:
+    """The bytes of a gzip (.gz) or Zstandard (.zst) file; one DataError line for a file cut short or damaged."""
+    p = Path(path)
+    data = p.read_bytes()
+    try:
+        if p.suffix.lower() == ".gz":
+            import gzip
+
+            return gzip.decompress(data)
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(f"file {str(p)!r} is Zstandard-compressed: pip install zstandard to read it") from None
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
+            return reader.read()
+    except DataError:
+        raise
+    except Exception as err:  # EOFError (cut short), BadGzipFile, zlib.error, ZstdError
+        kind = COMPRESSED[p.suffix.lower()]
+        raise DataError(
+            f"file {str(p)!r} is not a whole {kind} file ({_first_line(err)}): it may have been cut short in a copy "
+            "or download; fetch or compress it again"
+        ) from None
 
 
 def find_split_files(
@@ -58,8 +90,12 @@ def check_file(path: str | Path) -> Path:
         raise DataError(f"file {str(p)!r} does not exist; check the path")
     if not p.is_file():
         raise DataError(f"{str(p)!r} is a folder, not a file; pass a csv/tsv/json/jsonl/parquet/txt file")
-    if p.suffix.lower() not in FILE_FORMATS:
-        raise DataError(f"file {str(p)!r}: unknown format {p.suffix!r}; use one of {', '.join(FILE_FORMATS)}")
+    if data_suffix(p) not in FILE_FORMATS:
+        shown = "".join(p.suffixes[-2:]) if p.suffix.lower() in COMPRESSED else p.suffix
+        raise DataError(
+            f"file {str(p)!r}: unknown format {shown!r}; use one of {', '.join(FILE_FORMATS)} (or one gzip'd or "
+            "zstd'd whole: .jsonl.gz, .csv.zst)"
+        )
     return p
 
 
@@ -111,7 +147,9 @@ def read_table(
 ) -> pd.DataFrame:
     """Read one csv/tsv/json/jsonl/parquet file into a DataFrame with clear errors."""
     p = check_file(path)
-    kind = FILE_FORMATS[p.suffix.lower()]
+    kind = FILE_FORMATS[data_suffix(p)]
+    if p.suffix.lower() in COMPRESSED:
+        return _read_compressed_table(p, kind, quoting_off, header, names)
     if kind != "parquet":
         _check_utf8(p)
     try:
@@ -150,6 +188,47 @@ def read_table(
     if len(df) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     return df
+
+
+def _read_compressed_table(p: Path, kind: str, quoting_off: bool, header: Any, names) -> pd.DataFrame:
+    """A compressed table file: decompressed in memory (a UTF-8 check on its text), then read as `kind`."""
+    data = decompressed(p)
+    if kind == "parquet":
+        frame = pd.read_parquet(io.BytesIO(data))
+    else:
+        text = decode_text(data, p)
+        if kind in ("csv", "tsv"):
+            sep, quoting = "\t" if kind == "tsv" else ",", csv.QUOTE_NONE if quoting_off else csv.QUOTE_MINIMAL
+            frame = _parsed(
+                p,
+                kind,
+                lambda: pd.read_csv(
+                    io.StringIO(text),
+                    sep=sep,
+                    quoting=quoting,
+                    header=header,
+                    names=names,
+                    keep_default_na=False,
+                    dtype=str,
+                ),
+            )
+        elif kind in ("json", "jsonl"):
+            lines = kind == "jsonl" or not text.lstrip().startswith("[")
+            frame = _parsed(p, kind, lambda: pd.read_json(io.StringIO(text), lines=lines, dtype=False))
+        else:
+            frame = pd.DataFrame({"text": text.splitlines()})
+    if len(frame) == 0:
+        raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
+    return frame
+
+
+def _parsed(p: Path, kind: str, parse) -> pd.DataFrame:
+    try:
+        return parse()
+    except pd.errors.EmptyDataError:
+        raise DataError(f"file {str(p)!r} is empty; it needs a header row and at least one example") from None
+    except (pd.errors.ParserError, csv.Error, ValueError) as err:
+        raise DataError(f"file {str(p)!r} could not be parsed as {kind} ({_first_line(err)}); check the file") from None
 
 
 def _starts_with(p: Path, char: str) -> bool:

@@ -63,6 +63,7 @@ def cached_map(
     cache_dir: str | Path | None,
     desc: str,
     log: Callable[[str], None] = print,
+    num_proc: int = 1,
 ) -> datasets.Dataset:
     key_src = json.dumps(
         {"data": dataset_fingerprint(ds), "tok": tokenizer_fingerprint(tokenizer), "settings": settings},
@@ -88,6 +89,7 @@ def cached_map(
             load_from_cache_file=True,
             new_fingerprint=key,
             desc=desc,
+            num_proc=num_proc if num_proc > 1 and len(ds) >= 2 * num_proc else None,
         )
     except BaseException:  # a row the map function refused: leave no cache folder this call made
         for made in created:  # innermost first; a folder something else wrote into stays

@@ -274,6 +274,7 @@ class Task:
             cache_dir=self.config.data.cache_dir,
             desc=f"tokenize {split}",
             log=log,
+            num_proc=self.config.data.num_workers,
         )
 
     def collate(self, rows: dict[str, list], tokenizer) -> dict[str, torch.Tensor]:

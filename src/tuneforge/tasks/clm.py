@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained, is_adapter_folder
 from tuneforge.config import EVAL, MAX_TOKENS
-from tuneforge.data.sources import read_table, require_columns, to_dataset
+from tuneforge.data.sources import data_suffix, read_table, require_columns, to_dataset
 from tuneforge.data.text import pack_blocks, read_lines
 from tuneforge.data.tokenize import default_cache_dir
 from tuneforge.errors import ConfigError, DataError
@@ -270,7 +270,7 @@ class CausalLMTask(Task):
         return datasets.DatasetDict(splits)
 
     def _read(self, path: str, split: str) -> datasets.Dataset:
-        if Path(path).suffix.lower() not in TABLE_SUFFIXES:  # plain text: one line per row, line breaks kept
+        if data_suffix(path) not in TABLE_SUFFIXES:  # plain text: one line per row, line breaks kept
             return datasets.Dataset.from_dict({"text": read_lines(path, f"{split} text file")})
         frame = read_table(path)
         require_columns(list(frame.columns), [self.text_column], f"the {split} data ({path})", "--text-column")

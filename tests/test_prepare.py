@@ -1,0 +1,102 @@
+"""`tuneforge prepare`: a config's data tokenized once into memory-mapped shards that its runs read (one process
+and two ranks) without tokenizing again and with the same result; a changed file prepared anew; a prepared folder
+named as a source, refused when another tokenizer made it; compressed sources, and a truncated one refused."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+from conftest import read_jsonl
+from test_bad_input import in_process
+from test_data_mixture import mixture_config, sources  # noqa: F401 (the fixture)
+
+
+def final_eval(run: Path) -> dict:
+    return {k: v for k, v in read_jsonl(run / "metrics.jsonl")[-1].items() if k != "time_s"}
+
+
+def test_prepared_data_is_read_by_the_run_and_gives_the_same_run(capfd, tmp_path, tiny_gpt2, sources):  # noqa: F811
+    cache = tmp_path / "cache"
+    config = mixture_config(tmp_path, tiny_gpt2, str(cache), sources, max_steps=6)
+    plain = in_process(capfd, "train", config, "--output-dir", tmp_path / "plain", "--cache-dir", tmp_path / "other")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    prepared = in_process(capfd, "prepare", config, "--num-workers", "2", "--json")
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    result = json.loads(prepared.stdout.strip().splitlines()[-1])
+    assert result["sources"] == {"web": 108, "books": 43, "code": 14} and result["validation_rows"] == 19
+    folders = sorted((cache / "prepared").iterdir())
+    assert len(folders) == 3 and all((f / "meta.json").is_file() and (f / "train").is_dir() for f in folders)
+    before = sorted(p.name for p in cache.iterdir())
+    run = in_process(capfd, "train", config)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count("reading prepared data") == 3 and "tokeniz" not in run.stderr.replace(
+        "nothing tokenized", ""
+    )
+    assert sorted(p.name for p in cache.iterdir()) == before  # nothing new in the cache
+    assert final_eval(tmp_path / "run") == final_eval(tmp_path / "plain")
+    # two ranks read the same shards
+    ddp = in_process(capfd, "train", config, "--output-dir", tmp_path / "ddp", "--backend", "ddp", "--nproc", "2")
+    assert ddp.returncode == 0, ddp.stderr[-2000:]
+    assert "tokeniz" not in ddp.stderr.replace("nothing tokenized", "")
+
+
+def test_a_changed_source_is_prepared_again_not_read_stale(capfd, tmp_path, tiny_gpt2, sources):  # noqa: F811
+    config = mixture_config(tmp_path, tiny_gpt2, str(tmp_path / "cache"), sources, max_steps=2)
+    assert in_process(capfd, "prepare", config).returncode == 0
+    web = Path(sources[0]["path"])
+    web.write_text(web.read_text().replace("dog", "cow"))
+    run = in_process(capfd, "train", config)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "data source 'web': tokenize train" in run.stderr
+    assert "data source 'books': reading prepared data" in run.stderr
+
+
+def test_a_prepared_folder_is_a_source_of_its_tokenizer_only(capfd, tmp_path, tiny_gpt2, sources):  # noqa: F811
+    config = mixture_config(tmp_path, tiny_gpt2, str(tmp_path / "cache"), sources, max_steps=2)
+    assert in_process(capfd, "prepare", config).returncode == 0
+    # the web source's folder: the one whose training split has 108 rows
+    folder = next(
+        f
+        for f in (tmp_path / "cache" / "prepared").iterdir()
+        if json.loads((f / "meta.json").read_text())["rows"]["train"] == 108
+    )
+    shards = tmp_path / "web-shards"
+    shutil.copytree(folder, shards)
+    named = [{"path": str(shards), "weight": 1}, {**sources[1], "weight": 1}]
+    ok = in_process(capfd, "train", mixture_config(tmp_path, tiny_gpt2, str(tmp_path / "cache"), named, max_steps=2))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert f"data source 'web-shards': reading prepared data {shards}" in ok.stderr
+    # the same model with one more token in its tokenizer: the shards' ids are no longer its ids
+    from transformers import AutoTokenizer
+
+    other_model = tmp_path / "other-model"
+    shutil.copytree(tiny_gpt2, other_model)
+    tokenizer = AutoTokenizer.from_pretrained(other_model)
+    tokenizer.add_tokens(["<added>"])
+    tokenizer.save_pretrained(other_model)
+    other = mixture_config(tmp_path, str(other_model), str(tmp_path / "cache2"), named, max_steps=2)
+    refused = in_process(capfd, "train", other, "--overwrite")
+    assert refused.returncode == 2
+    lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: data source 'web-shards': '{shards}' was prepared with ")
+    assert "another tokenizer" in lines[0]
+
+
+def test_gzip_sources_train_and_a_truncated_one_is_one_line(capfd, tmp_path, tiny_gpt2, sources):  # noqa: F811
+    web = Path(sources[0]["path"])
+    packed = web.with_name("web.jsonl.gz")
+    packed.write_bytes(gzip.compress(web.read_bytes()))
+    sources[0] = {**sources[0], "path": str(packed)}
+    config = mixture_config(tmp_path, tiny_gpt2, str(tmp_path / "cache"), sources, max_steps=2)
+    ok = in_process(capfd, "train", config)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "  web: 108 rows" in ok.stderr
+    packed.write_bytes(packed.read_bytes()[: packed.stat().st_size // 2])
+    refused = in_process(capfd, "train", config, "--overwrite")
+    assert refused.returncode == 2
+    lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"error: data source 'web': file '{packed}' is not a whole gzip file")
