@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tuneforge.data.mixture import Mixture
-from tuneforge.data.samplers import epoch_order, rank_batches
+from tuneforge.data.samplers import EpochSteps, epoch_order
 from tuneforge.progress import Progress
 
 
@@ -73,7 +73,7 @@ class StepPlan:
     def steps_per_epoch(self) -> int:
         return max(1, math.ceil(self.batches_per_epoch / self.grad_accum)) * self.repeats
 
-    def epoch_steps(self, lengths, progress: Progress, dp_rank: int) -> tuple[list[list[list[int]]], int]:
+    def epoch_steps(self, lengths, progress: Progress, dp_rank: int) -> tuple[EpochSteps, int]:
         """This rank's optimizer steps (each a list of micro-batches of example indices) left in the epoch
         `progress` is in, from its data position (each step's data `repeats` times in a row); and the size of that
         epoch's order."""
@@ -85,11 +85,16 @@ class StepPlan:
             group_by_length=self.group_by_length,
             mixture=self.mixture,
         )
-        batches = rank_batches(
-            order, start=progress.consumed, global_batch=self.global_batch, dp_rank=dp_rank, dp_size=self.dp_size
+        steps = EpochSteps(
+            order,
+            start=progress.consumed,
+            global_batch=self.global_batch,
+            dp_rank=dp_rank,
+            dp_size=self.dp_size,
+            grad_accum=self.grad_accum,
+            repeats=self.repeats,
         )
-        steps = [batches[i : i + self.grad_accum] for i in range(0, len(batches), self.grad_accum)]
-        return [step for step in steps for _ in range(self.repeats)], len(order)
+        return steps, len(order)
 
     def resumed_at(self, progress: Progress, lengths) -> StepPlan:
         """The plan of a run resumed at `progress`: the configured epochs, counted from the restored position.

@@ -8,6 +8,8 @@ global batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from tuneforge.data.mixture import Mixture
@@ -72,20 +74,52 @@ def shuffle_batches(order: np.ndarray, global_batch: int, rng, within: int | Non
 
 
 def rank_batches(order: np.ndarray, *, start: int, global_batch: int, dp_rank: int, dp_size: int) -> list[list[int]]:
-    """This rank's batches of the epoch, from example position `start` of `order`.
+    """This rank's batches of the epoch, from example position `start` of `order` (all of them, as lists;
+    `EpochSteps` makes them one step at a time)."""
+    steps = EpochSteps(order, start=start, global_batch=global_batch, dp_rank=dp_rank, dp_size=dp_size, grad_accum=1)
+    return [step[0] for step in steps]
 
-    Each global batch is split into `dp_size` contiguous slices as evenly as possible; a final
-    global batch smaller than `dp_size` is dropped (each rank must hold at least one example).
-    """
-    out = []
-    rest = order[start:]
-    for i in range(0, len(rest), global_batch):
-        chunk = rest[i : i + global_batch]
-        if len(chunk) < dp_size:
-            break
-        bounds = np.linspace(0, len(chunk), dp_size + 1).round().astype(int)
-        out.append(chunk[bounds[dp_rank] : bounds[dp_rank + 1]].tolist())
-    return out
+
+class EpochSteps(Sequence):
+    """This rank's optimizer steps left in an epoch, from example position `start` of the epoch's `order`: each a
+    list of `grad_accum` micro-batches (the last step may have fewer) of example indices, `repeats` times in a row.
+
+    Each global batch is split into `dp_size` contiguous slices as evenly as possible; a final global batch smaller
+    than `dp_size` is dropped (each rank must hold at least one example). The steps are made when asked for: the
+    epoch stays one numpy array, never millions of Python ints."""
+
+    def __init__(
+        self,
+        order: np.ndarray,
+        *,
+        start: int,
+        global_batch: int,
+        dp_rank: int,
+        dp_size: int,
+        grad_accum: int,
+        repeats: int = 1,
+    ):
+        self.rest, self.global_batch, self.dp_rank, self.dp_size = order[start:], global_batch, dp_rank, dp_size
+        self.grad_accum, self.repeats = grad_accum, repeats
+        full, left = divmod(len(self.rest), global_batch)
+        self.batches = full + (left >= dp_size and left > 0)
+        self.data_steps = -(-self.batches // grad_accum)
+
+    def __len__(self) -> int:
+        return self.data_steps * self.repeats
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        first = (i % len(self)) // self.repeats * self.grad_accum
+        return [self._batch(b) for b in range(first, min(first + self.grad_accum, self.batches))]
+
+    def _batch(self, b: int) -> list[int]:
+        chunk = self.rest[b * self.global_batch : (b + 1) * self.global_batch]
+        bounds = np.linspace(0, len(chunk), self.dp_size + 1).round().astype(int)
+        return chunk[bounds[self.dp_rank] : bounds[self.dp_rank + 1]].tolist()
 
 
 def eval_batches(lengths: np.ndarray, *, batch_size: int, dp_rank: int, dp_size: int) -> list[list[int]]:
