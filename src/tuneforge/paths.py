@@ -43,7 +43,7 @@ def check_output_dir(path: str, flag: str = "--output-dir", what: str = "output 
 # The run folder's own entries are a fixed set of names (not a record written beside them): a run of any
 # version, or one killed half-way, is recognised the same way, and nothing else is ever counted as the run's.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "result.json", "latest", "plot.png", "deepspeed_config.json")
-RUN_FOLDERS = ("model", "tensorboard")
+RUN_FOLDERS = ("model", "tensorboard", "data-order")
 CHECKPOINT_NAME = re.compile(r"checkpoint-\d+")
 # temporaries of files.replacing (.tmp-NAME.PID), of a checkpoint save and of files.discard
 RUN_TEMPORARY = re.compile(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tuneforge.data.mixture import Mixture
+from tuneforge.data.order_cache import OrderCache
 from tuneforge.data.samplers import EpochSteps, epoch_order
 from tuneforge.progress import Progress
 
@@ -73,18 +74,24 @@ class StepPlan:
     def steps_per_epoch(self) -> int:
         return max(1, math.ceil(self.batches_per_epoch / self.grad_accum)) * self.repeats
 
-    def epoch_steps(self, lengths, progress: Progress, dp_rank: int) -> tuple[EpochSteps, int]:
+    def epoch_steps(
+        self, lengths, progress: Progress, dp_rank: int, orders: OrderCache | None = None
+    ) -> tuple[EpochSteps, int]:
         """This rank's optimizer steps (each a list of micro-batches of example indices) left in the epoch
         `progress` is in, from its data position (each step's data `repeats` times in a row); and the size of that
-        epoch's order."""
-        order = epoch_order(
-            np.asarray(lengths),
+        epoch's order. `orders`: where a large epoch's order is kept (the run folder), read instead of computed."""
+        lengths = np.asarray(lengths)
+        what = dict(
             seed=self.seed,
             epoch=progress.epoch,
             global_batch=progress.order_global_batch,
             group_by_length=self.group_by_length,
             mixture=self.mixture,
         )
+        if orders is None:
+            order = epoch_order(lengths, **what)
+        else:
+            order = orders.order(lambda: epoch_order(lengths, **what), lengths, **what)
         steps = EpochSteps(
             order,
             start=progress.consumed,
@@ -96,7 +103,7 @@ class StepPlan:
         )
         return steps, len(order)
 
-    def resumed_at(self, progress: Progress, lengths) -> StepPlan:
+    def resumed_at(self, progress: Progress, lengths, orders: OrderCache | None = None) -> StepPlan:
         """The plan of a run resumed at `progress`: the configured epochs, counted from the restored position.
 
         With the batch geometry the checkpoint was written with, the total is the original plan's. After a
@@ -105,7 +112,7 @@ class StepPlan:
         """
         if self.max_steps:
             return self
-        left_in_epoch = len(self.epoch_steps(lengths, progress, dp_rank=0)[0])
+        left_in_epoch = len(self.epoch_steps(lengths, progress, dp_rank=0, orders=orders)[0])
         per_epoch, whole = self.steps_per_epoch, int(self.epochs)
         last_part = math.ceil(self.epochs * per_epoch) - whole * per_epoch  # steps of a final partial epoch
         if progress.epoch < whole:  # (steps are counted with their repeats: a resume lands between data steps)

@@ -21,6 +21,7 @@ from tuneforge import adapters, checkpoint
 from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.data.fingerprint import check_unchanged
+from tuneforge.data.order_cache import OrderCache
 from tuneforge.data.samplers import lengths_of
 from tuneforge.errors import ConfigError
 from tuneforge.freezing import freeze_bottom
@@ -68,6 +69,7 @@ class Run:
     data: TrainingData | None = None  # the features above, with a mixture's plan and its sources' validation sets
     feed: Any = None  # the epoch's Prefetch of collated micro-batches, while the loop is in an epoch
     data_wait: float = 0.0  # seconds this rank's steps waited for their data
+    orders: OrderCache | None = None  # large epochs' orders, kept in the run folder for a resume
 
     @property
     def data_fingerprints(self) -> dict[str, str]:
@@ -110,6 +112,7 @@ def set_up_training(
     plan = StepPlan.of(config, data.epoch_rows, backend.dp_size, repeats=task.updates_per_batch, mixture=data.mixture)
     run = Run(config, backend, report, tokenizer, data.train, data.evals, model, adapter, optimizer, plan=plan)
     run.data = data
+    run.orders = OrderCache(config.output_dir, writes=backend.is_main, data_key=data.fingerprints)
     run.scheduler = make_scheduler(optimizer, plan.total_steps)
     run.checkpointer = make_checkpointer(run, task)
     # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
@@ -296,7 +299,7 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
     check_unchanged(st.data_fingerprints, run.data_fingerprints, str(path), cfg.data.allow_changed_data, report.print)
     st.data_fingerprints = run.data_fingerprints  # (--allow-changed-data: the data the rest of the run trains on)
     report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
-    plan = run.plan.resumed_at(st, lengths_of(run.train_data))
+    plan = run.plan.resumed_at(st, lengths_of(run.train_data), run.orders)
     if plan.total_steps != run.plan.total_steps:  # the batch geometry changed: the schedule over the new total
         run.scheduler = make_scheduler(run.optimizer, plan.total_steps, start_step=st.step)
         report.print(

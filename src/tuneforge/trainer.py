@@ -229,7 +229,7 @@ class Trainer:
         run, st, plan = self.run, self.state, self.run.plan
         lengths = lengths_of(run.train_data)
         while st.step < plan.total_steps and not st.stop:
-            steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank)
+            steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank, run.orders)
             run.feed = Prefetch(functools.partial(self._collate, run.train_data), steps, on_wait=self._waited)
             for i, micro_batches in enumerate(steps):
                 loss_sum, count = self.train_step(micro_batches)

@@ -39,7 +39,7 @@ class TrainingData:
 def load_single(task, tokenizer, splits, log, save: bool = False) -> TrainingData:
     """The features of the config's data files (--train-file, --validation-file, --data-dir, ...): prepared ones
     where `tuneforge prepare` wrote them, else read and tokenized (and, with `save`, written as prepared)."""
-    prepared = None if save else load_prepared(task.config, tokenizer, log)
+    prepared = load_prepared(task.config, tokenizer, log)  # (prepare again: nothing to do)
     if prepared is not None:
         task.use_labels(prepared.labels)
         feats = prepared.features
@@ -70,7 +70,7 @@ def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingDa
                 source, lambda s=source, sub=sub: read_folder(Path(s.path), sub.config, tokenizer, sub.log)
             )
         else:
-            prepared = None if save else load_prepared(sub.config, tokenizer, sub.log)
+            prepared = load_prepared(sub.config, tokenizer, sub.log)
         raw = None if prepared else _named(source, lambda s=source, sub=sub: _read_source(s, sub, config))
         own = prepared.own_labels if prepared else _named(source, lambda sub=sub, raw=raw: sub.label_set(raw))
         read.append((prepared, raw, own))

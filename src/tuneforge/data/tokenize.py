@@ -27,15 +27,30 @@ def default_cache_dir() -> Path:
     return Path(root) / "tokenized"
 
 
-def dataset_fingerprint(ds: datasets.Dataset) -> str:
-    """Content hash of an Arrow table (fast: hashes the IPC bytes)."""
-    sink = io.BytesIO()
-    table = ds.with_format(None).data.table
-    if ds._indices is not None:  # a selected/shuffled view: hash the rows it shows
-        table = ds.flatten_indices().data.table
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return hashlib.sha256(sink.getvalue()).hexdigest()[:24]
+class _Digest(io.RawIOBase):
+    """A write-only stream that only hashes what it is given."""
+
+    def __init__(self) -> None:
+        self.hash = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.hash.update(data)
+        return len(data)
+
+
+def dataset_fingerprint(ds: datasets.Dataset, rows_at_once: int = 100_000) -> str:
+    """Content hash of a dataset's rows (the Arrow IPC bytes of its table, written to the hash a slice at a time:
+    a large dataset is never copied whole into memory; a selected or shuffled view hashes the rows it shows)."""
+    sink = _Digest()
+    view = ds.with_format("arrow")
+    schema = ds.with_format(None).data.table.schema
+    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema) as writer:
+        for start in range(0, len(ds), rows_at_once):
+            writer.write_table(view[start : start + rows_at_once].cast(schema))
+    return sink.hash.hexdigest()[:24]
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

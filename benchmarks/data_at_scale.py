@@ -1,0 +1,248 @@
+"""Data at scale (issue 29): a generated three-source corpus (weights 0.5 / 0.3 / 0.2), `tuneforge prepare` of it,
+peak memory of training at SMALL rows against ROWS rows, the pipeline's throughput alone against a training step's
+consumption, and the data work of a resume at row RESUME_AT against `datasets`' streaming `.skip()`.
+
+    python benchmarks/data_at_scale.py --rows 10000000 --small 1000000 --work /tmp/scale
+
+Nothing big is committed: the corpus (seeded: the same bytes every time), the prepared shards and the runs live in
+--work. The model is a 2-layer random GPT-2 with all-MiniLM-L6-v2's WordPiece tokenizer (the bundled model's:
+tokenizing costs what it costs for a real model); the training itself is not what is measured. Results go to
+benchmarks/results/data_at_scale.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import machine_meta  # noqa: E402
+from _process import timed  # noqa: E402
+
+SOURCES = {"web": 0.5, "books": 0.3, "code": 0.2}
+POOL = 50_000  # distinct line bodies; each row is its number and one of them
+TUNEFORGE = [sys.executable, "-m", "tuneforge.cli"]
+
+
+def generate(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
+    """The three sources as jsonl, `rows` in all, shared by weight; rows average about 420 bytes."""
+    folder.mkdir(parents=True, exist_ok=True)
+    words = [line.strip() for line in _words()]
+    files = {}
+    for i, (name, weight) in enumerate(SOURCES.items()):
+        path, n = folder / f"{name}-{rows}.jsonl", int(rows * weight)
+        files[name] = path
+        if path.exists() and path.stat().st_size > 0:
+            continue
+        rng = random.Random(seed * 100 + i)
+        pool = [" ".join(rng.choices(words, k=rng.randint(30, 110))) for _ in range(POOL)]
+        picks = [rng.randrange(POOL) for _ in range(n)]
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            for start in range(0, n, 100_000):
+                fh.write(
+                    "".join(
+                        f'{{"text": "{name} {k} {pool[picks[k]]}"}}\n' for k in range(start, min(n, start + 100_000))
+                    )
+                )
+        tmp.replace(path)
+    return files
+
+
+def _words() -> list[str]:
+    rng = random.Random(7)
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    return ["".join(rng.choices(letters, weights=range(26, 0, -1), k=rng.randint(2, 9))) for _ in range(20_000)]
+
+
+def model_folder(work: Path) -> Path:
+    """A 2-layer random GPT-2 with MiniLM's tokenizer."""
+    out = work / "model"
+    if (out / "config.json").exists():
+        return out
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from tuneforge.artifacts import bundled_minilm
+
+    tok = AutoTokenizer.from_pretrained(bundled_minilm())
+    torch.manual_seed(0)
+    ends = {"bos_token_id": tok.sep_token_id, "eos_token_id": tok.sep_token_id}
+    config = GPT2Config(vocab_size=len(tok), n_positions=128, n_embd=64, n_layer=2, n_head=2, **ends)
+    GPT2LMHeadModel(config).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def config_file(work: Path, files: dict[str, Path], rows: int, model: Path) -> Path:
+    import yaml
+
+    path = work / f"config-{rows}.yaml"
+    config = {
+        "task": "clm",
+        "model": str(model),
+        "output_dir": str(work / f"run-{rows}"),
+        "batch_size": 8,
+        "max_steps": 100,
+        "logging_steps": 25,
+        "precision": "fp32",
+        "eval_strategy": "no",
+        "save_strategy": "steps",
+        "save_steps": 50,
+        "packing": False,
+        "block_size": 64,
+        "data": {
+            "cache_dir": str(work / "cache"),
+            "max_eval_samples": 64,
+            "sources": [{"path": str(f), "weight": SOURCES[name]} for name, f in files.items()],
+        },
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def prepare(work: Path, config: Path, workers: int) -> dict:
+    wall, rss, out = timed(
+        [*TUNEFORGE, "prepare", str(config), "--num-workers", str(workers), "--json"],
+        work / f"prepare-{config.stem}.log",
+    )
+    return {"wall_s": round(wall, 1), "peak_rss_mib": rss, **json.loads(out.strip().splitlines()[-1])}
+
+
+def train(work: Path, config: Path, *extra: str) -> dict:
+    wall, rss, out = timed(
+        [*TUNEFORGE, "train", str(config), "--overwrite", "--quiet", "--json", *extra],
+        work / f"train-{config.stem}{'-'.join(extra)}.log",
+    )
+    result = json.loads(out.strip().splitlines()[-1])
+    return {
+        "wall_s": round(wall, 1),
+        "peak_rss_mib": rss,
+        "steps": result["steps"],
+        "data_wait_s": result["data_wait_s"],
+        "train_s": result["wall_s"],
+    }
+
+
+def pipeline(config: Path, batches: int = 300) -> dict:
+    """The data pipeline alone on the prepared data: the data work of a resume at 90% of the epoch (the length
+    column and the epoch's order as the training run stored it in its folder; and the order computed, for a run
+    folder without it), then `batches` batches read and collated (rows/s, tokens/s)."""
+    from tuneforge.configure import config_from_sources
+    from tuneforge.data.order_cache import OrderCache
+    from tuneforge.data.samplers import lengths_of
+    from tuneforge.plan import StepPlan
+    from tuneforge.progress import Progress
+    from tuneforge.tasks import get_task
+    from tuneforge.training_data import load_mixture
+
+    cfg = config_from_sources(str(config), [], {"quiet": True})
+    task = get_task(cfg)
+    t0 = time.perf_counter()
+    tokenizer = task.load_tokenizer()
+    data = load_mixture(task, cfg, tokenizer, log=lambda line: None)
+    opened = time.perf_counter()
+    lengths = lengths_of(data.train)  # (read again below, timed as the resume's)
+    plan = StepPlan.of(cfg, data.epoch_rows, 1, mixture=data.mixture)
+    at = int(0.9 * data.epoch_rows)
+    start = Progress(consumed=at, order_global_batch=plan.step_examples)
+    computed_at = time.perf_counter()
+    plan.epoch_steps(lengths, start, 0)  # the order computed, as a resume without a stored one does
+    computed = time.perf_counter() - computed_at
+    resume_t0 = time.perf_counter()
+    lengths = lengths_of(data.train)
+    # the order the training run stored in its folder (as a resume reads it)
+    orders = OrderCache(cfg.output_dir, writes=False, data_key=data.fingerprints)
+    steps, _ = plan.epoch_steps(lengths, start, 0, orders)
+    first = steps[0]
+    resumed = time.perf_counter()
+    t1, tokens = time.perf_counter(), 0
+    batches = min(batches, len(steps))
+    for i in range(batches):
+        batch = task.collate(data.train[steps[i][0]], tokenizer)
+        tokens += int(batch["attention_mask"].sum())
+    collate_s = time.perf_counter() - t1
+    return {
+        "open_prepared_s": round(opened - t0, 2),
+        "resume_data_work_s": round(resumed - resume_t0, 2),
+        "resume_order_computed_s": round(computed, 2),
+        "resume_at_example": at,
+        "first_batch": first[0][:4],
+        "rows_per_s": round(batches * cfg.batch_size / collate_s),
+        "tokens_per_s": round(tokens / collate_s),
+    }
+
+
+def streaming_skip(files: dict[str, Path], skip: int) -> dict:
+    """`datasets`' streaming `.skip(skip)` over the largest source, then its next row: what a resume of a streamed
+    dataset does (it reads and parses every row before the position)."""
+    import datasets
+
+    stream = datasets.load_dataset("json", data_files=str(files["web"]), split="train", streaming=True)
+    t0 = time.perf_counter()
+    next(iter(stream.skip(skip)))
+    return {"skip_rows": skip, "first_row_after_s": round(time.perf_counter() - t0, 1)}
+
+
+def order_only(rows: int, rounds: int = 3) -> dict:
+    """The data work of a resume at 90% of an epoch of `rows` examples in three sources, without the corpus: the
+    epoch's order (interleave + length grouping) and the first step's indices; lengths drawn at random. Also the
+    memory the order takes (numpy arrays, not rows)."""
+    import numpy as np
+
+    from tuneforge.data.mixture import Mixture
+    from tuneforge.data.samplers import EpochSteps, epoch_order
+
+    sizes = [int(rows * w) for w in SOURCES.values()]
+    mixture = Mixture.of(list(SOURCES), sizes, weights=list(SOURCES.values()))
+    lengths = np.random.default_rng(0).integers(8, 64, sum(sizes))
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        order = epoch_order(lengths, seed=1, epoch=3, global_batch=8, group_by_length=True, mixture=mixture)
+        steps = EpochSteps(order, start=int(0.9 * len(order)), global_batch=8, dp_rank=0, dp_size=1, grad_accum=1)
+        steps[0]
+        times.append(time.perf_counter() - t0)
+    return {"rows": rows, "order_and_first_step_s": [round(t, 2) for t in times], "order_mib": order.nbytes >> 20}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--small", type=int, default=1_000_000)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/tuneforge-scale"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--skip", type=int, default=None, help="rows streaming .skip() passes (default: 0.9 x web's rows)")
+    ap.add_argument("--order-only", type=int, default=None, help="only time a resume's order work at this many rows")
+    args = ap.parse_args()
+    if args.order_only:
+        print(json.dumps({**machine_meta(), **order_only(args.order_only)}))
+        return
+    work = args.work
+    work.mkdir(parents=True, exist_ok=True)
+    model = model_folder(work)
+    out = {**machine_meta(), "rows": args.rows, "small": args.small, "workers": args.workers}
+    for rows in (args.small, args.rows):
+        t0 = time.perf_counter()
+        files = generate(work / "corpus", rows)
+        size = sum(f.stat().st_size for f in files.values())
+        config = config_file(work, files, rows, model)
+        out[str(rows)] = {"generate_s": round(time.perf_counter() - t0, 1), "jsonl_gb": round(size / 1e9, 2)}
+        out[str(rows)]["prepare"] = prepare(work, config, args.workers)
+        out[str(rows)]["train"] = train(work, config)
+        out[str(rows)]["pipeline"] = pipeline(config)
+        print(json.dumps({rows: out[str(rows)]}), flush=True)
+    skip = args.skip or int(0.9 * args.rows * SOURCES["web"])
+    out["streaming_skip"] = streaming_skip(generate(work / "corpus", args.rows), skip)
+    print(json.dumps(out["streaming_skip"]), flush=True)
+    results = Path(__file__).resolve().parent / "results" / "data_at_scale.json"
+    results.write_text(json.dumps(out, indent=2))
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
