@@ -100,3 +100,12 @@ def test_gzip_sources_train_and_a_truncated_one_is_one_line(capfd, tmp_path, tin
     lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1
     assert lines[0].startswith(f"error: data source 'web': file '{packed}' is not a whole gzip file")
+
+
+def test_a_plain_training_file_is_prepared_too(capfd, tmp_path, tiny_gpt2, sources):  # noqa: F811
+    args = ["--task", "clm", "--model", tiny_gpt2, "--train-file", sources[0]["path"], "--no-packing"]
+    args += ["--cache-dir", tmp_path / "cache", "--max-steps", "2", "--max-length", "32", "--precision", "fp32"]
+    assert in_process(capfd, "prepare", *args).returncode == 0
+    run = in_process(capfd, "train", *args, "--output-dir", tmp_path / "run")
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "reading prepared data" in run.stderr and "tokenize train" not in run.stderr
