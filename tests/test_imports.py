@@ -131,6 +131,9 @@ FLOORS = {
         "tuneforge.running_batch",
         "tuneforge.slot_cache",
         "tuneforge.data.samplers",
+        "tuneforge.data.mixture",
+        "tuneforge.data.order_cache",
+        "tuneforge.data.prefetch",
         "tuneforge.serve.detokenize",
         "tuneforge.serve.metrics",
         "tuneforge.serve.options",
@@ -150,6 +153,8 @@ FLOORS = {
     "tasks": ("tuneforge.tasks", "tuneforge.rewards"),  # task families, and the reward functions GRPO scores with
     "runs and services": (  # a resolved config, the training run, predict, chat, the server
         "tuneforge.configure",
+        "tuneforge.training_data",
+        "tuneforge.prepare",
         "tuneforge.run",
         "tuneforge.trainer",
         "tuneforge.predict",
