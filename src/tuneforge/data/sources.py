@@ -149,14 +149,15 @@ def read_table(
     """Read one csv/tsv/json/jsonl/parquet file into a DataFrame with clear errors."""
     p = check_file(path)
     kind = FILE_FORMATS[data_suffix(p)]
-    if p.suffix.lower() in COMPRESSED:
-        return _read_compressed_table(p, kind, quoting_off, header, names)
+    packed = decompressed(p) if p.suffix.lower() in COMPRESSED else None  # a .gz / .zst file's bytes, whole
     if kind != "parquet":
-        _check_utf8(p)
+        text = decode_text(packed, p) if packed is not None else None  # (a plain file is decoded where read)
+        if packed is None:
+            _check_utf8(p)
     try:
         if kind in ("csv", "tsv"):
             df = pd.read_csv(
-                p,
+                p if packed is None else io.StringIO(text),
                 sep="\t" if kind == "tsv" else ",",
                 encoding="utf-8-sig",
                 quoting=csv.QUOTE_NONE if quoting_off else csv.QUOTE_MINIMAL,
@@ -169,17 +170,17 @@ def read_table(
             )
         elif kind in ("json", "jsonl"):
             # .json: a JSON array of records, or JSON lines (as `datasets` writes them)
-            lines = kind == "jsonl" or not _starts_with(p, "[")
-            if lines and p.stat().st_size >= LARGE_FILE_BYTES and not _has_bom(p):
+            starts = text.lstrip().startswith("[") if packed is not None else _starts_with(p, "[")
+            lines = kind == "jsonl" or not starts
+            if lines and packed is None and p.stat().st_size >= LARGE_FILE_BYTES and not _has_bom(p):
                 df = _read_large_jsonl(p)
             else:
-                text = io.StringIO(decode_text(p.read_bytes(), p))  # pandas would read a byte-order mark as data
-                df = pd.read_json(text, lines=lines, orient=None if lines else "records", dtype=False)
+                text = text if packed is not None else decode_text(p.read_bytes(), p)  # (a BOM is not data)
+                df = pd.read_json(io.StringIO(text), lines=lines, orient=None if lines else "records", dtype=False)
         elif kind == "parquet":
-            df = pd.read_parquet(p)
+            df = pd.read_parquet(p if packed is None else io.BytesIO(packed))
         else:  # txt: one example per line
-            lines = decode_text(p.read_bytes(), p).splitlines()
-            df = pd.DataFrame({"text": lines})
+            df = pd.DataFrame({"text": (text if packed is not None else decode_text(p.read_bytes(), p)).splitlines()})
     except pd.errors.EmptyDataError:
         raise DataError(f"file {str(p)!r} is empty; it needs a header row and at least one example") from None
     except (pd.errors.ParserError, csv.Error) as err:
@@ -192,47 +193,6 @@ def read_table(
     if len(df) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     return df
-
-
-def _read_compressed_table(p: Path, kind: str, quoting_off: bool, header: Any, names) -> pd.DataFrame:
-    """A compressed table file: decompressed in memory (a UTF-8 check on its text), then read as `kind`."""
-    data = decompressed(p)
-    if kind == "parquet":
-        frame = pd.read_parquet(io.BytesIO(data))
-    else:
-        text = decode_text(data, p)
-        if kind in ("csv", "tsv"):
-            sep, quoting = "\t" if kind == "tsv" else ",", csv.QUOTE_NONE if quoting_off else csv.QUOTE_MINIMAL
-            frame = _parsed(
-                p,
-                kind,
-                lambda: pd.read_csv(
-                    io.StringIO(text),
-                    sep=sep,
-                    quoting=quoting,
-                    header=header,
-                    names=names,
-                    keep_default_na=False,
-                    dtype=str,
-                ),
-            )
-        elif kind in ("json", "jsonl"):
-            lines = kind == "jsonl" or not text.lstrip().startswith("[")
-            frame = _parsed(p, kind, lambda: pd.read_json(io.StringIO(text), lines=lines, dtype=False))
-        else:
-            frame = pd.DataFrame({"text": text.splitlines()})
-    if len(frame) == 0:
-        raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
-    return frame
-
-
-def _parsed(p: Path, kind: str, parse) -> pd.DataFrame:
-    try:
-        return parse()
-    except pd.errors.EmptyDataError:
-        raise DataError(f"file {str(p)!r} is empty; it needs a header row and at least one example") from None
-    except (pd.errors.ParserError, csv.Error, ValueError) as err:
-        raise DataError(f"file {str(p)!r} could not be parsed as {kind} ({_first_line(err)}); check the file") from None
 
 
 def _has_bom(p: Path) -> bool:
