@@ -436,7 +436,7 @@ def check_resumable(config) -> None:
         from tuneforge.data.fingerprint import check_unchanged, fingerprints
 
         saved = _read_state(path).get("data_fingerprints") or {}
-        check_unchanged(saved, fingerprints(config) if saved else {}, str(path), allow=False, log=print)
+        check_unchanged(saved, fingerprints(config) if saved else {}, str(path))
 
 
 def _read_state(path: Path) -> dict:

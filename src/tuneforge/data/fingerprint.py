@@ -93,7 +93,9 @@ class Memo:
             os.replace(tmp, self.path)
 
 
-def check_unchanged(saved: dict[str, str], now: dict[str, str], checkpoint: str, allow: bool, log: Callable) -> None:
+def check_unchanged(
+    saved: dict[str, str], now: dict[str, str], checkpoint: str, allow: bool = False, log: Callable = print
+) -> None:
     """Resuming from `checkpoint`, whose training inputs had the fingerprints `saved`, onto `now`: one DataError
     line for the first input that changed (or is new, or gone), unless `allow`, which logs what it means instead.
     A checkpoint of before fingerprints (none saved) is not checked."""
