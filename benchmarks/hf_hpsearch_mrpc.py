@@ -24,6 +24,7 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     DataCollatorWithPadding,
     Trainer,
+    TrainerCallback,
     TrainingArguments,
 )
 
@@ -34,7 +35,9 @@ def hp_space(trial):
     """benchmarks/sweep-space-mrpc.yaml, in transformers' terms."""
     return {
         "learning_rate": trial.suggest_float("learning_rate", 1e-5, 3e-4, log=True),
-        "warmup_ratio": trial.suggest_float("warmup_ratio", 0.0, 0.2),
+        # transformers 5 has no warmup_ratio field (hyperparameter_search only warns and drops the value): its
+        # warmup_steps is a ratio of the total steps when below 1
+        "warmup_steps": trial.suggest_float("warmup_ratio", 0.0, 0.2),
         "weight_decay": trial.suggest_float("weight_decay", 0.0, 0.1),
         "num_train_epochs": trial.suggest_categorical("num_train_epochs", [1, 2]),
     }
@@ -80,6 +83,7 @@ def main():
         per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=64,
         lr_scheduler_type="linear",
+        warmup_steps=0.0,  # a float: hyperparameter_search casts each drawn value to the default's type (int(0.15) = 0)
         seed=args.seed,
         use_cpu=True,
         bf16=bf16,
@@ -89,7 +93,13 @@ def main():
         disable_tqdm=True,
         logging_steps=50,
     )
+    class SaysItsWarmUp(TrainerCallback):  # the drawn warm-up is in effect (see hp_space): the log shows it
+        def on_train_begin(self, args, state, control, **kwargs):
+            steps = args.get_warmup_steps(state.max_steps)
+            print(f"trial: lr {args.learning_rate:.3g}, warm-up {steps} of {state.max_steps} steps", flush=True)
+
     trainer = Trainer(
+        callbacks=[SaysItsWarmUp()],
         model_init=model_init,
         args=training_args,
         train_dataset=tok["train"],

@@ -22,7 +22,6 @@ from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.data.fingerprint import check_unchanged
 from tuneforge.data.order_cache import OrderCache
-from tuneforge.data.samplers import lengths_of
 from tuneforge.errors import ConfigError
 from tuneforge.freezing import freeze_bottom
 from tuneforge.plan import StepPlan
@@ -299,7 +298,7 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
     check_unchanged(st.data_fingerprints, run.data_fingerprints, str(path), cfg.data.allow_changed_data, report.print)
     st.data_fingerprints = run.data_fingerprints  # (--allow-changed-data: the data the rest of the run trains on)
     report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
-    plan = run.plan.resumed_at(st, lengths_of(run.train_data), run.orders)
+    plan = run.plan.resumed_at(st, run.data.length_column(), run.orders)
     if plan.total_steps != run.plan.total_steps:  # the batch geometry changed: the schedule over the new total
         run.scheduler = make_scheduler(run.optimizer, plan.total_steps, start_step=st.step)
         report.print(

@@ -227,7 +227,7 @@ class Trainer:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
         step logged and then heard by the callbacks (evaluation, checkpoint); an epoch's end likewise."""
         run, st, plan = self.run, self.state, self.run.plan
-        lengths = lengths_of(run.train_data)
+        lengths = run.data.length_column()
         while st.step < plan.total_steps and not st.stop:
             steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank, run.orders)
             run.feed = Prefetch(functools.partial(self._collate, run.train_data), steps, on_wait=self._waited)

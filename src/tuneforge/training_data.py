@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tuneforge.data.fingerprint import fingerprints
 from tuneforge.data.mixture import Mixture
 from tuneforge.data.prepared import is_prepared, load_prepared, read_folder, save_prepared
+from tuneforge.data.samplers import compact_lengths, lengths_of
 from tuneforge.errors import DataError, UserError
 
 
@@ -29,20 +32,29 @@ class TrainingData:
     mixture: Mixture | None = None  # data.sources: the mixture that orders each epoch
     eval_parts: dict[str, Any] = field(default_factory=dict)  # source name -> its validation features (2+ sources)
     fingerprints: dict[str, str] = field(default_factory=dict)  # training input -> content fingerprint
+    train_lengths: np.ndarray | None = None  # the training features' `length` column (prepared data stores it)
 
     @property
     def epoch_rows(self) -> int:
         """Examples in one training epoch."""
         return self.mixture.epoch_rows if self.mixture else len(self.train)
 
+    def length_column(self) -> np.ndarray:
+        """The training features' lengths, 2 bytes each where they fit: the stored column of prepared data, else
+        read from the features once (not from the mapped shards: that would page in every record batch)."""
+        if self.train_lengths is None or len(self.train_lengths) != len(self.train):
+            self.train_lengths = compact_lengths(lengths_of(self.train))
+        return self.train_lengths
+
 
 def load_single(task, tokenizer, splits, log, save: bool = False) -> TrainingData:
     """The features of the config's data files (--train-file, --validation-file, --data-dir, ...): prepared ones
     where `tuneforge prepare` wrote them, else read and tokenized (and, with `save`, written as prepared)."""
     prepared = load_prepared(task.config, tokenizer, log)  # (prepare again: nothing to do)
+    lengths = None
     if prepared is not None:
         task.use_labels(prepared.labels)
-        feats = prepared.features
+        feats, lengths = prepared.features, prepared.lengths.get("train")
     else:
         raw = task.load_raw()
         labels = task.label_set(raw)  # the label set, decided from the raw training split
@@ -52,7 +64,10 @@ def load_single(task, tokenizer, splits, log, save: bool = False) -> TrainingDat
         if save:
             save_prepared(task.config, tokenizer, dict(feats), labels, labels, log)
     train, evals = (task.select_examples(split, feats.get(split)) for split in ("train", "validation"))
-    return TrainingData(train if "train" in splits else None, evals, fingerprints=fingerprints(task.config))
+    if "train" not in splits:
+        return TrainingData(None, evals, fingerprints=fingerprints(task.config))
+    lengths = lengths[: len(train)] if lengths is not None else None  # (select_examples keeps the first rows)
+    return TrainingData(train, evals, fingerprints=fingerprints(task.config), train_lengths=lengths)
 
 
 def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingData:
@@ -78,6 +93,8 @@ def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingDa
     task.use_labels(labels)
     feats = [_features(s, sub, *got, labels, tokenizer, config, save) for s, sub, got in zip(sources, subs, read)]
     train = _concatenate([f["train"] for f in feats], sources)
+    stored = [got[0].lengths.get("train") if got[0] and f is got[0].features else None for got, f in zip(read, feats)]
+    lengths = None if any(part is None for part in stored) else np.concatenate(stored)  # (else read when needed)
     mixture = _mixture(sources, [len(f["train"]) for f in feats], config.data.max_train_samples)
     for line in mixture.describe():
         log(line)
@@ -88,7 +105,7 @@ def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingDa
         parts = {s.name: f["validation"] for s, f in zip(sources, feats)} if len(sources) > 1 else {}
     evals = task.select_examples("validation", evals)
     parts = {name: task.select_examples("validation", part) for name, part in parts.items()}
-    return TrainingData(train, evals, mixture, parts, fingerprints(config))
+    return TrainingData(train, evals, mixture, parts, fingerprints(config), lengths)
 
 
 def _features(source, sub, prepared, raw, own, labels, tokenizer, config, save: bool) -> dict:

@@ -97,3 +97,31 @@ def test_the_plan_says_rows_and_shares_per_source():
     assert lines[0] == "data mixture: 2 sources, 330 examples per epoch"
     assert lines[1] == "  web: 300 rows, 247 per epoch (74.8% of it; each row 0.823x per epoch)"
     assert lines[2] == "  code: 30 rows, 83 per epoch (25.2% of it; each row 2.77x per epoch)"
+
+
+def reference_order(mixture: Mixture, seed: int, epoch: int) -> np.ndarray:
+    """The interleaving as first written: every source's keys laid out, one stable sort (ties to the earlier
+    source). `Mixture.order` counts each row's place instead, a chunk at a time; the two must agree exactly."""
+    phases = np.random.default_rng([seed, epoch, 104_729]).random(len(mixture.sizes))
+    keys = np.concatenate([(np.arange(q) + p) / q for q, p in zip(mixture.quotas, phases)])
+    rows = [
+        offset + stream_rows(size, seed, source, epoch * quota, quota)
+        for source, (offset, size, quota) in enumerate(zip(mixture.offsets, mixture.sizes, mixture.quotas))
+    ]
+    return np.concatenate(rows)[np.argsort(keys, kind="stable")]
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_the_counted_order_is_the_sorted_one_in_small_chunks_and_large(case, monkeypatch):
+    rng = np.random.default_rng(case)
+    n = int(rng.integers(1, 5))
+    sizes = rng.integers(1, 3000, n).tolist()
+    if case % 4 == 0:  # equal quotas: keys of two sources can tie
+        sizes = [int(sizes[0])] * n
+    given = [{}, {"weights": (rng.random(n) + 0.01).tolist()}, {"epochs": (rng.random(n) * 3 + 0.1).tolist()}]
+    mixture = Mixture.of(["s"] * n, sizes, **given[case % 3])
+    monkeypatch.setattr("tuneforge.data.mixture.ORDER_CHUNK", int(rng.integers(1, 700)) if case % 2 else 2**18)
+    for seed, epoch in [(0, 0), (case, 2)]:
+        order = mixture.order(seed, epoch)
+        assert order.dtype == np.int32
+        np.testing.assert_array_equal(order, reference_order(mixture, seed, epoch))

@@ -116,3 +116,16 @@ def test_eval_batches_sorted_and_each_example_on_exactly_one_rank(dp_size, n):
     if dp_size == 1:
         flat = [i for b in per_rank[0] for i in b]
         assert list(lens[flat]) == sorted(lens, reverse=True)
+
+
+@pytest.mark.parametrize("sort_rows", [1, 37, 1000, 2**20])
+def test_length_grouping_sorted_in_parts_is_the_order_sorted_at_once(sort_rows, monkeypatch):
+    """The epoch is sorted SORT_ROWS examples at a time (bounded memory): the order must not depend on it, and
+    stays in 4-byte indices."""
+    rng = np.random.default_rng(sort_rows)
+    lengths = rng.integers(1, 300, 4_321)
+    whole = epoch_order(lengths, seed=3, epoch=1, global_batch=8, group_by_length=True)
+    monkeypatch.setattr("tuneforge.data.samplers.SORT_ROWS", sort_rows)
+    parts = epoch_order(lengths.astype(np.uint16), seed=3, epoch=1, global_batch=8, group_by_length=True)
+    assert parts.dtype == np.int32
+    np.testing.assert_array_equal(parts, whole)

@@ -22,6 +22,7 @@ import numpy as np
 STREAM_SALT = 7_919  # keeps the sources' streams apart from the epoch orders drawn from (seed, epoch)
 PHASE_SALT = 104_729
 BLOCK_VALUES = 2**20  # stream values drawn at once
+ORDER_CHUNK = 2**18  # keys placed at once (bounds the order's working memory)
 
 
 @dataclass(frozen=True)
@@ -59,15 +60,24 @@ class Mixture:
         return Mixture(self.names, self.sizes, tuple(share_out(rows, list(self.quotas))))
 
     def order(self, seed: int, epoch: int) -> np.ndarray:
-        """The epoch's examples (indices into the sources' rows laid one after the other), interleaved."""
+        """The epoch's examples (indices into the sources' rows laid one after the other), interleaved.
+
+        Row k of source i goes where its key (k + phase_i) / quota_i ranks among all the sources' keys (ties to the
+        earlier source): counted per source in closed form, so the order is written straight into one array of
+        4-byte indices (8 where the sources hold 2**31 rows or more), a chunk of keys at a time, never sorted."""
         phases = np.random.default_rng([seed, epoch, PHASE_SALT]).random(len(self.sizes))
-        keys = np.concatenate([(np.arange(q) + p) / q for q, p in zip(self.quotas, phases, strict=True)])
-        rows = [
-            offset + stream_rows(size, seed, source, epoch * quota, quota)
-            for source, (offset, size, quota) in enumerate(zip(self.offsets, self.sizes, self.quotas, strict=True))
-        ]
-        # each source's keys are sorted: a stable sort merges the runs (ties go to the earlier source)
-        return np.concatenate(rows)[np.argsort(keys, kind="stable")]
+        out = np.empty(self.epoch_rows, dtype=index_type(sum(self.sizes)))
+        for source, (offset, size, quota) in enumerate(zip(self.offsets, self.sizes, self.quotas, strict=True)):
+            rows = stream_rows(size, seed, source, epoch * quota, quota)
+            for start in range(0, quota, ORDER_CHUNK):
+                k = np.arange(start, min(quota, start + ORDER_CHUNK), dtype=np.int64)
+                keys = (k + phases[source]) / quota
+                at = k.copy()
+                for other, (q, p) in enumerate(zip(self.quotas, phases, strict=True)):
+                    if other != source:
+                        at += keys_below(keys, q, p, ties=other < source)
+                out[at] = rows[start : start + len(k)] + offset
+        return out
 
     def source_of(self, examples: np.ndarray) -> np.ndarray:
         """The source index of each example index."""
@@ -99,6 +109,27 @@ def share_out(total: int, weights: list[float]) -> list[int]:
     return [1 + int(c) for c in counts]
 
 
+def index_type(rows: int):
+    """The smallest integer type that indexes `rows` rows (an epoch's order is one such index per example)."""
+    return np.int32 if rows < 2**31 else np.int64
+
+
+def keys_below(keys: np.ndarray, quota: int, phase: float, ties: bool) -> np.ndarray:
+    """For each of `keys` (ascending), how many keys (m + phase) / quota, m in [0, quota), of another source are
+    below it (`ties`: or equal to it). The count is estimated in closed form, then settled against the keys as
+    `order` computes them, so float rounding cannot move a row."""
+    below = (lambda m: (m + phase) / quota <= keys) if ties else (lambda m: (m + phase) / quota < keys)
+    count = np.clip(np.ceil(keys * quota - phase), 0, quota).astype(np.int64)
+    for _ in range(4):  # (the estimate is off by at most one)
+        lower = (count > 0) & ~below(count - 1)
+        higher = (count < quota) & below(count)
+        if not (lower.any() or higher.any()):
+            return count
+        count -= lower
+        count += higher
+    raise AssertionError("mixture keys did not settle")
+
+
 def stream_rows(size: int, seed: int, source: int, start: int, count: int) -> np.ndarray:
     """Positions [start, start + count) of a source's stream: its rows in one seeded permutation after another.
 
@@ -109,6 +140,6 @@ def stream_rows(size: int, seed: int, source: int, start: int, count: int) -> np
     blocks = []
     for block in range(first, last + 1):
         rng = np.random.default_rng([seed, STREAM_SALT, source, block])
-        blocks.append(rng.permuted(np.tile(np.arange(size, dtype=np.int64), (per_block, 1)), axis=1).ravel())
+        blocks.append(rng.permuted(np.tile(np.arange(size, dtype=index_type(size)), (per_block, 1)), axis=1).ravel())
     skip = start - first * per_block * size
     return np.concatenate(blocks)[skip : skip + count]

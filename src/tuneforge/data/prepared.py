@@ -2,11 +2,17 @@
 later run and every rank reads without reading, parsing or tokenizing the raw files again (and without loading the
 features whole: Arrow maps the shards from disk).
 
-A prepared folder (CACHE/prepared/KEY) holds one folder per split (`datasets.Dataset.save_to_disk`, in shards of
-at most SHARD_BYTES) and meta.json (the label set the features are encoded with, the source's own label set, rows
-per split). KEY covers what decides the features: the task and its options, the data settings, the content
-fingerprints of every input file the config names (data/fingerprint.py: a changed file is another key) and the
-tokenizer's content. A folder is written under a temporary name and renamed when whole, so a killed prepare leaves
+A prepared folder (CACHE/prepared/KEY) holds one folder per split: Arrow stream files (`datasets`' own format, read
+with `Dataset.from_file`) of at most SHARD_BYTES, written in record batches of about RECORD_BYTES, and the split's
+`length` column alone as lengths.npy; and meta.json (the label set the features are encoded with, the source's own
+label set, rows and shard files per split). Large record batches and the separate lengths are what keep a
+training process's memory flat as the data grows: opening a mapped Arrow file touches every record batch's header
+(with the kernel's fault-around, 64 KiB each: 64 bytes per row at `datasets`' 1,000-row batches), and reading the
+`length` column from the shards would touch pages of every batch again.
+
+KEY covers what decides the features: the task and its options, the data settings, the content fingerprints of
+every input file the config names (data/fingerprint.py: a changed file is another key) and the tokenizer's
+content. A folder is written under a temporary name and renamed when whole, so a killed prepare leaves
 nothing a run would read.
 """
 
@@ -19,12 +25,16 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from tuneforge.data.fingerprint import Memo, fingerprint, memo_path
+from tuneforge.data.samplers import compact_lengths, lengths_of
 from tuneforge.data.tokenize import default_cache_dir, tokenizer_fingerprint
 from tuneforge.errors import DataError
 
-FORMAT = 1  # bumped when what a prepared folder holds changes
+FORMAT = 2  # bumped when what a prepared folder holds changes
 SHARD_BYTES = 500 * 2**20
+RECORD_BYTES = 32 * 2**20  # rows per record batch: about this many bytes
 NOT_FEATURE_SETTINGS = ("cache_dir", "group_by_length", "sources", "allow_changed_data", "num_workers")
 
 
@@ -34,6 +44,7 @@ class Prepared:
     labels: list[str] | None  # the label set the features are encoded with
     own_labels: list[str] | None  # the label set of this data alone (a mixture joins its sources')
     folder: Path
+    lengths: dict  # split -> its `length` column (numpy), read from lengths.npy
 
 
 def prepared_root(cache_dir: str | None) -> Path:
@@ -90,7 +101,7 @@ def _meta(folder: Path) -> dict:
         meta = json.loads((folder / "meta.json").read_text())
     except (OSError, ValueError):
         meta = None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("rows"), dict):
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("shards"), dict):
         raise DataError(f"{str(folder)!r} is not a folder tuneforge prepare wrote (its meta.json is unreadable)")
     return meta
 
@@ -99,10 +110,14 @@ def read_prepared(folder: Path, log) -> Prepared:
     import datasets
 
     meta = _meta(folder)
-    features = {split: datasets.load_from_disk(str(folder / split)) for split in meta["rows"]}
+    features, lengths = {}, {}
+    for split, files in meta["shards"].items():
+        parts = [datasets.Dataset.from_file(str(folder / split / name)) for name in files]
+        features[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        lengths[split] = np.load(folder / split / "lengths.npy")
     rows = ", ".join(f"{split} {n:,} rows" for split, n in meta["rows"].items())
     log(f"reading prepared data {folder} ({rows}; memory-mapped, nothing tokenized)")
-    return Prepared(features, meta.get("labels"), meta.get("own_labels"), folder)
+    return Prepared(features, meta.get("labels"), meta.get("own_labels"), folder, lengths)
 
 
 def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) -> Path:
@@ -114,14 +129,13 @@ def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) ->
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # (our own leftover of a killed prepare of this pid)
     try:
-        for split, ds in features.items():
-            shards = max(1, min(len(ds), -(-ds.data.nbytes // SHARD_BYTES)))
-            ds.save_to_disk(str(tmp / split), num_shards=shards)
+        shards = {split: write_split(ds, tmp / split) for split, ds in features.items()}
         meta = {
             "format": FORMAT,
             "task": config.task,
             "tokenizer": tokenizer_fingerprint(tokenizer),
             "rows": {split: len(ds) for split, ds in features.items()},
+            "shards": shards,
             "labels": labels,
             "own_labels": own_labels,
         }
@@ -132,3 +146,24 @@ def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) ->
         raise
     log(f"prepared data written to {folder}")
     return folder
+
+
+def write_split(ds, folder: Path) -> list[str]:
+    """`ds` as Arrow stream files of at most SHARD_BYTES in `folder`, in record batches of about RECORD_BYTES, and
+    its `length` column as lengths.npy; the files' names."""
+    import pyarrow as pa
+
+    folder.mkdir(parents=True)
+    row_bytes = max(1, ds.data.nbytes // max(1, len(ds)))
+    shards = max(1, min(len(ds), -(-ds.data.nbytes // SHARD_BYTES)))
+    per_shard, per_batch = max(1, -(-len(ds) // shards)), max(1, RECORD_BYTES // row_bytes)
+    schema = ds.features.arrow_schema
+    names = []
+    for shard, start in enumerate(range(0, max(1, len(ds)), per_shard)):
+        names.append(f"data-{shard:05d}-of-{shards:05d}.arrow")
+        part = ds.select(range(start, min(len(ds), start + per_shard))).with_format("arrow")
+        with pa.OSFile(str(folder / names[-1]), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            for table in part.iter(batch_size=per_batch):
+                writer.write_table(table.cast(schema).combine_chunks())
+    np.save(folder / "lengths.npy", compact_lengths(lengths_of(ds)))
+    return names

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tuneforge.data.mixture import Mixture
+from tuneforge.data.mixture import Mixture, index_type
 
 MEGABATCH_FACTOR = 50  # batches per length-sorted bucket (as transformers' LengthGroupedSampler)
+SORT_ROWS = 2**20  # examples sorted by length at once
 MIXTURE_GROUP = 4  # a mixture's batches per length-sorted bucket (small: the sources' shares hold in any window)
 
 
@@ -41,7 +42,7 @@ def epoch_order(
         return shuffle_batches(
             sort_chunks(order, lengths, global_batch * MIXTURE_GROUP), global_batch, rng, MIXTURE_GROUP
         )
-    perm = rng.permutation(len(lengths))
+    perm = rng.permutation(len(lengths)).astype(index_type(len(lengths)), copy=False)
     if not group_by_length:
         return perm
     return shuffle_batches(sort_chunks(perm, lengths, global_batch * MEGABATCH_FACTOR), global_batch, rng)
@@ -49,15 +50,21 @@ def epoch_order(
 
 def sort_chunks(order: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
     """`order` cut into chunks of `size` examples (the last may be shorter), each sorted by length, longest first
-    (a stable sort: equal lengths keep their order)."""
+    (a stable sort: equal lengths keep their order). Sorted SORT_ROWS examples at a time, into one array of
+    `order`'s type: the working memory does not grow with the epoch."""
     lengths = np.asarray(lengths)
     keys_type = np.int16 if len(lengths) and lengths.max() < 2**15 else np.int64  # 16-bit keys sort by radix
+    out = np.empty_like(order)
     full = len(order) // size * size
     head = order[:full].reshape(-1, size)
-    by_length = np.argsort(-lengths[head].astype(keys_type), axis=1, kind="stable")
+    per_part = max(1, SORT_ROWS // size)
+    for first in range(0, len(head), per_part):
+        part = head[first : first + per_part]
+        by_length = np.argsort(-lengths[part].astype(keys_type), axis=1, kind="stable")
+        out[first * size : (first + len(part)) * size] = np.take_along_axis(part, by_length, axis=1).ravel()
     tail = order[full:]
-    tail = tail[np.argsort(-lengths[tail].astype(keys_type), kind="stable")]
-    return np.concatenate([np.take_along_axis(head, by_length, axis=1).ravel(), tail])
+    out[full:] = tail[np.argsort(-lengths[tail].astype(keys_type), kind="stable")]
+    return out
 
 
 def shuffle_batches(order: np.ndarray, global_batch: int, rng, within: int | None = None) -> np.ndarray:
@@ -145,3 +152,12 @@ def lengths_of(data) -> np.ndarray:
     if hasattr(data, "with_format"):
         return data.with_format("arrow", columns=["length"])[:]["length"].to_numpy()
     return np.asarray(data["length"])
+
+
+def compact_lengths(lengths: np.ndarray) -> np.ndarray:
+    """`lengths` in the smallest unsigned type that holds them (2 bytes an example for any length under 65,536:
+    the column stays in memory for the whole run)."""
+    lengths = np.asarray(lengths)
+    top = int(lengths.max()) if len(lengths) else 0
+    kind = np.uint16 if top < 2**16 else np.uint32 if top < 2**32 else np.uint64
+    return lengths.astype(kind, copy=False)

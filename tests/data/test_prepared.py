@@ -1,0 +1,68 @@
+"""The prepared folder's layout (data/prepared.py): Arrow stream shards in large record batches that read back as
+the features written, and the `length` column stored apart, so that a run opens large data without paging it in."""
+
+from __future__ import annotations
+
+import json
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from tuneforge.data import prepared
+from tuneforge.training_data import TrainingData
+
+
+def features(rows: int) -> datasets.Dataset:
+    rng = np.random.default_rng(rows)
+    lengths = rng.integers(1, 40, rows)
+    ids = [rng.integers(0, 1000, n).tolist() for n in lengths]
+    # written by map in datasets' 1,000-row batches, as tokenizing writes them
+    return datasets.Dataset.from_dict({"input_ids": ids, "length": lengths.tolist()}).map(lambda r: r)
+
+
+def record_batches(path) -> list[int]:
+    with pa.memory_map(str(path)) as source:
+        return [batch.num_rows for batch in pa.ipc.open_stream(source)]
+
+
+@pytest.mark.parametrize(("record_bytes", "shard_bytes"), [(32 * 2**20, 500 * 2**20), (4_000, 30_000)])
+def test_shards_read_back_as_written_in_large_record_batches(tmp_path, monkeypatch, record_bytes, shard_bytes):
+    monkeypatch.setattr(prepared, "RECORD_BYTES", record_bytes)
+    monkeypatch.setattr(prepared, "SHARD_BYTES", shard_bytes)
+    ds = features(2_500).select(range(3, 2_403))  # a selection: what the shards hold is the rows, not the table
+    names = prepared.write_split(ds, tmp_path / "train")
+    batches = [record_batches(tmp_path / "train" / name) for name in names]
+    if record_bytes > ds.data.nbytes:
+        assert batches == [[2_400]]  # one file, one record batch (datasets' own writer: 3 of 1,000 rows)
+    else:
+        assert len(names) > 1 and sum(map(len, batches)) > len(names) and sum(map(sum, batches)) == 2_400
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"format": prepared.FORMAT, "rows": {"train": len(ds)}, "shards": {"train": names}})
+    )
+    back = prepared.read_prepared(tmp_path, log=lambda line: None)
+    assert back.features["train"].features == ds.features
+    assert back.features["train"][:] == ds[:]
+    assert back.lengths["train"].dtype == np.uint16
+    np.testing.assert_array_equal(back.lengths["train"], ds["length"])
+
+
+def test_a_run_takes_the_stored_lengths_and_reads_them_where_none_are_stored():
+    ds = features(300)
+    stored = np.asarray(ds["length"], dtype=np.uint16)
+    assert TrainingData(ds, None, train_lengths=stored).length_column() is stored  # the shards are not read
+    read = TrainingData(ds, None).length_column()
+    assert read.dtype == np.uint16
+    np.testing.assert_array_equal(read, stored)
+    # lengths of other rows than the features' (a stale column) are not used
+    np.testing.assert_array_equal(TrainingData(ds, None, train_lengths=stored[:10]).length_column(), stored)
+
+
+def test_an_empty_split_is_written_and_read(tmp_path):
+    ds = features(5).select([])
+    names = prepared.write_split(ds, tmp_path / "validation")
+    meta = {"format": prepared.FORMAT, "rows": {"validation": 0}, "shards": {"validation": names}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    back = prepared.read_prepared(tmp_path, log=lambda line: None)
+    assert len(back.features["validation"]) == 0 and len(back.lengths["validation"]) == 0
