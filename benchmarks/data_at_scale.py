@@ -1,6 +1,8 @@
 """Data at scale (issue 29): a generated three-source corpus (weights 0.5 / 0.3 / 0.2), `tuneforge prepare` of it,
 peak memory of training at SMALL rows against ROWS rows, the pipeline's throughput alone against a training step's
-consumption, and the data work of a resume at row RESUME_AT against `datasets`' streaming `.skip()`.
+consumption, and the data work of a resume at 90% of the epoch (row 9,000,000 of 10,000,000) against transformers'
+Trainer resuming at that step and `datasets`' streaming `.skip()`; the next 100 batches against the uninterrupted
+epoch's.
 
     python benchmarks/data_at_scale.py --rows 10000000 --small 1000000 --work /tmp/scale
 
@@ -53,6 +55,17 @@ def generate(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
     return files
 
 
+def validation_file(folder: Path, rows: int = 1_000) -> Path:
+    """A small held-out file of the same kind (the sources are all training rows: row 9,000,000 is 90% of the
+    epoch)."""
+    path = folder / "validation.jsonl"
+    if not path.exists():
+        words = [line.strip() for line in _words()]
+        rng = random.Random(99)
+        path.write_text("".join(f'{{"text": "{" ".join(rng.choices(words, k=70))}"}}\n' for _ in range(rows)))
+    return path
+
+
 def _words() -> list[str]:
     rng = random.Random(7)
     letters = "etaoinshrdlcumwfgypbvkjxqz"
@@ -98,6 +111,7 @@ def config_file(work: Path, files: dict[str, Path], rows: int, model: Path) -> P
         "data": {
             "cache_dir": str(work / "cache"),
             "max_eval_samples": 64,
+            "validation_file": str(validation_file(work / "corpus")),
             "sources": [{"path": str(f), "weight": SOURCES[name]} for name, f in files.items()],
         },
     }
@@ -128,13 +142,23 @@ def train(work: Path, config: Path, *extra: str) -> dict:
     }
 
 
+def rss_mib() -> dict:
+    """This process's resident memory now: anonymous (arrays, heap) and file-backed (mapped files, libraries)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("RssAnon", "RssFile")):
+            key, value = line.split(":")
+            out[key] = int(value.split()[0]) >> 10
+    return out
+
+
 def pipeline(config: Path, batches: int = 300) -> dict:
-    """The data pipeline alone on the prepared data: the data work of a resume at 90% of the epoch (the length
-    column and the epoch's order as the training run stored it in its folder; and the order computed, for a run
-    folder without it), then `batches` batches read and collated (rows/s, tokens/s)."""
+    """The data pipeline alone on the prepared data, as a training process has it (memory by stage): the data work
+    of a resume at 90% of the epoch (the length column and the epoch's order as the training run stored it in its
+    folder; and the order computed, for a run folder without it), the next 100 batches against the uninterrupted
+    epoch's, then `batches` batches read and collated (rows/s, tokens/s)."""
     from tuneforge.configure import config_from_sources
     from tuneforge.data.order_cache import OrderCache
-    from tuneforge.data.samplers import lengths_of
     from tuneforge.plan import StepPlan
     from tuneforge.progress import Progress
     from tuneforge.tasks import get_task
@@ -142,39 +166,97 @@ def pipeline(config: Path, batches: int = 300) -> dict:
 
     cfg = config_from_sources(str(config), [], {"quiet": True})
     task = get_task(cfg)
+    rss = {"start": rss_mib()}
     t0 = time.perf_counter()
     tokenizer = task.load_tokenizer()
     data = load_mixture(task, cfg, tokenizer, log=lambda line: None)
     opened = time.perf_counter()
-    lengths = lengths_of(data.train)  # (read again below, timed as the resume's)
+    rss["open"] = rss_mib()
     plan = StepPlan.of(cfg, data.epoch_rows, 1, mixture=data.mixture)
-    at = int(0.9 * data.epoch_rows)
+    at = int(0.9 * data.epoch_rows) // plan.step_examples * plan.step_examples
     start = Progress(consumed=at, order_global_batch=plan.step_examples)
     computed_at = time.perf_counter()
-    plan.epoch_steps(lengths, start, 0)  # the order computed, as a resume without a stored one does
+    plan.epoch_steps(data.length_column(), start, 0)  # the order computed, as a resume without a stored one does
     computed = time.perf_counter() - computed_at
+    data.train_lengths = None  # (read again below, timed as the resume's)
     resume_t0 = time.perf_counter()
-    lengths = lengths_of(data.train)
+    lengths = data.length_column()
     # the order the training run stored in its folder (as a resume reads it)
     orders = OrderCache(cfg.output_dir, writes=False, data_key=data.fingerprints)
     steps, _ = plan.epoch_steps(lengths, start, 0, orders)
     first = steps[0]
     resumed = time.perf_counter()
+    rss["order"] = rss_mib()
+    # the uninterrupted epoch: its order computed from the start (the resume read the stored one)
+    whole, _ = plan.epoch_steps(lengths, Progress(consumed=0, order_global_batch=plan.step_examples), 0)
+    same = [whole[at // plan.step_examples + i] for i in range(100)] == [steps[i] for i in range(100)]
     t1, tokens = time.perf_counter(), 0
     batches = min(batches, len(steps))
     for i in range(batches):
         batch = task.collate(data.train[steps[i][0]], tokenizer)
         tokens += int(batch["attention_mask"].sum())
     collate_s = time.perf_counter() - t1
+    rss[f"after_{batches}_batches"] = rss_mib()
     return {
         "open_prepared_s": round(opened - t0, 2),
         "resume_data_work_s": round(resumed - resume_t0, 2),
         "resume_order_computed_s": round(computed, 2),
         "resume_at_example": at,
         "first_batch": first[0][:4],
+        "next_100_batches_equal_uninterrupted": same,
         "rows_per_s": round(batches * cfg.batch_size / collate_s),
         "tokens_per_s": round(tokens / collate_s),
+        "rss_by_stage_mib": rss,
     }
+
+
+def hf_trainer_resume(config: Path, work: Path) -> dict:
+    """transformers' Trainer resuming at 90% of the same epoch: the same prepared rows (the sources one after the
+    other, map-style), batch 8, its random sampler (its quickest resume: the length-grouped sampler first reads
+    every row's length), a checkpoint written at step 2 whose trainer_state says the step of 90% of the epoch; the
+    time from `train(resume_from_checkpoint=...)` to the first step's batch (the Trainer skips the batches before
+    it by drawing them from its sampler)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from tuneforge.configure import config_from_sources
+    from tuneforge.tasks import get_task
+    from tuneforge.training_data import load_mixture
+
+    cfg = config_from_sources(str(config), [], {"quiet": True})
+    task = get_task(cfg)
+    tokenizer = task.load_tokenizer()
+    train = load_mixture(task, cfg, tokenizer, log=lambda line: None).train.select_columns(["input_ids"])
+    at_step = int(0.9 * len(train)) // 8
+    first_step = []
+
+    class FirstStep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            first_step.append(time.perf_counter())
+            control.should_training_stop = True
+
+    def trainer(max_steps: int) -> Trainer:
+        args = TrainingArguments(str(work / "hf-run"), per_device_train_batch_size=8, max_steps=max_steps,
+                                 save_strategy="steps", save_steps=2, use_cpu=True, report_to=[], disable_tqdm=True,
+                                 logging_steps=10**9, dataloader_num_workers=0, seed=1)  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(cfg.model)
+        collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        return Trainer(model=model, args=args, train_dataset=train, data_collator=collator, callbacks=[FirstStep()])
+
+    trainer(2).train()
+    checkpoint = work / "hf-run" / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state.update(global_step=at_step, epoch=at_step / (len(train) // 8), max_steps=at_step + 10)
+    (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    resuming, first_step[:] = trainer(at_step + 10), []
+    t0 = time.perf_counter()
+    resuming.train(resume_from_checkpoint=str(checkpoint))
+    return {"resume_at_example": at_step * 8, "to_first_step_s": round(first_step[0] - t0, 2), "sampler": "random"}
 
 
 def streaming_skip(files: dict[str, Path], skip: int) -> dict:
@@ -235,6 +317,8 @@ def main() -> None:
         out[str(rows)]["prepare"] = prepare(work, config, args.workers)
         out[str(rows)]["train"] = train(work, config)
         out[str(rows)]["pipeline"] = pipeline(config)
+        if rows == args.rows:
+            out[str(rows)]["transformers_trainer_resume"] = hf_trainer_resume(config, work)
         print(json.dumps({rows: out[str(rows)]}), flush=True)
     skip = args.skip or int(0.9 * args.rows * SOURCES["web"])
     out["streaming_skip"] = streaming_skip(generate(work / "corpus", args.rows), skip)

@@ -109,3 +109,25 @@ def test_a_plain_training_file_is_prepared_too(capfd, tmp_path, tiny_gpt2, sourc
     run = in_process(capfd, "train", *args, "--output-dir", tmp_path / "run")
     assert run.returncode == 0, run.stderr[-2000:]
     assert "reading prepared data" in run.stderr and "tokenize train" not in run.stderr
+
+
+def test_packed_sources_are_prepared_as_full_blocks_of_each_source(capfd, tmp_path, tiny_gpt2, sources):  # noqa: F811
+    """Packing (clm, sft) on prepared data: each source's texts cut into blocks of its own (a block never holds two
+    sources' tokens), the blocks prepared once, the run on them the run on the raw files."""
+    from tuneforge.data.prepared import read_prepared
+
+    cache = tmp_path / "cache"
+    config = mixture_config(tmp_path, tiny_gpt2, str(cache), sources, max_steps=4, packing=True, block_size=16)
+    plain = in_process(capfd, "train", config, "--output-dir", tmp_path / "plain", "--cache-dir", tmp_path / "other")
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    assert in_process(capfd, "prepare", config).returncode == 0
+    blocks = []
+    for folder in (cache / "prepared").iterdir():
+        lengths = read_prepared(folder, log=lambda line: None).lengths["train"]
+        assert (lengths[:-1] == 16).all() and 0 < lengths[-1] <= 16  # full blocks; a source's last may be short
+        blocks.append(len(lengths))
+    run = in_process(capfd, "train", config)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stderr.count("reading prepared data") == 3 and "blocks of 16" not in run.stderr
+    assert f"data mixture: 3 sources, {sum(blocks)} examples per epoch" in run.stderr
+    assert final_eval(tmp_path / "run") == final_eval(tmp_path / "plain")
