@@ -235,10 +235,11 @@ def hf_trainer_resume(config: Path, work: Path) -> dict:
     at_step = int(0.9 * len(train)) // 8
     first_step = []
 
-    class FirstStep(TrainerCallback):
+    class FirstStep(TrainerCallback):  # (the resumed run's first step is all that is timed)
         def on_step_begin(self, args, state, control, **kwargs):
-            first_step.append(time.perf_counter())
-            control.should_training_stop = True
+            if state.global_step >= at_step:
+                first_step.append(time.perf_counter())
+                control.should_training_stop = True
 
     def trainer(max_steps: int) -> Trainer:
         args = TrainingArguments(str(work / "hf-run"), per_device_train_batch_size=8, max_steps=max_steps,
@@ -299,6 +300,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/tuneforge-scale"))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--skip", type=int, default=None, help="rows streaming .skip() passes (default: 0.9 x web's rows)")
+    ap.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results" / "data_at_scale.json")
     ap.add_argument("--order-only", type=int, default=None, help="only time a resume's order work at this many rows")
     args = ap.parse_args()
     if args.order_only:
@@ -323,8 +325,7 @@ def main() -> None:
     skip = args.skip or int(0.9 * args.rows * SOURCES["web"])
     out["streaming_skip"] = streaming_skip(generate(work / "corpus", args.rows), skip)
     print(json.dumps(out["streaming_skip"]), flush=True)
-    results = Path(__file__).resolve().parent / "results" / "data_at_scale.json"
-    results.write_text(json.dumps(out, indent=2))
+    args.results.write_text(json.dumps(out, indent=2))
     print(json.dumps(out, indent=2))
 
 
