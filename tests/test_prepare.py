@@ -29,6 +29,9 @@ def test_prepared_data_is_read_by_the_run_and_gives_the_same_run(capfd, tmp_path
     assert result["sources"] == {"web": 108, "books": 43, "code": 14} and result["validation_rows"] == 19
     folders = sorted((cache / "prepared").iterdir())
     assert len(folders) == 3 and all((f / "meta.json").is_file() and (f / "train").is_dir() for f in folders)
+    # the tokenization cache it copied from is gone (the data is on disk once); the plain run's, elsewhere, is not
+    assert "removed the tokenization cache of these features" in prepared.stderr
+    assert not list(cache.glob("*.arrow")) and list((tmp_path / "other").glob("*.arrow"))
     before = sorted(p.name for p in cache.iterdir())
     run = in_process(capfd, "train", config)
     assert run.returncode == 0, run.stderr[-2000:]
