@@ -40,8 +40,8 @@ class TrainingData:
         return self.mixture.epoch_rows if self.mixture else len(self.train)
 
     def length_column(self) -> np.ndarray:
-        """The training features' lengths, 2 bytes each where they fit: the stored column of prepared data, else
-        read from the features once (not from the mapped shards: that would page in every record batch)."""
+        """The training features' lengths, 2 bytes each where they fit: prepared data's stored column (read from
+        the mapped shards, the column would page in part of every record batch), else read from the features once."""
         if self.train_lengths is None or len(self.train_lengths) != len(self.train):
             self.train_lengths = compact_lengths(lengths_of(self.train))
         return self.train_lengths
