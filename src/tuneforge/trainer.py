@@ -402,7 +402,10 @@ class Trainer:
 
     # ---- helpers ---------------------------------------------------------------------------
     def _collate(self, data, indices: list[int]) -> dict[str, torch.Tensor]:
-        return self.task.collate(data[indices], self.tokenizer)
+        batch = self.task.collate(data[indices], self.tokenizer)
+        if self.run.data is not None:  # the rows are copied out: the pages they were read from can go
+            self.run.data.release_pages()
+        return batch
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         dev = self.backend.device

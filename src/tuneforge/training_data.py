@@ -20,7 +20,7 @@ import numpy as np
 
 from tuneforge.data.fingerprint import fingerprints
 from tuneforge.data.mixture import Mixture
-from tuneforge.data.prepared import is_prepared, load_prepared, read_folder, save_prepared
+from tuneforge.data.prepared import is_prepared, load_prepared, read_folder, release_pages, save_prepared
 from tuneforge.data.samplers import compact_lengths, lengths_of
 from tuneforge.errors import DataError, UserError
 
@@ -33,6 +33,7 @@ class TrainingData:
     eval_parts: dict[str, Any] = field(default_factory=dict)  # source name -> its validation features (2+ sources)
     fingerprints: dict[str, str] = field(default_factory=dict)  # training input -> content fingerprint
     train_lengths: np.ndarray | None = None  # the training features' `length` column (prepared data stores it)
+    maps: list = field(default_factory=list)  # the memory maps of prepared shards the features read
 
     @property
     def epoch_rows(self) -> int:
@@ -46,15 +47,20 @@ class TrainingData:
             self.train_lengths = compact_lengths(lengths_of(self.train))
         return self.train_lengths
 
+    def release_pages(self) -> None:
+        """Let go of the pages of prepared shards read so far (data/prepared.py): a run's memory stays flat however
+        large the data. Cheap; the rows' next reads come from the page cache."""
+        release_pages(self.maps)
+
 
 def load_single(task, tokenizer, splits, log, save: bool = False) -> TrainingData:
     """The features of the config's data files (--train-file, --validation-file, --data-dir, ...): prepared ones
     where `tuneforge prepare` wrote them, else read and tokenized (and, with `save`, written as prepared)."""
     prepared = load_prepared(task.config, tokenizer, log)  # (prepare again: nothing to do)
-    lengths = None
+    lengths, maps = None, []
     if prepared is not None:
         task.use_labels(prepared.labels)
-        feats, lengths = prepared.features, prepared.lengths.get("train")
+        feats, lengths, maps = prepared.features, prepared.lengths.get("train"), prepared.maps
     else:
         raw = task.load_raw()
         labels = task.label_set(raw)  # the label set, decided from the raw training split
@@ -65,9 +71,9 @@ def load_single(task, tokenizer, splits, log, save: bool = False) -> TrainingDat
             save_prepared(task.config, tokenizer, dict(feats), labels, labels, log)
     train, evals = (task.select_examples(split, feats.get(split)) for split in ("train", "validation"))
     if "train" not in splits:
-        return TrainingData(None, evals, fingerprints=fingerprints(task.config))
+        return TrainingData(None, evals, fingerprints=fingerprints(task.config), maps=maps)
     lengths = lengths[: len(train)] if lengths is not None else None  # (select_examples keeps the first rows)
-    return TrainingData(train, evals, fingerprints=fingerprints(task.config), train_lengths=lengths)
+    return TrainingData(train, evals, fingerprints=fingerprints(task.config), train_lengths=lengths, maps=maps)
 
 
 def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingData:
@@ -105,7 +111,8 @@ def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingDa
         parts = {s.name: f["validation"] for s, f in zip(sources, feats)} if len(sources) > 1 else {}
     evals = task.select_examples("validation", evals)
     parts = {name: task.select_examples("validation", part) for name, part in parts.items()}
-    return TrainingData(train, evals, mixture, parts, fingerprints(config), lengths)
+    maps = [m for prepared, _, _ in read if prepared for m in prepared.maps]
+    return TrainingData(train, evals, mixture, parts, fingerprints(config), lengths, maps)
 
 
 def _features(source, sub, prepared, raw, own, labels, tokenizer, config, save: bool) -> dict:

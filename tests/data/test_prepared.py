@@ -66,3 +66,29 @@ def test_an_empty_split_is_written_and_read(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     back = prepared.read_prepared(tmp_path, log=lambda line: None)
     assert len(back.features["validation"]) == 0 and len(back.lengths["validation"]) == 0
+
+
+def mapped_kib(path) -> int:
+    """This process's resident KiB of its maps of `path` (/proc/self/smaps)."""
+    total, ours = 0, False
+    for line in open("/proc/self/smaps"):
+        if "-" in line.split(" ", 1)[0] and len(line.split()) >= 5:  # a mapping's header line
+            ours = line.rstrip().endswith(str(path))
+        elif ours and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_the_pages_a_run_read_are_let_go_and_read_again_the_same(tmp_path):
+    ds = features(3_000)
+    names = prepared.write_split(ds, tmp_path / "train")
+    meta = {"format": prepared.FORMAT, "rows": {"train": len(ds)}, "shards": {"train": names}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    back = prepared.read_prepared(tmp_path, log=lambda line: None)
+    data = TrainingData(back.features["train"], None, maps=back.maps)
+    shard = tmp_path / "train" / names[0]
+    rows = data.train[[5, 2_999, 1_234]]
+    assert mapped_kib(shard) > 0
+    data.release_pages()
+    assert mapped_kib(shard) == 0
+    assert data.train[[5, 2_999, 1_234]] == rows == ds[[5, 2_999, 1_234]]

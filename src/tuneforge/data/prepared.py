@@ -8,7 +8,10 @@ with `Dataset.from_file`) of at most SHARD_BYTES, written in record batches of a
 label set, rows and shard files per split). Large record batches and the separate lengths are what keep a
 training process's memory flat as the data grows: opening a mapped Arrow file touches every record batch's header
 (with the kernel's fault-around, 64 KiB each: 64 bytes per row at `datasets`' 1,000-row batches), and reading the
-`length` column from the shards would touch pages of every batch again.
+`length` column from the shards would touch pages of every batch again. The shards are mapped by this module (not
+by `datasets`), so that a run can let go of the pages it has read (`release_pages`): reading a row maps the page
+cache's whole folio around it (up to 2 MiB on current kernels, whatever `madvise` says), and over an epoch of
+random reads a process's resident memory would grow to the size of the data.
 
 KEY covers what decides the features: the task and its options, the data settings, the content fingerprints of
 every input file the config names (data/fingerprint.py: a changed file is another key) and the tokenizer's
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 from dataclasses import dataclass
@@ -45,6 +49,7 @@ class Prepared:
     own_labels: list[str] | None  # the label set of this data alone (a mixture joins its sources')
     folder: Path
     lengths: dict  # split -> its `length` column (numpy), read from lengths.npy
+    maps: list  # the shards' memory maps (mmap.mmap), for release_pages
 
 
 def prepared_root(cache_dir: str | None) -> Path:
@@ -110,14 +115,40 @@ def read_prepared(folder: Path, log) -> Prepared:
     import datasets
 
     meta = _meta(folder)
-    features, lengths = {}, {}
+    features, lengths, maps = {}, {}, []
     for split, files in meta["shards"].items():
-        parts = [datasets.Dataset.from_file(str(folder / split / name)) for name in files]
+        parts = []
+        for name in files:
+            table, mapped = _open_shard(folder / split / name)
+            maps.append(mapped)
+            parts.append(datasets.Dataset(table, fingerprint=f"prepared-{folder.name}-{split}-{name}"))
         features[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
         lengths[split] = np.load(folder / split / "lengths.npy")
     rows = ", ".join(f"{split} {n:,} rows" for split, n in meta["rows"].items())
     log(f"reading prepared data {folder} ({rows}; memory-mapped, nothing tokenized)")
-    return Prepared(features, meta.get("labels"), meta.get("own_labels"), folder, lengths)
+    return Prepared(features, meta.get("labels"), meta.get("own_labels"), folder, lengths, maps)
+
+
+def _open_shard(path: Path):
+    """The shard's table, its buffers in a read-only memory map of the file (nothing is read until a row is), and
+    that map."""
+    import pyarrow as pa
+    from datasets.table import InMemoryTable
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        mapped = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    # (InMemoryTable: a table `datasets` did not open itself; its buffers are the map's, not copies)
+    return InMemoryTable(pa.ipc.open_stream(pa.py_buffer(mapped)).read_all()), mapped
+
+
+def release_pages(maps: list) -> None:
+    """Let go of the pages of `maps` this process has read: they stay in the page cache (a later read maps them
+    again, without reading the disk), but no longer count as its resident memory."""
+    for mapped in maps:
+        mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) -> Path:
