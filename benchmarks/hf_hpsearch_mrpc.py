@@ -93,6 +93,7 @@ def main():
         disable_tqdm=True,
         logging_steps=50,
     )
+
     class SaysItsWarmUp(TrainerCallback):  # the drawn warm-up is in effect (see hp_space): the log shows it
         def on_train_begin(self, args, state, control, **kwargs):
             steps = args.get_warmup_steps(state.max_steps)
