@@ -124,6 +124,7 @@ def test_packed_sources_are_prepared_as_full_blocks_of_each_source(capfd, tmp_pa
     plain = in_process(capfd, "train", config, "--output-dir", tmp_path / "plain", "--cache-dir", tmp_path / "other")
     assert plain.returncode == 0, plain.stderr[-2000:]
     assert in_process(capfd, "prepare", config).returncode == 0
+    assert not list(cache.glob("*.arrow"))  # the blocks and the unpacked features they were cut from: removed
     blocks = []
     for folder in (cache / "prepared").iterdir():
         lengths = read_prepared(folder, log=lambda line: None).lengths["train"]

@@ -16,11 +16,11 @@ from typing import Any
 import datasets
 import pandas as pd
 
+from tuneforge.data.mapped import LARGE_FILE_BYTES
 from tuneforge.errors import DataError
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "txt"}
 COMPRESSED = {".gz": "gzip", ".zst": "zstd"}  # a table file compressed whole: rows.jsonl.gz, rows.csv.zst
-LARGE_FILE_BYTES = 64 * 2**20  # JSON-lines files from this size on are read by Arrow's reader (memory)
 
 
 def data_suffix(path: str | Path) -> str:

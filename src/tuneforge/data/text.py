@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import datasets
@@ -67,18 +68,54 @@ def read_parallel(source_path: str | Path, target_path: str | Path, split: str) 
     return datasets.Dataset.from_dict({"source": [s for s, _ in pairs], "target": [t for _, t in pairs]})
 
 
-def pack_blocks(ds: datasets.Dataset, block_size: int) -> datasets.Dataset:
-    """Concatenate every `input_ids` row and cut the stream into blocks of `block_size` tokens.
+def pack_blocks(ds: datasets.Dataset, block_size: int, into: Path | None = None, rows_at_once: int = 1 << 16):
+    """Concatenate every `input_ids` row and cut the stream into blocks of `block_size` tokens (the last, shorter
+    block kept), each with its `length`: no token lost or duplicated, order kept.
 
-    Pure Arrow (no Python loop over tokens): the flat token column is re-sliced with new offsets,
-    so no token is lost or duplicated. Each block gets its `length`.
+    Read `rows_at_once` rows at a time, each part's tokens re-sliced with new offsets (no Python loop over tokens),
+    the tokens short of a block carried to the next part. With `into` (blocks_file) the blocks are written there a
+    part at a time, or read from there when written before, and read memory-mapped: a corpus larger than memory is
+    never held whole. Without, they are built in memory.
     """
-    table = (ds.flatten_indices() if ds._indices is not None else ds).data.table  # a selected view: the rows it shows
-    column = table.column("input_ids")
-    tokens = column.combine_chunks().flatten() if column.num_chunks else pa.array([], pa.int32())
-    n = len(tokens)
-    starts = np.arange(0, n, block_size, dtype=np.int64)
-    offsets = pa.array(np.append(starts, n), pa.int32())
-    blocks = pa.ListArray.from_arrays(offsets, tokens)
-    lengths = pa.array(np.diff(np.append(starts, n)), pa.int32())
-    return datasets.Dataset(pa.table({"input_ids": blocks, "length": lengths}))
+    value_type = ds.features.arrow_schema.field("input_ids").type.value_type
+    schema = pa.schema({"input_ids": pa.list_(value_type), "length": pa.int32()})
+    parts = _packed_parts(ds.select_columns(["input_ids"]), block_size, rows_at_once, schema)
+    if into is None:
+        return datasets.Dataset(pa.Table.from_batches(list(parts), schema=schema))
+    if not into.exists():  # (ranks packing at once each write their own file; the same bytes replace it)
+        tmp = into.with_name(f".{into.name}.{os.getpid()}.tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            for part in parts:
+                writer.write_batch(part)
+        tmp.replace(into)
+    return datasets.Dataset.from_file(str(into))
+
+
+def blocks_file(features: datasets.Dataset, block_size: int) -> Path | None:
+    """Where the blocks of features straight from the tokenization cache (a map's output, every row of its files)
+    are kept: beside its first file, named after it (None: features held in memory)."""
+    files = [Path(f["filename"]) for f in features.cache_files]
+    return files[0].with_name(f"{files[0].stem}-blocks{block_size}.arrow") if files else None
+
+
+def _packed_parts(ds: datasets.Dataset, block_size: int, rows_at_once: int, schema: pa.Schema):
+    """Record batches of whole blocks; the rest of the stream carried on, emitted as the last, short block."""
+    carry = None
+    for table in ds.with_format("arrow").iter(batch_size=rows_at_once):
+        column = table.column("input_ids")
+        pieces = ([carry] if carry is not None else []) + [c.flatten().to_numpy() for c in column.chunks]
+        flat = np.concatenate(pieces) if pieces else np.empty(0, np.int32)
+        whole = len(flat) // block_size * block_size
+        if whole:
+            yield _batch(flat[:whole], block_size, schema)
+        carry = flat[whole:]
+    if carry is not None and len(carry):
+        yield _batch(carry, block_size, schema)
+
+
+def _batch(tokens: np.ndarray, block_size: int, schema: pa.Schema) -> pa.RecordBatch:
+    starts = np.arange(0, len(tokens), block_size, dtype=np.int64)
+    offsets = pa.array(np.append(starts, len(tokens)), pa.int32())
+    values = pa.array(tokens, schema.field("input_ids").type.value_type)
+    lengths = pa.array(np.diff(np.append(starts, len(tokens))), pa.int32())
+    return pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(offsets, values), lengths], schema=schema)

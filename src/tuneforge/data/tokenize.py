@@ -19,6 +19,8 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
+KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
+
 
 def default_cache_dir() -> Path:
     from tuneforge.launch import env_flag
@@ -43,13 +45,14 @@ class _Digest(io.RawIOBase):
 
 def dataset_fingerprint(ds: datasets.Dataset, rows_at_once: int = 100_000) -> str:
     """Content hash of a dataset's rows (the Arrow IPC bytes of its table, written to the hash a slice at a time:
-    a large dataset is never copied whole into memory; a selected or shuffled view hashes the rows it shows)."""
+    a large dataset is never copied whole into memory; a selected or shuffled view hashes the rows it shows). Each
+    slice is one record batch, so the same rows read in memory or memory-mapped in other chunks hash the same."""
     sink = _Digest()
     view = ds.with_format("arrow")
     schema = ds.with_format(None).data.table.schema
     with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema) as writer:
         for start in range(0, len(ds), rows_at_once):
-            writer.write_table(view[start : start + rows_at_once].cast(schema))
+            writer.write_table(view[start : start + rows_at_once].cast(schema).combine_chunks())  # (not the layout)
     return sink.hash.hexdigest()[:24]
 
 
@@ -85,7 +88,7 @@ def cached_map(
         sort_keys=True,
         default=str,
     )
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:KEY_CHARS]
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)

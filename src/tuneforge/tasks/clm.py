@@ -26,8 +26,9 @@ from torch.nn.utils.rnn import pad_sequence
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained, is_adapter_folder
 from tuneforge.config import EVAL, MAX_TOKENS
+from tuneforge.data.mapped import is_large, read_mapped
 from tuneforge.data.sources import data_suffix, read_table, require_columns, to_dataset
-from tuneforge.data.text import pack_blocks, read_lines
+from tuneforge.data.text import blocks_file, pack_blocks, read_lines
 from tuneforge.data.tokenize import default_cache_dir
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import replacing
@@ -270,16 +271,28 @@ class CausalLMTask(Task):
         return datasets.DatasetDict(splits)
 
     def _read(self, path: str, split: str) -> datasets.Dataset:
-        if data_suffix(path) not in TABLE_SUFFIXES:  # plain text: one line per row, line breaks kept
+        if is_large(path):  # memory-mapped, never held whole (data/mapped.py)
+            ds = self._text_of(read_mapped(path, self.config.data.cache_dir), split, path)
+        elif data_suffix(path) not in TABLE_SUFFIXES:  # plain text: one line per row, line breaks kept
             return datasets.Dataset.from_dict({"text": read_lines(path, f"{split} text file")})
-        frame = read_table(path)
-        require_columns(list(frame.columns), [self.text_column], f"the {split} data ({path})", "--text-column")
-        ds = to_dataset(frame[[self.text_column]].astype(str).rename(columns={self.text_column: "text"}))
-        if not any(t.strip() for t in ds["text"]):
+        else:
+            frame = read_table(path)
+            require_columns(list(frame.columns), [self.text_column], f"the {split} data ({path})", "--text-column")
+            ds = to_dataset(frame[[self.text_column]].astype(str).rename(columns={self.text_column: "text"}))
+        if not any(isinstance(t, str) and t.strip() for t in ds["text"]):
             raise DataError(
                 f"the {split} data ({path}) has no text in column {self.text_column!r}; give rows with text"
             )
         return ds
+
+    def _text_of(self, ds, split: str, path: str) -> datasets.Dataset:
+        """The text column of a memory-mapped file as `text`, strings as the in-memory reader makes them."""
+        column = "text" if data_suffix(path) == ".txt" else self.text_column  # (a text file's lines: `text`)
+        require_columns(list(ds.column_names), [column], f"the {split} data ({path})", "--text-column")
+        ds = ds.select_columns([column])
+        if ds.features[column] != datasets.Value("string"):
+            ds = ds.cast_column(column, datasets.Value("string"))
+        return ds if column == "text" else ds.rename_column(column, "text")
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         raw = {}
@@ -309,7 +322,7 @@ class CausalLMTask(Task):
         for split, ds in raw.items():
             feats = self.tokenize_split(split, ds, ["text"], fn, tokenizer, settings, log)
             if packing:
-                feats = pack_blocks(feats, block_size)
+                feats = pack_blocks(feats, block_size, into=blocks_file(feats, block_size))
                 log(f"{split}: {sum(feats['length'])} tokens in {len(feats)} blocks of {block_size}")
             if len(feats) == 0:
                 raise DataError(
