@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
 import pandas as pd
 import pytest
 
@@ -135,3 +136,66 @@ def test_prepare_of_large_sources_writes_the_same_shards_and_drops_only_its_copi
         ]
         both[name] = {p.relative_to(cache): p.read_bytes() for p in (cache / "prepared").rglob("*") if p.is_file()}
     assert both["mapped"] == both["memory"] and len(both["memory"]) == 3 * 5  # meta, 2 splits × (shard, lengths)
+
+
+# ---- chat rows (--task sft): a large JSON-lines file read a line at a time ------------------------------------
+def chat_lines() -> str:
+    """messages rows with a system turn, tool calls and a tool result, a U+2028 inside a string, \\r\\n line ends
+    and a blank line."""
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    rows = [{"messages": [{"role": "system", "content": "Be brief."}, *turns(i)]} for i in range(6)] + [
+        {
+            "messages": [
+                {"role": "user", "content": "1+2?"},
+                {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "3"},
+                {"role": "assistant", "content": "It is 3.\u2028Done."},
+            ],
+            "tools": tools,
+        }
+    ]
+    lines = [json.dumps(r, ensure_ascii=False) for r in rows]
+    return "\r\n".join(lines[:3] + [""] + lines[3:]) + "\r\n"
+
+
+def turns(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"question {i} é"}, {"role": "assistant", "content": f"answer {i}"}]
+
+
+def sft_raw(monkeypatch, model: str, path: Path, cache: Path, threshold: int) -> datasets.Dataset:
+    monkeypatch.setattr(mapped, "LARGE_FILE_BYTES", threshold)
+    task = quiet_task("sft", model, train_file=str(path), validation_file=str(path), cache_dir=str(cache))
+    return task.load_raw()["train"]
+
+
+def test_a_large_chat_file_gives_the_rows_of_the_in_memory_reader(monkeypatch, tmp_path, tiny_llama):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(chat_lines(), encoding="utf-8")
+    small = sft_raw(monkeypatch, tiny_llama, path, tmp_path / "cache", mapped.LARGE_FILE_BYTES)
+    big = sft_raw(monkeypatch, tiny_llama, path, tmp_path / "cache", 0)
+    assert big.to_dict() == small.to_dict() and len(big) == 7 and big.features == small.features
+    assert big.cache_files and not small.cache_files
+    alpaca = tmp_path / "alpaca.jsonl"
+    alpaca.write_text("".join(json.dumps({"instruction": f"say {i}", "output": f"{i}"}) + "\n" for i in range(4)))
+    assert (
+        sft_raw(monkeypatch, tiny_llama, alpaca, tmp_path / "cache", 0).to_dict()
+        == sft_raw(monkeypatch, tiny_llama, alpaca, tmp_path / "cache", mapped.LARGE_FILE_BYTES).to_dict()
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ['{"messages": [{"role": "user", "content": "hi"}]}', '{"messages": "no"', "[1, 2]"],
+    ids=["no-assistant", "not-json", "not-an-object"],
+)
+def test_a_bad_row_of_a_large_chat_file_is_the_in_memory_readers_line(monkeypatch, tmp_path, tiny_llama, bad):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(chat_lines() + bad + "\n", encoding="utf-8")
+    said = []
+    for threshold in (mapped.LARGE_FILE_BYTES, 0):
+        with pytest.raises(DataError) as err:
+            sft_raw(monkeypatch, tiny_llama, path, tmp_path / "cache", threshold)
+        said.append(str(err.value))
+    assert said[0] == said[1] and str(path) in said[0] and "\n" not in said[0]
+    assert not (tmp_path / "cache" / "raw").exists() or not list((tmp_path / "cache" / "raw").rglob("*.arrow"))

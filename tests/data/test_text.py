@@ -26,8 +26,8 @@ def test_blocks_are_the_same_in_any_parts_and_in_a_file(tmp_path):
     for rows_at_once in (1, 3, 7, 1000):
         assert pack_blocks(rows, 16, rows_at_once=rows_at_once).to_dict() == whole.to_dict()
     saved = rows.map(lambda batch: batch, batched=True, cache_file_name=str(tmp_path / "abc.arrow"))
-    into = blocks_file(saved, 16)
-    assert into == tmp_path / "abc-blocks16.arrow" and blocks_file(rows, 16) is None
+    into = blocks_file(saved, "blocks16")
+    assert into == tmp_path / "abc-blocks16.arrow" and blocks_file(rows, "blocks16") is None
     mapped = pack_blocks(saved, 16, into=into, rows_at_once=5)
     assert mapped.to_dict() == whole.to_dict() and mapped.cache_files[0]["filename"] == str(into)
     written = into.stat().st_mtime_ns

@@ -26,6 +26,7 @@ block-diagonal (the collator builds it), so no token sees another conversation.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from pathlib import Path
 
@@ -65,14 +66,7 @@ def read_rows(path: str | Path, what: str = "chat data", reader: str = "--task s
             raise DataError(f"{str(p)!r} holds a JSON {type(rows).__name__}, not a list of rows")
         numbered = list(enumerate(rows, 1))
     elif suffix == ".jsonl":
-        numbered = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                numbered.append((n, json.loads(line)))
-            except ValueError as err:
-                raise DataError(f"line {n} of {str(p)!r} is not valid JSON ({err}); fix or drop that line") from None
+        numbered = list(numbered_lines(io.StringIO(text, newline=None), p))
     else:
         raise DataError(f"{what} {str(p)!r}: {reader} reads .jsonl or .json files (or those gzip'd: .jsonl.gz)")
     for n, row in numbered:
@@ -81,6 +75,35 @@ def read_rows(path: str | Path, what: str = "chat data", reader: str = "--task s
     if not numbered:
         raise DataError(f"{str(p)!r} holds no rows")
     return [row for _, row in numbered]
+
+
+def numbered_lines(lines, p: Path):
+    """(line number, object) of each non-blank JSON line of `lines` (a text stream: lines end at \\n, \\r\\n or
+    \\r only, so a JSON string holding U+2028 stays one row); one DataError line for a line that is not JSON."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError as err:
+            raise DataError(f"line {n} of {str(p)!r} is not valid JSON ({err}); fix or drop that line") from None
+
+
+def iter_chats(path: str | Path, fmt: str = "auto"):
+    """read_chats of a JSON-lines file read a line at a time (a file larger than memory): the same rows, checks
+    and messages, each row's (conversation, tools) as it is read."""
+    p = Path(path)
+    with open(p, encoding="utf-8-sig", newline=None) as fh:
+        n = 0
+        for line_number, row in numbered_lines(fh, p):
+            if not isinstance(row, dict):
+                raise DataError(f"row {line_number} of {str(p)!r} is a {type(row).__name__}, not a JSON object")
+            n += 1
+            fmt = detect_format([row], str(p), fmt) if n == 1 else fmt
+            where = f"row {n} of {str(p)!r}"
+            yield to_conversation(row, fmt, where, tools=True), to_tools(row.get("tools"), where)
+    if n == 0:
+        raise DataError(f"{str(p)!r} holds no rows")
 
 
 def detect_format(rows: list[dict], path: str, wanted: str = "auto") -> str:

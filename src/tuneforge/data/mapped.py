@@ -17,7 +17,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from tuneforge.errors import DataError
+from tuneforge.errors import DataError, UserError
 
 LARGE_FILE_BYTES = 64 * 2**20  # from this size on a file is read memory-mapped (and JSON lines by Arrow's reader)
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
@@ -66,26 +66,64 @@ def read_mapped(path: str | Path, cache_dir: str | None):
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     options = {"json": {"on_mixed_types": None}, "text": {"keep_linebreaks": True, "encoding": "utf-8"}}
     folder = raw_folder(p, cache_dir)
-    created = [f for f in (folder, *folder.parents) if not f.exists()]
-    library_log = datasets.utils.logging.get_logger()  # (its JSON reader logs the parser's error, then raises it)
-    level = library_log.level
-    library_log.setLevel(logging.CRITICAL)
-    try:
-        ds = datasets.load_dataset(
+    ds = _built(
+        p,
+        folder,
+        builder,
+        lambda: datasets.load_dataset(
             builder,
             data_files={"train": str(p.resolve())},
             split="train",
             cache_dir=str(folder),
             **options.get(builder, {}),
-        )
-    except Exception as err:  # DatasetGenerationError around ArrowInvalid / UnicodeDecodeError / ...
-        _remove(created)
-        raise DataError(f"file {str(p)!r} could not be read as {builder} ({_reason(err)}); check the file") from None
-    finally:
-        library_log.setLevel(level)
+        ),
+    )
     if len(ds) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     return ds
+
+
+def rows_mapped(path: str | Path, cache_dir: str | None, tag: str, generator, features, **options):
+    """The rows `generator(path, **options)` makes of a large file (a reader of tuneforge's own: chat rows checked
+    a line at a time), written a batch at a time and memory-mapped, kept under the file's raw folder as `tag` (what
+    the rows depend on besides the file). A user error the generator raises is raised as it is."""
+    import datasets
+
+    p = Path(path)
+    folder = raw_folder(p, cache_dir) / tag
+    return _built(
+        p,
+        folder,
+        "rows",
+        lambda: datasets.Dataset.from_generator(
+            generator, features=features, gen_kwargs={"path": str(p.resolve()), **options}, cache_dir=str(folder)
+        ),
+    )
+
+
+def _built(p: Path, folder: Path, kind: str, build):
+    """`build()`, datasets' logging quiet; on failure the folders it made removed and one error line: the user
+    error the reader raised, else the parser's own message."""
+    created = [f for f in (folder, *folder.parents) if not f.exists()]
+    library_log = logging.getLogger("datasets")  # (its JSON reader logs the parser's error, then raises it)
+    level = library_log.level
+    library_log.setLevel(logging.CRITICAL)
+    try:
+        return build()
+    except Exception as err:  # DatasetGenerationError around ArrowInvalid / UnicodeDecodeError / a DataError
+        _remove(created)
+        user = _user_error(err, UserError)
+        if user is not None:
+            raise user from None
+        raise DataError(f"file {str(p)!r} could not be read as {kind} ({_reason(err)}); check the file") from None
+    finally:
+        library_log.setLevel(level)
+
+
+def _user_error(err: BaseException | None, kind):
+    while err is not None and not isinstance(err, kind):
+        err = err.__cause__ or err.__context__
+    return err
 
 
 def _remove(created: list[Path]) -> None:

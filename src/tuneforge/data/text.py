@@ -91,11 +91,11 @@ def pack_blocks(ds: datasets.Dataset, block_size: int, into: Path | None = None,
     return datasets.Dataset.from_file(str(into))
 
 
-def blocks_file(features: datasets.Dataset, block_size: int) -> Path | None:
+def blocks_file(features: datasets.Dataset, tag: str) -> Path | None:
     """Where the blocks of features straight from the tokenization cache (a map's output, every row of its files)
-    are kept: beside its first file, named after it (None: features held in memory)."""
+    are kept: beside its first file, named after it and `tag` (how they were cut; None: features in memory)."""
     files = [Path(f["filename"]) for f in features.cache_files]
-    return files[0].with_name(f"{files[0].stem}-blocks{block_size}.arrow") if files else None
+    return files[0].with_name(f"{files[0].stem}-{tag}.arrow") if files else None
 
 
 def _packed_parts(ds: datasets.Dataset, block_size: int, rows_at_once: int, schema: pa.Schema):

@@ -322,7 +322,7 @@ class CausalLMTask(Task):
         for split, ds in raw.items():
             feats = self.tokenize_split(split, ds, ["text"], fn, tokenizer, settings, log)
             if packing:
-                feats = pack_blocks(feats, block_size, into=blocks_file(feats, block_size))
+                feats = pack_blocks(feats, block_size, into=blocks_file(feats, f"blocks{block_size}"))
                 log(f"{split}: {sum(feats['length'])} tokens in {len(feats)} blocks of {block_size}")
             if len(feats) == 0:
                 raise DataError(

@@ -22,6 +22,7 @@ it has when its conversation runs alone; a padding position sees only itself.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Literal
 
 import datasets
@@ -29,7 +30,9 @@ import torch
 from pydantic import Field
 
 from tuneforge.config import EVAL, INPUT
-from tuneforge.data import chat
+from tuneforge.data import chat, chat_blocks
+from tuneforge.data.mapped import is_large, rows_mapped
+from tuneforge.data.text import blocks_file
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.clm import CausalLMOptions, CausalLMTask
 
@@ -56,8 +59,20 @@ def chat_dataset(chats: list[tuple[list[dict], list[dict] | None]]) -> datasets.
             "conversation": [json.dumps(c) for c, _ in chats],
             "tools": [json.dumps(t) for _, t in chats],
             "row": list(range(1, len(chats) + 1)),
-        }
+        },
+        features=CHAT_FEATURES,
     )
+
+
+CHAT_FEATURES = datasets.Features(
+    {"conversation": datasets.Value("string"), "tools": datasets.Value("string"), "row": datasets.Value("int64")}
+)
+
+
+def chat_rows(path: str, fmt: str):
+    """chat_dataset's rows of a JSON-lines file, a line at a time (`datasets.Dataset.from_generator`)."""
+    for n, (conversation, tools) in enumerate(chat.iter_chats(path, fmt), 1):
+        yield {"conversation": json.dumps(conversation), "tools": json.dumps(tools), "row": n}
 
 
 class ChatSFTTask(CausalLMTask):
@@ -82,7 +97,10 @@ class ChatSFTTask(CausalLMTask):
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
         def read(path, _split) -> datasets.Dataset:
-            return chat_dataset(chat.read_chats(path, self.options.chat_format))
+            fmt = self.options.chat_format
+            if is_large(path) and Path(path).suffix.lower() == ".jsonl":  # read a line at a time, memory-mapped
+                return rows_mapped(path, self.config.data.cache_dir, f"chats-{fmt}", chat_rows, CHAT_FEATURES, fmt=fmt)
+            return chat_dataset(chat.read_chats(path, fmt))
 
         splits = self.read_given_files(
             "conversations: pass --train-file chats.jsonl (rows with `messages`, or Alpaca rows with "
@@ -154,42 +172,27 @@ class ChatSFTTask(CausalLMTask):
         return fn
 
     def _fit_and_pack(self, split: str, feats, block_size: int, log) -> datasets.Dataset:
-        """The length rule (cut to block_size; dropped when no assistant token is left), then packing."""
-        ids, labels, cut, dropped = [], [], 0, 0
-        for x, y in zip(feats["input_ids"], feats["labels"]):
-            if len(x) > block_size:
-                cut += 1
-                x, y = x[:block_size], y[:block_size]
-            if all(t == chat.IGNORE for t in y[1:]):  # the first token has no predecessor: it is never a target
-                dropped += 1
-                continue
-            ids.append(x)
-            labels.append(y)
-        if cut or dropped:
+        """The length rule (cut to block_size; dropped when no assistant token is left), then packing: a part of
+        the split at a time (data/chat_blocks.py), the blocks beside the tokenization cache."""
+        fitted = chat_blocks.fit(feats, block_size)
+        if fitted.cut or fitted.dropped:
             log(
-                f"{split}: {cut} conversation(s) longer than block_size {block_size} cut to their first {block_size} "
-                f"tokens, {dropped} of them dropped (no assistant token left)"
+                f"{split}: {fitted.cut} conversation(s) longer than block_size {block_size} cut to their first "
+                f"{block_size} tokens, {fitted.dropped} of them dropped (no assistant token left)"
             )
-        if not ids:
+        if not len(fitted.kept):
             raise DataError(
                 f"the {split} data has no conversation with an assistant token within block_size {block_size}; raise "
                 "--block-size"
             )
-        groups = (
-            chat.pack([len(x) for x in ids], block_size) if self.options.packing else [[i] for i in range(len(ids))]
-        )
-        blocks = {
-            "input_ids": [sum((ids[i] for i in g), []) for g in groups],
-            "labels": [sum((labels[i] for i in g), []) for g in groups],
-            "segments": [[len(ids[i]) for i in g] for g in groups],
-        }
-        blocks["length"] = [len(x) for x in blocks["input_ids"]]
-        targets = sum(sum(t != chat.IGNORE for t in y) for y in labels)
+        packing = self.options.packing
+        tag = f"sft-{'packed' if packing else 'rows'}{block_size}"
+        blocks = chat_blocks.write_blocks(feats, fitted, block_size, packing, blocks_file(feats, tag))
         log(
-            f"{split}: {len(ids)} conversations, {targets} assistant tokens, in {len(groups)} blocks of up to "
-            f"{block_size} tokens"
+            f"{split}: {len(fitted.kept)} conversations, {fitted.targets} assistant tokens, in {len(blocks)} blocks "
+            f"of up to {block_size} tokens"
         )
-        return datasets.Dataset.from_dict(blocks)
+        return blocks
 
     def collate(self, rows, tokenizer):
         """Right-padded blocks; position ids restart with each conversation; a 4-D additive attention mask,
