@@ -55,6 +55,50 @@ def generate(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
     return files
 
 
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def generate_chats(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
+    """The three sources as chat rows (`messages`: a question and its answer), `rows` in all, shared by weight;
+    rows of about the plain corpus's size."""
+    folder.mkdir(parents=True, exist_ok=True)
+    words = [line.strip() for line in _words()]
+    files = {}
+    for i, (name, weight) in enumerate(SOURCES.items()):
+        path, n = folder / f"chat-{name}-{rows}.jsonl", int(rows * weight)
+        files[name] = path
+        if path.exists() and path.stat().st_size > 0:
+            continue
+        rng = random.Random(seed * 100 + i)
+        pool = [" ".join(rng.choices(words, k=rng.randint(5, 22))) for _ in range(POOL)]
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            for start in range(0, n, 100_000):
+                fh.write("".join(_chat_row(name, k, pool, rng) for k in range(start, min(n, start + 100_000))))
+        tmp.replace(path)
+    return files
+
+
+def chat_validation_file(folder: Path, rows: int = 1_000) -> Path:
+    path = folder / "chat-validation.jsonl"
+    if not path.exists():
+        rng = random.Random(99)
+        pool = [" ".join(rng.choices([w.strip() for w in _words()], k=14)) for _ in range(rows)]
+        path.write_text("".join(_chat_row("held-out", k, pool, rng) for k in range(rows)))
+    return path
+
+
+def _chat_row(name: str, k: int, pool: list[str], rng: random.Random) -> str:
+    turns = [
+        {"role": "user", "content": f"{name} {k} {rng.choice(pool)}"},
+        {"role": "assistant", "content": rng.choice(pool)},
+    ]
+    return json.dumps({"messages": turns}) + "\n"
+
+
 def validation_file(folder: Path, rows: int = 1_000) -> Path:
     """A small held-out file of the same kind (the sources are all training rows: row 9,000,000 is 90% of the
     epoch)."""
@@ -91,12 +135,12 @@ def model_folder(work: Path) -> Path:
     return out
 
 
-def config_file(work: Path, files: dict[str, Path], rows: int, model: Path) -> Path:
+def config_file(work: Path, files: dict[str, Path], rows: int, model: Path, task: str = "clm") -> Path:
     import yaml
 
-    path = work / f"config-{rows}.yaml"
+    path = work / f"config-{rows}.yaml" if task == "clm" else work / f"config-{task}-{rows}.yaml"
     config = {
-        "task": "clm",
+        "task": task,
         "model": str(model),
         "output_dir": str(work / f"run-{rows}"),
         "batch_size": 8,
@@ -115,8 +159,31 @@ def config_file(work: Path, files: dict[str, Path], rows: int, model: Path) -> P
             "sources": [{"path": str(f), "weight": SOURCES[name]} for name, f in files.items()],
         },
     }
+    if task == "sft":  # conversations of ~100-200 tokens packed into blocks of 128, with a ChatML template
+        template = work / "chatml.jinja"
+        template.write_text(CHATML)
+        config.update(packing=True, block_size=128, chat_template=str(template))
+        config["data"]["validation_file"] = str(chat_validation_file(work / "corpus"))
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def prepare_only(args) -> None:
+    """`tuneforge prepare` alone at --small and --rows rows (--task clm: the plain corpus; sft: chat rows, packed):
+    its wall time and peak RSS (the largest process of its tree), the cache folder removed before each."""
+    import shutil
+
+    work = args.work
+    model = model_folder(work)
+    out = {**machine_meta(), "task": args.task, "workers": args.workers}
+    for rows in (args.small, args.rows):
+        made = generate(work / "corpus", rows) if args.task == "clm" else generate_chats(work / "corpus", rows)
+        config = config_file(work, made, rows, model, args.task)
+        shutil.rmtree(work / "cache", ignore_errors=True)
+        out[str(rows)] = {"jsonl_gb": round(sum(f.stat().st_size for f in made.values()) / 1e9, 2)}
+        out[str(rows)]["prepare"] = prepare(work, config, args.workers)
+        print(json.dumps({rows: out[str(rows)]}), flush=True)
+    args.results.write_text(json.dumps(out, indent=2))
 
 
 def prepare(work: Path, config: Path, workers: int) -> dict:
@@ -304,7 +371,12 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=None, help="rows streaming .skip() passes (default: 0.9 x --small)")
     ap.add_argument("--results", type=Path, default=Path(__file__).resolve().parent / "results" / "data_at_scale.json")
     ap.add_argument("--order-only", type=int, default=None, help="only time a resume's order work at this many rows")
+    ap.add_argument("--prepare-only", action="store_true", help="only time `tuneforge prepare` at both sizes")
+    ap.add_argument("--task", choices=["clm", "sft"], default="clm", help="with --prepare-only: the data's task")
     args = ap.parse_args()
+    if args.prepare_only:
+        prepare_only(args)
+        return
     if args.order_only:
         print(json.dumps({**machine_meta(), **order_only(args.order_only)}))
         return

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import read_jsonl
 from test_bad_input import in_process
-from test_data_mixture import mixture_config, sources  # noqa: F401 (the fixture)
+from test_data_mixture import mixture_config, sources, write_texts  # noqa: F401 (the fixture)
 
 
 def final_eval(run: Path) -> dict:
@@ -120,10 +120,12 @@ def test_packed_sources_are_prepared_as_full_blocks_of_each_source(capfd, tmp_pa
     from tuneforge.data.prepared import read_prepared
 
     cache = tmp_path / "cache"
+    held_out = write_texts(tmp_path / "held-out.jsonl", 12, (3, 8), 9)  # one file, so one cache key, for each source
+    sources = [{**source, "validation_file": str(held_out)} for source in sources]
     config = mixture_config(tmp_path, tiny_gpt2, str(cache), sources, max_steps=4, packing=True, block_size=16)
     plain = in_process(capfd, "train", config, "--output-dir", tmp_path / "plain", "--cache-dir", tmp_path / "other")
     assert plain.returncode == 0, plain.stderr[-2000:]
-    assert in_process(capfd, "prepare", config).returncode == 0
+    assert in_process(capfd, "prepare", config, "--num-workers", "2").returncode == 0
     assert not list(cache.glob("*.arrow"))  # the blocks and the unpacked features they were cut from: removed
     blocks = []
     for folder in (cache / "prepared").iterdir():

@@ -93,9 +93,10 @@ def pack_blocks(ds: datasets.Dataset, block_size: int, into: Path | None = None,
 
 def blocks_file(features: datasets.Dataset, tag: str) -> Path | None:
     """Where the blocks of features straight from the tokenization cache (a map's output, every row of its files)
-    are kept: beside its first file, named after it and `tag` (how they were cut; None: features in memory)."""
+    are kept: beside its first file, named after its cache key and `tag` (how they were cut; None: features in
+    memory). Not `KEY_00000_of_00002-...`: `datasets` takes every `KEY_*_of_*.arrow` for a shard of its own."""
     files = [Path(f["filename"]) for f in features.cache_files]
-    return files[0].with_name(f"{files[0].stem}-{tag}.arrow") if files else None
+    return files[0].with_name(f"{files[0].stem.split('_')[0]}-{tag}.arrow") if files else None
 
 
 def _packed_parts(ds: datasets.Dataset, block_size: int, rows_at_once: int, schema: pa.Schema):
