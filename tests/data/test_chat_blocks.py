@@ -25,7 +25,7 @@ def reference(feats, block_size: int, packing: bool):
             continue
         ids.append(x)
         labels.append(y)
-    groups = chat.pack([len(x) for x in ids], block_size) if packing else [[i] for i in range(len(ids))]
+    groups = pack([len(x) for x in ids], block_size) if packing else [[i] for i in range(len(ids))]
     blocks = {
         "input_ids": [sum((ids[i] for i in g), []) for g in groups],
         "labels": [sum((labels[i] for i in g), []) for g in groups],
@@ -34,6 +34,20 @@ def reference(feats, block_size: int, packing: bool):
     blocks["length"] = [len(x) for x in blocks["input_ids"]]
     targets = sum(sum(t != IGNORE for t in y) for y in labels)
     return blocks, (len(ids), cut, dropped, targets)
+
+
+def pack(lengths: list[int], block_size: int) -> list[list[int]]:
+    """The earlier chat.pack: indices of whole conversations per block, a new block when the next does not fit."""
+    blocks, current, used = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and used + n > block_size:
+            blocks.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += n
+    if current:
+        blocks.append(current)
+    return blocks
 
 
 def conversations(n: int, seed: int) -> datasets.Dataset:

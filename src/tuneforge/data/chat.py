@@ -291,17 +291,3 @@ def encode_conversation(
         if any(start <= a < end for start, end in spans):
             labels[t] = ids[t]
     return ids, labels
-
-
-def pack(lengths: list[int], block_size: int) -> list[list[int]]:
-    """Indices of whole conversations per block, in order; a new block when the next one does not fit."""
-    blocks, current, used = [], [], 0
-    for i, n in enumerate(lengths):
-        if current and used + n > block_size:
-            blocks.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += n
-    if current:
-        blocks.append(current)
-    return blocks

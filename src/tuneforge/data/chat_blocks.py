@@ -1,7 +1,7 @@
 """SFT's length rule and packing over tokenized conversations, a part of the split at a time, so that a split larger
 than memory is never held whole: a conversation longer than `block_size` tokens is cut to its first `block_size`,
 one with no assistant token left after the cut is dropped, and the rest are laid into blocks whole, in order (a new
-block when the next one does not fit; chat.pack's rule), or one a row without packing.
+block when the next one does not fit), or one a row without packing.
 
 Two passes over the features in Arrow: the first counts each row's tokens and assistant tokens (vectorised, no
 Python loop over tokens) and decides where each block starts; the second writes the blocks (`input_ids`, `labels`,
@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-IGNORE = -100
+from tuneforge.data.chat import IGNORE
+
 ROWS_AT_ONCE = 1 << 14
 BLOCK_SCHEMA = pa.schema(
     {
@@ -65,7 +66,7 @@ def fit(feats: datasets.Dataset, block_size: int, rows_at_once: int = ROWS_AT_ON
 
 
 def block_numbers(lengths: np.ndarray, block_size: int, packing: bool) -> np.ndarray:
-    """Each kept row's block: whole conversations in order, a new block when the next does not fit (chat.pack)."""
+    """Each kept row's block: whole conversations in order, a new block when the next does not fit."""
     if not packing:
         return np.arange(len(lengths), dtype=np.int64)
     out = np.empty(len(lengths), np.int64)

@@ -14,7 +14,7 @@ Length rule: a conversation longer than `block_size` tokens is cut to its first 
 with no assistant token left after the cut is dropped. Both counts are logged per split.
 
 Packing (default; `--no-packing`: one conversation per row): whole conversations per block
-(chat.pack). Each keeps positions 0, 1, ... (position_ids) and the collator's 4-D attention mask is
+(data/chat_blocks.py). Each keeps positions 0, 1, ... (position_ids) and the collator's 4-D attention mask is
 causal within a conversation and closed across them, so a packed block gives every token the loss
 it has when its conversation runs alone; a padding position sees only itself.
 """
