@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import machine_meta  # noqa: E402
-from _process import timed  # noqa: E402
+from _process import timed, tree_memory  # noqa: E402
 
 SOURCES = {"web": 0.5, "books": 0.3, "code": 0.2}
 POOL = 50_000  # distinct line bodies; each row is its number and one of them
@@ -73,7 +73,7 @@ def generate_chats(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
         if path.exists() and path.stat().st_size > 0:
             continue
         rng = random.Random(seed * 100 + i)
-        pool = [" ".join(rng.choices(words, k=rng.randint(5, 22))) for _ in range(POOL)]
+        pool = [" ".join(rng.choices(words, k=rng.randint(3, 12))) for _ in range(POOL)]
         tmp = path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
             for start in range(0, n, 100_000):
@@ -86,7 +86,7 @@ def chat_validation_file(folder: Path, rows: int = 1_000) -> Path:
     path = folder / "chat-validation.jsonl"
     if not path.exists():
         rng = random.Random(99)
-        pool = [" ".join(rng.choices([w.strip() for w in _words()], k=14)) for _ in range(rows)]
+        pool = [" ".join(rng.choices([w.strip() for w in _words()], k=8)) for _ in range(rows)]
         path.write_text("".join(_chat_row("held-out", k, pool, rng) for k in range(rows)))
     return path
 
@@ -187,11 +187,15 @@ def prepare_only(args) -> None:
 
 
 def prepare(work: Path, config: Path, workers: int) -> dict:
-    wall, rss, out = timed(
-        [*TUNEFORGE, "prepare", str(config), "--num-workers", str(workers), "--json"],
-        work / f"prepare-{config.stem}.log",
-    )
-    return {"wall_s": round(wall, 1), "peak_rss_mib": rss, **json.loads(out.strip().splitlines()[-1])}
+    """`tuneforge prepare`'s wall time, peak RSS (its largest process, file pages included) and the peak of its
+    process tree's anonymous memory (its workers' too)."""
+    with tree_memory() as memory:
+        wall, rss, out = timed(
+            [*TUNEFORGE, "prepare", str(config), "--num-workers", str(workers), "--json"],
+            work / f"prepare-{config.stem}.log",
+        )
+    tree = {"peak_tree_anon_mib": memory.peak_anon_mib, "tree_file_mib_then": memory.file_mib_then}
+    return {"wall_s": round(wall, 1), "peak_rss_mib": rss, **tree, **json.loads(out.strip().splitlines()[-1])}
 
 
 def train(work: Path, config: Path, *extra: str) -> dict:
