@@ -85,8 +85,8 @@ def generate_chats(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
 def chat_validation_file(folder: Path, rows: int = 1_000) -> Path:
     path = folder / "chat-validation.jsonl"
     if not path.exists():
-        rng = random.Random(99)
-        pool = [" ".join(rng.choices([w.strip() for w in _words()], k=8)) for _ in range(rows)]
+        rng, words = random.Random(99), [w.strip() for w in _words()]
+        pool = [" ".join(rng.choices(words, k=8)) for _ in range(rows)]
         path.write_text("".join(_chat_row("held-out", k, pool, rng) for k in range(rows)))
     return path
 
