@@ -39,12 +39,13 @@ def raw_folder(path: str | Path, cache_dir: str | None) -> Path:
     return raw_root(cache_dir) / key
 
 
-def is_large(path: str | Path) -> bool:
+def is_large(path: str | Path, share: float = 1.0) -> bool:
     """Whether `path` is read memory-mapped: an uncompressed JSON-lines, parquet or text file of LARGE_FILE_BYTES
-    or more (JSON lines without a byte-order mark; a .json file holding one array is read whole)."""
+    (times `share`: a reader whose rows cost more in memory takes a smaller share) or more (JSON lines without a
+    byte-order mark; a .json file holding one array is read whole)."""
     p = Path(path)
     suffix = p.suffix.lower()
-    if suffix not in BUILDERS or not p.is_file() or p.stat().st_size < LARGE_FILE_BYTES:
+    if suffix not in BUILDERS or not p.is_file() or p.stat().st_size < LARGE_FILE_BYTES * share:
         return False
     if BUILDERS[suffix] == "parquet":
         return True

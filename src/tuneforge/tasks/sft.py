@@ -98,7 +98,8 @@ class ChatSFTTask(CausalLMTask):
     def load_raw(self) -> datasets.DatasetDict:
         def read(path, _split) -> datasets.Dataset:
             fmt = self.options.chat_format
-            if is_large(path) and Path(path).suffix.lower() == ".jsonl":  # read a line at a time, memory-mapped
+            # read a line at a time, memory-mapped, from a quarter of the size: chat rows held whole cost ~10x
+            if is_large(path, share=0.25) and Path(path).suffix.lower() == ".jsonl":
                 return rows_mapped(path, self.config.data.cache_dir, f"chats-{fmt}", chat_rows, CHAT_FEATURES, fmt=fmt)
             return chat_dataset(chat.read_chats(path, fmt))
 
