@@ -1,8 +1,9 @@
 """Large local files read without holding them in memory: a JSON-lines, parquet or plain-text file from
 LARGE_FILE_BYTES on is converted once by `datasets`' own builders (which read and write it a block at a time) into
-Arrow files under the cache folder's `raw/`, and used memory-mapped. Tokenizing workers then receive the file's
-path, not a pickled copy of the rows, and `tuneforge prepare` of a source larger than the machine's memory stays
-within a few hundred MiB (benchmarks/README.md, "Data at scale").
+Arrow files under the cache folder's `raw/`, and used memory-mapped; a reader of tuneforge's own (chat rows, checked
+a line at a time) writes its rows there through `datasets.Dataset.from_generator` (`rows_mapped`). Tokenizing
+workers then receive the file's path, not a pickled copy of the rows, and `tuneforge prepare` of a source larger
+than the machine's memory stays within a few hundred MiB (benchmarks/README.md, "Data at scale").
 
 Smaller files, compressed files, CSV/TSV and JSON arrays are read in memory as before (`sources.read_table`): this
 path is only the bounded one. `drop_raw_copies` removes the Arrow copy of a file once `tuneforge prepare` has
