@@ -32,25 +32,32 @@ TUNEFORGE = [sys.executable, "-m", "tuneforge.cli"]
 
 def generate(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
     """The three sources as jsonl, `rows` in all, shared by weight; rows average about 420 bytes."""
+
+    def chunks(name: str, n: int, pool: list[str], rng: random.Random):
+        picks = [rng.randrange(POOL) for _ in range(n)]
+        for start in range(0, n, 100_000):
+            yield "".join(f'{{"text": "{name} {k} {pool[picks[k]]}"}}\n' for k in range(start, min(n, start + 100_000)))
+
+    return _write_sources(folder, rows, "", (30, 110), chunks, seed)
+
+
+def _write_sources(folder: Path, rows: int, prefix: str, words_per_row: tuple[int, int], chunks, seed: int) -> dict:
+    """Each source's file (kept when there): a seeded pool of rows of made-up words, `chunks(name, n, pool, rng)`
+    writes its n rows."""
     folder.mkdir(parents=True, exist_ok=True)
     words = [line.strip() for line in _words()]
     files = {}
     for i, (name, weight) in enumerate(SOURCES.items()):
-        path, n = folder / f"{name}-{rows}.jsonl", int(rows * weight)
+        path, n = folder / f"{prefix}{name}-{rows}.jsonl", int(rows * weight)
         files[name] = path
         if path.exists() and path.stat().st_size > 0:
             continue
         rng = random.Random(seed * 100 + i)
-        pool = [" ".join(rng.choices(words, k=rng.randint(30, 110))) for _ in range(POOL)]
-        picks = [rng.randrange(POOL) for _ in range(n)]
+        pool = [" ".join(rng.choices(words, k=rng.randint(*words_per_row))) for _ in range(POOL)]
         tmp = path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
-            for start in range(0, n, 100_000):
-                fh.write(
-                    "".join(
-                        f'{{"text": "{name} {k} {pool[picks[k]]}"}}\n' for k in range(start, min(n, start + 100_000))
-                    )
-                )
+            for chunk in chunks(name, n, pool, rng):
+                fh.write(chunk)
         tmp.replace(path)
     return files
 
@@ -62,24 +69,13 @@ CHATML = (
 
 
 def generate_chats(folder: Path, rows: int, seed: int = 0) -> dict[str, Path]:
-    """The three sources as chat rows (`messages`: a question and its answer), `rows` in all, shared by weight;
-    rows of about the plain corpus's size."""
-    folder.mkdir(parents=True, exist_ok=True)
-    words = [line.strip() for line in _words()]
-    files = {}
-    for i, (name, weight) in enumerate(SOURCES.items()):
-        path, n = folder / f"chat-{name}-{rows}.jsonl", int(rows * weight)
-        files[name] = path
-        if path.exists() and path.stat().st_size > 0:
-            continue
-        rng = random.Random(seed * 100 + i)
-        pool = [" ".join(rng.choices(words, k=rng.randint(3, 12))) for _ in range(POOL)]
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            for start in range(0, n, 100_000):
-                fh.write("".join(_chat_row(name, k, pool, rng) for k in range(start, min(n, start + 100_000))))
-        tmp.replace(path)
-    return files
+    """The three sources as chat rows (`messages`: a question and its answer), `rows` in all, shared by weight."""
+
+    def chunks(name: str, n: int, pool: list[str], rng: random.Random):
+        for start in range(0, n, 100_000):
+            yield "".join(_chat_row(name, k, pool, rng) for k in range(start, min(n, start + 100_000)))
+
+    return _write_sources(folder, rows, "chat-", (3, 12), chunks, seed)
 
 
 def chat_validation_file(folder: Path, rows: int = 1_000) -> Path:

@@ -11,7 +11,6 @@ is given (read memory-mapped after), else in memory.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tuneforge.data.chat import IGNORE
+from tuneforge.data.text import batches_dataset
 
 ROWS_AT_ONCE = 1 << 14
 BLOCK_SCHEMA = pa.schema(
@@ -82,16 +82,7 @@ def block_numbers(lengths: np.ndarray, block_size: int, packing: bool) -> np.nda
 def write_blocks(feats, fitted: Fit, block_size: int, packing: bool, into: Path | None, rows_at_once=ROWS_AT_ONCE):
     """The blocks of `fitted`'s rows as a Dataset: written to `into` (reused when there) or built in memory."""
     blocks = block_numbers(fitted.lengths, block_size, packing)
-    parts = _block_parts(feats, fitted.kept, blocks, block_size, rows_at_once)
-    if into is None:
-        return datasets.Dataset(pa.Table.from_batches(list(parts), schema=BLOCK_SCHEMA))
-    if not into.exists():  # (ranks packing at once each write their own file; the same bytes replace it)
-        tmp = into.with_name(f".{into.name}.{os.getpid()}.tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, BLOCK_SCHEMA) as writer:
-            for part in parts:
-                writer.write_batch(part)
-        tmp.replace(into)
-    return datasets.Dataset.from_file(str(into))
+    return batches_dataset(_block_parts(feats, fitted.kept, blocks, block_size, rows_at_once), BLOCK_SCHEMA, into)
 
 
 def _block_parts(feats, kept: np.ndarray, blocks: np.ndarray, block_size: int, rows_at_once: int):

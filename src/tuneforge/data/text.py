@@ -79,7 +79,14 @@ def pack_blocks(ds: datasets.Dataset, block_size: int, into: Path | None = None,
     """
     value_type = ds.features.arrow_schema.field("input_ids").type.value_type
     schema = pa.schema({"input_ids": pa.list_(value_type), "length": pa.int32()})
-    parts = _packed_parts(ds.select_columns(["input_ids"]), block_size, rows_at_once, schema)
+    return batches_dataset(
+        _packed_parts(ds.select_columns(["input_ids"]), block_size, rows_at_once, schema), schema, into
+    )
+
+
+def batches_dataset(parts, schema: pa.Schema, into: Path | None) -> datasets.Dataset:
+    """The record batches `parts` as a Dataset: written to `into` a batch at a time and read memory-mapped (a file
+    already there is read as it is: its name says what it holds), or, without `into`, in memory."""
     if into is None:
         return datasets.Dataset(pa.Table.from_batches(list(parts), schema=schema))
     if not into.exists():  # (ranks packing at once each write their own file; the same bytes replace it)
