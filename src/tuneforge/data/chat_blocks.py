@@ -61,8 +61,11 @@ def fit(feats: datasets.Dataset, block_size: int, rows_at_once: int = ROWS_AT_ON
         dropped += int(len(n) - len(keep))
         targets += int(np.bincount(row_of[target], minlength=len(n))[keep].sum())
         start += len(n)
-    joined = (np.concatenate(kept) if kept else np.empty(0, np.int64), np.concatenate(lengths) if lengths else [])
-    return Fit(joined[0], np.asarray(joined[1], np.int64), cut, dropped, targets)
+
+    def joined(parts: list) -> np.ndarray:
+        return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.empty(0, np.int64)
+
+    return Fit(joined(kept), joined(lengths), cut, dropped, targets)
 
 
 def block_numbers(lengths: np.ndarray, block_size: int, packing: bool) -> np.ndarray:

@@ -54,14 +54,7 @@ class ChatSFTOptions(CausalLMOptions):
 def chat_dataset(chats: list[tuple[list[dict], list[dict] | None]]) -> datasets.Dataset:
     """(conversation, tools) pairs as a raw split: each a JSON text (tools `null` when a row has none), with the
     row's number in its file (`row`: kept through a held-out split, for errors)."""
-    return datasets.Dataset.from_dict(
-        {
-            "conversation": [json.dumps(c) for c, _ in chats],
-            "tools": [json.dumps(t) for _, t in chats],
-            "row": list(range(1, len(chats) + 1)),
-        },
-        features=CHAT_FEATURES,
-    )
+    return datasets.Dataset.from_list(list(_rows(chats)), features=CHAT_FEATURES)
 
 
 CHAT_FEATURES = datasets.Features(
@@ -71,7 +64,11 @@ CHAT_FEATURES = datasets.Features(
 
 def chat_rows(path: str, fmt: str):
     """chat_dataset's rows of a JSON-lines file, a line at a time (`datasets.Dataset.from_generator`)."""
-    for n, (conversation, tools) in enumerate(chat.iter_chats(path, fmt), 1):
+    yield from _rows(chat.iter_chats(path, fmt))
+
+
+def _rows(chats):
+    for n, (conversation, tools) in enumerate(chats, 1):
         yield {"conversation": json.dumps(conversation), "tools": json.dumps(tools), "row": n}
 
 
