@@ -168,21 +168,28 @@ class Trainer:
         model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
         if launch.needs_launch(cfg):
             check_launchable(cfg, launch.dist_env(), model_config)
-            self._check_generation_fits(get_backend(cfg, launch.dist_env()))
+            self._check_task_fits(get_backend(cfg, launch.dist_env()))
             if self.fork_workers:
                 import_model_code(model_config)  # once here, not again in each forked worker
             return launch.launch_workers(cfg, again if self.fork_workers else None)
         backend = get_backend(cfg, launch.dist_env())
         backend.check(model_config)
-        self._check_generation_fits(backend)
+        self._check_task_fits(backend)
         backend.setup()
         try:
             return launch.hand_back(work(backend), backend.is_main)
         finally:
             backend.teardown()
 
-    def _check_generation_fits(self, backend) -> None:
-        """A task that generates while it trains needs the whole model on each rank: one line where it is not."""
+    def _check_task_fits(self, backend) -> None:
+        """A task that generates while it trains needs the whole model on each rank, one that runs the model again
+        in its backward a backend that accumulates a weight's gradients: one line where the backend does not."""
+        rerun, refusal = self.task.reruns_in_backward, backend.refuses_repeated_gradients()
+        if rerun and refusal:
+            raise ConfigError(
+                f"{rerun} runs the model again in the backward, so each weight's gradient arrives once per run, and "
+                f"backend {backend.name!r} cannot take that: {refusal}; or leave the setting out"
+            )
         if self.task.generates_while_training and not backend.holds_whole_model():
             whole = [name for name, cls in backend_classes().items() if cls.distributed and not cls.sharded]
             raise ConfigError(

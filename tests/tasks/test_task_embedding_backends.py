@@ -71,12 +71,14 @@ def single_run(tmp_path_factory, tiny_bert, cache_dir) -> tuple[Path, Path]:
         ("--backend", "fsdp"),
         ("--backend", "deepspeed", "--zero-stage", "2"),
         ("--backend", "deepspeed", "--zero-stage", "3"),
+        ("--backend", "fsdp", "--grad-cache-chunk", "3"),
     ],
-    ids=["fsdp", "zero2", "zero3"],
+    ids=["fsdp", "zero2", "zero3", "fsdp-grad-cache"],
 )
 def test_a_sharding_backend_trains_an_encoder_as_one_process(single_run, tiny_bert, cache_dir, tmp_path, flags):
     """In-batch negatives gathered across the 2 ranks: the per-step losses and the exported weights of one process on
-    the double batch (within the tolerance the classifier's backend tests use, 1e-4)."""
+    the double batch (within the tolerance the classifier's backend tests use, 1e-4). With GradCache too (each rank's
+    batch 3 and 1 rows at a time, the chunks run again in the backward under fsdp's hooks)."""
     train, single = single_run
     out = tmp_path / "two"
     run = run_cli(*embedding_args(tiny_bert, cache_dir, train, out, "--batch-size", "4", "--nproc", "2", *flags))
@@ -87,3 +89,19 @@ def test_a_sharding_backend_trains_an_encoder_as_one_process(single_run, tiny_be
     assert max(abs(whole[s] - split[s]) for s in whole) < 1e-4
     assert max_weight_diff(single / "model", out / "model") < 1e-4
     assert (out / "model" / "modules.json").exists()  # the sentence-transformers folder, from sharded weights too
+
+
+def test_ddp_with_grad_cache_and_accumulation_trains_as_one_process(single_run, tiny_bert, cache_dir, tmp_path):
+    """GradCache under ddp with 2 accumulated micro-batches: the first one's chunks run again in the backward under
+    no_sync, the last one's synchronise each: the losses and weights of one process at the double micro-batch."""
+    train, _ = single_run
+    args = lambda out, *extra: embedding_args(tiny_bert, cache_dir, train, out, "--grad-accum", "2", *extra)  # noqa: E731
+    one = run_cli(*args(tmp_path / "one", "--batch-size", "4"))
+    two = run_cli(
+        *args(tmp_path / "two", "--batch-size", "2", "--backend", "ddp", "--nproc", "2", "--grad-cache-chunk", "1")
+    )
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-4000:]
+    whole, split = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert max_weight_diff(Path(tiny_bert), tmp_path / "one" / "model") > 1e-3  # trained: a comparison that counts
+    assert max(abs(whole[s] - split[s]) for s in whole) < 1e-4
+    assert max_weight_diff(tmp_path / "one" / "model", tmp_path / "two" / "model") < 1e-4

@@ -183,6 +183,11 @@ class Backend:
         that generates while it trains (GRPO) needs of a backend. Sharded backends split the weights."""
         return not self.sharded
 
+    def refuses_repeated_gradients(self) -> str | None:
+        """Why a weight's gradient may not arrive more than once in one backward (a task that runs the model again
+        inside its backward: `Task.reruns_in_backward`), or None where gradients accumulate, as here."""
+        return None
+
     def autocast(self):
         """The autocast context of this run's precision on its device (none where the engine casts)."""
         return self.precision_type.autocast_for(self.precision, self.device)

@@ -208,6 +208,14 @@ class DeepSpeedBackend(Backend):
     def holds_whole_model(self) -> bool:
         return self.options.zero_stage < 3  # ZeRO 1 and 2 shard the optimizer state and gradients, not the weights
 
+    def refuses_repeated_gradients(self) -> str | None:
+        if self.options.zero_stage < 2:
+            return None
+        return (
+            f"ZeRO stage {self.options.zero_stage} reduces each weight's gradient in its hook, once per backward "
+            "(--zero-stage 1 accumulates them)"
+        )
+
     def check(self, model_config=None) -> None:
         super().check(model_config)
         cfg, opts = self.config, self.options

@@ -121,6 +121,12 @@ class Task:
     generates_while_training: ClassVar[bool] = False
 
     @property
+    def reruns_in_backward(self) -> str | None:
+        """What of the task's settings runs the model again inside a training step's backward (the embedding
+        task's GradCache), so that a weight's gradient arrives several times in one backward; None: nothing."""
+        return None
+
+    @property
     def updates_per_batch(self) -> int:
         """Optimizer steps taken on each step's data (GRPO's num_iterations: a generated batch reused); the
         step plan repeats each step's data this many times and its position advances after the last."""

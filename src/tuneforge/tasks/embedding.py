@@ -28,6 +28,11 @@ with the normalised embeddings: ndcg@10 (the best model's metric), mrr@10, recal
 (sentence-transformers' InformationRetrievalEvaluator's definitions), a query's relevant documents being the
 positives of its rows.
 
+GradCache (`grad_cache_chunk`, sentence-transformers' Cached losses): a training batch is embedded a chunk at a time
+without activations, and each chunk runs again in the backward (`embed_cached`): memory of a chunk, the loss and
+gradients of the whole batch. A backend that reduces each gradient once per backward refuses it
+(`Task.reruns_in_backward`).
+
 Exact across data-parallel ranks: the candidates (and CoSENT's pairs) are gathered from every rank of the run's
 data-parallel group (`Task.use_data_parallel`) with their gradients (`gather_rows`); each rank sums the loss over
 its own anchors (CoSENT, a loss of the whole batch: that loss once per pair of this rank), so the Trainer's division
@@ -88,6 +93,29 @@ def embed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch
     hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def _embed_chunk(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    return embed(model, input_ids, attention_mask)
+
+
+def embed_cached(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, parts: int) -> torch.Tensor:
+    """`embed` of the rows in `parts` near-equal chunks, GradCache's way, by torch's own reentrant checkpoint: the
+    forward keeps no activation (only the embeddings), and the backward, once the loss has given every row's
+    embedding its gradient, runs each chunk again with grad and back-propagates that gradient through it (the same
+    dropout: the checkpoint restores the RNG state; the same autocast). A chunk empty on this rank (an uneven last
+    batch) runs the first row and keeps none of it, so that every rank of a data-parallel group runs as many
+    forwards and backwards (DDP's collectives pair up)."""
+    from torch.utils.checkpoint import checkpoint
+
+    rows = input_ids.shape[0]
+    needs_grad = torch.ones((), device=input_ids.device, requires_grad=True)  # the checkpoint's outputs need it
+    out = []
+    for idx in torch.arange(rows, device=input_ids.device).tensor_split(parts):
+        take = idx if len(idx) else idx.new_zeros(1)
+        chunk = checkpoint(_embed_chunk, model, input_ids[take], attention_mask[take], needs_grad, use_reentrant=True)
+        out.append(chunk if len(idx) else chunk[:0])
+    return torch.cat(out)
 
 
 def cosent_loss(first: torch.Tensor, second: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
@@ -175,6 +203,16 @@ class EmbeddingOptions(TaskOptions):
         None,
         description="the weight of each of --matryoshka-dims' losses (comma-separated; default: 1 each)",
         json_schema_extra={**EVAL, "flag_kwargs": {"metavar": "WEIGHTS"}},
+    )
+    grad_cache_chunk: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_DIM,
+        description="GradCache: embed each training batch this many texts at a time, keeping no activations, then "
+        "again a chunk at a time in the backward with the loss's gradients (sentence-transformers' Cached losses): "
+        "the memory of a batch of this size, whatever --batch-size (the in-batch negatives) is; one more forward "
+        "per step, the same loss and gradients",
+        json_schema_extra={"flag_kwargs": {"metavar": "N"}},
     )
     min_score: float = Field(
         0.0, ge=-1e6, le=1e6, description="the lowest score of scored pairs (mapped to 0)", json_schema_extra=EVAL
@@ -275,6 +313,10 @@ class EmbeddingTask(Task):
     @property
     def greater_is_better(self) -> bool:
         return self.best_metric != "loss"
+
+    @property
+    def reruns_in_backward(self) -> str | None:
+        return None if self.options.grad_cache_chunk is None else "--grad-cache-chunk (GradCache)"
 
     # ---- settings ----------------------------------------------------------------------------------------------
     def check_dims(self, model_config) -> None:
@@ -526,10 +568,23 @@ class EmbeddingTask(Task):
         return model
 
     def forward(self, model, batch):
+        """Each text column's pooled embeddings; while training with grad_cache_chunk, computed in chunks
+        (`embed_cached`) when the batch of any rank is larger than one chunk."""
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
-        return EmbeddingOutputs(
-            [embed(model, batch[text_key(k)], batch[text_key(k, "attention_mask")]) for k in range(n)]
-        )
+        parts = self._cache_parts(batch["input_ids"]) if torch.is_grad_enabled() else 1
+        embs = []
+        for k in range(n):
+            ids, mask = batch[text_key(k)], batch[text_key(k, "attention_mask")]
+            embs.append(embed(model, ids, mask) if parts == 1 else embed_cached(model, ids, mask, parts))
+        return EmbeddingOutputs(embs)
+
+    def _cache_parts(self, input_ids: torch.Tensor) -> int:
+        """How many chunks grad_cache_chunk cuts a batch into: as many on every data-parallel rank, from the
+        largest rank's rows (1: no GradCache)."""
+        chunk = self.options.grad_cache_chunk
+        if chunk is None:
+            return 1
+        return math.ceil(max(rank_sizes(input_ids, self.dp_group)) / chunk)
 
     # ---- loss --------------------------------------------------------------------------------------------------
     def compute_loss(self, outputs, batch, row_mask=None):
