@@ -11,9 +11,11 @@ Model: the bundled all-MiniLM-L6-v2. Variants:
      layer frozen, dropout 0, weight decay 0.01, random batches);
   c: tuneforge with the peer's trainable weights: b plus --freeze-layers 0 --freeze-embeddings off.
 Shared settings (the sentence-transformers STS-B training example's where they fit): batch 16, lr 2e-5, 10% linear
-warm-up then linear decay, --epochs (1 by default; the example's 4 do not fit the time), precision bf16 on both
-(tuneforge's --precision auto decides bf16 on this CPU; the peer gets bf16=True, autocast), evaluation once after
-training. Each side's wall time runs from process start to its printed dev metric, the model saved on both.
+warm-up then linear decay, --epochs (1 by default; the example's 4 do not fit the time), evaluation once after
+training. Precision: tuneforge's --precision auto (bf16 where the CPU does bf16 natively, else fp32), the peer the
+same (bf16=True, autocast, or fp32). --grad-cache N: GradCache on both (--grad-cache-chunk N; the peer's
+CachedMultipleNegativesRankingLoss, mini_batch_size N), squad only; --max-steps stops both sides early. Each
+side's wall time runs from process start to its printed dev metric, the model saved on both.
 
 stsb: GLUE's STS-B TSVs as shipped (../shared/data/glue/STS-B), CoSENT, dev Spearman of the cosine similarities.
 squad: the first --train-articles articles of ../shared/data/squad's train subset and the first --dev-articles of the
@@ -62,7 +64,9 @@ def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path,
         cmd += ["--train-file", str(train), "--validation-file", str(dev), "--output-dir", str(out)]
         cmd += ["--batch-size", str(args.batch_size), "--lr", args.lr, "--warmup-ratio", "0.1", "--seed", str(seed)]
         cmd += ["--max-seq-length", "128"] if args.data == "squad" else []
-        return cmd + ["--epochs", "0" if variant == "u" else str(args.epochs), "--precision", "bf16"]
+        cmd += ["--grad-cache", str(args.grad_cache)] if args.grad_cache and variant == "a" else []
+        cmd += ["--max-steps", str(args.max_steps)] if args.max_steps and variant == "a" else []
+        return cmd + ["--epochs", "0" if variant == "u" else str(args.epochs), "--precision", args.peer_precision]
     cmd = [sys.executable, "-m", "tuneforge.cli", "train", "--task", "embedding", "--model", model]
     cmd += ["--train-file", str(train), "--validation-file", str(dev), "--output-dir", str(out)]
     cmd += ["--batch-size", str(args.batch_size), "--lr", args.lr, "--warmup-ratio", "0.1"]
@@ -70,6 +74,8 @@ def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path,
     cmd += ["--cache-dir", str(out) + "-cache"]  # tokenization paid every run, as the peer's is
     if variant == "c":
         cmd += ["--freeze-layers", "0", "--freeze-embeddings", "off"]
+    cmd += ["--grad-cache-chunk", str(args.grad_cache)] if args.grad_cache else []
+    cmd += ["--max-steps", str(args.max_steps)] if args.max_steps else []
     return cmd
 
 
@@ -92,8 +98,14 @@ def main() -> None:
     ap.add_argument("--lr", default="2e-5")
     ap.add_argument("--train-articles", type=int, default=4)
     ap.add_argument("--dev-articles", type=int, default=3)
+    ap.add_argument("--grad-cache", type=int, help="GradCache at this chunk (--grad-cache-chunk; the peer's Cached*)")
+    ap.add_argument("--max-steps", type=int, help="stop both sides after this many steps")
     args = ap.parse_args()
     from tuneforge.artifacts import bundled_minilm
+    from tuneforge.backends.base import cpu_has_native_bf16
+
+    # the peer at its best here: bf16 autocast where the CPU does bf16 natively, else fp32 (as tuneforge's auto)
+    args.peer_precision = "bf16" if cpu_has_native_bf16() else "fp32"
 
     model = bundled_minilm()
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
@@ -119,7 +131,8 @@ def main() -> None:
             print({k: v for k, v in run.items() if k != "stdout_last"}, flush=True)
             runs.append(run)
     meta = machine_meta(**vars(args), model=model, work=str(work), **extra)
-    name = f"embedding_vs_st-{args.data}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
+    cached = f"-grad-cache-{args.grad_cache}-batch-{args.batch_size}" if args.grad_cache else ""
+    name = f"embedding_vs_st-{args.data}{cached}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
     (HERE / "results" / name).write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
     metric = "dev Spearman" if args.data == "stsb" else "dev ndcg@10"
     print(f"| variant | seed | wall s | peak RSS MiB | {metric} |\n|---|---|---|---|---|")

@@ -10,7 +10,8 @@ paragraph holding its answer) pairs, MultipleNegativesRankingLoss with BatchSamp
 sentence-transformers examples' choice for that loss), the dev split scored by InformationRetrievalEvaluator (each
 distinct question against the split's distinct paragraphs; ndcg@10). Training: AdamW, linear decay after the warm-up,
 weight decay 0 (TrainingArguments' default), bf16 autocast where --precision bf16, no saving or evaluation during
-training; the model is saved once at the end (as tuneforge saves its). Prints one JSON line with the metric.
+training; the model is saved once at the end (as tuneforge saves its). --grad-cache N:
+CachedMultipleNegativesRankingLoss (GradCache) at mini-batch N. Prints one JSON line with the metric.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--max-seq-length", type=int, default=None)
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--grad-cache", type=int, help="squad: CachedMultipleNegativesRankingLoss at this mini-batch size")
+    ap.add_argument("--max-steps", type=int, default=-1)
     args = ap.parse_args()
 
     from datasets import Dataset
@@ -106,9 +109,12 @@ def main() -> None:
             pairs = squad_pairs(args.train_file)
             train = Dataset.from_dict({"anchor": [q for q, _ in pairs], "positive": [p for _, p in pairs]})
             loss, sampler = losses.MultipleNegativesRankingLoss(model), BatchSamplers.NO_DUPLICATES
+            if args.grad_cache:
+                loss = losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=args.grad_cache)
         targs = SentenceTransformerTrainingArguments(
             output_dir=args.output_dir,
             num_train_epochs=args.epochs,
+            max_steps=args.max_steps,
             per_device_train_batch_size=args.batch_size,
             learning_rate=args.lr,
             warmup_ratio=args.warmup_ratio,

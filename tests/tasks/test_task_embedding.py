@@ -310,6 +310,27 @@ def test_grad_cache_gives_the_loss_and_gradients_of_the_whole_batch(tiny_bert, o
     assert grad_gap(cached, whole) < 1e-5
 
 
+def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):
+    """Without grad (evaluation) a column's repeated texts (a paragraph for each of its questions) are embedded once:
+    the model sees the distinct rows alone, and every row gets the embedding it gets in a batch of its own."""
+    from tuneforge.tasks.embedding import embed, text_key
+
+    task = embedding_task(tiny_bert, loss="mnrl")
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).eval()
+    items = rows(6, seed=1, negatives=False)
+    items = [*items, *({**r, "anchor": f"{r['anchor']} again"} for r in items[:4])]  # 4 positives repeated
+    batch = batch_of(task, tokenizer, items, ("anchor", "positive"))
+    seen = []
+    model.register_forward_pre_hook(lambda _, a, kw: seen.append(len(kw["input_ids"])), with_kwargs=True)
+    with torch.no_grad():
+        embs = task.forward(model, batch).embeddings
+        alone = [embed(model, batch[text_key(k)], batch[text_key(k, "attention_mask")]) for k in (0, 1)]
+    distinct = [len({r[c] for r in items}) for c in ("anchor", "positive")]
+    assert seen[:2] == distinct and distinct[1] <= 6
+    assert max((a - b).abs().max().item() for a, b in zip(embs, alone)) < 1e-5
+
+
 def test_grad_cache_runs_each_chunk_again_with_its_own_dropout(minilm_dir, tmp_path):
     """With dropout on, the backward's second run of each chunk draws the masks of its first run: the gradients equal
     those of the same chunks embedded with grad in one pass (another seed draws other masks: the test can fail)."""

@@ -95,6 +95,19 @@ def embed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
+def embed_distinct(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """`embed` of each distinct row once, copied to its repeats (evaluation: a retrieval split repeats a document for
+    each of its queries, SQuAD's dev file each paragraph for its ~5 questions). Identical token ids have an identical
+    attention mask."""
+    distinct, inverse = torch.unique(input_ids, dim=0, return_inverse=True)
+    rows = input_ids.shape[0]
+    if distinct.shape[0] == rows:
+        return embed(model, input_ids, attention_mask)
+    order = torch.arange(rows, device=input_ids.device)
+    first = torch.full((distinct.shape[0],), rows, device=input_ids.device).scatter_reduce(0, inverse, order, "amin")
+    return embed(model, input_ids[first], attention_mask[first])[inverse]
+
+
 def _embed_chunk(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
     return embed(model, input_ids, attention_mask)
 
@@ -569,13 +582,18 @@ class EmbeddingTask(Task):
 
     def forward(self, model, batch):
         """Each text column's pooled embeddings; while training with grad_cache_chunk, computed in chunks
-        (`embed_cached`) when the batch of any rank is larger than one chunk."""
+        (`embed_cached`) when the batch of any rank is larger than one chunk; in evaluation each distinct text of a
+        column once (`embed_distinct`)."""
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
-        parts = self._cache_parts(batch["input_ids"]) if torch.is_grad_enabled() else 1
+        training = torch.is_grad_enabled()
+        parts = self._cache_parts(batch["input_ids"]) if training else 1
         embs = []
         for k in range(n):
             ids, mask = batch[text_key(k)], batch[text_key(k, "attention_mask")]
-            embs.append(embed(model, ids, mask) if parts == 1 else embed_cached(model, ids, mask, parts))
+            if parts > 1:
+                embs.append(embed_cached(model, ids, mask, parts))
+            else:
+                embs.append(embed(model, ids, mask) if training else embed_distinct(model, ids, mask))
         return EmbeddingOutputs(embs)
 
     def _cache_parts(self, input_ids: torch.Tensor) -> int:
