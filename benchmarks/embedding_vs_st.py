@@ -131,8 +131,10 @@ def main() -> None:
             print({k: v for k, v in run.items() if k != "stdout_last"}, flush=True)
             runs.append(run)
     meta = machine_meta(**vars(args), model=model, work=str(work), **extra)
-    cached = f"-grad-cache-{args.grad_cache}-batch-{args.batch_size}" if args.grad_cache else ""
-    name = f"embedding_vs_st-{args.data}{cached}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
+    settings = f"-grad-cache-{args.grad_cache}" if args.grad_cache else ""
+    settings += f"-batch-{args.batch_size}" if args.batch_size != 16 else ""
+    settings += f"-steps-{args.max_steps}" if args.max_steps else ""
+    name = f"embedding_vs_st-{args.data}{settings}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
     (HERE / "results" / name).write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
     metric = "dev Spearman" if args.data == "stsb" else "dev ndcg@10"
     print(f"| variant | seed | wall s | peak RSS MiB | {metric} |\n|---|---|---|---|---|")

@@ -135,3 +135,51 @@ def test_an_existing_npy_file_is_never_replaced(capfd, tmp_path, tiny_encoder):
     proc = in_process(capfd, "predict", tiny_encoder, "--input", inp, "--output", theirs)
     assert_refused(proc, tmp_path, "exists; a .npy file does not say what wrote it", "delete it or choose another")
     assert theirs.read_bytes() == before
+
+
+# ---- a sentence-transformers folder tuneforge did not write -------------------------------------------------
+def test_a_sentence_transformers_folder_is_embedded_as_sentence_transformers_does(capfd, tmp_path, minilm_dir):
+    """The bundled all-MiniLM-L6-v2 as published (modules.json: Transformer, mean Pooling, Normalize; no task in a
+    tuneforge.json): predict and serve run it as a sentence encoder, not as a classifier with a new head."""
+    from sentence_transformers import SentenceTransformer
+
+    from tuneforge.predict import load_servable
+    from tuneforge.tasks.embedding import EmbeddingPredictor
+
+    assert isinstance(load_servable(minilm_dir), EmbeddingPredictor)
+    out = tmp_path / "vectors.npy"
+    proc = in_process(
+        capfd, "predict", minilm_dir, "--input", write_texts(tmp_path / "t.jsonl", TEXTS), "--output", out
+    )
+    assert proc.returncode == 0, proc.stderr
+    theirs = SentenceTransformer(minilm_dir, device="cpu").encode(TEXTS)
+    assert np.abs(np.load(out) - theirs).max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    "pooling, weights, needles",
+    [
+        ("pooling_mode_cls_token", "", ("sentence-transformers folder with cls pooling", "mean pooling")),
+        ("pooling_mode_mean_tokens", "0_Transformer", ("weights in the subfolder '0_Transformer'",)),
+    ],
+)
+def test_a_sentence_transformers_folder_tuneforge_cannot_embed_alike_is_refused(
+    capfd, tmp_path, tiny_encoder, pooling, weights, needles
+):
+    """Another pooling than mean, or the weights in a subfolder (older sentence-transformers): one line, not a
+    classifier's predictions."""
+    import shutil
+
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_encoder, folder)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = weights
+    (folder / "modules.json").write_text(json.dumps(modules))
+    config = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    config = {k: (k == pooling) if k.startswith("pooling_mode_") else v for k, v in config.items()}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(config))
+    (folder / "tuneforge.json").unlink()
+    out = tmp_path / "vectors.npy"
+    proc = in_process(capfd, "predict", folder, "--input", write_texts(tmp_path / "t.jsonl", TEXTS), "--output", out)
+    assert_refused(proc, tmp_path, *needles)
+    assert not out.exists()

@@ -68,6 +68,31 @@ def read_model_info(model_dir: str | os.PathLike) -> dict:
     return info
 
 
+def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, str] | None:
+    """(pooling mode, where the HF weights sit: "" for the folder's root) of a sentence-transformers folder (its
+    modules.json: a Transformer, then a Pooling module, whose config names the mode: mean, cls, max, lasttoken, ...);
+    None for another folder. The mode "unknown" where the Pooling config cannot be read."""
+    modules_file = Path(model_dir) / "modules.json"
+    try:
+        modules = json.loads(modules_file.read_text(encoding="utf-8"))
+        kinds = {str(m["type"]).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if "Transformer" not in kinds or "Pooling" not in kinds:
+        return None
+    try:
+        pooling = json.loads((Path(model_dir) / kinds["Pooling"] / "config.json").read_text(encoding="utf-8"))
+        modes = [
+            k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+            for k, v in pooling.items()
+            if v is True
+        ]
+        modes = [m for m in modes if m.startswith(("mean", "cls", "max", "weightedmean", "lasttoken"))]
+    except (OSError, ValueError, AttributeError):
+        modes = []
+    return (modes[0] if len(modes) == 1 else "unknown"), kinds["Transformer"]
+
+
 def write_model_info(model_dir: str | os.PathLike, info: dict) -> None:
     """tuneforge.json into `model_dir` (a folder being written; its atomic rename is the caller's)."""
     (Path(model_dir) / MODEL_INFO).write_text(json.dumps(info, indent=2))

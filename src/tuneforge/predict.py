@@ -68,12 +68,18 @@ class PredictOptions(BaseModel):
 
 
 def _task_class_of(model_dir: str | Path):
-    """The Task class that exported `model_dir` (its tuneforge.json), or None (a plain HF folder)."""
+    """The Task class that exported `model_dir` (its tuneforge.json); for a folder tuneforge did not write, the task
+    that claims its layout (a sentence-transformers folder: embeddings); else None (a plain HF folder)."""
     from tuneforge.tasks import TASKS, task_class
 
     task = str(read_model_info(str(model_dir)).get("task") or "")
     known = task in TASKS or any(k.endswith("/") and task.startswith(k) for k in TASKS)
-    return task_class(task) if known else None
+    if known:
+        return task_class(task)
+    if task:
+        return None
+    classes = dict.fromkeys(task_class(name) for name in TASKS if not name.endswith("/"))
+    return next((cls for cls in classes if cls.claims_folder(str(model_dir))), None)
 
 
 def load_predictor(model_dir: str | Path, **kwargs):

@@ -353,6 +353,12 @@ class Task:
         return {}
 
     @staticmethod
+    def claims_folder(model_dir: str) -> bool:
+        """Whether a model folder tuneforge did not write (no task in its tuneforge.json) is this task's kind by its
+        layout, so that predict and serve run it as such (a sentence-transformers folder: a sentence encoder)."""
+        return False
+
+    @staticmethod
     def make_generator(model_dir: str):
         """What `serve` runs for a model this task exported when the model generates text (the OpenAI routes):
         a `tuneforge.generate.Generator`; None for a task whose models do not generate (`make_predictor`'s)."""

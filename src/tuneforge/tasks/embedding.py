@@ -65,6 +65,7 @@ from tuneforge.artifacts import (
     inference_device,
     load_tokenizer,
     read_model_info,
+    sentence_transformers_pooling,
 )
 from tuneforge.config import EVAL
 from tuneforge.data import squad
@@ -678,6 +679,28 @@ class EmbeddingTask(Task):
         if not isinstance(size, int):
             return {}  # a model whose width its config does not name: the HF folder alone
         return sentence_transformers_files(size, self.max_seq_length(model_config))
+
+    @staticmethod
+    def claims_folder(model_dir: str) -> bool:
+        """A sentence-transformers folder (modules.json) with mean pooling and its weights in the root, as
+        sentence-transformers writes them (all-MiniLM-L6-v2 is one): embedded as it embeds (normalised: a folder
+        without a Normalize module gives sentence-transformers unnormalised vectors of the same directions). Another
+        pooling, or weights in a subfolder: refused in one line."""
+        found = sentence_transformers_pooling(model_dir)
+        if found is None:
+            return False
+        mode, weights = found
+        if mode != "mean":
+            raise ConfigError(
+                f"{model_dir!r} is a sentence-transformers folder with {mode} pooling; tuneforge embeds with mean "
+                "pooling (fine-tune it with --task embedding to get one)"
+            )
+        if weights:
+            raise ConfigError(
+                f"{model_dir!r} is a sentence-transformers folder with its weights in the subfolder {weights!r}; "
+                "tuneforge reads them from the folder's root (save it again with a recent sentence-transformers)"
+            )
+        return True
 
     @staticmethod
     def make_predictor(model_dir: str, **kwargs):
