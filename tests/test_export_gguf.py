@@ -114,6 +114,16 @@ def greedy(model, tokenizer, prompt: str, n: int = 24) -> list[int]:
     return out[0, ids.shape[1] :].tolist()
 
 
+def f16_rounded(model):
+    """`model` with its matrices rounded to float16 and back, as an f16 GGUF file holds them (its 1-D tensors, the
+    norms, stay float32 there)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.ndim >= 2:
+                param.copy_(param.half().float())
+    return model
+
+
 def logits(model, tokenizer, text: str) -> torch.Tensor:
     with torch.no_grad():
         return model(tokenizer(text, return_tensors="pt").input_ids).logits[0]
@@ -137,12 +147,12 @@ def test_f16_file_loads_back_with_greedy_output_identical_to_the_source(request,
     folder = request.getfixturevalue(source)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     want, got = load_hf(folder), load_gguf(exported[source, "f16"])
-    answers = [greedy(want, tokenizer, p) for p in PROMPTS]
-    assert [greedy(got, tokenizer, p) for p in PROMPTS] == answers
-    assert len({tuple(a) for a in answers}) == len(PROMPTS)  # the answers depend on the prompt: the check can fail
     text = " ".join(PROMPTS)
     a, b = logits(want, tokenizer, text), logits(got, tokenizer, text)
     assert (a - b).abs().max() < 1e-2 * a.abs().max()  # f16 rounding only
+    answers = [greedy(f16_rounded(want), tokenizer, p) for p in PROMPTS]  # (a near-tie may flip with the rounding)
+    assert [greedy(got, tokenizer, p) for p in PROMPTS] == answers
+    assert len({tuple(a) for a in answers}) == len(PROMPTS)  # the answers depend on the prompt: the check can fail
 
 
 def test_quantized_files_come_closer_the_more_bits_they_keep(exported, tiny_llama):
@@ -299,8 +309,10 @@ def test_an_adapter_folder_is_merged_into_its_base_first(capsys, runs, tiny_llam
     assert code == 0, err
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
     merged, base = load_hf(tmp_path / "merged"), load_hf(tiny_llama)
-    want = [greedy(merged, tokenizer, p) for p in PROMPTS]
-    assert want != [greedy(base, tokenizer, p) for p in PROMPTS]  # the adapter changes the answers
+    assert [greedy(merged, tokenizer, p) for p in PROMPTS] != [greedy(base, tokenizer, p) for p in PROMPTS]
+    # the merged weights as the f16 file holds them: a merge moves weights off f16's grid, and a near-tie in 24
+    # greedy tokens then flips with the CPU's summation order (it did on AVX2)
+    want = [greedy(f16_rounded(merged), tokenizer, p) for p in PROMPTS]
     got = load_gguf(export_to(tmp_path / "lora.gguf", str(adapter)))
     assert [greedy(got, tokenizer, p) for p in PROMPTS] == want
     assert field(tmp_path / "lora.gguf", "general.name") == "lora"  # the run's name, not model/
