@@ -138,6 +138,7 @@ def main() -> None:
     settings = f"-grad-cache-{args.grad_cache}" if args.grad_cache else ""
     settings += f"-batch-{args.batch_size}" if args.batch_size != 16 else ""
     settings += f"-steps-{args.max_steps}" if args.max_steps else ""
+    settings += "" if args.peer_precision == "bf16" else "-fp32"  # the CPU class: no native bf16 (AVX2)
     name = f"embedding_vs_st-{args.data}{settings}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
     (HERE / "results" / name).write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
     metric = "dev Spearman" if args.data == "stsb" else "dev ndcg@10"
