@@ -331,6 +331,38 @@ def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):
     assert max((a - b).abs().max().item() for a, b in zip(embs, alone)) < 1e-5
 
 
+def test_an_evaluation_embeds_each_text_once_across_its_batches(tiny_bert):
+    """Within one evaluation (one metric stream) a text seen in an earlier batch is not embedded again, even padded to
+    another width; each batch still runs the model at least once (ranks keep step); a new evaluation starts afresh."""
+    from tuneforge.tasks.embedding import embed, text_key
+
+    task = embedding_task(tiny_bert, loss="mnrl")
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).eval()
+    items = rows(6, seed=1, negatives=False)
+    first = batch_of(task, tokenizer, items[:3], ("anchor", "positive"))
+    changed = [items[0], items[1], {**items[2], "positive": "a long new text " * 4}]
+    again = batch_of(task, tokenizer, changed, ("anchor", "positive"))
+    seen = []
+    model.register_forward_pre_hook(lambda _, a, kw: seen.append(len(kw["input_ids"])), with_kwargs=True)
+
+    class Tools:
+        forward = staticmethod(lambda batch: task.forward(model, batch))
+
+    stream = task.metric_stream()
+    with torch.no_grad():
+        for batch in (first, again):
+            task.eval_step(batch, torch.ones(3, dtype=torch.bool), stream, Tools)
+        embs = task.forward(model, again).embeddings  # outside an evaluation step: nothing remembered
+        alone = [embed(model, again[text_key(k)], again[text_key(k, "attention_mask")]) for k in (0, 1)]
+    distinct = [len({r[c] for r in items[:3]}) for c in ("anchor", "positive")]
+    assert seen[:4] == [*distinct, 1, 1]  # the second batch: its anchors all known (one runs), one new positive
+    assert max((a - b).abs().max().item() for a, b in zip(embs, alone)) < 1e-5
+    texts = {r[c] for r in items[:3] for c in ("anchor", "positive")} | {"a long new text " * 4}
+    assert len(stream.memo) == len(texts) and all(v.shape == (32,) for v in stream.memo.values())
+    assert task.metric_stream().memo == {}  # the next evaluation's model differs: nothing carried over
+
+
 def test_grad_cache_runs_each_chunk_again_with_its_own_dropout(minilm_dir, tmp_path):
     """With dropout on, the backward's second run of each chunk draws the masks of its first run: the gradients equal
     those of the same chunks embedded with grad in one pass (another seed draws other masks: the test can fail)."""

@@ -109,6 +109,20 @@ def embed_distinct(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return embed(model, input_ids[first], attention_mask[first])[inverse]
 
 
+def embed_remembered(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, memo: dict) -> torch.Tensor:
+    """`embed_distinct` of the rows whose texts `memo` (token ids, unpadded -> embedding) does not hold yet, the
+    others taken from it, and the new ones added to it: an evaluation embeds each text once, whatever batches its
+    repeats fall into. One row at least always runs, so that every rank of a group runs one forward per batch
+    (fsdp gathers its weights inside each)."""
+    rows, real = input_ids.cpu().numpy(), attention_mask.cpu().numpy().astype(bool)
+    keys = [row[keep].tobytes() for row, keep in zip(rows, real)]
+    new = [i for i, key in enumerate(keys) if key not in memo] or [0]
+    pick = torch.tensor(new, device=input_ids.device)
+    for i, vector in zip(new, embed_distinct(model, input_ids[pick], attention_mask[pick])):
+        memo.setdefault(keys[i], vector)
+    return torch.stack([memo[key] for key in keys])
+
+
 def _embed_chunk(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
     return embed(model, input_ids, attention_mask)
 
@@ -313,6 +327,7 @@ class EmbeddingTask(Task):
             if len(set(data.text_columns)) < len(data.text_columns):
                 raise ConfigError(f"--text-column names a column twice: {data.text_columns}")
         self.layout: Layout | None = None
+        self.eval_memo: dict[bytes, torch.Tensor] | None = None  # set during an evaluation step (eval_step)
         self.check_local_files(check_file, self._find_in_dir)
         self.check_dims(self.peek_model_config())
 
@@ -593,9 +608,22 @@ class EmbeddingTask(Task):
             ids, mask = batch[text_key(k)], batch[text_key(k, "attention_mask")]
             if parts > 1:
                 embs.append(embed_cached(model, ids, mask, parts))
+            elif training:
+                embs.append(embed(model, ids, mask))
+            elif self.eval_memo is not None:
+                embs.append(embed_remembered(model, ids, mask, self.eval_memo))
             else:
-                embs.append(embed(model, ids, mask) if training else embed_distinct(model, ids, mask))
+                embs.append(embed_distinct(model, ids, mask))
         return EmbeddingOutputs(embs)
+
+    def eval_step(self, batch, valid, stream, tools) -> None:
+        """One evaluation batch, each text embedded once per evaluation (the stream's memo: a SQuAD paragraph once,
+        not once per question in every batch that holds one)."""
+        self.eval_memo = stream.memo
+        try:
+            super().eval_step(batch, valid, stream, tools)
+        finally:
+            self.eval_memo = None
 
     def _cache_parts(self, input_ids: torch.Tensor) -> int:
         """How many chunks grad_cache_chunk cuts a batch into: as many on every data-parallel rank, from the

@@ -96,6 +96,7 @@ class EmbeddingStream(MetricStream):
         self.loss_sum = torch.zeros((), dtype=torch.float64)
         self.count = torch.zeros((), dtype=torch.float64)
         self.parts: dict[str, list[np.ndarray]] = {}
+        self.memo: dict[bytes, torch.Tensor] = {}  # each text's embedding in this evaluation (the task's eval_step)
 
     def update(self, outputs, batch, valid) -> None:
         loss, _ = self.task.compute_loss(outputs, batch, row_mask=valid)
