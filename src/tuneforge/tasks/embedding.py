@@ -29,8 +29,8 @@ with the normalised embeddings: ndcg@10 (the best model's metric), mrr@10, recal
 positives of its rows.
 
 GradCache (`grad_cache_chunk`, sentence-transformers' Cached losses): a training batch is embedded a chunk at a time
-without activations, and each chunk runs again in the backward (`embed_cached`): memory of a chunk, the loss and
-gradients of the whole batch. A backend that reduces each gradient once per backward refuses it
+without activations, and each chunk runs again in the backward (`embed_cached`): the activation memory of a chunk,
+the loss and gradients of the whole batch. A backend that reduces each gradient once per backward refuses it
 (`Task.reruns_in_backward`).
 
 Exact across data-parallel ranks: the candidates (and CoSENT's pairs) are gathered from every rank of the run's
@@ -238,8 +238,8 @@ class EmbeddingOptions(TaskOptions):
         le=MAX_DIM,
         description="GradCache: embed each training batch this many texts at a time, keeping no activations, then "
         "again a chunk at a time in the backward with the loss's gradients (sentence-transformers' Cached losses): "
-        "the memory of a batch of this size, whatever --batch-size (the in-batch negatives) is; one more forward "
-        "per step, the same loss and gradients",
+        "the activation memory of a batch of this size, whatever --batch-size (the in-batch negatives) is; one "
+        "more forward per step, the same loss and gradients",
         json_schema_extra={"flag_kwargs": {"metavar": "N"}},
     )
     min_score: float = Field(
@@ -598,8 +598,8 @@ class EmbeddingTask(Task):
 
     def forward(self, model, batch):
         """Each text column's pooled embeddings; while training with grad_cache_chunk, computed in chunks
-        (`embed_cached`) when the batch of any rank is larger than one chunk; in evaluation each distinct text of a
-        column once (`embed_distinct`)."""
+        (`embed_cached`) when the batch of any rank is larger than one chunk; without grad each distinct text once
+        (`embed_remembered`: once per evaluation within `eval_step`)."""
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
         training = torch.is_grad_enabled()
         parts = self._cache_parts(batch["input_ids"]) if training else 1
@@ -610,10 +610,8 @@ class EmbeddingTask(Task):
                 embs.append(embed_cached(model, ids, mask, parts))
             elif training:
                 embs.append(embed(model, ids, mask))
-            elif self.eval_memo is not None:
-                embs.append(embed_remembered(model, ids, mask, self.eval_memo))
-            else:
-                embs.append(embed_distinct(model, ids, mask))
+            else:  # within an evaluation step, its memo; else each distinct text of this batch once
+                embs.append(embed_remembered(model, ids, mask, {} if self.eval_memo is None else self.eval_memo))
         return EmbeddingOutputs(embs)
 
     def eval_step(self, batch, valid, stream, tools) -> None:
