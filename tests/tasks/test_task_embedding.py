@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import Forked, made_once, max_weight_diff, read_jsonl, run_cli, train_losses, trained_once
 from test_bad_input import assert_refused, in_process
@@ -170,6 +172,9 @@ RANK_CASES = {
     # GradCache: rank 1's 2 rows in 3 chunks of the largest rank's 5 (one chunk empty on it)
     "mnrl-grad-cache-uneven": ({"loss": "mnrl", "grad_cache_chunk": 2}, ("anchor", "positive"), (5, 2), False),
     "cosent-grad-cache": ({"loss": "cosent", "grad_cache_chunk": 2}, ("sentence1", "sentence2"), (3, 3), False),
+    # split_by_length: rank 0's long texts split its positives into two runs, rank 1's one row runs a throw-away one
+    "mnrl-split-uneven": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (5, 1), False),
+    "cosent-split-uneven": ({"loss": "cosent"}, ("sentence1", "sentence2"), (4, 2), False),
     "eval-mnrl-padding-row": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (3, 2), True),
     "eval-cosent-padding-row": ({"loss": "cosent"}, ("sentence1", "sentence2"), (3, 2), True),
 }
@@ -185,6 +190,8 @@ def grad_gap(grads: dict, reference: dict) -> float:
 def case_items(name: str) -> list[dict]:
     _, columns, split, _ = RANK_CASES[name]
     n = sum(split)
+    if "split" in name:
+        return uneven_scored_rows(n, seed=5) if columns[0] == "sentence1" else uneven_rows(n, seed=5)
     return scored_rows(n, seed=5) if columns[0] == "sentence1" else rows(n, seed=5, negatives=len(columns) == 3)
 
 
@@ -272,13 +279,16 @@ def test_two_ranks_give_the_loss_and_gradients_of_one_process_on_the_whole_batch
 # ---- GradCache (grad_cache_chunk): the batch embedded a chunk at a time ----------------------------------------
 def cached_step(tiny_bert: str, options: dict, items: list[dict], columns: tuple[str, ...], seed: int = 0, calls=None):
     """(the summed loss, each weight's gradient) of one training batch of `items` under `options`; `calls` (a list)
-    gets (rows, grad enabled) of each of the model's forwards."""
+    gets (rows, width, grad enabled) of each of the model's forwards."""
     task = embedding_task(tiny_bert, **options)
     tokenizer = task.load_tokenizer()
     torch.manual_seed(0)
     model = task.load_model(tokenizer).train()
     if calls is not None:
-        record = lambda _, args, kwargs: calls.append((len(kwargs["input_ids"]), torch.is_grad_enabled()))  # noqa: E731
+
+        def record(_, args, kwargs):
+            calls.append((*kwargs["input_ids"].shape, torch.is_grad_enabled()))
+
         model.register_forward_pre_hook(record, with_kwargs=True)
     batch = batch_of(task, tokenizer, items, columns, "score" if columns[0] == "sentence1" else None)
     torch.manual_seed(seed)
@@ -304,10 +314,90 @@ def test_grad_cache_gives_the_loss_and_gradients_of_the_whole_batch(tiny_bert, o
     calls = []
     loss, cached = cached_step(tiny_bert, {**options, "grad_cache_chunk": chunk}, items, columns, calls=calls)
     sizes = [len(part) for part in torch.arange(12).tensor_split(-(-12 // chunk))]
-    assert sorted(calls) == sorted([(n, grad) for n in sizes for grad in (False, True)] * len(columns))
+    assert sorted((n, grad) for n, _, grad in calls) == sorted(
+        [(n, grad) for n in sizes for grad in (False, True)] * len(columns)
+    )
     assert loss == pytest.approx(whole_loss, abs=1e-5)
     assert cached.keys() == whole.keys() and len(whole) > 10
     assert grad_gap(cached, whole) < 1e-5
+
+
+# ---- split_by_length: a training batch embedded in runs of similar length ---------------------------------------
+def set_partitions(items: list[int]):
+    """Every partition of `items` into non-empty groups."""
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for partition in set_partitions(rest):
+        yield [[first], *partition]
+        for i in range(len(partition)):
+            yield [*partition[:i], [first, *partition[i]], *partition[i + 1 :]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 80), min_size=1, max_size=7), st.sampled_from([0, 3, 48, 1000]))
+def test_length_groups_are_the_cheapest_partition_of_the_rows(lengths, per_forward):
+    """Every row in exactly one run, and no partition of the rows (any grouping, not only runs of the sorted lengths)
+    pads fewer tokens plus per_forward per run."""
+    from tuneforge.tasks.embedding import length_groups
+
+    def cost(groups):
+        return sum(len(g) * max(lengths[i] for i in g) + per_forward for g in groups)
+
+    groups = length_groups(lengths, per_forward)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and all(groups)
+    assert cost(groups) == min(cost(p) for p in set_partitions(list(range(len(lengths)))))
+
+
+@given(st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=6), min_size=1, max_size=4), st.integers(1, 12))
+def test_split_to_cuts_runs_until_every_rank_has_as_many(groups, count):
+    from tuneforge.tasks.embedding import split_to
+
+    rows = sorted(i for g in groups for i in g)
+    out = split_to(groups, max(count, len(groups)))
+    assert len(out) == max(count, len(groups))
+    assert sorted(i for g in out for i in g) == rows  # the same rows, none lost or repeated
+    assert sum(1 for g in out if not g) == max(0, max(count, len(groups)) - len(rows))  # empty only past the rows
+
+
+def uneven_rows(n: int, seed: int, negatives: bool = True) -> list[dict]:
+    """`rows` whose every third positive is long (~70 tokens): a random batch padded to it is mostly padding."""
+    items = rows(n, seed=seed, negatives=negatives)
+    for r in items[::3]:
+        r["positive"] += " and then it walks along the long road to the old town" * 5
+    return items
+
+
+def uneven_scored_rows(n: int, seed: int) -> list[dict]:
+    """`scored_rows` whose every third sentence2 is long."""
+    items = scored_rows(n, seed=seed)
+    for r in items[::3]:
+        r["sentence2"] += " far away from the old town by the long road" * 5
+    return items
+
+
+@pytest.mark.parametrize(
+    "options, columns",
+    [({"loss": "mnrl"}, ("anchor", "positive", "negative")), ({"loss": "cosent"}, ("sentence1", "sentence2"))],
+)
+def test_split_by_length_gives_the_loss_and_gradients_of_the_padded_batch(tiny_bert, options, columns):
+    """A batch with a few long texts, embedded in runs of similar length: the loss and every gradient of the batch
+    embedded at once (within 1e-5), from forwards that read fewer token positions (padding included)."""
+    items = uneven_scored_rows(12, seed=3) if columns[0] == "sentence1" else uneven_rows(12, seed=3)
+    seen = {True: [], False: []}
+    results = {}
+    for split in (True, False):
+        calls = []
+        results[split] = cached_step(tiny_bert, {**options, "split_by_length": split}, items, columns, calls=calls)
+        seen[split] = calls
+    (loss, grads), (whole_loss, whole) = results[True], results[False]
+    assert loss == pytest.approx(whole_loss, abs=1e-5)
+    assert grads.keys() == whole.keys() and grad_gap(grads, whole) < 1e-5
+    assert len(seen[False]) == len(columns) and len(seen[True]) > len(columns)  # the long texts' column is split
+    assert sum(rows * width for rows, width, _ in seen[True]) < 0.7 * sum(
+        rows * width for rows, width, _ in seen[False]
+    )
 
 
 def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):

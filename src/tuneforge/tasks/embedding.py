@@ -85,6 +85,8 @@ SPLIT_FILES = {
 }
 FORMATS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 MAX_DIM = 1_000_000
+# what one more forward of a run of rows costs on a CPU, in tokens of compute (split_by_length; benchmarks/README.md)
+CPU_TOKENS_PER_FORWARD = 48
 
 
 # ---- the embedding and the losses (pure functions of tensors) -----------------------------------------------
@@ -121,6 +123,65 @@ def embed_remembered(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     for i, vector in zip(new, embed_distinct(model, input_ids[pick], attention_mask[pick])):
         memo.setdefault(keys[i], vector)
     return torch.stack([memo[key] for key in keys])
+
+
+def length_groups(lengths: Sequence[int], per_forward: float) -> list[list[int]]:
+    """The rows (indices into `lengths`) cut into runs of similar length so that padding each run to its longest
+    row, plus `per_forward` tokens for each run (what one more forward costs), costs the fewest tokens: an exact
+    partition of the rows sorted by length (dynamic programming over the cut points)."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    ranked = np.asarray(lengths)[order]
+    best, start = np.zeros(len(ranked) + 1), np.zeros(len(ranked) + 1, dtype=int)
+    for end in range(1, len(ranked) + 1):
+        costs = best[:end] + (end - np.arange(end)) * ranked[end - 1] + per_forward
+        start[end] = int(np.argmin(costs))
+        best[end] = costs[start[end]]
+    groups, end = [], len(ranked)
+    while end > 0:
+        groups.append(order[start[end] : end].tolist())
+        end = start[end]
+    return groups[::-1]
+
+
+def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
+    """`groups` cut further, the largest in halves first, until there are `count` (so that every data-parallel rank
+    runs as many forwards); an empty group where the rows run out."""
+    groups = [list(g) for g in groups]
+    while len(groups) < count:
+        largest = max(range(len(groups)), key=lambda g: len(groups[g])) if groups else 0
+        if not groups or len(groups[largest]) < 2:
+            groups.append([])
+            continue
+        rows = groups.pop(largest)
+        groups[largest:largest] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+    return groups
+
+
+def embed_grouped(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]):
+    """`embed` of each group of rows on its own, padded only to its own longest row (fewer padding tokens than the
+    whole batch's; each text's embedding does not depend on the others of its forward), back in the rows' order. An
+    empty group runs the first row and keeps none of it: every rank of a data-parallel group runs as many forwards
+    (DDP's and fsdp's collectives pair up)."""
+    parts, order = [], []
+    for rows in groups:
+        pick = torch.tensor(rows or [0], device=input_ids.device)
+        mask = attention_mask[pick]
+        columns = mask.any(0)  # the columns some row of the group reads (right or left padding alike)
+        pooled = embed(model, input_ids[pick][:, columns], mask[:, columns])
+        parts.append(pooled if rows else pooled[:0])
+        order += rows
+    inverse = torch.empty(len(order), dtype=torch.long, device=input_ids.device)
+    inverse[torch.tensor(order, device=input_ids.device)] = torch.arange(len(order), device=input_ids.device)
+    return torch.cat(parts)[inverse]
+
+
+def agreed_counts(counts: list[int], group, device) -> list[int]:
+    """The largest of each count over the ranks of `group` (`counts` itself in a single process)."""
+    if group is None:
+        return counts
+    mine = torch.tensor(counts, dtype=torch.long, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
+    return mine.tolist()
 
 
 def _embed_chunk(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
@@ -241,6 +302,12 @@ class EmbeddingOptions(TaskOptions):
         "the activation memory of a batch of this size, whatever --batch-size (the in-batch negatives) is; one "
         "more forward per step, the same loss and gradients",
         json_schema_extra={"flag_kwargs": {"metavar": "N"}},
+    )
+    split_by_length: bool = Field(
+        True,
+        description="embed each training batch (on a CPU) in runs of texts of similar length, each padded to its own "
+        "longest: the same batch, its in-batch negatives and its loss, with fewer padding tokens (random batches of "
+        "short sentences are half padding)",
     )
     min_score: float = Field(
         0.0, ge=-1e6, le=1e6, description="the lowest score of scored pairs (mapped to 0)", json_schema_extra=EVAL
@@ -603,11 +670,14 @@ class EmbeddingTask(Task):
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
         training = torch.is_grad_enabled()
         parts = self._cache_parts(batch["input_ids"]) if training else 1
+        groups = self._length_groups(batch, n) if training and parts == 1 else None
         embs = []
         for k in range(n):
             ids, mask = batch[text_key(k)], batch[text_key(k, "attention_mask")]
             if parts > 1:
                 embs.append(embed_cached(model, ids, mask, parts))
+            elif groups is not None:
+                embs.append(embed_grouped(model, ids, mask, groups[k]))
             elif training:
                 embs.append(embed(model, ids, mask))
             else:  # within an evaluation step, its memo; else each distinct text of this batch once
@@ -622,6 +692,19 @@ class EmbeddingTask(Task):
             super().eval_step(batch, valid, stream, tools)
         finally:
             self.eval_memo = None
+
+    def _length_groups(self, batch, columns: int) -> list[list[list[int]]] | None:
+        """split_by_length: each text column's rows in runs of similar length (`length_groups`), as many runs on
+        every data-parallel rank; None where it is off or the batch is on an accelerator (its forwards cost little
+        per token but much per call: one padded forward)."""
+        if not self.options.split_by_length or batch["input_ids"].device.type != "cpu":
+            return None
+        plans = [
+            length_groups(batch[text_key(k, "attention_mask")].sum(1).tolist(), CPU_TOKENS_PER_FORWARD)
+            for k in range(columns)
+        ]
+        counts = agreed_counts([len(plan) for plan in plans], self.dp_group, batch["input_ids"].device)
+        return [split_to(plan, count) for plan, count in zip(plans, counts)]
 
     def _cache_parts(self, input_ids: torch.Tensor) -> int:
         """How many chunks grad_cache_chunk cuts a batch into: as many on every data-parallel rank, from the
