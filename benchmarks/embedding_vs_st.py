@@ -10,7 +10,8 @@ Model: the bundled all-MiniLM-L6-v2. Variants:
   b: tuneforge as a user runs it: its defaults beyond the shared settings (for encoders: embeddings and the bottom
      layer frozen, dropout 0, weight decay 0.01, random batches);
   c: tuneforge with the peer's trainable weights: b plus --freeze-layers 0 --freeze-embeddings off;
-  g: b plus data.group_by_length=true (batches of similar lengths: less padding).
+  g: b plus data.group_by_length=true (batches of similar lengths: less padding);
+  n: b plus --no-split-by-length (each batch padded and embedded whole, as before split_by_length).
 Shared settings (the sentence-transformers STS-B training example's where they fit): batch 16, lr 2e-5, 10% linear
 warm-up then linear decay, --epochs (1 by default; the example's 4 do not fit the time), evaluation once after
 training. Precision: tuneforge's --precision auto (bf16 where the CPU does bf16 natively, else fp32), the peer the
@@ -48,6 +49,7 @@ NAMES = {
     "b": "tuneforge --task embedding (defaults)",
     "c": "tuneforge --task embedding --freeze-layers 0 --freeze-embeddings off",
     "g": "tuneforge --task embedding data.group_by_length=true",
+    "n": "tuneforge --task embedding --no-split-by-length",
 }
 
 
@@ -78,6 +80,8 @@ def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path,
         cmd += ["--freeze-layers", "0", "--freeze-embeddings", "off"]
     if variant == "g":
         cmd += ["data.group_by_length=true"]
+    if variant == "n":
+        cmd += ["--no-split-by-length"]
     cmd += ["--grad-cache-chunk", str(args.grad_cache)] if args.grad_cache else []
     cmd += ["--max-steps", str(args.max_steps)] if args.max_steps else []
     return cmd
@@ -96,7 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", choices=["stsb", "squad"], default="stsb")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
-    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g: tuneforge")
+    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/n: tuneforge")
     ap.add_argument("--epochs", type=float, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", default="2e-5")
