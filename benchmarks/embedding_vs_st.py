@@ -11,7 +11,9 @@ Model: the bundled all-MiniLM-L6-v2. Variants:
      layer frozen, dropout 0, weight decay 0.01, random batches);
   c: tuneforge with the peer's trainable weights: b plus --freeze-layers 0 --freeze-embeddings off;
   g: b plus data.group_by_length=true (batches of similar lengths: less padding);
-  n: b plus --no-split-by-length (each batch padded and embedded whole, as before split_by_length).
+  n: b plus --no-split-by-length (each batch padded and embedded whole, as before split_by_length);
+  d: b on 2 data-parallel ranks (--backend ddp --nproc 2) at half the batch each: the same global batch, which the
+     in-batch negatives gathered across ranks make the same training as b (its metric should equal b's).
 Shared settings (the sentence-transformers STS-B training example's where they fit): batch 16, lr 2e-5, 10% linear
 warm-up then linear decay, --epochs (1 by default; the example's 4 do not fit the time), evaluation once after
 training. Precision: tuneforge's --precision auto (bf16 where the CPU does bf16 natively, else fp32), the peer the
@@ -36,6 +38,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from _machine import machine_meta
@@ -50,6 +53,7 @@ NAMES = {
     "c": "tuneforge --task embedding --freeze-layers 0 --freeze-embeddings off",
     "g": "tuneforge --task embedding data.group_by_length=true",
     "n": "tuneforge --task embedding --no-split-by-length",
+    "d": "tuneforge --task embedding --backend ddp --nproc 2, half the batch per rank",
 }
 
 
@@ -73,8 +77,10 @@ def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path,
         return cmd + ["--epochs", "0" if variant == "u" else str(args.epochs), "--precision", args.peer_precision]
     cmd = [sys.executable, "-m", "tuneforge.cli", "train", "--task", "embedding", "--model", model]
     cmd += ["--train-file", str(train), "--validation-file", str(dev), "--output-dir", str(out)]
-    cmd += ["--batch-size", str(args.batch_size), "--lr", args.lr, "--warmup-ratio", "0.1"]
+    per_rank = args.batch_size // 2 if variant == "d" else args.batch_size
+    cmd += ["--batch-size", str(per_rank), "--lr", args.lr, "--warmup-ratio", "0.1"]
     cmd += ["--epochs", str(args.epochs), "--seed", str(seed), "--json", "--quiet"]
+    cmd += ["--backend", "ddp", "--nproc", "2"] if variant == "d" else []
     cmd += ["--cache-dir", str(out) + "-cache"]  # tokenization paid every run, as the peer's is
     if variant == "c":
         cmd += ["--freeze-layers", "0", "--freeze-embeddings", "off"]
@@ -100,7 +106,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", choices=["stsb", "squad"], default="stsb")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
-    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/n: tuneforge")
+    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/n/d: tuneforge")
     ap.add_argument("--epochs", type=float, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", default="2e-5")
@@ -144,7 +150,10 @@ def main() -> None:
     settings += f"-steps-{args.max_steps}" if args.max_steps else ""
     settings += "" if args.peer_precision == "bf16" else "-fp32"  # the CPU class: no native bf16 (AVX2)
     name = f"embedding_vs_st-{args.data}{settings}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
-    (HERE / "results" / name).write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
+    out = HERE / "results" / name
+    if out.exists():  # an earlier run's figures stay: this run's file is named by its time
+        out = out.with_name(f"{out.stem}-{time.strftime('%Y%m%d-%H%M')}.json")
+    out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
     metric = "dev Spearman" if args.data == "stsb" else "dev ndcg@10"
     print(f"| variant | seed | wall s | peak RSS MiB | {metric} |\n|---|---|---|---|---|")
     for r in runs:

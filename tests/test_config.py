@@ -1,6 +1,7 @@
 """YAML configs: every shipped example validates; key=value overrides and flags layer on top;
 unknown keys and bad values are rejected before any work, naming the key and what is allowed."""
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -254,7 +255,8 @@ def test_every_config_field_and_backend_option_has_a_flag():
         "data.text_columns",
         {**train_flags()["--text-column"][1], "action": "append"},
     )
-    assert train_flags()["--no-packing"][1]["const"] is False and train_flags()["--overwrite"][1]["const"] is True
+    assert train_flags()["--packing"][1]["action"] is argparse.BooleanOptionalAction  # --packing, --no-packing
+    assert train_flags()["--overwrite"][1]["const"] is True
     assert train_flags()["--resume"][1]["nargs"] == "?" and train_flags()["--resume"][1]["const"] == "latest"
     assert train_flags()["--precision"][1]["choices"] == ["auto", "fp32", "bf16", "fp16"]
     assert train_flags()["--offload"][1]["choices"] == ["none", "optimizer", "params", "both"]
@@ -293,6 +295,19 @@ def test_flags_reach_the_config():
     assert config.backend_options.zero_stage == 3 and config.backend_options.offload == "both"
     assert config.optim.lr == 1e-4 and config.resume == "latest" and config.data.text_columns == ["a", "b"]
     assert config.task_options.packing is False and config.report_to == ["jsonl", "tensorboard"]
+
+
+@pytest.mark.parametrize(
+    "flags, grouped",
+    [([], False), (["--group-by-length"], True), (["--no-group-by-length"], False)],
+)
+def test_a_switch_a_task_turns_off_can_be_turned_on_again(flags, grouped):
+    """data.group_by_length is on by default, off for embedding (its run_defaults): `--group-by-length` turns it
+    back on, from the command line alone."""
+    from tuneforge.cli import _flags, build_parser, train_flags
+
+    ns = build_parser().parse_args(["train", "--task", "embedding", *flags])
+    assert config_from_sources(None, [], _flags(ns, train_flags())).data.group_by_length is grouped
 
 
 # ---- the task follows from the data files, in the Python API as on the command line -----------------

@@ -4,8 +4,8 @@ the model's fields (`model_flags`, `add_model_flags`), and its parsed flags beco
 torch): the CLI builds a command's parser from this before anything heavy is imported.
 
 A field's flag is `--NAME` (underscores as dashes); its description is the help (the default appended), a Literal
-gives the choices, int or float the type, a list a repeatable flag, a bool a switch (`--no-NAME` when it defaults
-to true), a required field a required flag. A field's `json_schema_extra` may rename its flag
+gives the choices, int or float the type, a list a repeatable flag, a bool a switch (`--NAME`; also `--no-NAME` when
+it defaults to true), a required field a required flag. A field's `json_schema_extra` may rename its flag
 ({"flag": "--text-column"}), drop it ({"flag": None}), make it a positional argument (POSITIONAL), add argparse
 settings ({"flag_kwargs": {...}}) or word the refusal of a bad value ({"refusal": ...}, see `refusal_line`).
 
@@ -38,8 +38,12 @@ def _extra(field) -> dict[str, Any]:
 
 def _type_kwargs(kind, field, key: str) -> dict[str, Any]:
     """argparse settings for a field's type (`kind`: its annotation without None)."""
-    if kind is bool:
-        return {"action": "store_const", "const": field.default is not True}
+    if kind is bool:  # on by default: --NAME and --no-NAME (a task may turn the default off: run_defaults)
+        return (
+            {"action": argparse.BooleanOptionalAction}
+            if field.default is True
+            else {"action": "store_const", "const": True}
+        )
     if typing.get_origin(kind) is Literal:
         return {"choices": list(typing.get_args(kind))}
     if typing.get_origin(kind) is list:
@@ -68,7 +72,7 @@ def field_flag(name: str, field, key: str) -> tuple[str, tuple[str, dict[str, An
         kind = kinds[0] if len(kinds) == 1 else kind
     help_text = field.description or ""
     if kind is bool and field.default is True:
-        flag, help_text = "--no-" + flag.removeprefix("--"), f"turn off: {help_text}"
+        help_text = f"{help_text} (default: on, or the task's; --no-{flag.removeprefix('--')} turns it off)"
     kwargs = _type_kwargs(kind, field, key)
     if "choices" not in kwargs and kind is not bool and not positional:
         kwargs["metavar"] = name.upper()

@@ -85,7 +85,7 @@ def test_a_sharding_backend_trains_an_encoder_as_one_process(single_run, tiny_be
     assert run.returncode == 0, run.stderr[-4000:]
     whole, split = train_losses(single), train_losses(out)
     assert sorted(whole) == sorted(split) == [1, 2, 3, 4]
-    assert whole[1] - whole[4] > 0.03  # it learns: the comparison means something
+    assert max_weight_diff(tiny_bert, single / "model") > 1e-3  # it trains: the comparison means something
     assert max(abs(whole[s] - split[s]) for s in whole) < 1e-4
     assert max_weight_diff(single / "model", out / "model") < 1e-4
     assert (out / "model" / "modules.json").exists()  # the sentence-transformers folder, from sharded weights too

@@ -33,6 +33,11 @@ without activations, and each chunk runs again in the backward (`embed_cached`):
 the loss and gradients of the whole batch. A backend that reduces each gradient once per backward refuses it
 (`Task.reruns_in_backward`).
 
+Padding (`split_by_length`, CPUs): a training batch stays as drawn (random: its in-batch negatives), but its texts,
+all columns together, are embedded in runs of similar length, each padded to its own longest (`stacked_columns`,
+`length_groups`, `embed_grouped`); every rank runs as many forwards. mnrl's candidates with the text of an
+anchor's own positive are not its negatives (`mask_duplicate_negatives`).
+
 Exact across data-parallel ranks: the candidates (and CoSENT's pairs) are gathered from every rank of the run's
 data-parallel group (`Task.use_data_parallel`) with their gradients (`gather_rows`); each rank sums the loss over
 its own anchors (CoSENT, a loss of the whole batch: that loss once per pair of this rank), so the Trainer's division
@@ -175,6 +180,18 @@ def embed_grouped(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return torch.cat(parts)[inverse]
 
 
+def stacked_columns(batch: dict, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of every text column's rows one under the other, column after column, each
+    right-padded to the widest column's width (the padding masked)."""
+    width = max(batch[text_key(k)].shape[1] for k in range(columns))
+    ids, mask = [], []
+    for k in range(columns):
+        extra = width - batch[text_key(k)].shape[1]
+        ids.append(F.pad(batch[text_key(k)], (0, extra)))
+        mask.append(F.pad(batch[text_key(k, "attention_mask")], (0, extra)))
+    return torch.cat(ids), torch.cat(mask)
+
+
 def agreed_counts(counts: list[int], group, device) -> list[int]:
     """The largest of each count over the ranks of `group` (`counts` itself in a single process)."""
     if group is None:
@@ -302,6 +319,12 @@ class EmbeddingOptions(TaskOptions):
         "the activation memory of a batch of this size, whatever --batch-size (the in-batch negatives) is; one "
         "more forward per step, the same loss and gradients",
         json_schema_extra={"flag_kwargs": {"metavar": "N"}},
+    )
+    mask_duplicate_negatives: bool = Field(
+        True,
+        description="mnrl: a candidate with the same text as an anchor's positive (a paragraph twice in a batch, "
+        "once per question) is not counted as that anchor's negative",
+        json_schema_extra=EVAL,
     )
     split_by_length: bool = Field(
         True,
@@ -631,6 +654,10 @@ class EmbeddingTask(Task):
             batch[text_key(k, "attention_mask")] = padded["attention_mask"]
         if "score" in rows:
             batch["scores"] = torch.tensor(rows["score"], dtype=torch.float32)
+        else:  # each candidate's text as a number: a text twice in a batch is no negative of itself (mnrl)
+            for k in range(1, n):
+                ids = rows[text_key(k)]
+                batch[text_key(k, "text_id")] = torch.tensor([hash(tuple(row)) for row in ids], dtype=torch.long)
         for key in EVAL_COLUMNS:
             if key in rows:
                 batch[key] = torch.tensor(rows[key], dtype=torch.long)
@@ -665,19 +692,20 @@ class EmbeddingTask(Task):
 
     def forward(self, model, batch):
         """Each text column's pooled embeddings; while training with grad_cache_chunk, computed in chunks
-        (`embed_cached`) when the batch of any rank is larger than one chunk; without grad each distinct text once
+        (`embed_cached`) when the batch of any rank is larger than one chunk; else, training on a CPU with
+        split_by_length, every column's texts in runs of similar length; without grad each distinct text once
         (`embed_remembered`: once per evaluation within `eval_step`)."""
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
         training = torch.is_grad_enabled()
         parts = self._cache_parts(batch["input_ids"]) if training else 1
-        groups = self._length_groups(batch, n) if training and parts == 1 else None
+        if training and parts == 1 and self.options.split_by_length and batch["input_ids"].device.type == "cpu":
+            ids, mask = stacked_columns(batch, n)  # every column's texts, grouped by length together
+            return EmbeddingOutputs(list(embed_grouped(model, ids, mask, self._length_groups(mask)).chunk(n)))
         embs = []
         for k in range(n):
             ids, mask = batch[text_key(k)], batch[text_key(k, "attention_mask")]
             if parts > 1:
                 embs.append(embed_cached(model, ids, mask, parts))
-            elif groups is not None:
-                embs.append(embed_grouped(model, ids, mask, groups[k]))
             elif training:
                 embs.append(embed(model, ids, mask))
             else:  # within an evaluation step, its memo; else each distinct text of this batch once
@@ -693,18 +721,12 @@ class EmbeddingTask(Task):
         finally:
             self.eval_memo = None
 
-    def _length_groups(self, batch, columns: int) -> list[list[list[int]]] | None:
-        """split_by_length: each text column's rows in runs of similar length (`length_groups`), as many runs on
-        every data-parallel rank; None where it is off or the batch is on an accelerator (its forwards cost little
-        per token but much per call: one padded forward)."""
-        if not self.options.split_by_length or batch["input_ids"].device.type != "cpu":
-            return None
-        plans = [
-            length_groups(batch[text_key(k, "attention_mask")].sum(1).tolist(), CPU_TOKENS_PER_FORWARD)
-            for k in range(columns)
-        ]
-        counts = agreed_counts([len(plan) for plan in plans], self.dp_group, batch["input_ids"].device)
-        return [split_to(plan, count) for plan, count in zip(plans, counts)]
+    def _length_groups(self, attention_mask: torch.Tensor) -> list[list[int]]:
+        """split_by_length (on a CPU; an accelerator's forward costs little per token but much per call): the rows
+        in runs of similar length (`length_groups`), as many runs on every data-parallel rank."""
+        plan = length_groups(attention_mask.sum(1).tolist(), CPU_TOKENS_PER_FORWARD)
+        (count,) = agreed_counts([len(plan)], self.dp_group, attention_mask.device)
+        return split_to(plan, count)
 
     def _cache_parts(self, input_ids: torch.Tensor) -> int:
         """How many chunks grad_cache_chunk cuts a batch into: as many on every data-parallel rank, from the
@@ -724,7 +746,9 @@ class EmbeddingTask(Task):
         if loss != "mnrl" and "scores" not in batch:
             raise DataError(f"loss {loss} takes scored pairs; the data have no scores (a `score` column)")
         if loss == "mnrl":
-            total = self._ranking(embs, valid)
+            text_ids = [batch.get(text_key(k, "text_id")) for k in range(1, len(embs))]  # (collate adds them)
+            masked = self.options.mask_duplicate_negatives and all(t is not None for t in text_ids)
+            total = self._ranking(embs, valid, text_ids if masked else None)
         elif loss == "cosent":
             total = self._cosent(embs, batch["scores"].float(), valid)
         else:
@@ -735,23 +759,37 @@ class EmbeddingTask(Task):
         rows = float(embs[0].shape[0]) if valid is None else valid.sum().float()
         return total, torch.as_tensor(rows, device=embs[0].device)
 
-    def _ranking(self, embs: list[torch.Tensor], valid) -> torch.Tensor:
-        """Each of this rank's anchors against every rank's positives and hard negatives, summed over the anchors."""
+    def _ranking(self, embs: list[torch.Tensor], valid, text_ids: list[torch.Tensor] | None) -> torch.Tensor:
+        """Each of this rank's anchors against every rank's positives and hard negatives, summed over the anchors;
+        with `text_ids` (each candidate column's texts as numbers), a candidate with the text of an anchor's own
+        positive is not its negative (a SQuAD paragraph in a batch once per question: sentence-transformers'
+        NO_DUPLICATES sampler keeps such rows apart)."""
         group = self.dp_group
         sizes = rank_sizes(embs[0], group)
         candidates = torch.cat([gather_rows(e, sizes, group) for e in embs[1:]])
         targets = rank_offset(sizes, group) + torch.arange(embs[0].shape[0], device=embs[0].device)
-        anchors, keep = embs[0], None
+        anchors, drop = embs[0], None
         if valid is not None:  # evaluation: padding rows are neither anchors nor candidates
             keep = gather_rows(valid.float(), sizes, group).bool().repeat(len(embs) - 1)
             anchors, targets = anchors[valid], targets[valid]
+            drop = ~keep[None, :]
+        if text_ids is not None:
+            duplicates = self._duplicates(text_ids, sizes, targets)
+            drop = duplicates if drop is None else drop | duplicates
         total = anchors.new_zeros(())
         for dim, weight in self.slices():
             logits = self.options.scale * cut(anchors, dim) @ cut(candidates, dim).T
-            if keep is not None:
-                logits = logits.masked_fill(~keep[None, :], float("-inf"))
+            if drop is not None:
+                logits = logits.masked_fill(drop, float("-inf"))
             total = total + weight * F.cross_entropy(logits, targets, reduction="sum")
         return total
+
+    def _duplicates(self, text_ids: list[torch.Tensor], sizes: list[int], targets: torch.Tensor) -> torch.Tensor:
+        """(anchors, candidates): True where a candidate other than the anchor's positive has that positive's text."""
+        ids = torch.cat([gather_rows(t, sizes, self.dp_group) for t in text_ids])
+        same = ids[None, :] == ids[targets][:, None]
+        same[torch.arange(len(targets), device=same.device), targets] = False
+        return same
 
     def _cosent(self, embs: list[torch.Tensor], scores: torch.Tensor, valid) -> torch.Tensor:
         """CoSENT over every rank's pairs, counted once per pair of this rank (the ranks' sums make it once per pair
