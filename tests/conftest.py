@@ -791,6 +791,7 @@ def serving(model_dir: str, **flags):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        proc.log.unlink(missing_ok=True)  # (nothing reads it once the block is over)
 
 
 # ---- backend conformance (tests/backends) ----------------------------------------------------

@@ -7,6 +7,7 @@ test_serve_fuzz.py makes of the route's schema while a known-good request keeps 
 
 import base64
 import json
+import os
 import threading
 import time
 
@@ -66,6 +67,15 @@ def test_health_says_what_is_served(server):
     health = httpx.get(f"{server}/health", timeout=10).json()
     assert health["status"] == "ok" and health["kind"] == "embed" and health["task"] == "embedding"
     assert health["dimensions"] == 32 and health["matryoshka_dims"] == [16, 8] and health["max_length"] == 24
+
+
+@pytest.mark.parametrize("flags, threads", [({}, 1), ({"threads": 2}, 2)])
+def test_the_server_leaves_its_event_loop_a_core(tiny_encoder, flags, threads):
+    """`tuneforge serve` of an encoder on 2 threads' worth of cores runs its forwards on one (the HTTP event loop
+    keeps the other: OpenMP's idle threads would spin on it), or on --threads."""
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    with serving(tiny_encoder, env=env, **flags) as url:
+        assert httpx.get(f"{url}/health", timeout=10).json()["threads"] == threads
 
 
 def test_the_openai_client_gets_sentence_encoder_vectors_as_floats_and_base64(server, client, encoder):

@@ -689,6 +689,8 @@ def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
             f"error: --default-max-tokens must be between 1 and 1048576, got {2**63}",
         ),
         (["--max-length", "0"], "error: --max-length must be between 1 and 1048576, got 0"),
+        (["--threads", "0"], "error: --threads must be positive, got 0"),
+        (["--threads", "5000"], "error: --threads must be between 1 and 4096, got 5000"),
     ],
 )
 def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):
@@ -726,6 +728,7 @@ def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_mode
             proc.kill()
             proc.wait()
     log = proc.log.read_text()  # the drain is a line of the log; each request one access line
+    proc.log.unlink()
     assert "draining: the requests in flight finish" in log, log[-2000:]
     assert log.count("POST /v1/completions 200 ") == 4, log[-2000:]
     for i in range(4):  # every request in flight (running or waiting) finished whole

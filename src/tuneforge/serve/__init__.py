@@ -71,7 +71,8 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         failed.append(err)
         server.should_exit = True
 
-    app = create_app(lambda: load_servable(options.model_dir, max_length=options.max_length), options, on_fatal)
+    load = lambda: load_servable(options.model_dir, max_length=options.max_length)  # noqa: E731
+    app = create_app(load, options, on_fatal, owns_process=True)
     server = draining_server(app, options.request_timeout_s)
     host, port = sock.getsockname()[:2]
     print(

@@ -57,6 +57,8 @@ class ServerState:
         self.metrics = Metrics()
         self.access_log = AccessLog(options.log_format)
         self.served = None  # a Generator or a predictor, once loaded
+        self.owns_process = False  # tuneforge serve's own process (create_app): its torch threads may be set
+        self.threads: int | None = None  # torch's CPU threads while serving (serving_threads)
         self.precision: str | None = None  # a Generator's weights as served (serving_precision)
         self.engine: GenerationEngine | None = None
         self.generation: GenerationService | None = None
@@ -138,6 +140,7 @@ async def health(request: Request):
     options, served = state.options, state.served
     info: dict[str, Any] = {"status": "ok", "model": options.model_dir, "served_model_name": options.served_model_name}
     info["max_batch_size"] = options.max_batch_size
+    info["threads"] = state.threads
     if state.generation is not None:
         service, engine = state.generation, state.engine
         info.update(kind="generate", family=served.family, chat=service.has_chat_template, context=service.context)
@@ -235,8 +238,14 @@ def _param(loc: tuple) -> str | None:
 # ---- loading and the app factory ----------------------------------------------------------------
 async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Callable | None) -> None:
     """Load the model (in a thread) and start its engine or batcher; `on_fatal` hears of the engine's death."""
+    import torch
+
     options = state.options
     served = await asyncio.to_thread(load)
+    threads = serving_threads(isinstance(served, Generator), options.threads, state.owns_process)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    state.threads = torch.get_num_threads()
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template
 
@@ -257,6 +266,17 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
         await batcher.start()
         state.batcher = batcher
     state.served = served
+
+
+def serving_threads(generates: bool, threads: int | None, owns_process: bool) -> int | None:
+    """The torch threads to serve with (None: as they are): --threads where given; else, in a process of the
+    server's own, every core but one for the batched routes, the HTTP event loop's core left free (OpenMP's idle
+    threads spin on it: 2 cores, 1.45x the embeddings per second, benchmarks/README.md); generation as it is."""
+    if threads is not None or not owns_process or generates:
+        return threads
+    import torch
+
+    return max(1, torch.get_num_threads() - 1)
 
 
 def serving_precision(generator: Generator, precision: str) -> str:
@@ -284,10 +304,14 @@ async def load_or_fail(state: ServerState, load: Callable[[], Any], on_fatal: Ca
             on_fatal(err)
 
 
-def create_app(load: Callable[[], Any], options: ServeOptions, on_fatal: Callable | None = None) -> FastAPI:
+def create_app(
+    load: Callable[[], Any], options: ServeOptions, on_fatal: Callable | None = None, owns_process: bool = False
+) -> FastAPI:
     """The app serving what `load()` returns (called once, in a thread, after the server starts); `on_fatal(err)`
-    when it can serve nothing more (the model failed to load, or the generation engine died)."""
+    when it can serve nothing more (the model failed to load, or the generation engine died). `owns_process`
+    (`tuneforge serve`): the process is the server's, and its torch threads are set as `serving_threads` says."""
     state = ServerState(options)
+    state.owns_process = owns_process
 
     @asynccontextmanager
     async def lifespan(app):

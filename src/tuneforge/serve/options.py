@@ -113,6 +113,15 @@ class ServeOptions(BaseModel):
         "(AMX or AVX512-BF16 CPUs, CUDA since Ampere; fp16 on older CUDA), else fp32; fp32 for log-probs equal to "
         "an fp32 forward pass (classifiers serve as loaded)",
     )
+    threads: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="CPU threads of the model's forward passes (torch's intra-op threads); default: for classifiers "
+        "and sentence encoders (the batched routes) every core but one, which the HTTP server keeps (OpenMP's "
+        "waiting threads would take it), for generation every core",
+        json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
     log_format: Literal["text", "json"] = Field(
         "text", description="the access log's lines on stderr: text for people, json (an object a line) for machines"
     )
