@@ -331,6 +331,7 @@ def main() -> None:
     report = {"meta": meta, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    Path(args.out).with_suffix(".partial.json").unlink(missing_ok=True)  # (the progress of a run that ended whole)
     print(json.dumps(meta))
     print("| load | server | req/s | tokens/s | p50 s | p99 s | errors | malformed: 4xx / sent |")
     print("|---|---|---|---|---|---|---|---|")
