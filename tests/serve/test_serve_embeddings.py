@@ -69,13 +69,23 @@ def test_health_says_what_is_served(server):
     assert health["dimensions"] == 32 and health["matryoshka_dims"] == [16, 8] and health["max_length"] == 24
 
 
-@pytest.mark.parametrize("flags, threads", [({}, 1), ({"threads": 2}, 2)])
-def test_the_server_leaves_its_event_loop_a_core(tiny_encoder, flags, threads):
+def test_the_server_leaves_its_event_loop_a_core(tiny_encoder):
     """`tuneforge serve` of an encoder on 2 threads' worth of cores runs its forwards on one (the HTTP event loop
-    keeps the other: OpenMP's idle threads would spin on it), or on --threads."""
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    with serving(tiny_encoder, env=env, **flags) as url:
-        assert httpx.get(f"{url}/health", timeout=10).json()["threads"] == threads
+    keeps the other: OpenMP's idle threads would spin on it)."""
+    with serving(tiny_encoder, env={**os.environ, "OMP_NUM_THREADS": "2"}) as url:
+        assert httpx.get(f"{url}/health", timeout=10).json()["threads"] == 1
+
+
+def test_serving_threads_are_every_core_but_one_only_in_the_servers_own_process():
+    import torch
+
+    from tuneforge.serve.app import serving_threads
+
+    assert serving_threads(generates=False, threads=None, owns_process=True) == max(1, torch.get_num_threads() - 1)
+    assert serving_threads(generates=False, threads=3, owns_process=True) == 3  # --threads
+    assert serving_threads(generates=False, threads=3, owns_process=False) == 3
+    assert serving_threads(generates=False, threads=None, owns_process=False) is None  # an app built in-process
+    assert serving_threads(generates=True, threads=None, owns_process=True) is None  # generation: as it is
 
 
 def test_the_openai_client_gets_sentence_encoder_vectors_as_floats_and_base64(server, client, encoder):
