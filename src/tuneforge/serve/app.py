@@ -52,12 +52,12 @@ PAGE = Path(__file__).with_name("static") / "index.html"
 class ServerState:
     """What the routes share: the loaded model and its batcher or engine, the metrics, the server's phase."""
 
-    def __init__(self, options: ServeOptions) -> None:
+    def __init__(self, options: ServeOptions, owns_process: bool = False) -> None:
         self.options = options
         self.metrics = Metrics()
         self.access_log = AccessLog(options.log_format)
         self.served = None  # a Generator or a predictor, once loaded
-        self.owns_process = False  # tuneforge serve's own process (create_app): its torch threads may be set
+        self.owns_process = owns_process  # tuneforge serve's own process: its torch threads may be set
         self.threads: int | None = None  # torch's CPU threads while serving (serving_threads)
         self.precision: str | None = None  # a Generator's weights as served (serving_precision)
         self.engine: GenerationEngine | None = None
@@ -271,7 +271,7 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
 def serving_threads(generates: bool, threads: int | None, owns_process: bool) -> int | None:
     """The torch threads to serve with (None: as they are): --threads where given; else, in a process of the
     server's own, every core but one for the batched routes, the HTTP event loop's core left free (OpenMP's idle
-    threads spin on it: 2 cores, 1.45x the embeddings per second, benchmarks/README.md); generation as it is."""
+    threads spin on it: benchmarks/README.md, "The server's threads"); generation as it is."""
     if threads is not None or not owns_process or generates:
         return threads
     import torch
@@ -310,8 +310,7 @@ def create_app(
     """The app serving what `load()` returns (called once, in a thread, after the server starts); `on_fatal(err)`
     when it can serve nothing more (the model failed to load, or the generation engine died). `owns_process`
     (`tuneforge serve`): the process is the server's, and its torch threads are set as `serving_threads` says."""
-    state = ServerState(options)
-    state.owns_process = owns_process
+    state = ServerState(options, owns_process)
 
     @asynccontextmanager
     async def lifespan(app):
