@@ -115,11 +115,14 @@ def main() -> None:
     ap.add_argument("--grad-cache", type=int, help="GradCache at this chunk (--grad-cache-chunk; the peer's Cached*)")
     ap.add_argument("--max-steps", type=int, help="stop both sides after this many steps")
     args = ap.parse_args()
+    import torch
+
     from tuneforge.artifacts import bundled_minilm
     from tuneforge.backends.base import cpu_has_native_bf16
 
-    # the peer at its best here: bf16 autocast where the CPU does bf16 natively, else fp32 (as tuneforge's auto)
-    args.peer_precision = "bf16" if cpu_has_native_bf16() else "fp32"
+    # the peer at its best here: bf16 autocast on a GPU or where the CPU does bf16 natively, else fp32 (as
+    # tuneforge's auto); both sides train on the GPU where there is one
+    args.peer_precision = "bf16" if torch.cuda.is_available() or cpu_has_native_bf16() else "fp32"
 
     model = bundled_minilm()
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
@@ -149,6 +152,7 @@ def main() -> None:
     settings += f"-batch-{args.batch_size}" if args.batch_size != 16 else ""
     settings += f"-steps-{args.max_steps}" if args.max_steps else ""
     settings += "" if args.peer_precision == "bf16" else "-fp32"  # the CPU class: no native bf16 (AVX2)
+    settings += "-cuda" if torch.cuda.is_available() else ""
     name = f"embedding_vs_st-{args.data}{settings}-{args.only}-seeds-{'-'.join(map(str, args.seeds))}.json"
     out = HERE / "results" / name
     if out.exists():  # an earlier run's figures stay: this run's file is named by its time

@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--max-steps", type=int, default=-1)
     args = ap.parse_args()
 
+    import torch
     from datasets import Dataset
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
     from sentence_transformers.sentence_transformer.training_args import (
@@ -98,7 +99,8 @@ def main() -> None:
         SentenceTransformerTrainingArguments,
     )
 
-    model = SentenceTransformer(args.model, device="cpu")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the peer on the accelerator where there is one
+    model = SentenceTransformer(args.model, device=device)
     if args.max_seq_length:
         model.max_seq_length = args.max_seq_length
     result = {}
@@ -119,7 +121,7 @@ def main() -> None:
             learning_rate=args.lr,
             warmup_ratio=args.warmup_ratio,
             bf16=args.precision == "bf16",
-            use_cpu=True,
+            use_cpu=device == "cpu",
             seed=args.seed,
             batch_sampler=sampler,
             save_strategy="no",

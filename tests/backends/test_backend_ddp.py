@@ -7,11 +7,12 @@ runs compared here are the shared ones of the `backend_runs` fixture (setup "cli
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 import torch
 
-from conftest import last_json, max_weight_diff, run_cli
+from conftest import Forked, last_json, max_weight_diff, run_cli
 
 
 def test_ddp_eval_counts_each_example_once_and_equals_one_process(backend_runs, cache_dir):
@@ -92,3 +93,54 @@ def test_ddp_bf16_with_gradient_checkpointing_and_accumulation(tmp_path, backend
     assert result["steps"] == 3 and result["train_loss"] == pytest.approx(0.69, abs=0.1)
     meta = json.loads((tmp_path / "bf16" / "model" / "config.json").read_text())
     assert meta["architectures"] == ["BertForSequenceClassification"]
+
+
+class PositionTable(torch.nn.Module):
+    """Token plus position embeddings, the positions a slice of a buffer (saved for backward by the lookup), as
+    BERT's embeddings are in transformers 5.17."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.tokens, self.positions = torch.nn.Embedding(10, 4), torch.nn.Embedding(8, 4)
+        self.register_buffer("position_ids", torch.arange(8).unsqueeze(0), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (self.tokens(ids) + self.positions(self.position_ids[:, : ids.shape[1]])).pow(2).sum()
+
+
+RANK_IDS = [[torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])], [torch.tensor([[6, 7, 8, 9]]), torch.tensor([[2]])]]
+
+
+def two_forwards_one_backward(store: str, out: str, rank: int) -> int:
+    import torch.distributed as dist
+
+    from tuneforge.backends.ddp import DDPBackend
+    from tuneforge.configure import build_config
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    try:
+        model, _ = DDPBackend(build_config({"backend": "ddp", "precision": "fp32"}), None).wrap(PositionTable())
+        sum(model(ids) for ids in RANK_IDS[rank]).backward()  # two forwards, one backward: split_by_length's step
+    finally:
+        dist.destroy_process_group()
+    torch.save({n: p.grad for n, p in model.module.named_parameters()}, f"{out}/rank{rank}.pt")
+    return 0
+
+
+def test_a_step_of_several_forwards_trains_a_model_that_reads_a_buffer_slice():
+    """DDP's per-forward buffer broadcast rewrote the position-id buffer in place between the forwards: backward
+    failed ("modified by an inplace operation"). Both ranks' gradients are one process's on all the rows, halved."""
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryFile() as log:
+        children = [
+            Forked(lambda r=r: two_forwards_one_backward(f"{folder}/store", folder, r), log.fileno(), log.fileno())
+            for r in (0, 1)
+        ]
+        codes = [child.wait(timeout=120) for child in children]
+        log.seek(0)
+        assert codes == [0, 0], log.read().decode()[-3000:]
+        grads = [torch.load(f"{folder}/rank{r}.pt") for r in (0, 1)]
+    one = PositionTable()
+    sum(one(ids) for rank in RANK_IDS for ids in rank).backward()
+    for name, param in one.named_parameters():
+        assert torch.allclose(grads[0][name], param.grad / 2) and torch.allclose(grads[1][name], param.grad / 2)
