@@ -104,6 +104,7 @@ class PositionTable(torch.nn.Module):
         torch.manual_seed(0)
         self.tokens, self.positions = torch.nn.Embedding(10, 4), torch.nn.Embedding(8, 4)
         self.register_buffer("position_ids", torch.arange(8).unsqueeze(0), persistent=False)
+        self.register_buffer("rank_mark", torch.zeros(1))  # read by nothing: shows whether DDP broadcast buffers
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return (self.tokens(ids) + self.positions(self.position_ids[:, : ids.shape[1]])).pow(2).sum()
@@ -121,16 +122,20 @@ def two_forwards_one_backward(store: str, out: str, rank: int) -> int:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
         model, _ = DDPBackend(build_config({"backend": "ddp", "precision": "fp32"}), None).wrap(PositionTable())
+        model.module.rank_mark.fill_(rank)
         sum(model(ids) for ids in RANK_IDS[rank]).backward()  # two forwards, one backward: split_by_length's step
     finally:
         dist.destroy_process_group()
-    torch.save({n: p.grad for n, p in model.module.named_parameters()}, f"{out}/rank{rank}.pt")
+    grads = {n: p.grad for n, p in model.module.named_parameters()}
+    torch.save({"grads": grads, "mark": model.module.rank_mark.item()}, f"{out}/rank{rank}.pt")
     return 0
 
 
 def test_a_step_of_several_forwards_trains_a_model_that_reads_a_buffer_slice():
-    """DDP's per-forward buffer broadcast rewrote the position-id buffer in place between the forwards: backward
-    failed ("modified by an inplace operation"). Both ranks' gradients are one process's on all the rows, halved."""
+    """DDP's broadcast of the buffers before each forward rewrote the position ids in place between the forwards,
+    and with torch 2.11 (a GPU machine's image) backward failed ("modified by an inplace operation"; torch 2.13
+    keeps the buffers' version counters, so here the broadcast itself is what is seen: rank 1's own mark must
+    survive). Both ranks' gradients are one process's on all the rows, halved."""
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryFile() as log:
         children = [
             Forked(lambda r=r: two_forwards_one_backward(f"{folder}/store", folder, r), log.fileno(), log.fileno())
@@ -139,7 +144,9 @@ def test_a_step_of_several_forwards_trains_a_model_that_reads_a_buffer_slice():
         codes = [child.wait(timeout=120) for child in children]
         log.seek(0)
         assert codes == [0, 0], log.read().decode()[-3000:]
-        grads = [torch.load(f"{folder}/rank{r}.pt") for r in (0, 1)]
+        saved = [torch.load(f"{folder}/rank{r}.pt") for r in (0, 1)]
+    assert [s["mark"] for s in saved] == [0, 1]
+    grads = [s["grads"] for s in saved]
     one = PositionTable()
     sum(one(ids) for rank in RANK_IDS for ids in rank).backward()
     for name, param in one.named_parameters():

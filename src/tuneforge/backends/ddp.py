@@ -41,10 +41,10 @@ class DDPBackend(Backend):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # buffers are equal on every rank from DDP's start-up broadcast and constant in the transformers models
         # trained here (position and token-type ids, rotary frequencies); broadcasting them again before each
-        # forward rewrites them in place, which breaks a step of several forwards before one backward (embedding's
-        # split_by_length and GradCache) where the model saved a view of one for backward (BERT's position ids in
-        # transformers 5.17: "modified by an inplace operation", seen on a GPU machine). HF Trainer turns it off
-        # for gradient checkpointing's second forward likewise.
+        # forward rewrites them in place, and with torch 2.11 (2.13 keeps their version counters) a step of several
+        # forwards before one backward (embedding's split_by_length and GradCache) then fails in backward where the
+        # model saved a view of one (BERT's position ids: "modified by an inplace operation", seen on a GPU
+        # machine). HF Trainer turns it off for gradient checkpointing's second forward likewise.
         ddp_model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
         return ddp_model, optimizer
 
