@@ -44,7 +44,7 @@ class DDPBackend(Backend):
         # forward rewrites them in place, and with torch 2.11 (2.13 keeps their version counters) a step of several
         # forwards before one backward (embedding's split_by_length and GradCache) then fails in backward where the
         # model saved a view of one (BERT's position ids: "modified by an inplace operation", seen on a GPU
-        # machine). HF Trainer turns it off for gradient checkpointing's second forward likewise.
+        # machine). sentence-transformers' trainer turns it off (ddp_broadcast_buffers=False) for the same error.
         ddp_model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
         return ddp_model, optimizer
 
