@@ -263,7 +263,9 @@ def run_case(tiny_bert: str, name: str, rank: int | None, world: int) -> dict:
     tokenizer = task.load_tokenizer()
     torch.manual_seed(0)
     model = task.load_model(tokenizer)
-    wrapped = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    # as the ddp backend wraps it (no buffer broadcast before each forward: torch 2.11 then fails the backward of
+    # a step of several forwards)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False) if world > 1 else model
     batch = batch_of(task, tokenizer, items, columns, "score" if columns[0] == "sentence1" else None)
     with torch.set_grad_enabled(not evaluating):
         total, count = task.compute_loss(task.forward(wrapped, batch), batch, row_mask=valid if evaluating else None)

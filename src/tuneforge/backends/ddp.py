@@ -31,7 +31,8 @@ class DDPBackend(Backend):
         if gpus and self.config.nproc > gpus and not self.config.hostfile:
             raise ConfigError(
                 f"--nproc {self.config.nproc} is more than the {gpus} GPU(s) here; "
-                f"NCCL needs one GPU per process: use --nproc {gpus} or less"
+                f"NCCL needs one GPU per process: use --nproc {gpus} or less (or CUDA_VISIBLE_DEVICES= to run "
+                f"gloo ranks on the CPU)"
             )
 
     def wrap(self, model: torch.nn.Module, make_optimizer: MakeOptimizer | None = None):
