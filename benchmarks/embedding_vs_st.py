@@ -12,6 +12,7 @@ Model: the bundled all-MiniLM-L6-v2. Variants:
   c: tuneforge with the peer's trainable weights: b plus --freeze-layers 0 --freeze-embeddings off;
   g: b plus data.group_by_length=true (batches of similar lengths: less padding);
   n: b plus --no-split-by-length (each batch padded and embedded whole, as before split_by_length);
+  2, 3: b with the bottom 2 or 3 transformer layers frozen (--freeze-layers N; the default freezes 1);
   d: b on 2 data-parallel ranks (--backend ddp --nproc 2) at half the batch each: the same global batch, which the
      in-batch negatives gathered across ranks make the same training as b (its metric should equal b's).
 Shared settings (the sentence-transformers STS-B training example's where they fit): batch 16, lr 2e-5, 10% linear
@@ -54,6 +55,8 @@ NAMES = {
     "g": "tuneforge --task embedding data.group_by_length=true",
     "n": "tuneforge --task embedding --no-split-by-length",
     "d": "tuneforge --task embedding --backend ddp --nproc 2, half the batch per rank",
+    "2": "tuneforge --task embedding --freeze-layers 2",
+    "3": "tuneforge --task embedding --freeze-layers 3",
 }
 
 
@@ -88,6 +91,8 @@ def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path,
         cmd += ["data.group_by_length=true"]
     if variant == "n":
         cmd += ["--no-split-by-length"]
+    if variant in "23":
+        cmd += ["--freeze-layers", variant]
     cmd += ["--grad-cache-chunk", str(args.grad_cache)] if args.grad_cache else []
     cmd += ["--max-steps", str(args.max_steps)] if args.max_steps else []
     return cmd
@@ -106,7 +111,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", choices=["stsb", "squad"], default="stsb")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
-    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/n/d: tuneforge")
+    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/n/d/2/3: tuneforge")
     ap.add_argument("--epochs", type=float, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", default="2e-5")

@@ -250,6 +250,8 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
         for dtype in args.peer_dtypes.split(","):
             out[f"transformers serve --continuous-batching --dtype {dtype} (peer)"] = (hf + ["--dtype", dtype], {})
         out["tuneforge serve (batching) --precision fp32"] = (batching + ["--precision", "fp32"], {})
+        # generation keeps every core by default; the encoders' default leaves the event loop one (--threads)
+        out["tuneforge serve (batching) --threads 1"] = (batching + ["--threads", "1"], {})
         if args.logprobs is not None:
             out[f"tuneforge serve (batching), logprobs {args.logprobs}"] = (batching, {"logprobs": args.logprobs})
     return out

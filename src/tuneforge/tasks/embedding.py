@@ -153,8 +153,8 @@ def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
     runs as many forwards); an empty group where the rows run out."""
     groups = [list(g) for g in groups]
     while len(groups) < count:
-        largest = max(range(len(groups)), key=lambda g: len(groups[g])) if groups else 0
-        if not groups or len(groups[largest]) < 2:
+        largest = max(range(len(groups)), key=lambda g: len(groups[g]), default=None)
+        if largest is None or len(groups[largest]) < 2:
             groups.append([])
             continue
         rows = groups.pop(largest)
@@ -192,13 +192,13 @@ def stacked_columns(batch: dict, columns: int) -> tuple[torch.Tensor, torch.Tens
     return torch.cat(ids), torch.cat(mask)
 
 
-def agreed_counts(counts: list[int], group, device) -> list[int]:
-    """The largest of each count over the ranks of `group` (`counts` itself in a single process)."""
+def agreed_count(count: int, group, device) -> int:
+    """The largest `count` of the ranks of `group` (`count` itself in a single process)."""
     if group is None:
-        return counts
-    mine = torch.tensor(counts, dtype=torch.long, device=device)
+        return count
+    mine = torch.tensor([count], dtype=torch.long, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
-    return mine.tolist()
+    return int(mine.item())
 
 
 def _embed_chunk(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
@@ -725,8 +725,7 @@ class EmbeddingTask(Task):
         """split_by_length (on a CPU; an accelerator's forward costs little per token but much per call): the rows
         in runs of similar length (`length_groups`), as many runs on every data-parallel rank."""
         plan = length_groups(attention_mask.sum(1).tolist(), CPU_TOKENS_PER_FORWARD)
-        (count,) = agreed_counts([len(plan)], self.dp_group, attention_mask.device)
-        return split_to(plan, count)
+        return split_to(plan, agreed_count(len(plan), self.dp_group, attention_mask.device))
 
     def _cache_parts(self, input_ids: torch.Tensor) -> int:
         """How many chunks grad_cache_chunk cuts a batch into: as many on every data-parallel rank, from the
