@@ -20,6 +20,8 @@ Layout of `OUTPUT_DIR/checkpoint-STEP/`:
     config.yaml            the resolved config of the run that wrote it
     config.json, tokenizer files, tuneforge.json
                            what `tuneforge export` needs to write a standalone HF folder
+    model_files/           the task's files for other libraries (`Task.model_files`: a sentence encoder's
+                           sentence-transformers modules), copied into the exported folder
     manifest.json          size and sha256 of every other file; written last, checked on load
 
 Atomic: a checkpoint is written to a temporary folder (`.tmp-checkpoint-...`), fsynced, renamed to
@@ -71,6 +73,7 @@ from tuneforge.paths import check_inputs_outside_run, check_no_clashes, check_ou
 from tuneforge.progress import Progress
 
 MANIFEST = "manifest.json"
+MODEL_FILES = "model_files"  # the task's files for other libraries, copied into an exported folder
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
 
 
@@ -256,13 +259,23 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def read_model_files(path: str | os.PathLike) -> dict[str, str]:
+    """The task's files a checkpoint keeps for the exported folder (a path inside it -> its text); {} if none."""
+    root = Path(path) / MODEL_FILES
+    if not root.is_dir():
+        return {}
+    files = sorted(f for f in root.rglob("*") if f.is_file())
+    return {f.relative_to(root).as_posix(): f.read_text(encoding="utf-8") for f in files}
+
+
 # ---- the checkpointer ---------------------------------------------------------------------------
 class Checkpointer:
     """Writes and reads the checkpoints of one run in `output_dir`.
 
     `meta` is `describe(...)` of this run (written as meta.json, and compared with a checkpoint's on
-    load); `run_config` (anything with `.save(path)`), `tokenizer` and `model_info` (the task's
-    tuneforge.json) are written beside the weights so that `tuneforge export` needs nothing else.
+    load); `run_config` (anything with `.save(path)`), `tokenizer`, `model_info` (the task's
+    tuneforge.json) and `model_files` (the task's files for other libraries, a path -> its text) are
+    written beside the weights so that `tuneforge export` needs nothing else.
     `save_total_limit`: keep the last N checkpoints (plus the best one); None keeps all.
     """
 
@@ -276,6 +289,7 @@ class Checkpointer:
         run_config=None,
         tokenizer=None,
         model_info: dict | None = None,
+        model_files: dict[str, str] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.backend = backend
@@ -284,6 +298,7 @@ class Checkpointer:
         self.run_config = run_config
         self.tokenizer = tokenizer
         self.model_info = model_info
+        self.model_files = model_files or {}
 
     def save(self, model, optimizer, scheduler, progress: Progress) -> Path:
         """Write `checkpoint-STEP` (a collective: every rank calls it); returns its path."""
@@ -309,6 +324,9 @@ class Checkpointer:
                 self.tokenizer.save_pretrained(tmp)
             if self.model_info is not None:
                 write_model_info(tmp, self.model_info)
+            for name, text in self.model_files.items():
+                (tmp / MODEL_FILES / name).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / MODEL_FILES / name).write_text(text, encoding="utf-8")
         b.barrier()
         if b.is_main:
             _write_manifest(tmp)

@@ -205,7 +205,8 @@ def check_export_folder(out: Path, overwrite: bool, inputs: dict[str, str | None
 
 
 def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Write `out_dir` as an HF folder (config, safetensors weights, tokenizer, tuneforge.json)."""
+    """Write `out_dir` as an HF folder (config, safetensors weights, tokenizer, tuneforge.json, the task's files for
+    other libraries: a sentence encoder's sentence-transformers modules)."""
     import transformers
 
     path, out = Path(checkpoint_dir), Path(out_dir)
@@ -239,7 +240,7 @@ def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathL
     _load_weights(model, read_weights(path, meta), path)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").exists() else None
     info = read_model_info(path) if (path / MODEL_INFO).exists() else None
-    return write_hf_folder(out, model, tokenizer=tokenizer, info=info)
+    return write_hf_folder(out, model, tokenizer=tokenizer, info=info, files=checkpoint.read_model_files(path))
 
 
 # ---- GGUF: one file for llama.cpp and Ollama ---------------------------------------------------

@@ -280,6 +280,7 @@ def make_checkpointer(run: Run, task) -> Checkpointer:
         run_config=cfg,
         tokenizer=run.tokenizer,
         model_info=task.export_info(),
+        model_files=task.model_files(getattr(b.unwrap(run.model), "config", None)),
     )
 
 

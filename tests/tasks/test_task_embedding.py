@@ -574,6 +574,7 @@ def trained(tmp_path_factory, tiny_bert, cache_dir):
     def command(data: Path, run: Path) -> list[str]:
         files = ["--train-file", str(data / "train.jsonl"), "--validation-file", str(data / "valid.jsonl")]
         run_flags = ["--max-steps", "12", "--batch-size", "8", "--lr", "2e-3", "--logging-steps", "1"]
+        run_flags += ["--save-steps", "12"]  # a checkpoint for the export test
         every_weight = ["--freeze-layers", "0", "--freeze-embeddings", "off", "--eval-strategy", "no"]
         return [
             "train",
@@ -648,6 +649,22 @@ def test_the_exported_model_loads_in_sentence_transformers_with_the_same_embeddi
     # a Matryoshka slice: sentence-transformers' truncate_dim (renormalised) is tuneforge's dims
     short = SentenceTransformer(str(folder), device="cpu", truncate_dim=8).encode(texts, normalize_embeddings=True)
     assert np.abs(short - SentenceEncoder(folder, device="cpu").encode(texts, dims=8)).max() < 1e-5
+
+
+def test_an_exported_checkpoint_loads_in_sentence_transformers_as_the_run_s_model(trained, tmp_path):
+    """`tuneforge export OUTPUT_DIR/checkpoint-STEP OUT` of an encoder writes sentence-transformers' modules too (the
+    checkpoint keeps the task's files): the same embeddings as the run's own OUTPUT_DIR/model."""
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "exported"
+    proc = run_cli("export", str(trained[0] / "checkpoint-12"), str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "modules.json").exists() and (out / "1_Pooling" / "config.json").exists()
+    texts = [r["anchor"] for r in rows(4, seed=2)]
+    exported = SentenceTransformer(str(out), device="cpu")
+    assert exported.max_seq_length == 24
+    run_model = SentenceTransformer(str(trained[0] / "model"), device="cpu")
+    assert np.abs(exported.encode(texts) - run_model.encode(texts)).max() < 1e-6
 
 
 # ---- scored pairs: STS-B as shipped, CoSENT and cosine MSE ----------------------------------------------
