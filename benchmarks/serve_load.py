@@ -252,6 +252,7 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
         out["tuneforge serve (batching) --precision fp32"] = (batching + ["--precision", "fp32"], {})
         # generation keeps every core by default; the encoders' default leaves the event loop one (--threads)
         out["tuneforge serve (batching) --threads 1"] = (batching + ["--threads", "1"], {})
+        out["tuneforge serve (batching) --no-pack-weights"] = (batching + ["--no-pack-weights"], {})
         if args.logprobs is not None:
             out[f"tuneforge serve (batching), logprobs {args.logprobs}"] = (batching, {"logprobs": args.logprobs})
     return out

@@ -45,6 +45,7 @@ from tuneforge.serve.gate import RETRY_AFTER_S, Gate, error_response
 from tuneforge.serve.generation import GenerationService
 from tuneforge.serve.metrics import Metrics
 from tuneforge.serve.options import ServeOptions
+from tuneforge.serve.packed_linear import pack_linear_layers
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 
@@ -59,6 +60,7 @@ class ServerState:
         self.served = None  # a Generator or a predictor, once loaded
         self.owns_process = owns_process  # tuneforge serve's own process: its torch threads may be set
         self.threads: int | None = None  # torch's CPU threads while serving (serving_threads)
+        self.packed_layers = 0  # linear layers on oneDNN-packed weights (pack_weights)
         self.precision: str | None = None  # a Generator's weights as served (serving_precision)
         self.engine: GenerationEngine | None = None
         self.generation: GenerationService | None = None
@@ -145,6 +147,7 @@ async def health(request: Request):
         service, engine = state.generation, state.engine
         info.update(kind="generate", family=served.family, chat=service.has_chat_template, context=service.context)
         info["precision"] = state.precision
+        info["packed_layers"] = state.packed_layers
         info.update(task=served.info.get("task"), running=engine.running_rows, waiting=engine.queue_depth)
     else:
         b = state.batcher
@@ -250,6 +253,8 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
         from tuneforge.chat import check_chat_template
 
         state.precision = serving_precision(served, options.precision)
+        if options.pack_weights:  # timed at the engine's batch size, on the serving threads
+            state.packed_layers = await asyncio.to_thread(pack_linear_layers, served.model, options.max_batch_size)
 
         check_chat_template(served.tokenizer, options.model_dir)  # one line at start-up, not a 500 per request
         engine = GenerationEngine(

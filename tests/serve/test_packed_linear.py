@@ -1,0 +1,74 @@
+"""Serving's linear layers on oneDNN-packed weights (tuneforge/serve/packed_linear.py): a packed layer computes what
+the layer computes, a real tiny Llama with its layers swapped generates what it generated, only the shapes judged
+faster are swapped (each judged once), and what cannot be packed keeps its layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(5, 48), (2, 7, 48), (33, 48), (1, 48)])
+def test_a_packed_layer_computes_what_the_layer_computes(bias, shape):
+    from tuneforge.serve.packed_linear import PackedLinear
+
+    torch.manual_seed(0)
+    layer, x = torch.nn.Linear(48, 80, bias=bias), torch.randn(*shape)
+    with torch.inference_mode():
+        assert torch.allclose(PackedLinear(layer, rows=32)(x), layer(x), atol=1e-5)  # any rows, packed for 32
+
+
+@pytest.fixture
+def llama(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_llama).eval()
+
+
+def greedy(model, prompt: list[int], tokens: int = 12) -> list[int]:
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_a_model_with_every_layer_packed_generates_what_it_generated(llama):
+    from tuneforge.serve.packed_linear import PackedLinear, pack_linear_layers
+
+    prompt = [5, 17, 42, 99, 7]
+    before = greedy(llama, prompt)
+    with torch.inference_mode():
+        logits = llama(torch.tensor([prompt])).logits
+    linears = sum(1 for m in llama.modules() if type(m) is torch.nn.Linear)
+    assert pack_linear_layers(llama, rows=4, faster=lambda layer, rows: True) == linears > 0
+    assert not any(type(m) is torch.nn.Linear for m in llama.modules())
+    assert sum(1 for m in llama.modules() if isinstance(m, PackedLinear)) == linears
+    with torch.inference_mode():
+        assert torch.allclose(llama(torch.tensor([prompt])).logits, logits, atol=1e-5)
+    assert greedy(llama, prompt) == before
+
+
+def test_only_the_shapes_judged_faster_are_swapped_each_judged_once(llama):
+    from tuneforge.serve.packed_linear import pack_linear_layers
+
+    judged = []
+
+    def wide_outputs(layer, rows):
+        judged.append((layer.in_features, layer.out_features, rows))
+        return layer.out_features > 32  # the MLP's up and gate projections and the output layer, not attention's
+
+    wide = sum(1 for m in llama.modules() if type(m) is torch.nn.Linear and m.out_features > 32)
+    assert pack_linear_layers(llama, rows=8, faster=wide_outputs) == wide > 0
+    assert len(judged) == len(set(judged)) and all(rows == 8 for *_, rows in judged)
+    assert all(m.out_features <= 32 for m in llama.modules() if type(m) is torch.nn.Linear)
+
+
+def test_what_cannot_be_packed_keeps_its_layers(llama):
+    """fp16 weights (no packed kernel on CPUs) and a model on no CPU-packable dtype keep every layer; the timing
+    itself answers with a verdict for a real layer."""
+    from tuneforge.serve.packed_linear import pack_linear_layers, packs_faster
+
+    assert isinstance(packs_faster(torch.nn.Linear(64, 256), rows=8), bool)
+    half = llama.to(torch.float16)
+    assert pack_linear_layers(half, rows=4, faster=lambda layer, rows: True) == 0
+    assert any(type(m) is torch.nn.Linear for m in half.modules())
