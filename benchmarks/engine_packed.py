@@ -24,7 +24,7 @@ from engine_slots import run
 from tuneforge.generate import Generator
 from tuneforge.running_batch import SlotBatch
 from tuneforge.serve.engine import SamplingParams
-from tuneforge.serve.packed_linear import PackedLinear, _fastest_time, pack_linear_layers
+from tuneforge.serve.packed_linear import PackedLinear, fastest_time, pack_linear_layers
 from tuneforge.tasks.clm import bundled_smollm2
 
 HERE = Path(__file__).resolve().parent
@@ -41,8 +41,8 @@ def shape_timings(model, rows: int) -> list[dict]:
         x = torch.randn(rows, layer.in_features, dtype=layer.weight.dtype)
         packed = PackedLinear(layer, rows)
         with torch.inference_mode():
-            plain_s = _fastest_time(lambda layer=layer, x=x: layer(x))
-            packed_s = _fastest_time(lambda packed=packed, x=x: packed(x))
+            plain_s = fastest_time(lambda layer=layer, x=x: layer(x))
+            packed_s = fastest_time(lambda packed=packed, x=x: packed(x))
         out.append({"shape": list(key), "plain_ms": round(plain_s * 1e3, 3), "packed_ms": round(packed_s * 1e3, 3)})
     return out
 

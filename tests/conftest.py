@@ -219,19 +219,14 @@ def run_cli(
     costs more than a small run), unless `fresh` or `env` ask for `python -m tuneforge.cli` started anew (what a
     user starts; what reads the environment at import), or this process holds a CUDA context (a GPU machine: a
     forked child cannot use it)."""
-    if fresh or env is not None or cuda_in_use():
+    from tuneforge.launch import cuda_set_up
+
+    if fresh or env is not None or cuda_set_up():
         full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
         return subprocess.run(
             cli_command(*args), capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO
         )
     return forked_cli(list(args), timeout, cwd or REPO)
-
-
-def cuda_in_use() -> bool:
-    """Whether this process has set up CUDA (an in-process test on a GPU machine): its forks would fail at their
-    first CUDA call ("initialization error")."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
 
 
 def forked_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:

@@ -64,11 +64,10 @@ def test_only_the_shapes_judged_faster_are_swapped_each_judged_once(llama):
 
 
 def test_what_cannot_be_packed_keeps_its_layers(llama):
-    """fp16 weights (no packed kernel on CPUs) and a model on no CPU-packable dtype keep every layer; the timing
-    itself answers with a verdict for a real layer."""
-    from tuneforge.serve.packed_linear import pack_linear_layers, packs_faster
+    """fp16 weights (packed only on CPUs with avx_ne_convert) keep every layer, whatever the timing would say. (The
+    timing's verdict itself depends on the machine: not asserted; every served generation test runs it.)"""
+    from tuneforge.serve.packed_linear import pack_linear_layers
 
-    assert isinstance(packs_faster(torch.nn.Linear(64, 256), rows=8), bool)
     half = llama.to(torch.float16)
     assert pack_linear_layers(half, rows=4, faster=lambda layer, rows: True) == 0
     assert any(type(m) is torch.nn.Linear for m in half.modules())

@@ -1,13 +1,13 @@
 """A served generator's linear layers on oneDNN's packed weights, where this CPU computes them faster that way.
 
 A decode step multiplies a few dozen rows by every weight of the model. PyTorch's `nn.Linear` on a CPU calls the
-BLAS, which is slow for some of those shapes: SmolLM2-135M's output layer (576 -> 49,152) ran at 42 GFLOP/s in
-fp32 on 2 AVX2 cores, at 92 from a oneDNN-packed copy of its weight (benchmarks/README.md, "Packed weights").
-Which shapes gain depends on the CPU and the dtype (the square 576 x 576 ran slower packed; bf16 on AMX gained
-nothing), so `pack_linear_layers` times each distinct weight shape once, both ways, at the serving batch's rows,
-and swaps in `PackedLinear` only where packed is clearly faster. Inference only (no autograd), CPU only, plain
-`nn.Linear` only (quantized and adapter layers keep theirs); the swapped module drops its unpacked weight (a
-weight tied to the embeddings stays there).
+BLAS, which is slow for some of those shapes: SmolLM2-135M's output layer (576 -> 49,152) took 34.7 ms a step at
+32 rows in fp32 on 2 AVX2 cores, 18.2 ms from a oneDNN-packed copy of its weight (benchmarks/engine_packed.py).
+Which shapes gain depends on the CPU and the dtype (its 576 x 576 gained 4%, its 576 -> 192 lost; an earlier hand
+check found nothing gained for bf16 on AMX), so `pack_linear_layers` times each distinct weight shape once, both
+ways, at the serving batch's rows, and swaps in `PackedLinear` only where packed is clearly faster. Inference only
+(no autograd), CPU only, plain `nn.Linear` only (quantized and adapter layers keep theirs); the swapped module
+drops its unpacked weight (a weight tied to the embeddings stays there).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class PackedLinear(torch.nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def _fastest_time(fn, calls: int = 5) -> float:
+def fastest_time(fn, calls: int = 5) -> float:
+    """The shortest of `calls` timed calls of `fn`, after one untimed."""
     fn()  # warm-up (oneDNN builds its kernel on the first call)
     best = float("inf")
     for _ in range(calls):
@@ -49,7 +50,7 @@ def packs_faster(linear: torch.nn.Linear, rows: int) -> bool:
     try:
         packed = PackedLinear(linear, rows)
         with torch.inference_mode():
-            return _fastest_time(lambda: packed(x)) < FASTER * _fastest_time(lambda: linear(x))
+            return fastest_time(lambda: packed(x)) < FASTER * fastest_time(lambda: linear(x))
     except RuntimeError:  # a dtype or shape this oneDNN build does not pack
         return False
 
