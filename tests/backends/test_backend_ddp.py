@@ -113,15 +113,12 @@ class PositionTable(torch.nn.Module):
 RANK_IDS = [[torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])], [torch.tensor([[6, 7, 8, 9]]), torch.tensor([[2]])]]
 
 
-def two_forwards_one_backward(store: str, out: str, rank: int) -> int:
+def two_forwards_one_backward(backend, store: str, out: str, rank: int) -> int:
     import torch.distributed as dist
-
-    from tuneforge.backends.ddp import DDPBackend
-    from tuneforge.configure import build_config
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:
-        model, _ = DDPBackend(build_config({"backend": "ddp", "precision": "fp32"}), None).wrap(PositionTable())
+        model, _ = backend.wrap(PositionTable())
         model.module.rank_mark.fill_(rank)
         sum(model(ids) for ids in RANK_IDS[rank]).backward()  # two forwards, one backward: split_by_length's step
     finally:
@@ -136,14 +133,24 @@ def test_a_step_of_several_forwards_trains_a_model_that_reads_a_buffer_slice():
     and with torch 2.11 (a GPU machine's image) backward failed ("modified by an inplace operation"; torch 2.13
     keeps the buffers' version counters, so here the broadcast itself is what is seen: rank 1's own mark must
     survive). Both ranks' gradients are one process's on all the rows, halved."""
+    from tuneforge.backends.ddp import DDPBackend
+    from tuneforge.configure import build_config
+
+    # built here, not in the forked children: an import there can wait forever on a lock a thread held at the fork
+    backend = DDPBackend(build_config({"backend": "ddp", "precision": "fp32"}), None)
     with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryFile() as log:
+        store = f"{folder}/store"
         children = [
-            Forked(lambda r=r: two_forwards_one_backward(f"{folder}/store", folder, r), log.fileno(), log.fileno())
+            Forked(lambda r=r: two_forwards_one_backward(backend, store, folder, r), log.fileno(), log.fileno())
             for r in (0, 1)
         ]
-        codes = [child.wait(timeout=120) for child in children]
+        try:
+            codes = [child.wait(timeout=120) for child in children]
+        finally:
+            for child in children:
+                child.kill()
         log.seek(0)
-        assert codes == [0, 0], log.read().decode()[-3000:]
+        assert codes == [0, 0], log.read().decode(errors="replace")[-3000:]
         saved = [torch.load(f"{folder}/rank{r}.pt") for r in (0, 1)]
     assert [s["mark"] for s in saved] == [0, 1]
     grads = [s["grads"] for s in saved]
