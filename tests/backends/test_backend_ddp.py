@@ -7,12 +7,11 @@ runs compared here are the shared ones of the `backend_runs` fixture (setup "cli
 from __future__ import annotations
 
 import json
-import tempfile
 
 import pytest
 import torch
 
-from conftest import Forked, last_json, max_weight_diff, run_cli
+from conftest import last_json, max_weight_diff, run_cli
 
 
 def test_ddp_eval_counts_each_example_once_and_equals_one_process(backend_runs, cache_dir):
@@ -95,66 +94,68 @@ def test_ddp_bf16_with_gradient_checkpointing_and_accumulation(tmp_path, backend
     assert meta["architectures"] == ["BertForSequenceClassification"]
 
 
-class PositionTable(torch.nn.Module):
-    """Token plus position embeddings, the positions a slice of a buffer (saved for backward by the lookup), as
-    BERT's embeddings are in transformers 5.17."""
+# One rank of the several-forwards case, in a fresh interpreter (argv: rank, store, out folder): a child forked from
+# a pytest worker of the full suite hung in it (twice, at 120 s), so the ranks are started anew.
+RANK_SCRIPT = """
+import sys
+import torch
+import torch.distributed as dist
+from tuneforge.backends.ddp import DDPBackend
+from tuneforge.configure import build_config
 
-    def __init__(self) -> None:
+
+class PositionTable(torch.nn.Module):
+    # token plus position embeddings, the positions a slice of a buffer saved for backward (BERT's in transformers
+    # 5.17); rank_mark is read by nothing: it shows whether DDP broadcast the buffers
+    def __init__(self):
         super().__init__()
         torch.manual_seed(0)
         self.tokens, self.positions = torch.nn.Embedding(10, 4), torch.nn.Embedding(8, 4)
         self.register_buffer("position_ids", torch.arange(8).unsqueeze(0), persistent=False)
-        self.register_buffer("rank_mark", torch.zeros(1))  # read by nothing: shows whether DDP broadcast buffers
+        self.register_buffer("rank_mark", torch.zeros(1))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids):
         return (self.tokens(ids) + self.positions(self.position_ids[:, : ids.shape[1]])).pow(2).sum()
 
 
 RANK_IDS = [[torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])], [torch.tensor([[6, 7, 8, 9]]), torch.tensor([[2]])]]
+rank, store, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if rank < 0:  # one process on every rank's rows
+    one = PositionTable()
+    sum(one(ids) for part in RANK_IDS for ids in part).backward()
+    torch.save({"grads": {n: p.grad for n, p in one.named_parameters()}}, out + "/one.pt")
+    sys.exit(0)
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+model, _ = DDPBackend(build_config({"backend": "ddp", "precision": "fp32"}), None).wrap(PositionTable())
+model.module.rank_mark.fill_(rank)
+sum(model(ids) for ids in RANK_IDS[rank]).backward()  # two forwards, one backward: split_by_length's step
+dist.destroy_process_group()
+grads = {n: p.grad for n, p in model.module.named_parameters()}
+torch.save({"grads": grads, "mark": model.module.rank_mark.item()}, out + f"/rank{rank}.pt")
+"""
 
 
-def two_forwards_one_backward(backend, store: str, out: str, rank: int) -> int:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        model, _ = backend.wrap(PositionTable())
-        model.module.rank_mark.fill_(rank)
-        sum(model(ids) for ids in RANK_IDS[rank]).backward()  # two forwards, one backward: split_by_length's step
-    finally:
-        dist.destroy_process_group()
-    grads = {n: p.grad for n, p in model.module.named_parameters()}
-    torch.save({"grads": grads, "mark": model.module.rank_mark.item()}, f"{out}/rank{rank}.pt")
-    return 0
-
-
-def test_a_step_of_several_forwards_trains_a_model_that_reads_a_buffer_slice():
+def test_a_step_of_several_forwards_trains_a_model_that_reads_a_buffer_slice(tmp_path):
     """DDP's broadcast of the buffers before each forward rewrote the position ids in place between the forwards,
     and with torch 2.11 (a GPU machine's image) backward failed ("modified by an inplace operation"; torch 2.13
     keeps the buffers' version counters, so here the broadcast itself is what is seen: rank 1's own mark must
     survive). Both ranks' gradients are one process's on all the rows, halved."""
-    from tuneforge.backends.ddp import DDPBackend
-    from tuneforge.configure import build_config
+    import subprocess
+    import sys
 
-    # built here, not in the forked children: an import there can wait forever on a lock a thread held at the fork
-    backend = DDPBackend(build_config({"backend": "ddp", "precision": "fp32"}), None)
-    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryFile() as log:
-        store = f"{folder}/store"
-        children = [
-            Forked(lambda r=r: two_forwards_one_backward(backend, store, folder, r), log.fileno(), log.fileno())
-            for r in (0, 1)
-        ]
-        try:
-            codes = [child.wait(timeout=120) for child in children]
-        finally:
-            for child in children:
-                child.kill()
-        log.seek(0)
-        assert codes == [0, 0], log.read().decode(errors="replace")[-3000:]
-        saved = [torch.load(f"{folder}/rank{r}.pt") for r in (0, 1)]
+    store = tmp_path / "store"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(r), str(store), str(tmp_path)], stderr=subprocess.PIPE)
+        for r in (0, 1, -1)
+    ]
+    try:
+        errors = [proc.communicate(timeout=180)[1].decode(errors="replace") for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    assert [proc.returncode for proc in procs] == [0, 0, 0], "\n".join(errors)[-3000:]
+    saved = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [s["mark"] for s in saved] == [0, 1]
-    grads = [s["grads"] for s in saved]
-    one = PositionTable()
-    sum(one(ids) for rank in RANK_IDS for ids in rank).backward()
-    for name, param in one.named_parameters():
-        assert torch.allclose(grads[0][name], param.grad / 2) and torch.allclose(grads[1][name], param.grad / 2)
+    one = torch.load(tmp_path / "one.pt")["grads"]
+    for name, grad in one.items():
+        assert torch.allclose(saved[0]["grads"][name], grad / 2) and torch.allclose(saved[1]["grads"][name], grad / 2)
