@@ -54,11 +54,12 @@ def main():
     ap.add_argument("--train-rows", type=int, default=None, help="the first N training rows only (a smoke run)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None, help="default: where native")
     args = ap.parse_args()
-    from tuneforge.environment import cpu_class
+    from tuneforge.backends.precision import cpu_has_native_bf16
     from tuneforge.tasks.base import bundled_minilm
 
     os.makedirs(args.output_dir, exist_ok=True)
-    bf16 = args.bf16 if args.bf16 is not None else "native bf16" in cpu_class()
+    # not `"native bf16" in cpu_class()`: an AVX2 machine's class says "no native bf16" (the peer ran bf16 there)
+    bf16 = args.bf16 if args.bf16 is not None else cpu_has_native_bf16()
     model_path = bundled_minilm()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     raw = {"train": read_mrpc(f"{args.data_dir}/train.tsv"), "validation": read_mrpc(f"{args.data_dir}/dev.tsv")}
