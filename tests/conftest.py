@@ -10,6 +10,7 @@ import functools
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -225,14 +226,8 @@ def more_ranks_than_gpus(args) -> bool:
     """Whether a command line asks for more ranks (`--nproc N`) than there are GPUs: NCCL would refuse it."""
     import torch
 
-    flags = list(args)
-    for i, flag in enumerate(flags):
-        value = flag.partition("=")[2] if flag.startswith("--nproc=") else None
-        if flag == "--nproc" and i + 1 < len(flags):
-            value = flags[i + 1]
-        if value is not None and value.isdigit():
-            return int(value) > torch.cuda.device_count()
-    return False
+    asked = re.search(r"--nproc[= ](\d+)", " ".join(args))
+    return asked is not None and int(asked.group(1)) > torch.cuda.device_count()
 
 
 def cli_command(*args: str) -> list[str]:
@@ -252,11 +247,14 @@ def run_cli(
     if gpu_here() and more_ranks_than_gpus(args):  # the CI's case: gloo ranks on the CPU
         env = {**(env or {}), "CUDA_VISIBLE_DEVICES": ""}
     if fresh or env is not None or gpu_here():
-        full_env = {k: v for k, v in {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}.items() if v is not None}
-        return subprocess.run(
-            cli_command(*args), capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd or REPO
-        )
+        return run_fresh(cli_command(*args), {"PYTHONUNBUFFERED": "1", **(env or {})}, timeout, cwd or REPO)
     return forked_cli(list(args), timeout, cwd or REPO)
+
+
+def run_fresh(command: list[str], env: dict, timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    """`command` in a new process, captured; `env` set over this one's (None: removed)."""
+    full_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
+    return subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd)
 
 
 def forked_cli(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
@@ -271,9 +269,7 @@ def run_script(script: Path, *args: str, env: dict | None = None, timeout: float
     import runpy
 
     if gpu_here():
-        full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-        command = [sys.executable, str(script), *args]
-        return subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout, cwd=REPO)
+        return run_fresh([sys.executable, str(script), *args], env or {}, timeout, REPO)
 
     def run() -> int:
         sys.argv = [str(script), *args]

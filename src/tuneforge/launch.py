@@ -310,7 +310,7 @@ def launch_workers(config, forked_work=None) -> dict:
             code = subprocess.run(hostfile_command(config), env={**os.environ, **env}).returncode
         else:
             with _environment(env):  # the agent hands this process's environment to the workers it starts
-                code = _run_agent(config, forked_work if forked_work and not cuda_set_up() else None)
+                code = _run_agent(config, forked_work if forked_work and not _cuda_set_up() else None)
         if code != 0:
             raise WorkerFailure(f"training workers failed (exit code {code}); the worker's error is shown above")
         # the main rank runs on node 0: other nodes' parents have nothing to return
@@ -376,7 +376,7 @@ def _forked_worker(work, threads: int) -> None:
         raise SystemExit(1) from None
 
 
-def cuda_set_up() -> bool:
+def _cuda_set_up() -> bool:
     """Whether this process has set up CUDA: a child forked from it fails at its first CUDA call."""
     torch = sys.modules.get("torch")
     return torch is not None and torch.cuda.is_initialized()

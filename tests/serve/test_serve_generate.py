@@ -747,10 +747,10 @@ def test_bf16_weights_serve_the_answer_of_the_model_in_bf16(chat_model):
     ids = AutoTokenizer.from_pretrained(chat_model)(PROMPTS[2])["input_ids"]
     with torch.no_grad():
         want = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, pad_token_id=0)[0, len(ids) :]
-    with app_server(chat_model, precision="bf16") as url:
+    with app_server(chat_model, precision="bf16", pack_weights=False) as url:  # (packing: test_packed_linear.py)
         wait_ready(url)
         health = httpx.get(f"{url}/health").json()
-        assert health["precision"] == "bf16" and health["packed_layers"] >= 0  # (as timed here: tiny layers rarely)
+        assert health["precision"] == "bf16" and health["packed_layers"] == 0
         body = send(url, "/v1/completions", completion(prompt=PROMPTS[2], max_tokens=8, temperature=0, ignore_eos=True))
     got = body.json()["choices"][0]["text"]
     assert got == AutoTokenizer.from_pretrained(chat_model).decode(want, skip_special_tokens=True)
