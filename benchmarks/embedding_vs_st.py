@@ -11,7 +11,8 @@ Model: the bundled all-MiniLM-L6-v2. Variants:
      layer frozen, dropout 0, weight decay 0.01, random batches);
   c: tuneforge with the peer's trainable weights: b plus --freeze-layers 0 --freeze-embeddings off;
   g: b plus data.group_by_length=true (batches of similar lengths: less padding);
-  n: b plus --no-split-by-length (each batch padded and embedded whole, as before split_by_length);
+  s: b plus --no-pack-texts (each batch in runs of similar length, split_by_length, as before pack_texts);
+  n: b plus --no-pack-texts --no-split-by-length (each batch padded and embedded whole, as before both);
   2, 3: b with the bottom 2 or 3 transformer layers frozen (--freeze-layers N; the default freezes 1);
   d: b on 2 data-parallel ranks (--backend ddp --nproc 2) at half the batch each: the same global batch, which the
      in-batch negatives gathered across ranks make the same training as b (its metric should equal b's).
@@ -53,7 +54,8 @@ NAMES = {
     "b": "tuneforge --task embedding (defaults)",
     "c": "tuneforge --task embedding --freeze-layers 0 --freeze-embeddings off",
     "g": "tuneforge --task embedding data.group_by_length=true",
-    "n": "tuneforge --task embedding --no-split-by-length",
+    "s": "tuneforge --task embedding --no-pack-texts",
+    "n": "tuneforge --task embedding --no-pack-texts --no-split-by-length",
     "d": "tuneforge --task embedding --backend ddp --nproc 2, half the batch per rank",
     "2": "tuneforge --task embedding --freeze-layers 2",
     "3": "tuneforge --task embedding --freeze-layers 3",
@@ -89,6 +91,8 @@ def command(variant: str, args, model: str, files: tuple[Path, Path], out: Path,
         cmd += ["--freeze-layers", "0", "--freeze-embeddings", "off"]
     if variant == "g":
         cmd += ["data.group_by_length=true"]
+    if variant in "sn":
+        cmd += ["--no-pack-texts"]
     if variant == "n":
         cmd += ["--no-split-by-length"]
     if variant in "23":
@@ -111,7 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", choices=["stsb", "squad"], default="stsb")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1])
-    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/n/d/2/3: tuneforge")
+    ap.add_argument("--only", default="uabc", help="u: untuned, a: sentence-transformers, b/c/g/s/n/d/2/3: tuneforge")
     ap.add_argument("--epochs", type=float, default=1)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", default="2e-5")

@@ -217,9 +217,12 @@ RANK_CASES = {
     # GradCache: rank 1's 2 rows in 3 chunks of the largest rank's 5 (one chunk empty on it)
     "mnrl-grad-cache-uneven": ({"loss": "mnrl", "grad_cache_chunk": 2}, ("anchor", "positive"), (5, 2), False),
     "cosent-grad-cache": ({"loss": "cosent", "grad_cache_chunk": 2}, ("sentence1", "sentence2"), (3, 3), False),
+    # pack_texts (the default): each rank's texts packed into its own rows, long and short ones
+    "mnrl-packed-uneven": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (5, 1), False),
+    "cosent-packed-uneven": ({"loss": "cosent"}, ("sentence1", "sentence2"), (4, 2), False),
     # split_by_length: rank 0's long texts split its positives into two runs, rank 1's one row runs a throw-away one
-    "mnrl-split-uneven": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (5, 1), False),
-    "cosent-split-uneven": ({"loss": "cosent"}, ("sentence1", "sentence2"), (4, 2), False),
+    "mnrl-split-uneven": ({"loss": "mnrl", "pack_texts": False}, ("anchor", "positive", "negative"), (5, 1), False),
+    "cosent-split-uneven": ({"loss": "cosent", "pack_texts": False}, ("sentence1", "sentence2"), (4, 2), False),
     # rank 1's rows repeat rank 0's first positive (as a positive and as a negative): masked across the ranks
     "mnrl-duplicates-across-ranks": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (4, 3), False),
     "eval-mnrl-padding-row": ({"loss": "mnrl"}, ("anchor", "positive", "negative"), (3, 2), True),
@@ -239,7 +242,7 @@ def case_items(name: str) -> list[dict]:
     n = sum(split)
     if "duplicates" in name:
         return duplicated_rows(n, seed=5)
-    if "split" in name:
+    if "split" in name or "packed" in name:
         return uneven_scored_rows(n, seed=5) if columns[0] == "sentence1" else uneven_rows(n, seed=5)
     return scored_rows(n, seed=5) if columns[0] == "sentence1" else rows(n, seed=5, negatives=len(columns) == 3)
 
@@ -441,7 +444,8 @@ def test_split_by_length_gives_the_loss_and_gradients_of_the_padded_batch(tiny_b
     results = {}
     for split in (True, False):
         calls = []
-        results[split] = cached_step(tiny_bert, {**options, "split_by_length": split}, items, columns, calls=calls)
+        split_options = {**options, "split_by_length": split, "pack_texts": False}
+        results[split] = cached_step(tiny_bert, split_options, items, columns, calls=calls)
         seen[split] = calls
     (loss, grads), (whole_loss, whole) = results[True], results[False]
     assert loss == pytest.approx(whole_loss, abs=1e-5)
@@ -452,6 +456,90 @@ def test_split_by_length_gives_the_loss_and_gradients_of_the_padded_batch(tiny_b
     assert sum(rows * width for rows, width, _ in seen[True]) < 0.7 * sum(
         rows * width for rows, width, _ in seen[False]
     )
+
+
+# ---- pack_texts: a training batch's texts packed side by side into rows, one forward ------------------------------
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 200), min_size=1, max_size=40), st.sampled_from([1, 16, 128]))
+def test_pack_rows_puts_every_row_once_in_bins_that_fit(lengths, width):
+    """Every row in exactly one bin; a bin holds at most `width` tokens unless it is one longer row alone; no two
+    bins could be merged (first-fit leaves no bin that the next could have taken whole)."""
+    from tuneforge.tasks.embedding import pack_rows
+
+    bins = pack_rows(lengths, width)
+    assert sorted(i for b in bins for i in b) == list(range(len(lengths))) and all(bins)
+    used = [sum(lengths[i] for i in b) for b in bins]
+    assert all(u <= width or len(b) == 1 for u, b in zip(used, bins))
+    assert all(used[a] + used[b] > width for a in range(len(bins)) for b in range(a + 1, len(bins)))
+
+
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_packed_embeddings_are_each_text_embedded_alone(tiny_bert, padding_side):
+    """`embed_packed` of a batch of short and long texts (right- or left-padded): each text's embedding as a batch of
+    its own gives it, within 1e-5, from rows that hold fewer positions than the padded batch."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from tuneforge.tasks.embedding import embed, embed_packed
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert, padding_side=padding_side)
+    model = AutoModel.from_pretrained(tiny_bert).eval()
+    texts = [r["positive"] for r in uneven_rows(9, seed=2, negatives=False)] + ["a", "the cat"]
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    seen = []
+    model.register_forward_pre_hook(lambda _, a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
+    with torch.no_grad():
+        packed = embed_packed(model, batch["input_ids"], batch["attention_mask"], width=32)
+        alone = [tokenizer([t], return_tensors="pt") for t in texts]
+        alone = torch.cat([embed(model, one["input_ids"], one["attention_mask"]) for one in alone])
+    assert (packed - alone).abs().max() < 1e-5
+    rows, width = seen[0]
+    assert rows * width < 0.6 * batch["input_ids"].numel()
+
+
+@pytest.mark.parametrize(
+    "options, columns",
+    [({"loss": "mnrl"}, ("anchor", "positive", "negative")), ({"loss": "cosent"}, ("sentence1", "sentence2"))],
+)
+def test_packed_texts_give_the_loss_and_gradients_of_the_padded_batch(tiny_bert, options, columns):
+    """pack_texts (the default): the loss and every gradient of each column embedded padded at once (within 1e-5),
+    from one forward with grad over packed rows (after the first batch's check, two forwards without grad)."""
+    items = uneven_scored_rows(12, seed=3) if columns[0] == "sentence1" else uneven_rows(12, seed=3)
+    padded_calls, packed_calls = [], []
+    padded_options = {**options, "pack_texts": False, "split_by_length": False}
+    whole_loss, whole = cached_step(tiny_bert, padded_options, items, columns, calls=padded_calls)
+    loss, grads = cached_step(tiny_bert, options, items, columns, calls=packed_calls)
+    assert loss == pytest.approx(whole_loss, abs=1e-5)
+    assert grads.keys() == whole.keys() and grad_gap(grads, whole) < 1e-5
+    with_grad = [(rows, width) for rows, width, grad in packed_calls if grad]
+    assert len(with_grad) == 1 and with_grad[0][0] < 12 * len(columns)
+    assert with_grad[0][0] * with_grad[0][1] < 0.7 * sum(rows * width for rows, width, _ in padded_calls)
+
+
+def test_a_model_that_counts_positions_its_own_way_is_not_packed(minilm_dir, tmp_path):
+    """RoBERTa numbers positions from its padding index, not from 0: its packed embeddings differ, so the first
+    batch's check keeps it unpacked (said in one line), and the step is split_by_length's, loss and gradients."""
+    from transformers import RobertaConfig, RobertaModel
+
+    torch.manual_seed(0)
+    config = RobertaConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=130, pad_token_id=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )  # fmt: skip
+    RobertaModel(config).save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(tmp_path)
+    items, columns = uneven_rows(8, seed=1), ("anchor", "positive", "negative")
+    task = embedding_task(str(tmp_path), loss="mnrl")
+    notes = []
+    task.log = notes.append
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).train()
+    batch = batch_of(task, tokenizer, items, columns)
+    total, _ = task.compute_loss(task.forward(model, batch), batch)
+    assert task.packs is False and len(notes) == 1 and "pack_texts" in notes[0]
+    split_loss, _ = cached_step(str(tmp_path), {"loss": "mnrl", "pack_texts": False}, items, columns)
+    assert total.item() == pytest.approx(split_loss, abs=1e-5)
 
 
 def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):

@@ -92,6 +92,11 @@ FORMATS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 MAX_DIM = 1_000_000
 # what one more forward of a run of rows costs on a CPU, in tokens of compute (split_by_length; benchmarks/README.md)
 CPU_TOKENS_PER_FORWARD = 48
+# a packed row's width (pack_texts): wider rows mean fewer rows, but each row's attention grows with its width
+# squared (benchmarks/README.md); a longer text gets a row of its own length
+PACK_WIDTH = 128
+# packed embeddings within this of the padded ones (relative to their largest entry): the model honours the packing
+PACKING_TOLERANCE = 1e-3
 
 
 # ---- the embedding and the losses (pure functions of tensors) -----------------------------------------------
@@ -178,6 +183,85 @@ def embed_grouped(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     inverse = torch.empty(len(order), dtype=torch.long, device=input_ids.device)
     inverse[torch.tensor(order, device=input_ids.device)] = torch.arange(len(order), device=input_ids.device)
     return torch.cat(parts)[inverse]
+
+
+def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """The rows (indices into `lengths`) packed into bins of at most `width` tokens, longest first, each into the
+    first bin it fits (first-fit decreasing); a row longer than `width` gets a bin of its own."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fits = next((b for b, left in enumerate(room) if lengths[row] <= left), None)
+        if fits is None:
+            bins.append([row])
+            room.append(max(width, lengths[row]) - lengths[row])
+        else:
+            bins[fits].append(row)
+            room[fits] -= lengths[row]
+    return bins
+
+
+def packed_inputs(attention_mask: torch.Tensor, bins: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Where each text's real tokens go when its bin's texts sit side by side in one row: `dest` (each real token's
+    flat index into rows x width, in the order `attention_mask.bool()` lists them), `position_ids` (each text from 0),
+    `segment` (the text of each position, -1 for padding) and the 4D attention mask that lets a token see only its
+    own text's tokens (a padding position sees itself, so that no row of the softmax is empty)."""
+    device = attention_mask.device
+    real = attention_mask.bool()
+    lengths = real.sum(1)
+    start = torch.zeros(len(lengths), dtype=torch.long)
+    row_of = torch.zeros(len(lengths), dtype=torch.long)
+    used = []
+    for r, rows in enumerate(bins):
+        offset = 0
+        for i in rows:
+            start[i], row_of[i] = offset, r
+            offset += int(lengths[i])
+        used.append(offset)
+    width = max(used)
+    within = real.long().cumsum(1)[real] - 1  # each real token's place in its text
+    text = torch.arange(len(lengths), device=device).repeat_interleave(lengths)
+    dest = (row_of.to(device)[text] * width + start.to(device)[text] + within).long()
+    segment = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device).index_put((dest,), text)
+    positions = torch.zeros(len(bins) * width, dtype=torch.long, device=device).index_put((dest,), within)
+    segment, positions = segment.view(len(bins), width), positions.view(len(bins), width)
+    sees = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
+    sees |= torch.eye(width, dtype=torch.bool, device=device)
+    return {"dest": dest, "position_ids": positions, "segment": segment, "mask": sees[:, None]}
+
+
+def embed_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int = PACK_WIDTH):
+    """`embed` of every row, its texts packed side by side into rows of about `width` tokens (`pack_rows`), each text
+    attending only to itself from position 0: one forward over the real tokens, with no padding but a bin's last
+    few. Equal to `embed` of each text alone where the model takes `position_ids` and a 4D boolean attention mask
+    (BERT does; `packing_holds` checks)."""
+    real = attention_mask.bool()
+    lengths = real.sum(1)
+    where = packed_inputs(attention_mask, pack_rows(lengths.tolist(), width))
+    ids = input_ids.new_zeros(where["segment"].numel()).index_put((where["dest"],), input_ids[real])
+    hidden = model(
+        input_ids=ids.view_as(where["segment"]), position_ids=where["position_ids"], attention_mask=where["mask"]
+    ).last_hidden_state.float()
+    tokens = hidden.reshape(-1, hidden.shape[-1])[where["dest"]]
+    text = torch.arange(len(lengths), device=tokens.device).repeat_interleave(lengths)
+    sums = tokens.new_zeros(len(lengths), tokens.shape[-1]).index_add(0, text, tokens)
+    return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+
+
+def packing_holds(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]) -> bool:
+    """Whether `embed_packed` gives this model's `embed_grouped` embeddings of these rows (within
+    PACKING_TOLERANCE, relative), without grad. A model that ignores `position_ids` or the 4D mask, or counts
+    positions its own way (RoBERTa from its padding index), gives others or refuses the inputs."""
+    with torch.no_grad():
+        try:
+            packed = embed_packed(model, input_ids, attention_mask)
+        except (TypeError, ValueError, RuntimeError, IndexError):
+            packed = None
+        padded = embed_grouped(model, input_ids, attention_mask, groups)
+    if packed is None:
+        return False
+    gap = (packed - padded).abs().max() / padded.abs().max().clamp(min=1e-12)
+    return bool(gap <= PACKING_TOLERANCE)
 
 
 def stacked_columns(batch: dict, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -326,11 +410,19 @@ class EmbeddingOptions(TaskOptions):
         "once per question) is not counted as that anchor's negative",
         json_schema_extra=EVAL,
     )
+    pack_texts: bool = Field(
+        True,
+        description="embed each training batch (on a CPU) in one forward of its texts packed side by side into rows "
+        "of about 128 tokens, each text attending only to itself: the same embeddings, loss and gradients without "
+        "padding (random batches of short sentences are half padding). Checked on the first batch against the "
+        "padded forward; a model that does not take packed rows (position ids, a 4D mask) falls back to "
+        "--split-by-length",
+    )
     split_by_length: bool = Field(
         True,
         description="embed each training batch (on a CPU) in runs of texts of similar length, each padded to its own "
-        "longest: the same batch, its in-batch negatives and its loss, with fewer padding tokens (random batches of "
-        "short sentences are half padding)",
+        "longest: the same batch, its in-batch negatives and its loss, with fewer padding tokens (where "
+        "--pack-texts is off or the model does not take packed rows)",
     )
     min_score: float = Field(
         0.0, ge=-1e6, le=1e6, description="the lowest score of scored pairs (mapped to 0)", json_schema_extra=EVAL
@@ -418,6 +510,7 @@ class EmbeddingTask(Task):
                 raise ConfigError(f"--text-column names a column twice: {data.text_columns}")
         self.layout: Layout | None = None
         self.eval_memo: dict[bytes, torch.Tensor] | None = None  # set during an evaluation step (eval_step)
+        self.packs: bool | None = None  # pack_texts: whether the model takes packed rows (checked on a first batch)
         self.check_local_files(check_file, self._find_in_dir)
         self.check_dims(self.peek_model_config())
 
@@ -698,7 +791,12 @@ class EmbeddingTask(Task):
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
         training = torch.is_grad_enabled()
         parts = self._cache_parts(batch["input_ids"]) if training else 1
-        if training and parts == 1 and self.options.split_by_length and batch["input_ids"].device.type == "cpu":
+        on_cpu = batch["input_ids"].device.type == "cpu"
+        if training and parts == 1 and on_cpu and self.options.pack_texts:
+            ids, mask = stacked_columns(batch, n)  # every column's texts packed together
+            if self._packing_holds(model, ids, mask):
+                return EmbeddingOutputs(list(embed_packed(model, ids, mask).chunk(n)))
+        if training and parts == 1 and on_cpu and self.options.split_by_length:
             ids, mask = stacked_columns(batch, n)  # every column's texts, grouped by length together
             return EmbeddingOutputs(list(embed_grouped(model, ids, mask, self._length_groups(mask)).chunk(n)))
         embs = []
@@ -720,6 +818,22 @@ class EmbeddingTask(Task):
             super().eval_step(batch, valid, stream, tools)
         finally:
             self.eval_memo = None
+
+    def _packing_holds(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> bool:
+        """pack_texts: whether this model's packed embeddings are its padded ones, checked once, on the first training
+        batch, in fp32 (a model in lower precision rounds the two differently and is not packed); every
+        data-parallel rank decides the same (the forwards of the ranks pair up)."""
+        if self.packs is None:
+            with torch.autocast(attention_mask.device.type, enabled=False):
+                holds = packing_holds(model, input_ids, attention_mask, self._length_groups(attention_mask))
+            self.packs = agreed_count(int(not holds), self.dp_group, attention_mask.device) == 0
+            if not self.packs:
+                self.log(
+                    "pack_texts: this model's embeddings of packed texts differ from its padded ones (it does not "
+                    "take position ids and a 4D attention mask as BERT does): its batches are not packed "
+                    "(--split-by-length decides)"
+                )
+        return self.packs
 
     def _length_groups(self, attention_mask: torch.Tensor) -> list[list[int]]:
         """split_by_length (on a CPU; an accelerator's forward costs little per token but much per call): the rows
