@@ -830,8 +830,8 @@ class EmbeddingTask(Task):
             if not self.packs:
                 self.log(
                     "pack_texts: this model's embeddings of packed texts differ from its padded ones (it does not "
-                    "take position ids and a 4D attention mask as BERT does): its batches are not packed "
-                    "(--split-by-length decides)"
+                    "take position ids from 0 and a 4D attention mask as BERT does, or its weights are not fp32): "
+                    "its batches are not packed (--split-by-length decides)"
                 )
         return self.packs
 
