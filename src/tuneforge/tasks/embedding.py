@@ -33,9 +33,12 @@ without activations, and each chunk runs again in the backward (`embed_cached`):
 the loss and gradients of the whole batch. A backend that reduces each gradient once per backward refuses it
 (`Task.reruns_in_backward`).
 
-Padding (`split_by_length`, CPUs): a training batch stays as drawn (random: its in-batch negatives), but its texts,
-all columns together, are embedded in runs of similar length, each padded to its own longest (`stacked_columns`,
-`length_groups`, `embed_grouped`); every rank runs as many forwards. mnrl's candidates with the text of an
+Padding (CPUs): a training batch stays as drawn (random: its in-batch negatives), but its texts, all columns
+together (`stacked_columns`), are packed side by side into rows of PACK_WIDTH tokens, each text seeing only itself
+and counting its positions from 0 (`pack_texts`: `pack_rows`, `packed_inputs`, `embed_packed`; one forward per rank),
+where the first batch shows the model's packed embeddings to be its padded ones (`packing_holds`); else
+(`split_by_length`) embedded in runs of similar length, each padded to its own longest (`length_groups`,
+`embed_grouped`; every rank runs as many forwards). mnrl's candidates with the text of an
 anchor's own positive are not its negatives (`mask_duplicate_negatives`).
 
 Exact across data-parallel ranks: the candidates (and CoSENT's pairs) are gathered from every rank of the run's
