@@ -252,3 +252,34 @@ def test_artifacts_stays_the_ground_floor():
         if alias.name.startswith("tuneforge")
     }
     assert imported <= {"tuneforge.errors", "tuneforge.paths"}, imported
+
+
+SAVE_IN_A_FRESH_INTERPRETER = """
+import sys, torch
+from transformers import BertModel
+from tuneforge.artifacts import save_pretrained
+import accelerate.utils.other as other
+asks = other.is_deepspeed_available
+model = BertModel.from_pretrained(sys.argv[1])
+save_pretrained(model, sys.argv[2])
+again = BertModel.from_pretrained(sys.argv[2])
+same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+print("deepspeed" in sys.modules, other.is_deepspeed_available is asks, same)
+"""
+
+
+def test_saving_a_model_folder_does_not_import_deepspeed(tiny_bert, tmp_path):
+    """transformers' save_pretrained would import DeepSpeed (seconds) to check for a DeepSpeedEngine: tuneforge's
+    save_pretrained writes the same folder in a fresh interpreter without importing it, and leaves accelerate's
+    check as it found it."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed: nothing would import it")
+    code = [sys.executable, "-c", SAVE_IN_A_FRESH_INTERPRETER, tiny_bert, str(tmp_path / "saved")]
+    done = subprocess.run(code, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True", "True"]
+    assert (tmp_path / "saved" / "model.safetensors").is_file()

@@ -8,8 +8,8 @@ through this module, which imports nothing of tuneforge but errors.py, so any of
   max_length, source prefix, an adapter's base, and its declared capabilities (`capability_info`: whether it
   generates text and its generation family).
 - the folder itself: `check_model_path` (an HF model folder, not a checkpoint or a run's output dir),
-  `load_tokenizer`, `from_pretrained` (a config, tokenizer or plain model, one error line), `bundled_minilm`
-  (where the default model folder is).
+  `load_tokenizer`, `from_pretrained` (a config, tokenizer or plain model, one error line), `save_pretrained`
+  (a model's folder written without importing DeepSpeed), `bundled_minilm` (where the default model folder is).
 - what the model is: `context_length` (the one position-limit rule), `generation_family` (declared, else from
   the architecture) and `inference_device` (where predict, generate, serve and chat run it).
 
@@ -216,6 +216,28 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
         return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError, SafetensorError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
+
+
+def save_pretrained(model, folder: str | os.PathLike, **kwargs) -> None:
+    """`model.save_pretrained(folder, **kwargs)`, without importing DeepSpeed. transformers unwraps the model first
+    with accelerate's `extract_model_from_parallel`, which imports DeepSpeed whenever it is installed (~3 s on a
+    2-core CPU, at the end of every run) only to ask whether the model is a DeepSpeedEngine; no model is one unless
+    DeepSpeed is imported already, so until then accelerate is told, for this call, that it is not installed."""
+    import sys
+
+    try:
+        from accelerate.utils import other
+    except ImportError:
+        other = None
+    asks = getattr(other, "is_deepspeed_available", None)
+    if asks is None or "deepspeed" in sys.modules:
+        model.save_pretrained(folder, **kwargs)
+        return
+    other.is_deepspeed_available = lambda: False
+    try:
+        model.save_pretrained(folder, **kwargs)
+    finally:
+        other.is_deepspeed_available = asks
 
 
 def load_tokenizer(model: str):

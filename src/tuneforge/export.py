@@ -28,7 +28,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge import adapters, checkpoint, gguf_export
-from tuneforge.artifacts import ADAPTER_CONFIG, MODEL_INFO, is_adapter_folder, read_model_info, write_model_info
+from tuneforge.artifacts import (
+    ADAPTER_CONFIG,
+    MODEL_INFO,
+    is_adapter_folder,
+    read_model_info,
+    save_pretrained,
+    write_model_info,
+)
 from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, replacing
@@ -49,7 +56,7 @@ def write_hf_folder(
     replaces `out_dir` in one rename."""
     out = Path(out_dir)
     with replacing(out) as tmp:
-        model.save_pretrained(tmp, state_dict=state_dict)
+        save_pretrained(model, tmp, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if info is not None:

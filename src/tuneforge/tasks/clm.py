@@ -24,7 +24,14 @@ from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import FAMILY_CAUSAL, check_model_path, context_length, from_pretrained, is_adapter_folder
+from tuneforge.artifacts import (
+    FAMILY_CAUSAL,
+    check_model_path,
+    context_length,
+    from_pretrained,
+    is_adapter_folder,
+    save_pretrained,
+)
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.mapped import is_large, read_mapped
 from tuneforge.data.sources import data_suffix, read_table, require_columns, to_dataset
@@ -106,7 +113,7 @@ def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) ->
             f"could not load the bundled SmolLM2 GGUF ({reason}); install gguf and accelerate, or pass --model"
         ) from None
     with replacing(out) as tmp:
-        model.save_pretrained(tmp)
+        save_pretrained(model, tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "tuneforge-source.json").write_text(json.dumps(source))
 
