@@ -788,20 +788,20 @@ class EmbeddingTask(Task):
 
     def forward(self, model, batch):
         """Each text column's pooled embeddings; while training with grad_cache_chunk, computed in chunks
-        (`embed_cached`) when the batch of any rank is larger than one chunk; else, training on a CPU with
-        split_by_length, every column's texts in runs of similar length; without grad each distinct text once
-        (`embed_remembered`: once per evaluation within `eval_step`)."""
+        (`embed_cached`) when the batch of any rank is larger than one chunk; else, training on a CPU, every
+        column's texts packed into rows (pack_texts, where the model takes them) or in runs of similar length
+        (split_by_length); without grad each distinct text once (`embed_remembered`: once per evaluation within
+        `eval_step`)."""
         n = sum(1 for key in batch if key == "input_ids" or key.startswith("input_ids_"))
         training = torch.is_grad_enabled()
         parts = self._cache_parts(batch["input_ids"]) if training else 1
-        on_cpu = batch["input_ids"].device.type == "cpu"
-        if training and parts == 1 and on_cpu and self.options.pack_texts:
-            ids, mask = stacked_columns(batch, n)  # every column's texts packed together
-            if self._packing_holds(model, ids, mask):
+        less_padding = self.options.pack_texts or self.options.split_by_length
+        if training and parts == 1 and less_padding and batch["input_ids"].device.type == "cpu":
+            ids, mask = stacked_columns(batch, n)  # every column's texts together
+            if self.options.pack_texts and self._packing_holds(model, ids, mask):
                 return EmbeddingOutputs(list(embed_packed(model, ids, mask).chunk(n)))
-        if training and parts == 1 and on_cpu and self.options.split_by_length:
-            ids, mask = stacked_columns(batch, n)  # every column's texts, grouped by length together
-            return EmbeddingOutputs(list(embed_grouped(model, ids, mask, self._length_groups(mask)).chunk(n)))
+            if self.options.split_by_length:
+                return EmbeddingOutputs(list(embed_grouped(model, ids, mask, self._length_groups(mask)).chunk(n)))
         embs = []
         for k in range(n):
             ids, mask = batch[text_key(k)], batch[text_key(k, "attention_mask")]
