@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
@@ -223,8 +224,6 @@ def save_pretrained(model, folder: str | os.PathLike, **kwargs) -> None:
     with accelerate's `extract_model_from_parallel`, which imports DeepSpeed whenever it is installed (~3 s on a
     2-core CPU, at the end of every run) only to ask whether the model is a DeepSpeedEngine; no model is one unless
     DeepSpeed is imported already, so until then accelerate is told, for this call, that it is not installed."""
-    import sys
-
     try:
         from accelerate.utils import other
     except ImportError:

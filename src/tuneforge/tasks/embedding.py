@@ -204,33 +204,31 @@ def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
     return bins
 
 
-def packed_inputs(attention_mask: torch.Tensor, bins: list[list[int]]) -> dict[str, torch.Tensor]:
-    """Where each text's real tokens go when its bin's texts sit side by side in one row: `dest` (each real token's
-    flat index into rows x width, in the order `attention_mask.bool()` lists them), `position_ids` (each text from 0),
-    `segment` (the text of each position, -1 for padding) and the 4D attention mask that lets a token see only its
-    own text's tokens (a padding position sees itself, so that no row of the softmax is empty)."""
-    device = attention_mask.device
-    real = attention_mask.bool()
-    lengths = real.sum(1)
-    start = torch.zeros(len(lengths), dtype=torch.long)
-    row_of = torch.zeros(len(lengths), dtype=torch.long)
-    used = []
+def packed_inputs(lengths: list[int], bins: list[list[int]], device) -> dict[str, torch.Tensor]:
+    """Where each text's real tokens go when its bin's texts sit side by side in one row: `text` (the text of each
+    real token, texts one after another, as `input_ids[attention_mask.bool()]` lists them), `dest` (each real
+    token's flat index into rows x width), `position_ids` (each text from 0), `segment` (the text of each position,
+    -1 for padding) and the 4D attention mask that lets a token see only its own text's tokens (a padding position
+    sees itself, so that no row of the softmax is empty)."""
+    start, used = [0] * len(lengths), []
     for r, rows in enumerate(bins):
         offset = 0
         for i in rows:
-            start[i], row_of[i] = offset, r
-            offset += int(lengths[i])
+            start[i] = (r, offset)
+            offset += lengths[i]
         used.append(offset)
     width = max(used)
-    within = real.long().cumsum(1)[real] - 1  # each real token's place in its text
-    text = torch.arange(len(lengths), device=device).repeat_interleave(lengths)
-    dest = (row_of.to(device)[text] * width + start.to(device)[text] + within).long()
+    first = torch.tensor([r * width + offset for r, offset in start], device=device)  # each text's first slot
+    counts = torch.tensor(lengths, device=device)
+    text = torch.arange(len(lengths), device=device).repeat_interleave(counts)
+    within = torch.arange(len(text), device=device) - (counts.cumsum(0) - counts)[text]  # a token's place in its text
+    dest = first[text] + within
     segment = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device).index_put((dest,), text)
     positions = torch.zeros(len(bins) * width, dtype=torch.long, device=device).index_put((dest,), within)
     segment, positions = segment.view(len(bins), width), positions.view(len(bins), width)
     sees = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
     sees |= torch.eye(width, dtype=torch.bool, device=device)
-    return {"dest": dest, "position_ids": positions, "segment": segment, "mask": sees[:, None]}
+    return {"text": text, "dest": dest, "position_ids": positions, "segment": segment, "mask": sees[:, None]}
 
 
 def embed_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int = PACK_WIDTH):
@@ -240,14 +238,14 @@ def embed_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, w
     (BERT does; `packing_holds` checks)."""
     real = attention_mask.bool()
     lengths = real.sum(1)
-    where = packed_inputs(attention_mask, pack_rows(lengths.tolist(), width))
+    counts = lengths.tolist()
+    where = packed_inputs(counts, pack_rows(counts, width), input_ids.device)
     ids = input_ids.new_zeros(where["segment"].numel()).index_put((where["dest"],), input_ids[real])
     hidden = model(
         input_ids=ids.view_as(where["segment"]), position_ids=where["position_ids"], attention_mask=where["mask"]
     ).last_hidden_state.float()
     tokens = hidden.reshape(-1, hidden.shape[-1])[where["dest"]]
-    text = torch.arange(len(lengths), device=tokens.device).repeat_interleave(lengths)
-    sums = tokens.new_zeros(len(lengths), tokens.shape[-1]).index_add(0, text, tokens)
+    sums = tokens.new_zeros(len(counts), tokens.shape[-1]).index_add(0, where["text"], tokens)
     return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
 
 
@@ -259,10 +257,8 @@ def packing_holds(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         try:
             packed = embed_packed(model, input_ids, attention_mask)
         except (TypeError, ValueError, RuntimeError, IndexError):
-            packed = None
+            return False
         padded = embed_grouped(model, input_ids, attention_mask, groups)
-    if packed is None:
-        return False
     gap = (packed - padded).abs().max() / padded.abs().max().clamp(min=1e-12)
     return bool(gap <= PACKING_TOLERANCE)
 
@@ -416,8 +412,8 @@ class EmbeddingOptions(TaskOptions):
     pack_texts: bool = Field(
         True,
         description="embed each training batch (on a CPU) in one forward of its texts packed side by side into rows "
-        "of about 128 tokens, each text attending only to itself: the same embeddings, loss and gradients without "
-        "padding (random batches of short sentences are half padding). Checked on the first batch against the "
+        f"of about {PACK_WIDTH} tokens, each text attending only to itself: the same embeddings, loss and gradients "
+        "without padding (random batches of short sentences are half padding). Checked on the first batch against the "
         "padded forward; a model that does not take packed rows (position ids, a 4D mask) falls back to "
         "--split-by-length",
     )
