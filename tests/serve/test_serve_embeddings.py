@@ -102,6 +102,11 @@ def test_the_openai_client_gets_sentence_encoder_vectors_as_floats_and_base64(se
     raw = httpx.post(f"{server}/v1/embeddings", json=body, timeout=60).json()
     wire = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]])
     assert np.array_equal(wire, got)
+    # as floats, each number the shortest text of its float32 (at most 9 significant digits), not of a double (17)
+    text = httpx.post(f"{server}/v1/embeddings", json={**body, "encoding_format": "float"}, timeout=60).text
+    written = [n for d in json.loads(text, parse_float=str)["data"] for n in d["embedding"]]
+    digits = [len(n.lstrip("-").split("e")[0].replace(".", "").lstrip("0")) for n in written]
+    assert max(digits) <= 9 and np.array_equal(np.array(written, dtype=np.float32).reshape(got.shape), got)
 
 
 def test_dimensions_keep_the_first_ones_renormalised(client, encoder):

