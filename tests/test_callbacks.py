@@ -85,3 +85,35 @@ def test_a_callback_with_only_some_hooks_is_told_only_those(tmp_path, tiny_bert,
     only = OnlyEnd()
     result = Trainer(run_config(tmp_path, tiny_bert, cache_dir, max_steps=1), callbacks=[only]).fit()
     assert only.result == result
+
+
+def test_the_last_step_is_evaluated_so_the_result_describes_the_exported_model(tmp_path, tiny_bert, cache_dir):
+    """5 steps evaluated every 2: step 5 is evaluated too, on schedule (every callback hears it, then the checkpoint
+    of step 5 holds it), and result.json holds that evaluation; at 4 steps, step 4's evaluation is not repeated; with
+    load_best_model_at_end the last step is one more candidate and the export is the best."""
+
+    def evals(run: Path) -> list[dict]:
+        return [r for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"]
+
+    events = Events()
+    config = run_config(tmp_path / "a", tiny_bert, cache_dir, max_steps=5, eval_steps=2, save_steps=5)
+    result = Trainer(config, callbacks=[events]).fit()
+    written = evals(tmp_path / "a" / "run")
+    assert [r["step"] for r in written] == [2, 4, 5]
+    assert [e[:2] for e in events.seen if e[0] != "step"] == [
+        ("evaluate", 2),
+        ("evaluate", 4),
+        ("evaluate", 5),
+        ("save", 5),
+    ]
+    assert result["loss"] == written[-1]["loss"] and result["accuracy"] == written[-1]["accuracy"]
+    assert json.loads((tmp_path / "a" / "run" / "result.json").read_text())["loss"] == written[-1]["loss"]
+    saved = json.loads((tmp_path / "a" / "run" / "checkpoint-5" / "trainer_state.json").read_text())
+    assert saved["last_eval_step"] == 5 and saved["last_eval"]["loss"] == written[-1]["loss"]
+
+    Trainer(run_config(tmp_path / "b", tiny_bert, cache_dir, max_steps=4, eval_steps=2)).fit()
+    assert [r["step"] for r in evals(tmp_path / "b" / "run")] == [2, 4]
+
+    best = run_config(tmp_path / "c", tiny_bert, cache_dir, max_steps=5, eval_steps=2, load_best_model_at_end=True)
+    result = StandStill(best).fit()
+    assert [r["step"] for r in evals(tmp_path / "c" / "run")] == [2, 4, 5] and result["best_step"] == 2

@@ -84,7 +84,15 @@ class Cadence(Callback):
 
 
 class EvaluationCadence(Cadence):
-    """eval_strategy / eval_steps: a scheduled evaluation (its metrics go to every callback's on_evaluate)."""
+    """eval_strategy / eval_steps: a scheduled evaluation (its metrics go to every callback's on_evaluate). With
+    "steps", the run's last step is one too (115 steps evaluated every 40: at 40, 80 and 115), so that the model it
+    exports has its metrics in result.json and the checkpoint saved after that step holds them."""
+
+    def on_step_end(self, trainer) -> None:
+        super().on_step_end(trainer)
+        st = trainer.state
+        if self.strategy == "steps" and st.step >= trainer.run.plan.total_steps and st.last_eval_step != st.step:
+            self.act(trainer)
 
     def act(self, trainer) -> None:
         trainer.evaluate_and_log()

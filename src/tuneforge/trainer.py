@@ -221,7 +221,7 @@ class Trainer:
             self._loop()
             if self.run.window[1].item() > 0:
                 self._log_train()
-            if cfg.eval_strategy == "no" or not self.state.last_eval:
+            if self._final_weights_unevaluated(cfg):
                 self.evaluate_and_log(scheduled=False)
             return self._finish(t0)
         except BaseException:
@@ -229,6 +229,15 @@ class Trainer:
             if self.run.feed is not None:  # the prefetch thread of the epoch it stopped in
                 self.run.feed = self.run.feed.close()
             raise
+
+    def _final_weights_unevaluated(self, cfg: TrainConfig) -> bool:
+        """Whether the run's end must evaluate the model it exports: yes unless the last evaluation was of this
+        step's weights or the export is the best evaluated model (load_best_model_at_end), so that result.json
+        always describes the exported model. ("steps" evaluates the last step on schedule; this is for "no", an
+        epoch cut short by max_steps, or a callback's stop.)"""
+        st = self.state
+        exports_best = cfg.load_best_model_at_end and st.best_eval is not None
+        return cfg.eval_strategy == "no" or (st.last_eval_step != st.step and not exports_best)
 
     def _loop(self) -> None:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
@@ -402,7 +411,7 @@ class Trainer:
         metrics = self.evaluate()
         for name, part in self.run.data.eval_parts.items() if self.run.data else ():  # a mixture: each source alone
             metrics.update({f"{name}/{key}": value for key, value in self.evaluate(part).items()})
-        st.last_eval = metrics
+        st.last_eval, st.last_eval_step = metrics, st.step
         self.report.log({"split": "eval", "step": st.step, "epoch": st.epoch, **metrics})
         self._fire("on_evaluate", metrics, callbacks=None if scheduled else self.callbacks)
         return metrics
