@@ -310,7 +310,7 @@ def launch_workers(config, forked_work=None) -> dict:
             code = subprocess.run(hostfile_command(config), env={**os.environ, **env}).returncode
         else:
             with _environment(env):  # the agent hands this process's environment to the workers it starts
-                code = _run_agent(config, forked_work if forked_work and not _cuda_set_up() else None)
+                code = _run_agent(config, forked_work if forked_work and forks_workers(config) else None)
         if code != 0:
             raise WorkerFailure(f"training workers failed (exit code {code}); the worker's error is shown above")
         # the main rank runs on node 0: other nodes' parents have nothing to return
@@ -374,6 +374,12 @@ def _forked_worker(work, threads: int) -> None:
         traceback.print_exc()
         sys.stderr.flush()
         raise SystemExit(1) from None
+
+
+def forks_workers(config) -> bool:
+    """Whether `launch_workers` forks its workers from this process (so that what it imports first, they have):
+    not through a hostfile (DeepSpeed's launcher starts new processes) nor once CUDA is set up here."""
+    return not config.hostfile and not _cuda_set_up()
 
 
 def _cuda_set_up() -> bool:

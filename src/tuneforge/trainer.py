@@ -169,7 +169,7 @@ class Trainer:
         if launch.needs_launch(cfg):
             check_launchable(cfg, launch.dist_env(), model_config)
             self._check_task_fits(get_backend(cfg, launch.dist_env()))
-            if self.fork_workers:
+            if self.fork_workers and launch.forks_workers(cfg):
                 import_model_code(model_config)  # once here, not again in each forked worker
             return launch.launch_workers(cfg, again if self.fork_workers else None)
         backend = get_backend(cfg, launch.dist_env())
