@@ -6,6 +6,7 @@ weights (no weight decay), so no evaluation after the first improves on it: earl
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -117,3 +118,40 @@ def test_the_last_step_is_evaluated_so_the_result_describes_the_exported_model(t
     best = run_config(tmp_path / "c", tiny_bert, cache_dir, max_steps=5, eval_steps=2, load_best_model_at_end=True)
     result = StandStill(best).fit()
     assert [r["step"] for r in evals(tmp_path / "c" / "run")] == [2, 4, 5] and result["best_step"] == 2
+
+
+class StopAt(Callback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer):
+        trainer.state.stop = trainer.state.step == self.step
+
+
+def test_the_runs_end_evaluates_what_no_evaluation_saw_and_never_repeats_one(tmp_path, tiny_bert, cache_dir):
+    """An epoch cut by max_steps (6 steps an epoch, 8 steps) and a callback's stop (at 3, evaluating every 2) end
+    with an evaluation of the exported weights; a run resumed from its last checkpoint, one written before
+    checkpoints kept the last evaluation's step, does not evaluate that step again."""
+
+    def eval_steps(run: Path) -> list[int]:
+        return [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"]
+
+    cut = run_config(tmp_path / "epoch", tiny_bert, cache_dir, max_steps=8, eval_strategy="epoch", eval_steps=None)
+    assert Trainer(cut).fit()["steps"] == 8 and eval_steps(tmp_path / "epoch" / "run") == [6, 8]
+
+    assert Trainer(run_config(tmp_path / "stop", tiny_bert, cache_dir, eval_steps=2), callbacks=[StopAt(3)]).fit()
+    assert eval_steps(tmp_path / "stop" / "run") == [2, 3]
+
+    config = run_config(tmp_path / "old", tiny_bert, cache_dir, max_steps=4, eval_steps=2, save_steps=2)
+    Trainer(config).fit()
+    state_file = tmp_path / "old" / "run" / "checkpoint-4" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state.pop("last_eval_step") == 4 and state["last_eval"]
+    state_file.write_text(json.dumps(state))
+    manifest_file = state_file.with_name("manifest.json")  # what a checkpoint written so would have recorded
+    manifest = json.loads(manifest_file.read_text())
+    data = state_file.read_bytes()
+    manifest["files"]["trainer_state.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest_file.write_text(json.dumps(manifest))
+    Trainer(config.model_copy(update={"resume": "latest"})).fit()
+    assert eval_steps(tmp_path / "old" / "run") == [2, 4]

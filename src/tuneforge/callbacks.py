@@ -86,7 +86,8 @@ class Cadence(Callback):
 class EvaluationCadence(Cadence):
     """eval_strategy / eval_steps: a scheduled evaluation (its metrics go to every callback's on_evaluate). With
     "steps", the run's last step is one too (115 steps evaluated every 40: at 40, 80 and 115), so that the model it
-    exports has its metrics in result.json and the checkpoint saved after that step holds them."""
+    exports has its metrics in result.json (and any checkpoint of that step holds them). A scheduled evaluation like
+    the others: it can be the best model and counts for early stopping."""
 
     def on_step_end(self, trainer) -> None:
         super().on_step_end(trainer)

@@ -306,7 +306,9 @@ class TrainConfig(Options):
         description="when to evaluate; the run's end also evaluates the model it exports where no evaluation "
         "saw those weights (result.json holds that model's metrics)",
     )
-    eval_steps: int | None = Field(None, gt=0, le=MAX_STEPS, description="evaluate every N steps (eval_strategy steps)")
+    eval_steps: int | None = Field(
+        None, gt=0, le=MAX_STEPS, description="evaluate every N steps and at the last (eval_strategy steps)"
+    )
     logging_steps: int = Field(20, gt=0, le=MAX_STEPS, description="log the training loss every N steps")
     metric_for_best: str | None = Field(None, description="metric that picks the best model (default: the task's)")
     early_stopping_patience: int | None = Field(

@@ -237,7 +237,9 @@ class Trainer:
         epoch cut short by max_steps, or a callback's stop.)"""
         st = self.state
         exports_best = cfg.load_best_model_at_end and st.best_eval is not None
-        return cfg.eval_strategy == "no" or (st.last_eval_step != st.step and not exports_best)
+        # a checkpoint of before last_eval_step has an evaluation of an unknown step: taken as this one's (no repeat)
+        evaluated = st.last_eval_step == st.step or (st.last_eval_step is None and bool(st.last_eval))
+        return cfg.eval_strategy == "no" or not (evaluated or exports_best)
 
     def _loop(self) -> None:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
