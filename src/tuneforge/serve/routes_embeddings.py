@@ -109,7 +109,7 @@ def embeddings_body(rows: list, dimensions: int | None, encoding: str, model: st
         vectors = vectors[:, :dimensions]
         vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), np.float32(1e-12))
     if not np.isfinite(vectors).all():
-        log.error("the model produced a non-finite embedding (nan or inf) for this request")
+        log.error("the model produced a non-finite vector (nan or inf) for this request")
         raise oa.ApiError(500, "the model produced a non-finite vector; see the server's log", kind="server_error")
     if encoding == "base64":
         little = vectors.astype("<f4")
