@@ -17,9 +17,7 @@ class Progress:
     bad_evals: int = 0  # evaluations without improvement (early stopping)
     stop: bool = False
     last_eval: dict = field(default_factory=dict)
-    last_eval_step: int | None = (
-        None  # last_eval's step: the run's end evaluates unless it is this (or exports the best)
-    )
+    last_eval_step: int | None = None  # last_eval's step (the run's end evaluates the exported weights if not)
     train_loss: float | None = None
     best_eval: dict | None = None  # the metrics of the best evaluation (load_best_model_at_end)
     log_loss: float = 0.0  # this rank's loss sum since the last log line

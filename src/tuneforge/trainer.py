@@ -236,10 +236,14 @@ class Trainer:
         always describes the exported model. ("steps" evaluates the last step on schedule; this is for "no", an
         epoch cut short by max_steps, or a callback's stop.)"""
         st = self.state
-        exports_best = cfg.load_best_model_at_end and st.best_eval is not None
         # a checkpoint of before last_eval_step has an evaluation of an unknown step: taken as this one's (no repeat)
         evaluated = st.last_eval_step == st.step or (st.last_eval_step is None and bool(st.last_eval))
-        return cfg.eval_strategy == "no" or not (evaluated or exports_best)
+        return cfg.eval_strategy == "no" or not (evaluated or self._exports_best(cfg))
+
+    def _exports_best(self, cfg: TrainConfig) -> bool:
+        """Whether the export is the best evaluated model (load_best_model_at_end), decided on best_eval, which every
+        rank has (the weights are held by the main rank only)."""
+        return cfg.load_best_model_at_end and self.state.best_eval is not None
 
     def _loop(self) -> None:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
@@ -448,8 +452,7 @@ class Trainer:
 
     def _finish(self, t0: float) -> dict:
         run, cfg, st = self.run, self.run.config, self.state
-        # decided on best_eval (same on every rank), not on the weights (held by the main rank only)
-        use_best = cfg.load_best_model_at_end and st.best_eval is not None
+        use_best = self._exports_best(cfg)
         model_dir = export.export_live(
             run.model,
             run.backend,
