@@ -128,30 +128,55 @@ class StopAt(Callback):
         trainer.state.stop = trainer.state.step == self.step
 
 
-def test_the_runs_end_evaluates_what_no_evaluation_saw_and_never_repeats_one(tmp_path, tiny_bert, cache_dir):
-    """An epoch cut by max_steps (6 steps an epoch, 8 steps) and a callback's stop (at 3, evaluating every 2) end
-    with an evaluation of the exported weights; a run resumed from its last checkpoint, one written before
-    checkpoints kept the last evaluation's step, does not evaluate that step again."""
+def eval_steps(run: Path) -> list[int]:
+    return [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"]
 
-    def eval_steps(run: Path) -> list[int]:
-        return [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"]
 
-    cut = run_config(tmp_path / "epoch", tiny_bert, cache_dir, max_steps=8, eval_strategy="epoch", eval_steps=None)
-    assert Trainer(cut).fit()["steps"] == 8 and eval_steps(tmp_path / "epoch" / "run") == [6, 8]
-
-    assert Trainer(run_config(tmp_path / "stop", tiny_bert, cache_dir, eval_steps=2), callbacks=[StopAt(3)]).fit()
-    assert eval_steps(tmp_path / "stop" / "run") == [2, 3]
-
-    config = run_config(tmp_path / "old", tiny_bert, cache_dir, max_steps=4, eval_steps=2, save_steps=2)
-    Trainer(config).fit()
-    state_file = tmp_path / "old" / "run" / "checkpoint-4" / "trainer_state.json"
+def as_written_before_last_eval_step(checkpoint_dir: Path) -> None:
+    """Rewrite a checkpoint as one written before checkpoints kept the last evaluation's step (manifest included)."""
+    state_file = checkpoint_dir / "trainer_state.json"
     state = json.loads(state_file.read_text())
-    assert state.pop("last_eval_step") == 4 and state["last_eval"]
+    assert state.pop("last_eval_step") is not None and state["last_eval"]
     state_file.write_text(json.dumps(state))
-    manifest_file = state_file.with_name("manifest.json")  # what a checkpoint written so would have recorded
+    manifest_file = checkpoint_dir / "manifest.json"
     manifest = json.loads(manifest_file.read_text())
     data = state_file.read_bytes()
     manifest["files"]["trainer_state.json"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     manifest_file.write_text(json.dumps(manifest))
+
+
+def test_the_runs_end_evaluates_what_no_evaluation_saw_and_never_repeats_one(tmp_path, tiny_bert, cache_dir):
+    """An epoch cut by max_steps (6 steps an epoch, 8 steps) and a callback's stop (at 3, evaluating every 2) end
+    with an evaluation of the exported weights; a run resumed from its last checkpoint, one written before
+    checkpoints kept the last evaluation's step, does not evaluate that step again."""
+    cut = run_config(tmp_path / "epoch", tiny_bert, cache_dir, max_steps=8, eval_strategy="epoch", eval_steps=None)
+    assert Trainer(cut).fit()["steps"] == 8 and eval_steps(tmp_path / "epoch" / "run") == [6, 8]
+
+    stop = Trainer(run_config(tmp_path / "stop", tiny_bert, cache_dir, eval_steps=2), callbacks=[StopAt(3)]).fit()
+    assert stop["steps"] == 3 and eval_steps(tmp_path / "stop" / "run") == [2, 3]
+
+    config = run_config(tmp_path / "old", tiny_bert, cache_dir, max_steps=4, eval_steps=2, save_steps=2)
+    Trainer(config).fit()
+    as_written_before_last_eval_step(tmp_path / "old" / "run" / "checkpoint-4")
     Trainer(config.model_copy(update={"resume": "latest"})).fit()
     assert eval_steps(tmp_path / "old" / "run") == [2, 4]
+
+
+def test_the_end_evaluation_comes_before_the_last_checkpoint(tmp_path, tiny_bert, cache_dir):
+    """eval_strategy no: the run's one evaluation is of its last step, heard by the user's callbacks before the
+    checkpoint of that step, which holds it (a run continued from it keeps the record in metrics.jsonl, as a
+    tracker keeps it). An old checkpoint's evaluation, taken as of its own step, does not count for a later one."""
+    events = Events()
+    config = run_config(tmp_path / "no", tiny_bert, cache_dir, max_steps=4, eval_strategy="no", save_steps=2)
+    result = Trainer(config, callbacks=[events]).fit()
+    assert [e[:2] for e in events.seen if e[0] != "step"] == [("save", 2), ("evaluate", 4), ("save", 4)]
+    written = read_jsonl(tmp_path / "no" / "run" / "metrics.jsonl")
+    saved = json.loads((tmp_path / "no" / "run" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert saved["last_eval_step"] == 4 and saved["metrics_records"] == len(written)
+    assert written[-1]["split"] == "eval" and result["loss"] == written[-1]["loss"]
+
+    cut = dict(max_steps=8, eval_strategy="epoch", eval_steps=None, save_strategy="epoch", save_steps=None)
+    Trainer(run_config(tmp_path / "epoch", tiny_bert, cache_dir, **{**cut, "max_steps": 6})).fit()
+    as_written_before_last_eval_step(tmp_path / "epoch" / "run" / "checkpoint-6")
+    Trainer(run_config(tmp_path / "epoch", tiny_bert, cache_dir, **cut, resume="latest")).fit()
+    assert eval_steps(tmp_path / "epoch" / "run") == [6, 8]

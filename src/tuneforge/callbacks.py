@@ -3,8 +3,8 @@ best-model tracking and early stopping.
 
 Each hook gets the trainer (`.state`, `.model`, `.backend`, `.config`, ...). A run's callbacks hear an event
 in this order: the user's, then the built-ins (`BestModel`, `EarlyStopping`, `EvaluationCadence`,
-`SaveCadence`), so at a step's or an epoch's end the run evaluates, tracks the best, and then saves a
-checkpoint that holds that evaluation.
+`EndEvaluation`, `SaveCadence`), so at a step's or an epoch's end the run evaluates, tracks the best, and then
+saves a checkpoint that holds that evaluation.
 """
 
 from __future__ import annotations
@@ -99,6 +99,34 @@ class EvaluationCadence(Cadence):
         trainer.evaluate_and_log()
 
 
+def exports_best(config, state) -> bool:
+    """Whether the run exports its best evaluated model (load_best_model_at_end), decided on best_eval, which every
+    rank has (the weights are held by the main rank only)."""
+    return config.load_best_model_at_end and state.best_eval is not None
+
+
+def exported_weights_unevaluated(config, state) -> bool:
+    """Whether the weights the run would export now had no evaluation: yes unless the last evaluation was of this
+    step's weights or the export is the best evaluated model, so that result.json always describes the exported
+    model (with eval_strategy "no" that is the run's one evaluation)."""
+    return not (state.last_eval_step == state.step or exports_best(config, state))
+
+
+class EndEvaluation(Callback):
+    """At the step a run ends (its last planned step, or a stop), evaluates the weights it exports when no
+    evaluation saw them (eval_strategy "no", an epoch cut by max_steps, a callback's stop), before any checkpoint
+    of that step: a run continued from that checkpoint keeps the evaluation in metrics.jsonl, as a tracker does.
+    Not a scheduled evaluation: only the user's callbacks hear it (it is neither a best-model candidate nor a
+    reason to stop early)."""
+
+    def on_step_end(self, trainer) -> None:
+        st, run = trainer.state, trainer.run
+        ends = st.step >= run.plan.total_steps or st.stop
+        epoch_evaluation_follows = run.config.eval_strategy == "epoch" and st.step == run.epoch_last_step
+        if ends and not epoch_evaluation_follows and exported_weights_unevaluated(run.config, st):
+            trainer.evaluate_and_log(scheduled=False)
+
+
 class SaveCadence(Cadence):
     """save_strategy / save_steps: a checkpoint (every callback's on_save gets its path)."""
 
@@ -114,6 +142,7 @@ def built_in_callbacks(config, metric: str, greater_is_better: bool, best_weight
         found.append(EarlyStopping(config.early_stopping_patience, metric))
     if config.eval_strategy != "no":
         found.append(EvaluationCadence(config.eval_strategy, config.eval_steps))
+    found.append(EndEvaluation())
     if config.save_strategy != "no":
         found.append(SaveCadence(config.save_strategy, config.save_steps))
     return found

@@ -42,4 +42,7 @@ class Progress:
     @classmethod
     def from_dict(cls, values: dict) -> Progress:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        progress = cls(**{k: v for k, v in values.items() if k in known})
+        if "last_eval_step" not in values and progress.last_eval:  # a checkpoint of before it: saved after
+            progress.last_eval_step = progress.step  # its evaluations, so the last one is taken as of its step
+        return progress

@@ -67,6 +67,7 @@ class Run:
     engine: Any = None  # the generation engine on the live model, built at the first in-training generation
     data: TrainingData | None = None  # the features above, with a mixture's plan and its sources' validation sets
     feed: Any = None  # the epoch's Prefetch of collated micro-batches, while the loop is in an epoch
+    epoch_last_step: int | None = None  # the step that ends the epoch in progress, while the loop is in one
     data_wait: float = 0.0  # seconds this rank's steps waited for their data
     orders: OrderCache | None = None  # large epochs' orders, kept in the run folder for a resume
 

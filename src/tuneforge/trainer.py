@@ -27,7 +27,7 @@ from tuneforge import checkpoint, export, launch
 from tuneforge.artifacts import import_model_code
 from tuneforge.backends import backend_classes, check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
-from tuneforge.callbacks import Callback
+from tuneforge.callbacks import Callback, exported_weights_unevaluated, exports_best
 from tuneforge.config import TrainConfig
 from tuneforge.configure import build_config, resolve
 from tuneforge.data.prefetch import Prefetch
@@ -221,7 +221,7 @@ class Trainer:
             self._loop()
             if self.run.window[1].item() > 0:
                 self._log_train()
-            if self._final_weights_unevaluated(cfg):
+            if exported_weights_unevaluated(cfg, self.state):  # resumed at the end: no step for EndEvaluation
                 self.evaluate_and_log(scheduled=False)
             return self._finish(t0)
         except BaseException:
@@ -229,21 +229,6 @@ class Trainer:
             if self.run.feed is not None:  # the prefetch thread of the epoch it stopped in
                 self.run.feed = self.run.feed.close()
             raise
-
-    def _final_weights_unevaluated(self, cfg: TrainConfig) -> bool:
-        """Whether the run's end must evaluate the model it exports: yes unless the last evaluation was of this
-        step's weights or the export is the best evaluated model (load_best_model_at_end), so that result.json
-        always describes the exported model. ("steps" evaluates the last step on schedule; this is for "no", an
-        epoch cut short by max_steps, or a callback's stop.)"""
-        st = self.state
-        # a checkpoint of before last_eval_step has an evaluation of an unknown step: taken as this one's (no repeat)
-        evaluated = st.last_eval_step == st.step or (st.last_eval_step is None and bool(st.last_eval))
-        return cfg.eval_strategy == "no" or not (evaluated or self._exports_best(cfg))
-
-    def _exports_best(self, cfg: TrainConfig) -> bool:
-        """Whether the export is the best evaluated model (load_best_model_at_end), decided on best_eval, which every
-        rank has (the weights are held by the main rank only)."""
-        return cfg.load_best_model_at_end and self.state.best_eval is not None
 
     def _loop(self) -> None:
         """Optimizer steps until the plan's total or a stop: each epoch's steps from the data position, each
@@ -253,6 +238,7 @@ class Trainer:
         while st.step < plan.total_steps and not st.stop:
             steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank, run.orders)
             run.feed = Prefetch(functools.partial(self._collate, run.train_data), steps, on_wait=self._waited)
+            run.epoch_last_step = st.step + len(steps)
             for i, micro_batches in enumerate(steps):
                 loss_sum, count = self.train_step(micro_batches)
                 run.scheduler.step()
@@ -452,7 +438,7 @@ class Trainer:
 
     def _finish(self, t0: float) -> dict:
         run, cfg, st = self.run, self.run.config, self.state
-        use_best = self._exports_best(cfg)
+        use_best = exports_best(cfg, st)
         model_dir = export.export_live(
             run.model,
             run.backend,
