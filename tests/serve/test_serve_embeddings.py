@@ -10,13 +10,14 @@ import json
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import openai
 import pytest
 
-from conftest import save_tiny_classifier, serving
+from conftest import save_tiny_classifier, serving, start_server
 from test_serve_generate import app_server, wait_ready
 
 NAME = "tiny-encoder"
@@ -272,3 +273,42 @@ def test_fuzz_embeddings_while_a_known_good_request_keeps_its_answer(tiny_encode
         assert r.status_code == 200, r.text
         got = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
         assert np.abs(got - want).max() < 1e-5
+
+
+def test_a_model_that_gives_nan_answers_500_and_goes_on_serving(tiny_encoder, tmp_path):
+    """A copy of the encoder whose embedding row of one token is nan: a text holding that token is a logged 500
+    (orjson would write nan as null: a 200 with nulls for numbers), alone or with a good text; the server answers a
+    good text sent at the same time (a batch of its own or shared) with a finite vector, and goes on."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "nan-encoder"
+    shutil.copytree(tiny_encoder, folder)
+    weights_file = next(folder.rglob("model.safetensors"))
+    weights = load_file(weights_file)
+    (name,) = [k for k in weights if k.endswith("word_embeddings.weight")]
+    (poisoned,) = AutoTokenizer.from_pretrained(folder)("dull", add_special_tokens=False)["input_ids"]
+    weights[name][poisoned] = float("nan")
+    save_file(weights, weights_file, metadata={"format": "pt"})
+
+    proc, url = start_server(str(folder), served_model_name=NAME, max_wait_ms=300)
+    try:
+        body = {"model": NAME}
+        with httpx.Client(base_url=url, timeout=60) as http:
+            with ThreadPoolExecutor(2) as pool:
+                asked = [
+                    pool.submit(http.post, "/v1/embeddings", json={**body, "input": text}) for text in ("dull", "fine")
+                ]
+            bad, good = [future.result() for future in asked]
+            assert bad.status_code == 500 and bad.json()["error"]["type"] == "server_error"
+            assert bad.json()["error"]["message"] == "the model produced a non-finite vector; see the server's log"
+            assert good.status_code == 200 and np.isfinite(good.json()["data"][0]["embedding"]).all()
+            assert http.post("/v1/embeddings", json={**body, "input": ["fine", "dull"]}).status_code == 500
+            assert http.get("/health").json()["status"] == "ok"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert "the model produced a non-finite vector" in proc.log.read_text()
+    proc.log.unlink()
