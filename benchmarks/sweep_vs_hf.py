@@ -44,7 +44,8 @@ def sweep_command(args, out: Path, *extra: str) -> list[str]:
         f"data.data_dir={args.data_dir}", "batch_size=32", "eval_strategy=steps", f"eval_steps={args.eval_steps}",
         "--space", str(HERE / "sweep-space-mrpc.yaml"), "--trials", str(args.trials), "--seed", str(args.seed),
         "--metric", "f1", "--direction", "maximize", "--pruner", "median", "--prune-startup-trials", "2",
-        "--prune-warmup-steps", str(args.eval_steps), "--output-dir", str(out), *extra,
+        "--prune-warmup-steps", str(args.eval_steps), "--parallel", str(args.parallel), "--output-dir", str(out),
+        *extra,
     ]  # fmt: skip
 
 
@@ -106,6 +107,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=6)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--eval-steps", type=int, default=40)
+    ap.add_argument("--parallel", type=int, default=1, help="tuneforge's trials at once (each on cores/N threads)")
     ap.add_argument("--kill-at", type=int, default=2, help="the trial during which the second sweep is killed")
     ap.add_argument("--reference", help="resume check only, against this uninterrupted sweep folder")
     ap.add_argument("--only", choices=["both", "tuneforge", "peer"], default="both")
@@ -117,6 +119,7 @@ def main() -> None:
     if args.reference:
         return resume_check_only(args, out)
     result = {**machine_meta(), "trials": args.trials, "seed": args.seed, "eval_steps": args.eval_steps}
+    result["tuneforge_parallel"] = args.parallel
     if args.only in ("both", "tuneforge"):
         wall, _ = timed(sweep_command(args, out / "tuneforge"), out / "tuneforge.log")
         trials = study_trials(out / "tuneforge")
