@@ -6,11 +6,11 @@ override `forward_step` / `compute_loss` / `train_step`, or add `Callback`s.
 
 `fit` sets a run up whole (`tuneforge.run`: backend, data, model, optimizer, step plan, checkpointer,
 a resume) and then runs the loop: optimizer steps from the step plan (`tuneforge.plan`), logged, with the
-callbacks told each step's and epoch's end. Evaluation and save cadence, best-model tracking and early
-stopping are built-in callbacks (`tuneforge.callbacks`). Everything backend-specific sits behind
-`trainer.backend` (tuneforge/backends/base.py), everything task-specific behind `trainer.task`
-(tuneforge/tasks/base.py). With `harness_after_train`, lm-evaluation-harness scores the exported model once fit
-ends (tuneforge/harness/after_train.py).
+callbacks told each step's and epoch's end. Evaluation and save cadence, the evaluation of the exported
+weights at the run's end, best-model tracking and early stopping are built-in callbacks (`tuneforge.callbacks`).
+Everything backend-specific sits behind `trainer.backend` (tuneforge/backends/base.py), everything
+task-specific behind `trainer.task` (tuneforge/tasks/base.py). With `harness_after_train`,
+lm-evaluation-harness scores the exported model once fit ends (tuneforge/harness/after_train.py).
 """
 
 from __future__ import annotations
