@@ -80,7 +80,8 @@ class SweepOptions(BaseModel):
         ge=1,
         le=1024,
         description="trials running at once on this machine, each with CPU_CORES/N threads (or OMP_NUM_THREADS "
-        "where set); the sampled values then depend on which trials finish first: one at a time is reproducible",
+        "where set); TPE's draws after its start-up trials and the pruner's decisions then depend on which trials "
+        "finish first: one at a time is reproducible",
     )
     keep_best: int = Field(
         2,
