@@ -43,6 +43,6 @@ class Progress:
     def from_dict(cls, values: dict) -> Progress:
         known = {f.name for f in fields(cls)}
         progress = cls(**{k: v for k, v in values.items() if k in known})
-        if "last_eval_step" not in values and progress.last_eval:  # a checkpoint of before it: saved after
-            progress.last_eval_step = progress.step  # its evaluations, so the last one is taken as of its step
+        if "last_eval_step" not in values and progress.last_eval:  # a checkpoint written before the field:
+            progress.last_eval_step = progress.step  # its last evaluation is taken as of the checkpoint's step
         return progress

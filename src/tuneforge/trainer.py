@@ -221,7 +221,7 @@ class Trainer:
             self._loop()
             if self.run.window[1].item() > 0:
                 self._log_train()
-            if exported_weights_unevaluated(cfg, self.state):  # resumed at the end: no step for EndEvaluation
+            if exported_weights_unevaluated(cfg, self.state):  # what EndEvaluation did not hear: a resume at the end
                 self.evaluate_and_log(scheduled=False)
             return self._finish(t0)
         except BaseException:
