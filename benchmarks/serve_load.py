@@ -21,7 +21,9 @@ temporary folder: its speed is a trained classifier's). Writes benchmarks/result
 markdown table. --only classify|generate runs one half.
 --only embed (issue 27; only when named): POST /v1/embeddings of one text per request to --embedder (a sentence
 encoder folder that `tuneforge train --task embedding` wrote), batching against `--max-batch-size 1`, no peer; the
-batched vectors compared with the unbatched ones (within 1e-3), malformed embedding requests beside the load.
+batched vectors compared with the unbatched ones (within 1e-3), malformed embedding requests beside the load, and
+the batching server once more with `--max-wait-ms 0`. Each tuneforge row holds its mean rows per forward
+(`mean_batch`, from the server's /metrics).
 """
 
 from __future__ import annotations
@@ -242,6 +244,8 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
     }
     if kind != "embed":
         out["transformers pipeline in FastAPI (peer)"] = (peer, {})
+    else:  # no waiting for company: each forward takes what queued during the one before
+        out["tuneforge serve (batching) --max-wait-ms 0"] = (batching + ["--max-wait-ms", "0"], {})
     if kind == "generate":
         # transformers' own OpenAI server with its paged-attention continuous batching, at each dtype (its best is
         # the peer)
@@ -256,6 +260,17 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
         if args.logprobs is not None:
             out[f"tuneforge serve (batching), logprobs {args.logprobs}"] = (batching, {"logprobs": args.logprobs})
     return out
+
+
+def mean_batch(metrics: str) -> float | None:
+    """Rows per forward pass over the run (tuneforge's /metrics batch-size histogram; warm-up included)."""
+    found = dict(
+        line.split(" ", 1)
+        for line in metrics.splitlines()
+        if line.startswith(("tuneforge_batch_size_sum ", "tuneforge_batch_size_count "))
+    )
+    sum_, count = (float(found.get(f"tuneforge_batch_size_{k}", 0)) for k in ("sum", "count"))
+    return round(sum_ / count, 2) if count else None
 
 
 def compare(kind: str, batched: dict, single: dict) -> dict:
@@ -314,6 +329,8 @@ def main() -> None:
                 model_name = served.json()["data"][0]["id"] if served.status_code == 200 else model_dir
                 print(f"{half}: {name} ...", file=sys.stderr, flush=True)
                 rows[name] = asyncio.run(load(f"http://127.0.0.1:{port}", kind, model_name, args, extra))
+                if name.startswith("tuneforge"):
+                    rows[name]["mean_batch"] = mean_batch(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
             finally:
                 stop(proc)
             partial = {n: {k: v for k, v in r.items() if k != "answers"} for n, r in rows.items()}

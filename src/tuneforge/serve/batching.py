@@ -2,7 +2,8 @@
 (sentence encoders) in `tuneforge serve`.
 
 Requests are queued; one worker takes the first waiting request, then keeps collecting more until the
-batch holds `max_batch_size` inputs or `max_wait_ms` has passed, and runs them through the predictor in
+batch holds `max_batch_size` inputs or `max_wait_ms` has passed (requests already queued join whatever the
+time: `max_wait_ms 0` batches what queued during the last forward), and runs them through the predictor in
 one go (sorted by length inside; `infer` says which of its methods: `predict` unless told). Each caller gets its
 own slice of the answers. The model runs in one background thread, so the event loop keeps accepting requests
 while a batch computes; those form the next batch. The queue is bounded: `submit` raises `QueueFull` when
@@ -85,11 +86,8 @@ class DynamicBatcher:
             group, size = [first], len(first[0])
             deadline = loop.time() + self.max_wait_s
             while size < self.max_batch_size:
-                left = deadline - loop.time()
-                if left <= 0:
-                    break
                 try:
-                    nxt = await asyncio.wait_for(self._queue.get(), left)
+                    nxt = await self._next(deadline - loop.time())
                 except asyncio.TimeoutError:
                     break
                 if size + len(nxt[0]) > self.max_batch_size:
@@ -101,6 +99,16 @@ class DynamicBatcher:
             if not group:
                 continue
             await self._answer(group)
+
+    async def _next(self, left_s: float):
+        """The next queued request: one already waiting at once (whatever the time left, so that `max_wait_ms 0`
+        still batches what queued during the last forward), else the first to come within `left_s`."""
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            if left_s <= 0:
+                raise asyncio.TimeoutError from None
+            return await asyncio.wait_for(self._queue.get(), left_s)
 
     async def _answer(self, group: list) -> None:
         """Run the group's inputs as one batch; if that fails, each request alone (only the bad one fails)."""
