@@ -812,20 +812,26 @@ def start_server(model_dir: str, env: dict | None = None, **flags) -> tuple[subp
         time.sleep(0.3)
 
 
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a `start_server` process: SIGTERM (it drains), then kill if it has not ended within 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def serving(model_dir: str, **flags):
-    """`start_server`'s URL for the `with` block; the server is stopped (SIGTERM, then kill) afterwards."""
+    """`start_server`'s URL for the `with` block; the server is stopped (`stop_server`) afterwards and its log
+    deleted (a test that reads the log once the server has ended uses `start_server` and `stop_server`)."""
     proc, url = start_server(model_dir, **flags)
     try:
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.log.unlink(missing_ok=True)  # (nothing reads it once the block is over)
+        stop_server(proc)
+        proc.log.unlink(missing_ok=True)
 
 
 # ---- backend conformance (tests/backends) ----------------------------------------------------

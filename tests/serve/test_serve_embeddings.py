@@ -17,7 +17,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import save_tiny_classifier, serving, start_server
+from conftest import save_tiny_classifier, serving, start_server, stop_server
 from test_serve_generate import app_server, wait_ready
 
 NAME = "tiny-encoder"
@@ -308,7 +308,6 @@ def test_a_model_that_gives_nan_answers_500_and_goes_on_serving(tiny_encoder, tm
             assert http.post("/v1/embeddings", json={**body, "input": ["fine", "dull"]}).status_code == 500
             assert http.get("/health").json()["status"] == "ok"
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        stop_server(proc)
     assert "the model produced a non-finite vector" in proc.log.read_text()
     proc.log.unlink()
