@@ -16,11 +16,12 @@ class HeldPredictor:
     requests queue behind it as they do behind a busy model."""
 
     def __init__(self) -> None:
-        self.release = threading.Event()
+        self.busy, self.release = threading.Event(), threading.Event()
         self.batches: list[list[str]] = []
 
     def infer(self, items: list, batch_size: int) -> list:
         if not self.batches:
+            self.busy.set()
             self.release.wait(timeout=30)
         self.batches.append(list(items))
         return [text.upper() for text in items]
@@ -32,9 +33,7 @@ async def queue_behind_a_busy_forward(max_wait_ms: float, max_batch_size: int, l
     await batcher.start()
     try:
         first = asyncio.ensure_future(batcher.submit(["first"]))
-        while not predictor.batches and batcher.queue_depth:  # the worker took "first" into its forward
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(predictor.busy.wait, 30)  # "first" is in its forward
         rest = [asyncio.ensure_future(batcher.submit([f"text {i}"])) for i in range(later)]
         while batcher.queue_depth < later:
             await asyncio.sleep(0.005)
