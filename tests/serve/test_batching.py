@@ -47,8 +47,8 @@ async def queue_behind_a_busy_forward(max_wait_ms: float, max_batch_size: int, l
 @pytest.mark.parametrize("max_wait_ms", [0, 1])
 def test_requests_queued_during_a_forward_share_the_next_one_whatever_the_wait(max_wait_ms):
     """`--max-wait-ms 0` means no waiting for others, not no batching: what queued while the model was busy goes
-    into the next forward together (before, each such request ran alone: 40 req/s instead of ~120 under the
-    32-client embedding load, benchmarks/README.md)."""
+    into the next forward together (before, each such request ran alone: the unbatched server's 47-55 req/s instead
+    of 121-130 under the 32-client embedding load, benchmarks/README.md)."""
     answers, batches = asyncio.run(queue_behind_a_busy_forward(max_wait_ms, max_batch_size=4, later=6))
     assert answers == [["FIRST"]] + [[f"TEXT {i}"] for i in range(6)]
     assert batches == [["first"], [f"text {i}" for i in range(4)], ["text 4", "text 5"]]
