@@ -244,8 +244,8 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
     }
     if kind != "embed":
         out["transformers pipeline in FastAPI (peer)"] = (peer, {})
-    else:  # no waiting for company: each forward takes what queued during the one before
-        out["tuneforge serve (batching) --max-wait-ms 0"] = (batching + ["--max-wait-ms", "0"], {})
+    if kind != "generate":  # the default before 2026-11-28 (0 since): a lone request waits up to 10 ms for company
+        out["tuneforge serve (batching) --max-wait-ms 10"] = (batching + ["--max-wait-ms", "10"], {})
     if kind == "generate":
         # transformers' own OpenAI server with its paged-attention continuous batching, at each dtype (its best is
         # the peer)

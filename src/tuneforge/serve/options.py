@@ -64,11 +64,14 @@ class ServeOptions(BaseModel):
         "decoding together (1: batching off)",
         json_schema_extra={"refusal": POSITIVE_UP_TO},
     )
+    # 0, as Triton's dynamic batcher defaults: no one waits, yet what queued during a forward shares the next one;
+    # under 32 clients on 2 cores it served 12-20% more than a 10 ms wait in 5 runs of 6 (benchmarks/README.md)
     max_wait_ms: float = Field(
-        10.0,
+        0.0,
         ge=0,
         le=60_000,  # a classifier request waits at most a minute for others
-        description="classifiers and sentence encoders: longest a request waits for others to join",
+        description="classifiers and sentence encoders: longest a request waits for others to join (0: none, "
+        "but what queued during a forward shares the next one)",
         json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value:g}"},
     )
     max_queue: int = Field(
