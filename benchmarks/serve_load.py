@@ -246,7 +246,7 @@ def variants(kind: str, model_dir: str, args) -> dict[str, tuple[list[str], dict
         out["transformers pipeline in FastAPI (peer)"] = (peer, {})
     if kind != "generate":  # the default before 2026-11-28 (0 since): a lone request waits up to 10 ms for company
         out["tuneforge serve (batching) --max-wait-ms 10"] = (batching + ["--max-wait-ms", "10"], {})
-    if kind == "generate":
+    else:
         # transformers' own OpenAI server with its paged-attention continuous batching, at each dtype (its best is
         # the peer)
         hf = [str(Path(sys.executable).with_name("transformers")), "serve", model_dir, "--continuous-batching"]

@@ -65,7 +65,8 @@ class ServeOptions(BaseModel):
         json_schema_extra={"refusal": POSITIVE_UP_TO},
     )
     # 0, as Triton's dynamic batcher defaults: no one waits, yet what queued during a forward shares the next one;
-    # under 32 clients on 2 cores it served 12-20% more than a 10 ms wait in 5 runs of 6 (benchmarks/README.md)
+    # under 32 clients on 2 cores /v1/embeddings served 12-20% more than with a 10 ms wait in 5 runs of 6, /predict
+    # the same (benchmarks/README.md, "`/v1/embeddings` under load")
     max_wait_ms: float = Field(
         0.0,
         ge=0,
