@@ -479,16 +479,17 @@ def test_pack_rows_puts_every_row_once_in_bins_that_fit(lengths, width):
     assert all(used[a] + used[b] > width for a in range(len(bins)) for b in range(a + 1, len(bins)))
 
 
-@pytest.mark.parametrize("padding_side", ["right", "left"])
-def test_packed_embeddings_are_each_text_embedded_alone(tiny_bert, padding_side):
-    """`embed_packed` of a batch of short and long texts (right- or left-padded): each text's embedding as a batch of
-    its own gives it, within 1e-5, from rows that hold fewer positions than the padded batch."""
+@pytest.mark.parametrize("padding_side, attention", [("right", "sdpa"), ("left", "sdpa"), ("right", "eager")])
+def test_packed_embeddings_are_each_text_embedded_alone(tiny_bert, padding_side, attention):
+    """`embed_packed` of a batch of short and long texts (right- or left-padded; SDPA or eager attention, which adds
+    the mask it is given to its scores): each text's embedding as a batch of its own gives it, within 1e-5, from
+    rows that hold fewer positions than the padded batch."""
     from transformers import AutoModel, AutoTokenizer
 
     from tuneforge.tasks.embedding import embed, embed_packed
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert, padding_side=padding_side)
-    model = AutoModel.from_pretrained(tiny_bert).eval()
+    model = AutoModel.from_pretrained(tiny_bert, attn_implementation=attention).eval()
     texts = [r["positive"] for r in uneven_rows(9, seed=2, negatives=False)] + ["a", "the cat"]
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     seen = []
@@ -519,6 +520,37 @@ def test_packed_texts_give_the_loss_and_gradients_of_the_padded_batch(tiny_bert,
     with_grad = [(rows, width) for rows, width, grad in packed_calls if grad]
     assert len(with_grad) == 1 and with_grad[0][0] < 12 * len(columns)
     assert with_grad[0][0] * with_grad[0][1] < 0.7 * sum(rows * width for rows, width, _ in padded_calls)
+
+
+def test_a_bf16_run_packs_its_batches(tiny_bert):
+    """Under bf16 autocast, with the frozen layers kept in bf16 as a bf16 run keeps them (eager attention, the
+    kernel bf16 trains with on a CPU), the first batch's check still finds packing exact (it compares float32
+    forwards) and the batch is packed: one forward with grad, the loss the padded batch's within bf16 rounding; the
+    frozen weights are bf16 again after the check."""
+    from tuneforge.adapters import store_frozen_linears
+
+    items, columns = uneven_scored_rows(12, seed=3), ("sentence1", "sentence2")
+    padded_options = {"loss": "cosent", "pack_texts": False, "split_by_length": False}
+    options = {"loss": "cosent", "freeze_layers": 1, "attn_implementation": "eager"}
+    losses, calls, frozen = {}, {}, []
+    for name, chosen in (("padded", {**options, **padded_options}), ("packed", options)):
+        task = embedding_task(tiny_bert, **chosen)
+        tokenizer = task.load_tokenizer()
+        torch.manual_seed(0)
+        model = task.load_model(tokenizer).train()
+        model.set_attn_implementation("eager")
+        assert store_frozen_linears(model, torch.bfloat16) > 0
+        calls[name] = []
+        model.register_forward_pre_hook(
+            lambda _, a, kw, seen=calls[name]: seen.append(torch.is_grad_enabled()), with_kwargs=True
+        )
+        batch = batch_of(task, tokenizer, items, columns, "score")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            losses[name] = task.compute_loss(task.forward(model, batch), batch)[0].item()
+        frozen.append({p.dtype for p in model.parameters() if not p.requires_grad and p.dim() == 2})
+    assert task.packs is True and calls["packed"].count(True) == 1
+    assert losses["packed"] == pytest.approx(losses["padded"], rel=2e-2)
+    assert torch.bfloat16 in frozen[1]
 
 
 def test_a_model_that_counts_positions_its_own_way_is_not_packed(minilm_dir, tmp_path):

@@ -51,6 +51,7 @@ process at N*B).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Sequence
@@ -231,22 +232,56 @@ def packed_inputs(lengths: list[int], bins: list[list[int]], device) -> dict[str
     return {"text": text, "dest": dest, "position_ids": positions, "segment": segment, "mask": sees[:, None]}
 
 
+def additive_mask(sees: torch.Tensor) -> torch.Tensor:
+    """A boolean may-attend mask as the bias every attention implementation adds to its scores: 0 where a token
+    sees, the dtype's lowest elsewhere (eager attention adds the mask it is given: a boolean one would add 1 where
+    it should block), in autocast's dtype where autocast is on (SDPA takes a float mask of the query's dtype only)."""
+    device = sees.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, torch.finfo(dtype).min)
+
+
 def embed_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int = PACK_WIDTH):
     """`embed` of every row, its texts packed side by side into rows of about `width` tokens (`pack_rows`), each text
     attending only to itself from position 0: one forward over the real tokens, with no padding but a bin's last
-    few. Equal to `embed` of each text alone where the model takes `position_ids` and a 4D boolean attention mask
-    (BERT does; `packing_holds` checks)."""
+    few. Equal to `embed` of each text alone where the model takes `position_ids` and a 4D additive attention mask
+    (BERT does, with eager or SDPA attention; `packing_holds` checks)."""
     real = attention_mask.bool()
     lengths = real.sum(1)
     counts = lengths.tolist()
     where = packed_inputs(counts, pack_rows(counts, width), input_ids.device)
     ids = input_ids.new_zeros(where["segment"].numel()).index_put((where["dest"],), input_ids[real])
     hidden = model(
-        input_ids=ids.view_as(where["segment"]), position_ids=where["position_ids"], attention_mask=where["mask"]
+        input_ids=ids.view_as(where["segment"]),
+        position_ids=where["position_ids"],
+        attention_mask=additive_mask(where["mask"]),
     ).last_hidden_state.float()
     tokens = hidden.reshape(-1, hidden.shape[-1])[where["dest"]]
     sums = tokens.new_zeros(len(counts), tokens.shape[-1]).index_add(0, where["text"], tokens)
     return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
+
+
+@contextlib.contextmanager
+def frozen_weights_in_float32(model):
+    """The model's frozen weights that a bf16 run keeps in bf16 (single and ddp: `store_frozen_linears`) in float32
+    for the while, given back after: the packing check compares float32 forwards, the same maths whatever the run's
+    precision. Sharded (DTensor) and partitioned (empty) parameters stay as they are."""
+    kept = [
+        (param, param.data)
+        for param in model.parameters()
+        if not param.requires_grad
+        and param.is_floating_point()
+        and param.dtype != torch.float32
+        and type(param.data) is torch.Tensor
+        and param.numel() > 0
+    ]
+    for param, data in kept:
+        param.data = data.float()
+    try:
+        yield
+    finally:
+        for param, data in kept:
+            param.data = data
 
 
 def packing_holds(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]) -> bool:
@@ -820,16 +855,18 @@ class EmbeddingTask(Task):
 
     def _packing_holds(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> bool:
         """pack_texts: whether this model's packed embeddings are its padded ones, checked once, on the first training
-        batch, in fp32 (a model in lower precision rounds the two differently and is not packed); every
-        data-parallel rank decides the same (the forwards of the ranks pair up)."""
+        batch, in fp32 (the frozen weights a bf16 run keeps in bf16 cast up for it; a model whose trained weights are
+        in lower precision rounds the two differently and is not packed); every data-parallel rank decides the same
+        (the forwards of the ranks pair up)."""
         if self.packs is None:
-            with torch.autocast(attention_mask.device.type, enabled=False):
+            with torch.autocast(attention_mask.device.type, enabled=False), frozen_weights_in_float32(model):
                 holds = packing_holds(model, input_ids, attention_mask, self._length_groups(attention_mask))
             self.packs = agreed_count(int(not holds), self.dp_group, attention_mask.device) == 0
             if not self.packs:
                 self.log(
                     "pack_texts: this model's embeddings of packed texts differ from its padded ones (it does not "
-                    "take position ids from 0 and a 4D attention mask as BERT does, or its weights are not fp32): "
+                    "take position ids from 0 and a 4D attention mask as BERT does, or its trained weights are not "
+                    "fp32): "
                     "its batches are not packed (--split-by-length decides)"
                 )
         return self.packs
