@@ -77,6 +77,34 @@ def test_the_server_leaves_its_event_loop_a_core(tiny_encoder):
         assert httpx.get(f"{url}/health", timeout=10).json()["threads"] == 1
 
 
+def test_a_bf16_server_answers_vectors_close_to_float32_ones(tiny_encoder, encoder):
+    """--precision bf16: /health says so, and every vector is bf16's own (not float32's) yet unit length and within
+    cosine 0.999 of the float32 one."""
+    with serving(tiny_encoder, served_model_name=NAME, precision="bf16") as url:
+        assert httpx.get(f"{url}/health", timeout=10).json()["precision"] == "bf16"
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        got = vectors(client.embeddings.create(model=NAME, input=TEXTS))
+    want = encoder.encode(TEXTS)
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    assert (got * want).sum(1).min() > 0.999 and np.abs(got - want).max() > 1e-5
+
+
+def test_auto_precision_is_bf16_where_the_cpu_does_bf16_natively(tiny_encoder):
+    """`auto` (serve's default): bf16 autocast over bf16 linear weights on AMX / AVX512-BF16 CPUs, else the float32
+    weights as loaded."""
+    import torch
+
+    from tuneforge.backends.precision import cpu_has_native_bf16
+    from tuneforge.tasks.embedding import EmbeddingPredictor
+
+    predictor = EmbeddingPredictor(tiny_encoder, device="cpu")
+    native = cpu_has_native_bf16()
+    assert predictor.use_precision("auto") == ("bf16" if native else "fp32")
+    linear_dtypes = {m.weight.dtype for m in predictor.encoder.model.modules() if type(m) is torch.nn.Linear}
+    assert linear_dtypes == {torch.bfloat16 if native else torch.float32}
+    assert predictor.encoder.autocast_dtype == (torch.bfloat16 if native else None)
+
+
 def test_serving_threads_are_every_core_but_one_only_in_the_servers_own_process():
     import torch
 

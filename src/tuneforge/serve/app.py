@@ -152,7 +152,7 @@ async def health(request: Request):
     else:
         b = state.batcher
         if routes_embeddings.embeds(served):
-            info.update(kind="embed", task=served.task, dimensions=served.embedding_size)
+            info.update(kind="embed", task=served.task, dimensions=served.embedding_size, precision=state.precision)
             info.update(matryoshka_dims=served.matryoshka_dims, max_length=served.max_length)
         else:
             info.update(kind="predict", task=served.task, labels=served.labels, regression=served.regression)
@@ -249,6 +249,8 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     if threads is not None:
         torch.set_num_threads(threads)
     state.threads = torch.get_num_threads()
+    if hasattr(served, "use_precision"):  # a sentence encoder: its forwards in the served precision
+        state.precision = await asyncio.to_thread(served.use_precision, options.precision)
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template
 
