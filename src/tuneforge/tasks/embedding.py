@@ -866,8 +866,7 @@ class EmbeddingTask(Task):
                 self.log(
                     "pack_texts: this model's embeddings of packed texts differ from its padded ones (it does not "
                     "take position ids from 0 and a 4D attention mask as BERT does, or its trained weights are not "
-                    "fp32): "
-                    "its batches are not packed (--split-by-length decides)"
+                    "fp32): its batches are not packed (--split-by-length decides)"
                 )
         return self.packs
 
