@@ -13,12 +13,20 @@ optimizer.pt (replicas are identical), every rank loads them.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from tuneforge.backends.base import Backend, MakeOptimizer
 from tuneforge.errors import ConfigError
+
+# keep the start-up broadcast of buffers, not the one before every forward (DDPBackend.wrap)
+NO_FORWARD_BUFFER_SYNC = (
+    {"forward_sync_buffers": False}
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+    else {"broadcast_buffers": False}
+)
 
 
 class DDPBackend(Backend):
@@ -46,7 +54,9 @@ class DDPBackend(Backend):
         # forwards before one backward (embedding's split_by_length and GradCache) then fails in backward where the
         # model saved a view of one (BERT's position ids: "modified by an inplace operation", seen on a GPU
         # machine). sentence-transformers' trainer turns it off (ddp_broadcast_buffers=False) for the same error.
-        ddp_model = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        # torch 2.13 names it forward_sync_buffers (broadcast_buffers warns on every run); older torch (a GPU
+        # image's) knows only broadcast_buffers
+        ddp_model = DistributedDataParallel(model, device_ids=device_ids, **NO_FORWARD_BUFFER_SYNC)
         return ddp_model, optimizer
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
