@@ -92,6 +92,33 @@ def test_many_texts_and_pairs_in_one_request(server, classifier):
     assert [p["score"] for p in got] == pytest.approx([p["score"] for p in want], abs=1e-4)
 
 
+def test_a_bf16_server_answers_scores_close_to_float32_ones(classifier):
+    """--precision bf16: /health says so; every label is float32's, every score bf16's own (not float32's to the
+    6th digit) yet within 2e-2 of it."""
+    with serving(classifier, precision="bf16") as url:
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        got = post(url, {"texts": TEXTS}).json()["predictions"]
+    want = Predictor(classifier).predict(TEXTS)
+    assert health["precision"] == "bf16"
+    assert [p["label"] for p in got] == [p["label"] for p in want]
+    gaps = [abs(g["score"] - w["score"]) for g, w in zip(got, want)]
+    assert max(gaps) < 2e-2 and max(gaps) > 1e-6
+
+
+def test_auto_precision_is_bf16_where_the_cpu_does_bf16_natively(classifier):
+    """`auto` (serve's default): the linear layers in bf16 on AMX / AVX512-BF16 CPUs, else float32 as loaded."""
+    import torch
+
+    from tuneforge.backends.precision import cpu_has_native_bf16
+
+    predictor = Predictor(classifier)
+    native = cpu_has_native_bf16()
+    assert predictor.use_precision("auto") == ("bf16" if native else "fp32")
+    linear_dtypes = {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear}
+    assert linear_dtypes == {torch.bfloat16 if native else torch.float32}
+    assert predictor.predict(TEXTS[:2])[0]["label"] in LABELS.values()
+
+
 @pytest.mark.parametrize(
     "body,needle",
     [

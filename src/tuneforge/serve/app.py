@@ -156,7 +156,7 @@ async def health(request: Request):
             info.update(matryoshka_dims=served.matryoshka_dims, max_length=served.max_length)
         else:
             info.update(kind="predict", task=served.task, labels=served.labels, regression=served.regression)
-            info.update(accepts=list(served.accepts))
+            info.update(accepts=list(served.accepts), precision=state.precision)
         info.update(max_wait_ms=b.max_wait_s * 1000)
         info.update(requests=b.requests, batches=b.batches, largest_batch=b.largest_batch)
     return info
@@ -249,7 +249,7 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     if threads is not None:
         torch.set_num_threads(threads)
     state.threads = torch.get_num_threads()
-    if hasattr(served, "use_precision"):  # a sentence encoder: its forwards in the served precision
+    if hasattr(served, "use_precision"):  # an encoder, a classifier, a scorer: its forwards in the served precision
         state.precision = await asyncio.to_thread(served.use_precision, options.precision)
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template

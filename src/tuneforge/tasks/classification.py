@@ -16,7 +16,15 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import check_model_path, from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import MetricStream, Task, empty_check, hold_out_validation, predict_max_length, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    ServingPrecision,
+    Task,
+    empty_check,
+    hold_out_validation,
+    predict_max_length,
+    set_dropout,
+)
 from tuneforge.tasks.glue import GLUE, glue_files
 
 TEXT_GUESSES = (
@@ -446,9 +454,14 @@ class ClassificationPredictor:
         self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
+        self.precision = ServingPrecision(self.device)
         self.regression = config.num_labels == 1
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")
+
+    def use_precision(self, precision: str) -> str:
+        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
+        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
@@ -467,7 +480,8 @@ class ClassificationPredictor:
             idx = order[start : start + batch_size]
             rows = {k: [enc[k][i] for i in idx] for k in enc.keys()}
             batch = self.tokenizer.pad(rows, return_tensors="pt").to(self.device)
-            logits = self.model(**batch).logits.float()
+            with self.precision.autocast():
+                logits = self.model(**batch).logits.float()
             if self.regression:
                 for i, v in zip(idx, logits.squeeze(-1).tolist()):
                     results[i] = {"score": v}

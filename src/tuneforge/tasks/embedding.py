@@ -82,7 +82,7 @@ from tuneforge.data.retrieval import collection_ids, has_squad_columns, is_squad
 from tuneforge.data.sources import check_file, find_split_files, read_table, require_columns, to_dataset
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions, comma_list
-from tuneforge.tasks.base import Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import ServingPrecision, Task, empty_check, predict_max_length, set_dropout
 from tuneforge.tasks.embedding_eval import EmbeddingStream
 
 # (anchor, positive) column names, as sentence-transformers' datasets name them; hard negatives follow
@@ -1064,21 +1064,11 @@ class SentenceEncoder:
         self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
-        self.autocast_dtype: torch.dtype | None = None  # `use_precision`: None runs the weights as loaded
+        self.precision = ServingPrecision(self.device)
 
     def use_precision(self, precision: str) -> str:
-        """Run the forwards in `precision` (auto: bf16 where the hardware does it natively, else fp32): in bf16 or
-        fp16 the linear layers' weights are kept in that dtype and the forward runs under autocast (layer norms,
-        softmax and pooling in float32): on an AVX512-BF16 CPU 1.9x the texts a second at 32 a batch, vectors
-        within cosine 0.99998 of float32's (benchmarks/README.md). Returns the precision resolved."""
-        from tuneforge.adapters import store_frozen_linears
-        from tuneforge.backends.precision import resolve_precision
-
-        resolved = resolve_precision(precision, self.device)
-        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved)
-        if self.autocast_dtype is not None:
-            store_frozen_linears(self.model.requires_grad_(False), self.autocast_dtype)
-        return resolved
+        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
+        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
@@ -1099,8 +1089,7 @@ class SentenceEncoder:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             batch = self.tokenizer.pad({"input_ids": [list(ids[i]) for i in idx]}, return_tensors="pt")
-            dtype, on = self.autocast_dtype or torch.float32, self.autocast_dtype is not None
-            with torch.autocast(self.device.type, dtype=dtype, enabled=on):
+            with self.precision.autocast():
                 pooled = embed(self.model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
             parts.append(cut(pooled, dims).cpu().numpy())
         out = np.empty((len(ids), parts[0].shape[1]), dtype=np.float32)

@@ -335,7 +335,9 @@ class RewardPredictor(ClassificationPredictor):
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             input_ids, attention = pad_rows([rows[i] for i in idx], self.tokenizer.pad_token_id)
-            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)).logits
+            with self.precision.autocast():
+                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
+            logits = logits.logits
             for i, value in zip(idx, logits.float()[:, 0].tolist()):
                 scores[i] = value
         return scores
