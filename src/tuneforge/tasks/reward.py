@@ -336,9 +336,8 @@ class RewardPredictor(ClassificationPredictor):
             idx = order[start : start + batch_size]
             input_ids, attention = pad_rows([rows[i] for i in idx], self.tokenizer.pad_token_id)
             with self.precision.autocast():
-                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
-            logits = logits.logits
-            for i, value in zip(idx, logits.float()[:, 0].tolist()):
+                out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
+            for i, value in zip(idx, out.logits.float()[:, 0].tolist()):
                 scores[i] = value
         return scores
 
