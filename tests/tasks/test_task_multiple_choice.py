@@ -183,6 +183,25 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
         assert httpx.post(f"{url}/predict", json={"texts": ["a"]}, timeout=60).status_code == 422
 
 
+def test_a_bf16_predictor_chooses_as_float32_does(trained):
+    """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
+    choices, their scores within 2e-2."""
+    import torch
+
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    rows = [{"question": r["question"], "choices": r["choices"]} for r in choice_rows(6, seed=7)]
+    want = load_predictor(run / "model").predict(rows)
+    predictor = load_predictor(run / "model")
+    assert predictor.use_precision("bf16") == "bf16"
+    assert {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
+    got = predictor.predict(rows)
+    assert [g["choice"] for g in got] == [w["choice"] for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert g["scores"] == pytest.approx(w["scores"], abs=2e-2)
+
+
 # ---- backends and resume -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:

@@ -417,6 +417,24 @@ def test_serve_answers_question_context_pairs(trained):
         assert health["task"] == "qa" and health["labels"] == [] and health["regression"] is False
 
 
+def test_a_bf16_predictor_gives_the_same_answers(trained):
+    """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
+    answers, their scores within 2e-2."""
+    import torch
+
+    from tuneforge.predict import load_predictor
+
+    run, data, _ = trained
+    pairs = [(r["question"], r["context"]) for r in rows_of(data / "test.json")[:5]]
+    want = load_predictor(run / "model").predict(pairs)
+    predictor = load_predictor(run / "model")
+    assert predictor.use_precision("bf16") == "bf16"
+    assert {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
+    got = predictor.predict(pairs)
+    assert [a["answer"] for a in got] == [a["answer"] for a in want]
+    assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want], abs=2e-2)
+
+
 def test_the_python_api_takes_datasets_in_the_hub_form(tiny_bert, tmp_path, cache_dir):
     import datasets
 

@@ -249,7 +249,7 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     if threads is not None:
         torch.set_num_threads(threads)
     state.threads = torch.get_num_threads()
-    if hasattr(served, "use_precision"):  # an encoder, a classifier, a scorer: its forwards in the served precision
+    if hasattr(served, "use_precision"):  # every predictor: its forwards in the served precision
         state.precision = await asyncio.to_thread(served.use_precision, options.precision)
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template

@@ -113,10 +113,9 @@ class ServeOptions(BaseModel):
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",
-        description="a generative model's weights; a sentence encoder's, a sequence classifier's or a scorer's "
-        "linear layers (under autocast) while serving: auto is bf16 where the hardware does bf16 natively "
-        "(AMX or AVX512-BF16 CPUs, CUDA since Ampere; fp16 on older CUDA), else fp32; fp32 for log-probs, vectors "
-        "or scores equal to an fp32 forward pass (token, span and choice models serve as loaded)",
+        description="a generative model's weights, every other model's linear layers (under autocast) while "
+        "serving: auto is bf16 where the hardware does bf16 natively (AMX or AVX512-BF16 CPUs, CUDA since Ampere; "
+        "fp16 on older CUDA), else fp32; fp32 for log-probs, vectors or scores equal to an fp32 forward pass",
     )
     threads: int | None = Field(
         None,

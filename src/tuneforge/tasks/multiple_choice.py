@@ -23,7 +23,7 @@ from tuneforge.data.choices import check_choice_counts, find_split_files, read_c
 from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import MetricStream, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
 
 
 def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
@@ -237,6 +237,11 @@ class ChoicePredictor:
         self.model = load_pretrained_model(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
+        self.precision = ServingPrecision(self.device)
+
+    def use_precision(self, precision: str) -> str:
+        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
+        return self.precision.use(self.model, precision)
 
     @staticmethod
     def check_inputs(rows: list[dict]) -> None:
@@ -272,7 +277,9 @@ class ChoicePredictor:
                     first, second, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt"
                 )
                 inputs = {k: v.view(len(idx), width, -1).to(self.device) for k, v in enc.items()}
-                probs = self.model(**inputs).logits.float().softmax(-1).cpu()
+                with self.precision.autocast():
+                    logits = self.model(**inputs).logits
+                probs = logits.float().softmax(-1).cpu()
                 for i, p in zip(idx, probs.tolist()):
                     best = int(np.argmax(p))
                     out[i] = {"label": best, "choice": rows[i]["choices"][best], "score": p[best], "scores": p}

@@ -32,7 +32,7 @@ from tuneforge.data.conll import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import MetricStream, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
 
 IGNORE = -100
 WORD = re.compile(r"\w+|[^\w\s]")  # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation
@@ -347,7 +347,12 @@ class EntityPredictor:
         self.model.eval()
         self.device = inference_device(device)
         self.model.to(self.device)
+        self.precision = ServingPrecision(self.device)
         self.labels = [self.model.config.id2label[i] for i in sorted(self.model.config.id2label)]
+
+    def use_precision(self, precision: str) -> str:
+        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
+        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def predict(self, texts: list[str], batch_size: int = 32) -> list[dict]:
@@ -368,7 +373,9 @@ class EntityPredictor:
                 return_tensors="pt",
             )
             word_ids = [enc.word_ids(j) for j in range(len(idx))]
-            probs = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits.float().softmax(-1).cpu()
+            with self.precision.autocast():
+                logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
+            probs = logits.float().softmax(-1).cpu()
             for j, i in enumerate(idx):
                 tags, scores, previous = [], [], None
                 for pos, word in enumerate(word_ids[j]):

@@ -38,7 +38,7 @@ from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.squad import check_examples, check_squad_file, find_split_files, from_hf, read_squad
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import MetricStream, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
 
 DEFAULT_MAX_LENGTH = 384  # run_qa.py's max_seq_length: a question and its context want more than classification's 128
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -540,7 +540,12 @@ class AnswerPredictor:
         ).eval()
         self.device = inference_device(device)
         self.model.to(self.device)
+        self.precision = ServingPrecision(self.device)
         self.labels: list[str] = []  # serve's /health: a QA model has no classes
+
+    def use_precision(self, precision: str) -> str:
+        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
+        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def predict(self, inputs, batch_size: int = 32) -> list[dict]:
@@ -561,7 +566,8 @@ class AnswerPredictor:
             idx = order[begin : begin + batch_size].tolist()
             rows = {k: [enc[k][i] for i in idx] for k in keys}
             batch = self.tokenizer.pad(rows, return_tensors="pt", padding_side="right").to(self.device)
-            out = self.model(**batch)
+            with self.precision.autocast():
+                out = self.model(**batch)
             starts, ends = out.start_logits.float().cpu().numpy(), out.end_logits.float().cpu().numpy()
             for j, w in enumerate(idx):
                 n, c, p = int(lengths[w]), cls[w], sample[w]
