@@ -822,6 +822,19 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def float32_and_bf16_predictors(model_dir):
+    """Two predictors of `model_dir`: as loaded (float32), and one switched to bf16 as `serve --precision bf16`
+    switches it (its linear layers checked to be bf16 then)."""
+    import torch
+
+    from tuneforge.predict import load_predictor
+
+    loaded, switched = load_predictor(model_dir), load_predictor(model_dir)
+    assert switched.use_precision("bf16") == "bf16"
+    assert {m.weight.dtype for m in switched.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
+    return loaded, switched
+
+
 @contextmanager
 def serving(model_dir: str, **flags):
     """`start_server`'s URL for the `with` block; the server is stopped (`stop_server`) afterwards and its log

@@ -18,6 +18,7 @@ from conftest import (
     TASK_PARITY_RUN,
     cli_flags,
     cli_main,
+    float32_and_bf16_predictors,
     max_weight_diff,
     query_weights,
     quiet_task,
@@ -186,17 +187,10 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
 def test_a_bf16_predictor_chooses_as_float32_does(trained):
     """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
     choices, their scores within 2e-2."""
-    import torch
-
-    from tuneforge.predict import load_predictor
-
     run, _, _ = trained
     rows = [{"question": r["question"], "choices": r["choices"]} for r in choice_rows(6, seed=7)]
-    want = load_predictor(run / "model").predict(rows)
-    predictor = load_predictor(run / "model")
-    assert predictor.use_precision("bf16") == "bf16"
-    assert {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
-    got = predictor.predict(rows)
+    loaded, switched = float32_and_bf16_predictors(run / "model")
+    want, got = loaded.predict(rows), switched.predict(rows)
     assert [g["choice"] for g in got] == [w["choice"] for w in want]
     for g, w in zip(got, want, strict=True):
         assert g["scores"] == pytest.approx(w["scores"], abs=2e-2)

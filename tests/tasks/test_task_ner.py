@@ -16,6 +16,7 @@ from conftest import (
     TASK_PARITY_RUN,
     cli_flags,
     cli_main,
+    float32_and_bf16_predictors,
     max_weight_diff,
     quiet_task,
     run_cli,
@@ -215,17 +216,10 @@ def test_serve_answers_entities(trained):
 def test_a_bf16_predictor_finds_the_same_entities(trained):
     """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, the entities
     of float32's, their scores within 2e-2."""
-    import torch
-
-    from tuneforge.predict import load_predictor
-
     run, _, _ = trained
     texts = ["Maria Garcia joined Siemens last year.", "Omar visited Tokyo on Monday."]
-    want = load_predictor(run / "model").predict(texts)
-    predictor = load_predictor(run / "model")
-    assert predictor.use_precision("bf16") == "bf16"
-    assert {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
-    got = predictor.predict(texts)
+    loaded, switched = float32_and_bf16_predictors(run / "model")
+    want, got = loaded.predict(texts), switched.predict(texts)
     for g, w in zip(got, want, strict=True):
         assert [{**e, "score": None} for e in g["entities"]] == [{**e, "score": None} for e in w["entities"]]
         assert [e["score"] for e in g["entities"]] == pytest.approx([e["score"] for e in w["entities"]], abs=2e-2)

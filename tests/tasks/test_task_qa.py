@@ -19,6 +19,7 @@ from conftest import (
     TASK_PARITY_RUN,
     cli_flags,
     cli_main,
+    float32_and_bf16_predictors,
     max_weight_diff,
     quiet_task,
     run_cli,
@@ -420,17 +421,10 @@ def test_serve_answers_question_context_pairs(trained):
 def test_a_bf16_predictor_gives_the_same_answers(trained):
     """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
     answers, their scores within 2e-2."""
-    import torch
-
-    from tuneforge.predict import load_predictor
-
     run, data, _ = trained
     pairs = [(r["question"], r["context"]) for r in rows_of(data / "test.json")[:5]]
-    want = load_predictor(run / "model").predict(pairs)
-    predictor = load_predictor(run / "model")
-    assert predictor.use_precision("bf16") == "bf16"
-    assert {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
-    got = predictor.predict(pairs)
+    loaded, switched = float32_and_bf16_predictors(run / "model")
+    want, got = loaded.predict(pairs), switched.predict(pairs)
     assert [a["answer"] for a in got] == [a["answer"] for a in want]
     assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want], abs=2e-2)
 
