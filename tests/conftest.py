@@ -830,7 +830,7 @@ def float32_and_bf16_predictors(model_dir):
     from tuneforge.predict import load_predictor
 
     loaded, switched = load_predictor(model_dir), load_predictor(model_dir)
-    assert switched.use_precision("bf16") == "bf16"
+    assert switched.precision.use("bf16") == "bf16"
     assert {m.weight.dtype for m in switched.model.modules() if type(m) is torch.nn.Linear} == {torch.bfloat16}
     return loaded, switched
 

@@ -113,7 +113,7 @@ def test_auto_precision_is_bf16_where_the_cpu_does_bf16_natively(classifier):
 
     predictor = Predictor(classifier)
     native = cpu_has_native_bf16()
-    assert predictor.use_precision("auto") == ("bf16" if native else "fp32")
+    assert predictor.precision.use("auto") == ("bf16" if native else "fp32")
     linear_dtypes = {m.weight.dtype for m in predictor.model.modules() if type(m) is torch.nn.Linear}
     assert linear_dtypes == {torch.bfloat16 if native else torch.float32}
     assert predictor.predict(TEXTS[:2])[0]["label"] in LABELS.values()

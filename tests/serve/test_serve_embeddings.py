@@ -99,10 +99,10 @@ def test_auto_precision_is_bf16_where_the_cpu_does_bf16_natively(tiny_encoder):
 
     predictor = EmbeddingPredictor(tiny_encoder, device="cpu")
     native = cpu_has_native_bf16()
-    assert predictor.use_precision("auto") == ("bf16" if native else "fp32")
+    assert predictor.precision.use("auto") == ("bf16" if native else "fp32")
     linear_dtypes = {m.weight.dtype for m in predictor.encoder.model.modules() if type(m) is torch.nn.Linear}
     assert linear_dtypes == {torch.bfloat16 if native else torch.float32}
-    assert predictor.encoder.precision.dtype == (torch.bfloat16 if native else None)
+    assert predictor.precision.dtype == (torch.bfloat16 if native else None)
 
 
 def test_serving_threads_are_every_core_but_one_only_in_the_servers_own_process():

@@ -185,7 +185,7 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
 
 
 def test_a_bf16_predictor_chooses_as_float32_does(trained):
-    """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
+    """`precision.use("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
     choices, their scores within 2e-2."""
     run, _, _ = trained
     rows = [{"question": r["question"], "choices": r["choices"]} for r in choice_rows(6, seed=7)]

@@ -214,7 +214,7 @@ def test_serve_answers_entities(trained):
 
 
 def test_a_bf16_predictor_finds_the_same_entities(trained):
-    """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, the entities
+    """`precision.use("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, the entities
     of float32's, their scores within 2e-2."""
     run, _, _ = trained
     texts = ["Maria Garcia joined Siemens last year.", "Omar visited Tokyo on Monday."]

@@ -419,7 +419,7 @@ def test_serve_answers_question_context_pairs(trained):
 
 
 def test_a_bf16_predictor_gives_the_same_answers(trained):
-    """`use_precision("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
+    """`precision.use("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
     answers, their scores within 2e-2."""
     run, data, _ = trained
     pairs = [(r["question"], r["context"]) for r in rows_of(data / "test.json")[:5]]

@@ -46,6 +46,7 @@ from tuneforge.serve.generation import GenerationService
 from tuneforge.serve.metrics import Metrics
 from tuneforge.serve.options import ServeOptions
 from tuneforge.serve.packed_linear import pack_linear_layers
+from tuneforge.tasks.base import ServingPrecision
 
 PAGE = Path(__file__).with_name("static") / "index.html"
 
@@ -143,20 +144,20 @@ async def health(request: Request):
     info: dict[str, Any] = {"status": "ok", "model": options.model_dir, "served_model_name": options.served_model_name}
     info["max_batch_size"] = options.max_batch_size
     info["threads"] = state.threads
+    info["precision"] = state.precision  # what the forwards run in (None: a model kept as loaded)
     if state.generation is not None:
         service, engine = state.generation, state.engine
         info.update(kind="generate", family=served.family, chat=service.has_chat_template, context=service.context)
-        info["precision"] = state.precision
         info["packed_layers"] = state.packed_layers
         info.update(task=served.info.get("task"), running=engine.running_rows, waiting=engine.queue_depth)
     else:
         b = state.batcher
         if routes_embeddings.embeds(served):
-            info.update(kind="embed", task=served.task, dimensions=served.embedding_size, precision=state.precision)
+            info.update(kind="embed", task=served.task, dimensions=served.embedding_size)
             info.update(matryoshka_dims=served.matryoshka_dims, max_length=served.max_length)
         else:
             info.update(kind="predict", task=served.task, labels=served.labels, regression=served.regression)
-            info.update(accepts=list(served.accepts), precision=state.precision)
+            info.update(accepts=list(served.accepts))
         info.update(max_wait_ms=b.max_wait_s * 1000)
         info.update(requests=b.requests, batches=b.batches, largest_batch=b.largest_batch)
     return info
@@ -249,8 +250,8 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     if threads is not None:
         torch.set_num_threads(threads)
     state.threads = torch.get_num_threads()
-    if hasattr(served, "use_precision"):  # every predictor: its forwards in the served precision
-        state.precision = await asyncio.to_thread(served.use_precision, options.precision)
+    if isinstance(precision := getattr(served, "precision", None), ServingPrecision):  # a predictor's forwards
+        state.precision = await asyncio.to_thread(precision.use, options.precision)
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template
 

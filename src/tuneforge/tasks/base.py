@@ -50,24 +50,26 @@ def predict_max_length(max_length: int | None, trained: int | None, default: int
 
 
 class ServingPrecision:
-    """The precision a predictor's forwards run in: as loaded until `use` (what `tuneforge serve --precision` asks for;
-    auto: bf16 where the hardware does it natively, else fp32) keeps the model's linear-layer weights in bf16 or fp16
-    and runs each forward under autocast in it (`autocast()`: norms, softmax and outputs stay float32). MiniLM on an
-    AVX512-BF16 CPU: 1.9x the texts a second at 32 a batch, vectors within cosine 0.99998 of float32's."""
+    """The precision a predictor's forwards run in (the predictor's `precision`, which `tuneforge serve` sets): as
+    loaded until `use` (what `--precision` asks for; auto: bf16 where the hardware does it natively, else fp32) keeps
+    the model's linear-layer weights in bf16 or fp16 and runs each forward under autocast in it (`autocast()`: norms,
+    softmax and outputs stay float32). MiniLM on an AVX512-BF16 CPU: 1.9x the texts a second at 32 a batch, vectors
+    within cosine 0.99998 of float32's (benchmarks/README.md)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
         self.device = device
         self.dtype: torch.dtype | None = None
 
-    def use(self, model: torch.nn.Module, precision: str) -> str:
-        """Run `model` (inference only: its weights stop requiring grad) in `precision`; the precision resolved."""
+    def use(self, precision: str) -> str:
+        """Run the model (inference only: its weights stop requiring grad) in `precision`; the precision resolved."""
         from tuneforge.adapters import store_frozen_linears
         from tuneforge.backends.precision import resolve_precision
 
         resolved = resolve_precision(precision, self.device)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved)
         if self.dtype is not None:
-            store_frozen_linears(model.requires_grad_(False), self.dtype)
+            store_frozen_linears(self.model.requires_grad_(False), self.dtype)
         return resolved
 
     def autocast(self):

@@ -454,14 +454,10 @@ class ClassificationPredictor:
         self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
-        self.precision = ServingPrecision(self.device)
+        self.precision = ServingPrecision(self.model, self.device)
         self.regression = config.num_labels == 1
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")
-
-    def use_precision(self, precision: str) -> str:
-        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
-        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:

@@ -1064,11 +1064,7 @@ class SentenceEncoder:
         self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
-        self.precision = ServingPrecision(self.device)
-
-    def use_precision(self, precision: str) -> str:
-        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
-        return self.precision.use(self.model, precision)
+        self.precision = ServingPrecision(self.model, self.device)
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
@@ -1127,10 +1123,7 @@ class EmbeddingPredictor:
         self.embedding_size = int(self.encoder.size or self.encoder.encode(["a"]).shape[1])
         self.matryoshka_dims = [int(d) for d in self.encoder.info.get("matryoshka_dims") or []]
         self.vocab_size = int(self.encoder.model.get_input_embeddings().num_embeddings)
-
-    def use_precision(self, precision: str) -> str:
-        """The precision `tuneforge serve --precision` asks for (SentenceEncoder.use_precision); the one resolved."""
-        return self.encoder.use_precision(precision)
+        self.precision = self.encoder.precision
 
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and not 1 <= dimensions <= self.embedding_size:

@@ -237,11 +237,7 @@ class ChoicePredictor:
         self.model = load_pretrained_model(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
-        self.precision = ServingPrecision(self.device)
-
-    def use_precision(self, precision: str) -> str:
-        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
-        return self.precision.use(self.model, precision)
+        self.precision = ServingPrecision(self.model, self.device)
 
     @staticmethod
     def check_inputs(rows: list[dict]) -> None:

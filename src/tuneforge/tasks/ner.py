@@ -347,12 +347,8 @@ class EntityPredictor:
         self.model.eval()
         self.device = inference_device(device)
         self.model.to(self.device)
-        self.precision = ServingPrecision(self.device)
+        self.precision = ServingPrecision(self.model, self.device)
         self.labels = [self.model.config.id2label[i] for i in sorted(self.model.config.id2label)]
-
-    def use_precision(self, precision: str) -> str:
-        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
-        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def predict(self, texts: list[str], batch_size: int = 32) -> list[dict]:

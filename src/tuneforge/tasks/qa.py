@@ -540,12 +540,8 @@ class AnswerPredictor:
         ).eval()
         self.device = inference_device(device)
         self.model.to(self.device)
-        self.precision = ServingPrecision(self.device)
+        self.precision = ServingPrecision(self.model, self.device)
         self.labels: list[str] = []  # serve's /health: a QA model has no classes
-
-    def use_precision(self, precision: str) -> str:
-        """The forwards in `precision` from now on (ServingPrecision.use); the precision resolved."""
-        return self.precision.use(self.model, precision)
 
     @torch.inference_mode()
     def predict(self, inputs, batch_size: int = 32) -> list[dict]:
