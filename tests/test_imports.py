@@ -130,6 +130,7 @@ FLOORS = {
         "tuneforge.plan",
         "tuneforge.running_batch",
         "tuneforge.slot_cache",
+        "tuneforge.encoder_attention",
         "tuneforge.data.samplers",
         "tuneforge.data.mixture",
         "tuneforge.data.order_cache",
