@@ -130,7 +130,6 @@ FLOORS = {
         "tuneforge.plan",
         "tuneforge.running_batch",
         "tuneforge.slot_cache",
-        "tuneforge.encoder_attention",
         "tuneforge.data.samplers",
         "tuneforge.data.mixture",
         "tuneforge.data.order_cache",

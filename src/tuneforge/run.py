@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tuneforge import adapters, checkpoint, encoder_attention
+from tuneforge import adapters, checkpoint
 from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.data.fingerprint import check_unchanged
@@ -217,11 +217,8 @@ def _with_length(ds):
 
 
 def set_attention(model, wanted: str, backend, task) -> None:
-    """The attention kernel: `wanted` by name, or (auto) the backend's choice for the task's batches (its eager
-    as `encoder_attention` where the model's family computes eager attention that way)."""
+    """The attention kernel: `wanted` by name, or (auto) the backend's choice for the task's batches."""
     chosen = backend.default_attention(padded=task.pads_batches) if wanted == "auto" else wanted
-    if wanted == "auto" and chosen == "eager" and encoder_attention.fits(model):
-        chosen = encoder_attention.register()
     if chosen is None or not hasattr(model, "set_attn_implementation"):
         return
     try:
