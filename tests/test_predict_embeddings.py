@@ -23,6 +23,9 @@ TEXTS = [
     "great acting and a clever plot",
 ]
 
+# longer than the bundled MiniLM folder's max_seq_length (256), shorter than its 512 positions
+LONG = " ".join(f"Paragraph {i} of the report says the harbour reopened after the storm." for i in range(30))
+
 
 @pytest.fixture(scope="module")
 def reference(tiny_encoder) -> np.ndarray:
@@ -147,13 +150,15 @@ def test_a_sentence_transformers_folder_is_embedded_as_sentence_transformers_doe
     from tuneforge.tasks.embedding import EmbeddingPredictor
 
     assert isinstance(load_servable(minilm_dir), EmbeddingPredictor)
+    texts = [*TEXTS, LONG]
     out = tmp_path / "vectors.npy"
     proc = in_process(
-        capfd, "predict", minilm_dir, "--input", write_texts(tmp_path / "t.jsonl", TEXTS), "--output", out
+        capfd, "predict", minilm_dir, "--input", write_texts(tmp_path / "t.jsonl", texts), "--output", out
     )
     assert proc.returncode == 0, proc.stderr
-    theirs = SentenceTransformer(minilm_dir, device="cpu").encode(TEXTS)
-    assert np.abs(np.load(out) - theirs).max() < 1e-5
+    theirs = SentenceTransformer(minilm_dir, device="cpu")
+    assert theirs.max_seq_length == 256 < len(theirs.tokenizer(LONG)["input_ids"]) < 512
+    assert np.abs(np.load(out) - theirs.encode(texts)).max() < 1e-5  # the long text cut where theirs cuts it
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,17 @@ def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, st
     return (modes[0] if len(modes) == 1 else "unknown"), kinds["Transformer"]
 
 
+def sentence_transformers_max_length(model_dir: str | os.PathLike) -> int | None:
+    """The max_seq_length a sentence-transformers folder truncates its texts at (its sentence_bert_config.json;
+    all-MiniLM-L6-v2's is 256, below its 512 positions); None where it names none."""
+    try:
+        found = json.loads((Path(model_dir) / "sentence_bert_config.json").read_text(encoding="utf-8"))
+        value = found.get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if type(value) is int and value > 0 else None
+
+
 def write_model_info(model_dir: str | os.PathLike, info: dict) -> None:
     """tuneforge.json into `model_dir` (a folder being written; its atomic rename is the caller's)."""
     (Path(model_dir) / MODEL_INFO).write_text(json.dumps(info, indent=2))

@@ -74,6 +74,7 @@ from tuneforge.artifacts import (
     inference_device,
     load_tokenizer,
     read_model_info,
+    sentence_transformers_max_length,
     sentence_transformers_pooling,
 )
 from tuneforge.config import EVAL
@@ -1058,7 +1059,8 @@ class SentenceEncoder:
         check_model_path(model_dir)
         self.info = read_model_info(model_dir)
         config = from_pretrained(AutoConfig, model_dir, "the model config")
-        self.max_length = predict_max_length(max_length, self.info.get("max_length"), 512, config)
+        trained = self.info.get("max_length") or sentence_transformers_max_length(model_dir)  # where they cut
+        self.max_length = predict_max_length(max_length, trained, 512, config)
         self.size = getattr(config, "hidden_size", None)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
