@@ -1,8 +1,8 @@
 """`tuneforge predict` of a sentence encoder (a model exported by `--task embedding`): one vector per input text, as
 JSON lines or a .npy matrix, equal to sentence-transformers' own load of the folder and to SentenceEncoder within
 1e-5 (texts longer than the model's max_length truncated as sentence-transformers truncates them); --dimensions
-keeps a Matryoshka slice, renormalised as SentenceTransformer's truncate_dim; token ids embed as their text; every
-bad input is one line."""
+keeps a Matryoshka slice, renormalised as SentenceTransformer's truncate_dim; token ids embed as their text;
+--precision bf16 computes in bf16 (vectors and scores close to fp32's, labels equal); every bad input is one line."""
 
 import json
 
@@ -70,6 +70,19 @@ def test_a_npy_output_is_the_float32_matrix(capfd, tmp_path, tiny_encoder, refer
     assert [p.name for p in out.parent.iterdir()] == ["vectors.npy"]  # no temporary left behind
 
 
+def test_precision_bf16_gives_bf16s_own_vectors_close_to_float32s(capfd, tmp_path, tiny_encoder, reference):
+    inp = write_texts(tmp_path / "texts.jsonl", TEXTS)
+    for precision in ("bf16", "fp32"):
+        out = tmp_path / f"{precision}.npy"
+        proc = in_process(capfd, "predict", tiny_encoder, "--input", inp, "--output", out, "--precision", precision)
+        assert proc.returncode == 0, proc.stderr
+    bf16, fp32 = np.load(tmp_path / "bf16.npy"), np.load(tmp_path / "fp32.npy")
+    assert bf16.dtype == np.float32 and np.allclose(np.linalg.norm(bf16, axis=1), 1, atol=1e-5)
+    assert np.abs(fp32 - reference).max() < 1e-5  # asked for by name: the default's numbers
+    assert np.abs(bf16 - reference).max() > 1e-5  # computed in bf16: its own rounding
+    assert ((bf16 * reference).sum(1) > 0.999).all()
+
+
 def test_dimensions_keep_a_renormalised_matryoshka_slice(tmp_path, tiny_encoder):
     from sentence_transformers import SentenceTransformer
 
@@ -128,6 +141,19 @@ def test_vectors_options_are_refused_for_a_model_without_vectors(capfd, tmp_path
     proc = in_process(capfd, "predict", classifier, "--input", inp, "--output", tmp_path / "o.npy")
     assert_refused(proc, tmp_path, "names a .npy matrix of vectors", "name a .jsonl file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["texts.jsonl"]
+
+
+def test_a_classifier_predicts_in_bf16_with_float32s_labels(capfd, tmp_path, classifier):
+    inp = write_texts(tmp_path / "texts.jsonl", TEXTS)
+    rows = {}
+    for precision in ("bf16", "fp32"):
+        out = tmp_path / f"{precision}.jsonl"
+        proc = in_process(capfd, "predict", classifier, "--input", inp, "--output", out, "--precision", precision)
+        assert proc.returncode == 0, proc.stderr
+        rows[precision] = read_jsonl(out)
+    assert [r["label"] for r in rows["bf16"]] == [r["label"] for r in rows["fp32"]]
+    bf16, fp32 = ([r["score"] for r in rows[p]] for p in ("bf16", "fp32"))
+    assert bf16 != fp32 and np.allclose(bf16, fp32, atol=2e-2)
 
 
 def test_an_existing_npy_file_is_never_replaced(capfd, tmp_path, tiny_encoder):
