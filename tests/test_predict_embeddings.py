@@ -187,6 +187,36 @@ def test_a_sentence_transformers_folder_is_embedded_as_sentence_transformers_doe
     assert np.abs(np.load(out) - theirs.encode(texts)).max() < 1e-5  # the long text cut where theirs cuts it
 
 
+def test_a_folder_that_lowercases_its_texts_is_embedded_as_sentence_transformers_does(capfd, tmp_path):
+    """A sentence-transformers folder whose sentence_bert_config.json says do_lower_case (older models), with a cased
+    tokenizer: its texts lowercased before tokenizing, by predict as by SentenceTransformer."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import BertModel
+
+    from conftest import bpe_tokenizer, tiny_bert_config
+    from tuneforge.tasks.embedding import sentence_transformers_files
+
+    folder = tmp_path / "st"
+    tokenizer = bpe_tokenizer(folder)  # byte-level BPE: cased
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    BertModel(tiny_bert_config(vocab_size=len(tokenizer))).save_pretrained(folder)
+    for name, text in sentence_transformers_files(32, 64).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text, encoding="utf-8")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64, "do_lower_case": True}))
+    texts = ["The Cat SAT on the Mat", "the cat sat on the mat", "A DULL film"]
+    out = tmp_path / "vectors.npy"
+    proc = in_process(capfd, "predict", folder, "--input", write_texts(tmp_path / "t.jsonl", texts), "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    ours, theirs = np.load(out), SentenceTransformer(str(folder), device="cpu").encode(texts)
+    assert np.abs(ours - theirs).max() < 1e-5
+    assert np.abs(ours[0] - ours[1]).max() < 1e-6  # the same text once lowercased
+    assert tokenizer("The Cat")["input_ids"] != tokenizer("the cat")["input_ids"]  # which the tokenizer alone is not
+
+
 @pytest.mark.parametrize(
     "pooling, weights, needles",
     [

@@ -94,15 +94,16 @@ def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, st
     return (modes[0] if len(modes) == 1 else "unknown"), kinds["Transformer"]
 
 
-def sentence_transformers_max_length(model_dir: str | os.PathLike) -> int | None:
-    """The max_seq_length a sentence-transformers folder truncates its texts at (its sentence_bert_config.json;
-    all-MiniLM-L6-v2's is 256, below its 512 positions); None where it names none."""
+def sentence_transformers_text_settings(model_dir: str | os.PathLike) -> tuple[int | None, bool]:
+    """(max_seq_length, do_lower_case) of a sentence-transformers folder's sentence_bert_config.json: the tokens it
+    cuts its texts at (all-MiniLM-L6-v2: 256, below its 512 positions) and whether it lowercases them before
+    tokenizing; (None, False) where it names neither."""
     try:
         found = json.loads((Path(model_dir) / "sentence_bert_config.json").read_text(encoding="utf-8"))
-        value = found.get("max_seq_length")
+        length, lower = found.get("max_seq_length"), found.get("do_lower_case")
     except (OSError, ValueError, AttributeError):
-        return None
-    return value if type(value) is int and value > 0 else None
+        return None, False
+    return (length if type(length) is int and length > 0 else None), lower is True
 
 
 def write_model_info(model_dir: str | os.PathLike, info: dict) -> None:

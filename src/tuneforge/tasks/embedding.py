@@ -74,8 +74,8 @@ from tuneforge.artifacts import (
     inference_device,
     load_tokenizer,
     read_model_info,
-    sentence_transformers_max_length,
     sentence_transformers_pooling,
+    sentence_transformers_text_settings,
 )
 from tuneforge.config import EVAL
 from tuneforge.data import squad
@@ -1059,8 +1059,8 @@ class SentenceEncoder:
         check_model_path(model_dir)
         self.info = read_model_info(model_dir)
         config = from_pretrained(AutoConfig, model_dir, "the model config")
-        trained = self.info.get("max_length") or sentence_transformers_max_length(model_dir)  # where they cut
-        self.max_length = predict_max_length(max_length, trained, 512, config)
+        folder_length, self.lowercase = sentence_transformers_text_settings(model_dir)  # as sentence-transformers
+        self.max_length = predict_max_length(max_length, self.info.get("max_length") or folder_length, 512, config)
         self.size = getattr(config, "hidden_size", None)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
@@ -1068,11 +1068,15 @@ class SentenceEncoder:
         self.model.to(self.device)
         self.precision = ServingPrecision(self.model, self.device)
 
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Each text's token ids as the folder's sentence-transformers config has it tokenized: lowercased first
+        where it says do_lower_case, cut at max_length."""
+        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
+        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
+
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
-        texts = list(texts)
-        ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
-        return self.encode_ids(ids, batch_size, dims)
+        return self.encode_ids(self.tokenize(texts), batch_size, dims)
 
     @torch.inference_mode()
     def encode_ids(self, ids: Sequence[Sequence[int]], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
@@ -1164,8 +1168,7 @@ class EmbeddingPredictor:
         ids = [None if isinstance(item, str) else list(item) for item in items]
         texts = [i for i, item in enumerate(items) if isinstance(item, str)]
         if texts:
-            enc = self.encoder.tokenizer([items[i] for i in texts], truncation=True, max_length=self.max_length)
-            for i, row in zip(texts, enc["input_ids"]):
+            for i, row in zip(texts, self.encoder.tokenize([items[i] for i in texts])):
                 ids[i] = row
         return ids
 
