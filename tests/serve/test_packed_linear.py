@@ -1,5 +1,6 @@
 """Serving's linear layers on oneDNN-packed weights (tuneforge/serve/packed_linear.py): a packed layer computes what
-the layer computes, a real tiny Llama with its layers swapped generates what it generated, only the shapes judged
+the layer computes, a real tiny Llama with its layers swapped generates what it generated, a sentence encoder with
+its layers swapped embeds what it embedded (in float32 and under a bf16 predictor's autocast), only the shapes judged
 faster are swapped (each judged once), and what cannot be packed keeps its layer."""
 
 from __future__ import annotations
@@ -46,6 +47,27 @@ def test_a_model_with_every_layer_packed_generates_what_it_generated(llama):
     with torch.inference_mode():
         assert torch.allclose(llama(torch.tensor([prompt])).logits, logits, atol=1e-5)
     assert greedy(llama, prompt) == before
+
+
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-5), ("bf16", 2e-3)])
+def test_a_predictor_with_every_layer_packed_embeds_what_it_embedded(tiny_encoder, precision, tolerance):
+    """A predictor's layers after `ServingPrecision.use`, as the server packs them: bf16 weights take the float32
+    inputs autocast would have cast for them (the norms' outputs)."""
+    from tuneforge.predict import load_predictor
+    from tuneforge.serve.packed_linear import PackedLinear, pack_linear_layers
+
+    texts = ["a wonderful, moving film", "dull", "the plot makes no sense at all"]
+    predictor = load_predictor(tiny_encoder)
+    assert predictor.precision.use(precision) == precision
+    before = predictor.encode(texts)
+    model = predictor.precision.model
+    linears = sum(1 for m in model.modules() if type(m) is torch.nn.Linear)
+    assert pack_linear_layers(model, rows=32, faster=lambda layer, rows: True) == linears > 0
+    assert {m.dtype for m in model.modules() if isinstance(m, PackedLinear)} == {
+        predictor.precision.dtype or torch.float32
+    }
+    after = predictor.encode(texts)
+    assert abs(after - before).max() < tolerance and (after * before).sum(1).min() > 0.9999
 
 
 def test_only_the_shapes_judged_faster_are_swapped_each_judged_once(llama):

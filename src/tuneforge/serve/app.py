@@ -145,10 +145,10 @@ async def health(request: Request):
     info["max_batch_size"] = options.max_batch_size
     info["threads"] = state.threads
     info["precision"] = state.precision  # what the forwards run in (None: a model kept as loaded)
+    info["packed_layers"] = state.packed_layers
     if state.generation is not None:
         service, engine = state.generation, state.engine
         info.update(kind="generate", family=served.family, chat=service.has_chat_template, context=service.context)
-        info["packed_layers"] = state.packed_layers
         info.update(task=served.info.get("task"), running=engine.running_rows, waiting=engine.queue_depth)
     else:
         b = state.batcher
@@ -250,14 +250,17 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     if threads is not None:
         torch.set_num_threads(threads)
     state.threads = torch.get_num_threads()
+    model = None
     if isinstance(precision := getattr(served, "precision", None), ServingPrecision):  # a predictor's forwards
         state.precision = await asyncio.to_thread(precision.use, options.precision)
+        model = precision.model
+    elif isinstance(served, Generator):
+        state.precision = serving_precision(served, options.precision)
+        model = served.model
+    if options.pack_weights and model is not None:  # timed at the batch size, on the serving threads
+        state.packed_layers = await asyncio.to_thread(pack_linear_layers, model, options.max_batch_size)
     if isinstance(served, Generator):
         from tuneforge.chat import check_chat_template
-
-        state.precision = serving_precision(served, options.precision)
-        if options.pack_weights:  # timed at the engine's batch size, on the serving threads
-            state.packed_layers = await asyncio.to_thread(pack_linear_layers, served.model, options.max_batch_size)
 
         check_chat_template(served.tokenizer, options.model_dir)  # one line at start-up, not a 500 per request
         engine = GenerationEngine(

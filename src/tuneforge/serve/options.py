@@ -128,8 +128,9 @@ class ServeOptions(BaseModel):
     )
     pack_weights: bool = Field(
         True,
-        description="on a CPU, run each of a generative model's linear layers whose weight shape computes faster "
-        "that way on oneDNN's packed copy of its weight (each shape timed both ways once at start-up)",
+        description="on a CPU, run each of the model's linear layers whose weight shape computes faster that way "
+        "on oneDNN's packed copy of its weight (each shape timed both ways once at start-up, at --max-batch-size "
+        "rows)",
     )
     log_format: Literal["text", "json"] = Field(
         "text", description="the access log's lines on stderr: text for people, json (an object a line) for machines"

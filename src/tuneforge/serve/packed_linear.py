@@ -1,6 +1,8 @@
-"""A served generator's linear layers on oneDNN's packed weights, where this CPU computes them faster that way.
+"""A served model's linear layers on oneDNN's packed weights, where this CPU computes them faster that way.
 
-A decode step multiplies a few dozen rows by every weight of the model. PyTorch's `nn.Linear` on a CPU calls the
+A decode step multiplies a few dozen rows by every weight of the model; so does a predictor's forward of a text or
+two (MiniLM in bf16 on one thread: one short text 7.9 -> 6.8 ms with the 12 of its 37 layers judged faster packed at
+32 rows; a hand-run probe, not kept). PyTorch's `nn.Linear` on a CPU calls the
 BLAS, which is slow for some of those shapes: SmolLM2-135M's output layer (576 -> 49,152) took 34.7 ms a step at
 32 rows in fp32 on 2 AVX2 cores, 18.2 ms from a oneDNN-packed copy of its weight (benchmarks/engine_packed.py).
 Which shapes gain depends on the CPU and the dtype (its 576 x 576 gained 4%, its 576 -> 192 lost; an earlier hand
@@ -26,11 +28,14 @@ class PackedLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear, rows: int) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = linear.weight.dtype
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach().to(self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        # the weight's dtype in and out, as autocast runs a linear layer whose weight a predictor keeps in bf16 (this
+        # op is not one autocast casts for)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
 
 
 def fastest_time(fn, calls: int = 5) -> float:
