@@ -50,7 +50,7 @@ def predict_max_length(max_length: int | None, trained: int | None, default: int
 
 
 class ServingPrecision:
-    """The precision a predictor's forwards run in (the predictor's `precision`, which `tuneforge serve` sets): as
+    """The precision a predictor's forwards run in (the predictor's `precision`, which `serve` and `predict` set): as
     loaded until `use` (what `--precision` asks for; auto: bf16 where the hardware does it natively, else fp32) keeps
     the model's linear-layer weights in bf16 or fp16 and runs each forward under autocast in it (`autocast()`: norms,
     softmax and outputs stay float32). MiniLM on an AVX512-BF16 CPU: 1.9x the texts a second at 32 a batch, vectors
