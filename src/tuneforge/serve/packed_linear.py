@@ -4,11 +4,12 @@ A decode step multiplies a few dozen rows by every weight of the model; so does 
 two (MiniLM in bf16 on one thread: one short text 7.9 -> 6.8 ms with the 12 of its 37 layers judged faster packed at
 32 rows; a hand-run probe, not kept). PyTorch's `nn.Linear` on a CPU calls the BLAS, which is slow for some of
 those shapes: SmolLM2-135M's output layer (576 -> 49,152) took 34.7 ms a step at 32 rows in fp32 on 2 AVX2 cores,
-18.2 ms from a oneDNN-packed copy of its weight (benchmarks/engine_packed.py). Which shapes gain depends on the CPU and the dtype (its 576 x 576 gained 4%, its 576 -> 192 lost; an earlier hand
-check found nothing gained for bf16 on AMX), so `pack_linear_layers` times each distinct weight shape once, both
-ways, at the serving batch's rows, and swaps in `PackedLinear` only where packed is clearly faster. Inference only
-(no autograd), CPU only, plain `nn.Linear` only (quantized and adapter layers keep theirs); the swapped module
-drops its unpacked weight (a weight tied to the embeddings stays there).
+18.2 ms from a oneDNN-packed copy of its weight (benchmarks/engine_packed.py). Which shapes gain depends on the
+CPU and the dtype (its 576 x 576 gained 4%, its 576 -> 192 lost; an earlier hand check found nothing gained for
+bf16 on AMX), so `pack_linear_layers` times each distinct weight shape once, both ways, at the serving batch's
+rows, and swaps in `PackedLinear` only where packed is clearly faster. Inference only (no autograd), CPU only,
+plain `nn.Linear` only (quantized and adapter layers keep theirs); the swapped module drops its unpacked weight (a
+weight tied to the embeddings stays there).
 """
 
 from __future__ import annotations
