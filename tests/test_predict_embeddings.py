@@ -217,6 +217,29 @@ def test_a_folder_that_lowercases_its_texts_is_embedded_as_sentence_transformers
     assert tokenizer("The Cat")["input_ids"] != tokenizer("the cat")["input_ids"]  # which the tokenizer alone is not
 
 
+def test_a_folder_saved_by_sentence_transformers_6_is_embedded_as_it_embeds(capfd, tmp_path, tiny_encoder):
+    """The format sentence-transformers 6 saves (Pooling's {"pooling_mode": "mean"}; no max_seq_length in
+    sentence_bert_config.json: the tokenizer's model_max_length, 24 here, holds it): embedded, not refused, each text
+    cut where that folder cuts it."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "st6"
+    theirs = SentenceTransformer(tiny_encoder, device="cpu")
+    theirs.save(str(folder))
+    assert json.loads((folder / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "mean"
+    assert "max_seq_length" not in json.loads((folder / "sentence_bert_config.json").read_text())
+    out = tmp_path / "vectors.npy"
+    proc = in_process(capfd, "predict", folder, "--input", write_texts(tmp_path / "t.jsonl", TEXTS), "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    reloaded = SentenceTransformer(str(folder), device="cpu")
+    assert reloaded.max_seq_length == 24 < len(reloaded.tokenizer(TEXTS[2])["input_ids"])
+    assert np.abs(np.load(out) - reloaded.encode(TEXTS)).max() < 1e-5
+
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 32, "pooling_mode": "cls"}))
+    proc = in_process(capfd, "predict", folder, "--input", tmp_path / "t.jsonl", "--output", tmp_path / "cls.npy")
+    assert_refused(proc, tmp_path, "sentence-transformers folder with cls pooling", "mean pooling")
+
+
 @pytest.mark.parametrize(
     "pooling, weights, needles",
     [

@@ -83,11 +83,14 @@ def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, st
         return None
     try:
         pooling = json.loads((Path(model_dir) / kinds["Pooling"] / "config.json").read_text(encoding="utf-8"))
-        modes = [
-            k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
-            for k, v in pooling.items()
-            if v is True
-        ]
+        if isinstance(pooling.get("pooling_mode"), str):  # sentence-transformers 6: {"pooling_mode": "mean", ...}
+            modes = [pooling["pooling_mode"].removesuffix("_tokens").removesuffix("_token")]
+        else:  # before: a flag per mode, {"pooling_mode_mean_tokens": true, ...}
+            modes = [
+                k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+                for k, v in pooling.items()
+                if v is True
+            ]
         modes = [m for m in modes if m.startswith(("mean", "cls", "max", "weightedmean", "lasttoken"))]
     except (OSError, ValueError, AttributeError):
         modes = []
@@ -97,7 +100,8 @@ def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, st
 def sentence_transformers_text_settings(model_dir: str | os.PathLike) -> tuple[int | None, bool]:
     """(max_seq_length, do_lower_case) of a sentence-transformers folder's sentence_bert_config.json: the tokens it
     cuts its texts at (all-MiniLM-L6-v2: 256, below its 512 positions) and whether it lowercases them before
-    tokenizing; (None, False) where it names neither."""
+    tokenizing; (None, False) where it names neither (sentence-transformers 6 writes neither there: its tokenizer's
+    model_max_length and normalizer hold them)."""
     try:
         found = json.loads((Path(model_dir) / "sentence_bert_config.json").read_text(encoding="utf-8"))
         length, lower = found.get("max_seq_length"), found.get("do_lower_case")

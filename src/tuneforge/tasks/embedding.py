@@ -1046,6 +1046,13 @@ def sentence_transformers_files(size: int, max_seq_length: int) -> dict[str, str
     return {name: json.dumps(value, indent=2) + "\n" for name, value in files.items()}
 
 
+def tokenizer_limit(tokenizer) -> int | None:
+    """The tokenizer's model_max_length where its folder sets one (transformers' stand-in for none is ~1e30): what
+    sentence-transformers cuts texts at when its own config names no max_seq_length."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
+
+
 class SentenceEncoder:
     """`SentenceEncoder("runs/x/model").encode(["a text", ...])`: one L2-normalised, mean-pooled embedding per text
     (float32, shape (texts, size)), as training computed them; `dims` keeps the first dims (renormalised)."""
@@ -1059,10 +1066,11 @@ class SentenceEncoder:
         check_model_path(model_dir)
         self.info = read_model_info(model_dir)
         config = from_pretrained(AutoConfig, model_dir, "the model config")
-        folder_length, self.lowercase = sentence_transformers_text_settings(model_dir)  # as sentence-transformers
-        self.max_length = predict_max_length(max_length, self.info.get("max_length") or folder_length, 512, config)
-        self.size = getattr(config, "hidden_size", None)
         self.tokenizer = load_tokenizer(model_dir)
+        folder_length, self.lowercase = sentence_transformers_text_settings(model_dir)  # as sentence-transformers
+        trained = self.info.get("max_length") or folder_length or tokenizer_limit(self.tokenizer)
+        self.max_length = predict_max_length(max_length, trained, 512, config)
+        self.size = getattr(config, "hidden_size", None)
         self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
         self.device = inference_device(device)
         self.model.to(self.device)
