@@ -240,6 +240,31 @@ def test_a_folder_saved_by_sentence_transformers_6_is_embedded_as_it_embeds(capf
     assert_refused(proc, tmp_path, "sentence-transformers folder with cls pooling", "mean pooling")
 
 
+def test_a_folder_with_a_default_prompt_embeds_each_text_after_it(capfd, tmp_path, tiny_encoder):
+    """config_sentence_transformers.json's default_prompt_name: sentence-transformers encodes prompt + text, and so
+    does predict; a Pooling that leaves the prompt's tokens out (include_prompt false) is refused in one line."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "prompted"
+    SentenceTransformer(tiny_encoder, device="cpu").save(str(folder))
+    config_file = folder / "config_sentence_transformers.json"
+    config = json.loads(config_file.read_text())
+    config.update(prompts={"query": "query: ", "document": ""}, default_prompt_name="query")
+    config_file.write_text(json.dumps(config))
+    texts = TEXTS[:2] + TEXTS[3:]  # (none cut at max_length 24 once prompted)
+    out = tmp_path / "vectors.npy"
+    proc = in_process(capfd, "predict", folder, "--input", write_texts(tmp_path / "t.jsonl", texts), "--output", out)
+    assert proc.returncode == 0, proc.stderr
+    theirs = SentenceTransformer(str(folder), device="cpu")
+    assert np.abs(np.load(out) - theirs.encode(texts)).max() < 1e-5
+    assert np.abs(np.load(out) - theirs.encode(texts, prompt="")).max() > 1e-3  # the prompt made a difference
+
+    pooling_file = folder / "1_Pooling" / "config.json"
+    pooling_file.write_text(json.dumps({**json.loads(pooling_file.read_text()), "include_prompt": False}))
+    proc = in_process(capfd, "predict", folder, "--input", tmp_path / "t.jsonl", "--output", tmp_path / "o.npy")
+    assert_refused(proc, tmp_path, "without its default prompt's tokens (include_prompt false)")
+
+
 @pytest.mark.parametrize(
     "pooling, weights, needles",
     [

@@ -69,10 +69,11 @@ def read_model_info(model_dir: str | os.PathLike) -> dict:
     return info
 
 
-def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, str] | None:
-    """(pooling mode, where the HF weights sit: "" for the folder's root) of a sentence-transformers folder (its
-    modules.json: a Transformer, then a Pooling module, whose config names the mode: mean, cls, max, lasttoken, ...);
-    None for another folder. The mode "unknown" where the Pooling config cannot be read."""
+def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, str, bool] | None:
+    """(pooling mode, where the HF weights sit: "" for the folder's root, whether a prompt's tokens are pooled) of a
+    sentence-transformers folder (its modules.json: a Transformer, then a Pooling module, whose config names the mode:
+    mean, cls, max, lasttoken, ...); None for another folder. The mode "unknown" where the Pooling config cannot be
+    read."""
     modules_file = Path(model_dir) / "modules.json"
     try:
         modules = json.loads(modules_file.read_text(encoding="utf-8"))
@@ -92,9 +93,21 @@ def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, st
                 if v is True
             ]
         modes = [m for m in modes if m.startswith(("mean", "cls", "max", "weightedmean", "lasttoken"))]
+        with_prompt = pooling.get("include_prompt", True) is not False
     except (OSError, ValueError, AttributeError):
-        modes = []
-    return (modes[0] if len(modes) == 1 else "unknown"), kinds["Transformer"]
+        modes, with_prompt = [], True
+    return (modes[0] if len(modes) == 1 else "unknown"), kinds["Transformer"], with_prompt
+
+
+def sentence_transformers_prompt(model_dir: str | os.PathLike) -> str:
+    """The prompt sentence-transformers puts before every text it encodes: config_sentence_transformers.json's
+    prompts[default_prompt_name] ("" where it names none)."""
+    try:
+        found = json.loads((Path(model_dir) / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+        prompt = (found.get("prompts") or {}).get(found.get("default_prompt_name"))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return ""
+    return prompt if isinstance(prompt, str) else ""
 
 
 def sentence_transformers_text_settings(model_dir: str | os.PathLike) -> tuple[int | None, bool]:

@@ -75,6 +75,7 @@ from tuneforge.artifacts import (
     load_tokenizer,
     read_model_info,
     sentence_transformers_pooling,
+    sentence_transformers_prompt,
     sentence_transformers_text_settings,
 )
 from tuneforge.config import EVAL
@@ -985,7 +986,7 @@ class EmbeddingTask(Task):
         found = sentence_transformers_pooling(model_dir)
         if found is None:
             return False
-        mode, weights = found
+        mode, weights, with_prompt = found
         if mode != "mean":
             raise ConfigError(
                 f"{model_dir!r} is a sentence-transformers folder with {mode} pooling; tuneforge embeds with mean "
@@ -995,6 +996,11 @@ class EmbeddingTask(Task):
             raise ConfigError(
                 f"{model_dir!r} is a sentence-transformers folder with its weights in the subfolder {weights!r}; "
                 "tuneforge reads them from the folder's root (save it again with a recent sentence-transformers)"
+            )
+        if not with_prompt and sentence_transformers_prompt(model_dir):
+            raise ConfigError(
+                f"{model_dir!r} is a sentence-transformers folder that pools its texts without its default prompt's "
+                "tokens (include_prompt false); tuneforge pools every token of the prompted text"
             )
         return True
 
@@ -1068,6 +1074,7 @@ class SentenceEncoder:
         config = from_pretrained(AutoConfig, model_dir, "the model config")
         self.tokenizer = load_tokenizer(model_dir)
         folder_length, self.lowercase = sentence_transformers_text_settings(model_dir)  # as sentence-transformers
+        self.prompt = sentence_transformers_prompt(model_dir)  # its default prompt, before every text
         trained = self.info.get("max_length") or folder_length or tokenizer_limit(self.tokenizer)
         self.max_length = predict_max_length(max_length, trained, 512, config)
         self.size = getattr(config, "hidden_size", None)
@@ -1077,9 +1084,10 @@ class SentenceEncoder:
         self.precision = ServingPrecision(self.model, self.device)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's token ids as the folder's sentence-transformers config has it tokenized: lowercased first
-        where it says do_lower_case, cut at max_length."""
-        texts = [t.lower() for t in texts] if self.lowercase else list(texts)
+        """Each text's token ids as the folder's sentence-transformers config has it tokenized: after its default
+        prompt, lowercased where it says do_lower_case, cut at max_length."""
+        texts = [self.prompt + t for t in texts]
+        texts = [t.lower() for t in texts] if self.lowercase else texts
         return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
 
     @torch.inference_mode()
