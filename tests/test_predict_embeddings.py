@@ -266,23 +266,27 @@ def test_a_folder_with_a_default_prompt_embeds_each_text_after_it(capfd, tmp_pat
 
 
 @pytest.mark.parametrize(
-    "pooling, weights, needles",
+    "pooling, weights, extra, needles",
     [
-        ("pooling_mode_cls_token", "", ("sentence-transformers folder with cls pooling", "mean pooling")),
-        ("pooling_mode_mean_tokens", "0_Transformer", ("weights in the subfolder '0_Transformer'",)),
+        ("pooling_mode_cls_token", "", None, ("sentence-transformers folder with cls pooling", "mean pooling")),
+        ("pooling_mode_mean_tokens", "0_Transformer", None, ("weights in the subfolder '0_Transformer'",)),
+        ("pooling_mode_mean_tokens", "", "sentence_transformers.models.Dense", ("with Dense after its pooling",)),
     ],
 )
 def test_a_sentence_transformers_folder_tuneforge_cannot_embed_alike_is_refused(
-    capfd, tmp_path, tiny_encoder, pooling, weights, needles
+    capfd, tmp_path, tiny_encoder, pooling, weights, extra, needles
 ):
-    """Another pooling than mean, or the weights in a subfolder (older sentence-transformers): one line, not a
-    classifier's predictions."""
+    """Another pooling than mean, a module after the pooling that changes the vectors (a Dense projection, as LaBSE
+    has), or the weights in a subfolder (older sentence-transformers): one line, not other vectors or a classifier's
+    predictions."""
     import shutil
 
     folder = tmp_path / "st"
     shutil.copytree(tiny_encoder, folder)
     modules = json.loads((folder / "modules.json").read_text())
     modules[0]["path"] = weights
+    if extra:
+        modules.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": extra})
     (folder / "modules.json").write_text(json.dumps(modules))
     config = json.loads((folder / "1_Pooling" / "config.json").read_text())
     config = {k: (k == pooling) if k.startswith("pooling_mode_") else v for k, v in config.items()}

@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
@@ -69,17 +70,25 @@ def read_model_info(model_dir: str | os.PathLike) -> dict:
     return info
 
 
-def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, str, bool] | None:
-    """(pooling mode, where the HF weights sit: "" for the folder's root, whether a prompt's tokens are pooled) of a
-    sentence-transformers folder (its modules.json: a Transformer, then a Pooling module, whose config names the mode:
-    mean, cls, max, lasttoken, ...); None for another folder. The mode "unknown" where the Pooling config cannot be
-    read."""
-    modules_file = Path(model_dir) / "modules.json"
+@dataclass(frozen=True)
+class SentenceTransformersLayout:
+    """What tuneforge reads of a sentence-transformers folder: its modules.json and its Pooling module's config."""
+
+    pooling: str  # mean, cls, max, lasttoken, ...; "unknown" where the Pooling config cannot be read
+    weights: str  # where the HF weights sit: "" for the folder's root
+    pools_prompt: bool  # whether a prompt's tokens are pooled (include_prompt)
+    others: tuple[str, ...]  # its modules besides Transformer, Pooling and Normalize (Dense, ...), in order
+
+
+def sentence_transformers_layout(model_dir: str | os.PathLike) -> SentenceTransformersLayout | None:
+    """The layout of a sentence-transformers folder (modules.json with a Transformer and a Pooling module, whose
+    config names the mode); None for another folder."""
     try:
-        modules = json.loads(modules_file.read_text(encoding="utf-8"))
-        kinds = {str(m["type"]).rsplit(".", 1)[-1]: str(m.get("path", "")) for m in modules}
-    except (OSError, ValueError, TypeError, KeyError):
+        modules = json.loads((Path(model_dir) / "modules.json").read_text(encoding="utf-8"))
+        order = [(str(m["type"]).rsplit(".", 1)[-1], str(m.get("path", ""))) for m in modules]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
+    kinds = dict(order)
     if "Transformer" not in kinds or "Pooling" not in kinds:
         return None
     try:
@@ -96,7 +105,9 @@ def sentence_transformers_pooling(model_dir: str | os.PathLike) -> tuple[str, st
         with_prompt = pooling.get("include_prompt", True) is not False
     except (OSError, ValueError, AttributeError):
         modes, with_prompt = [], True
-    return (modes[0] if len(modes) == 1 else "unknown"), kinds["Transformer"], with_prompt
+    others = tuple(kind for kind, _ in order if kind not in ("Transformer", "Pooling", "Normalize"))
+    mode = modes[0] if len(modes) == 1 else "unknown"
+    return SentenceTransformersLayout(mode, kinds["Transformer"], with_prompt, others)
 
 
 def sentence_transformers_prompt(model_dir: str | os.PathLike) -> str:

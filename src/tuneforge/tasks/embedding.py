@@ -74,7 +74,7 @@ from tuneforge.artifacts import (
     inference_device,
     load_tokenizer,
     read_model_info,
-    sentence_transformers_pooling,
+    sentence_transformers_layout,
     sentence_transformers_prompt,
     sentence_transformers_text_settings,
 )
@@ -982,22 +982,28 @@ class EmbeddingTask(Task):
         """A sentence-transformers folder (modules.json) with mean pooling and its weights in the root, as
         sentence-transformers writes them (all-MiniLM-L6-v2 is one): embedded as it embeds (normalised: a folder
         without a Normalize module gives sentence-transformers unnormalised vectors of the same directions). Another
-        pooling, or weights in a subfolder: refused in one line."""
-        found = sentence_transformers_pooling(model_dir)
-        if found is None:
+        pooling, a module after the pooling (Dense, ...), weights in a subfolder, or a prompt left out of the
+        pooling: refused in one line."""
+        layout = sentence_transformers_layout(model_dir)
+        if layout is None:
             return False
-        mode, weights, with_prompt = found
-        if mode != "mean":
+        if layout.pooling != "mean":
             raise ConfigError(
-                f"{model_dir!r} is a sentence-transformers folder with {mode} pooling; tuneforge embeds with mean "
-                "pooling (fine-tune it with --task embedding to get one)"
+                f"{model_dir!r} is a sentence-transformers folder with {layout.pooling} pooling; tuneforge embeds with "
+                "mean pooling (fine-tune it with --task embedding to get one)"
             )
-        if weights:
+        if layout.others:
             raise ConfigError(
-                f"{model_dir!r} is a sentence-transformers folder with its weights in the subfolder {weights!r}; "
-                "tuneforge reads them from the folder's root (save it again with a recent sentence-transformers)"
+                f"{model_dir!r} is a sentence-transformers folder with {', '.join(layout.others)} after its pooling; "
+                "tuneforge embeds a Transformer, its mean pooling and Normalize only"
             )
-        if not with_prompt and sentence_transformers_prompt(model_dir):
+        if layout.weights:
+            raise ConfigError(
+                f"{model_dir!r} is a sentence-transformers folder with its weights in the subfolder "
+                f"{layout.weights!r}; tuneforge reads them from the folder's root (save it again with a recent "
+                "sentence-transformers)"
+            )
+        if not layout.pools_prompt and sentence_transformers_prompt(model_dir):
             raise ConfigError(
                 f"{model_dir!r} is a sentence-transformers folder that pools its texts without its default prompt's "
                 "tokens (include_prompt false); tuneforge pools every token of the prompted text"
