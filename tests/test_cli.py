@@ -41,6 +41,37 @@ def test_each_command_builds_its_own_arguments(command):
     assert sub[command].get_default("func") is not None
 
 
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (
+            ["predict", "m", "--input", "i.jsonl", "--output", "o.jsonl", "--precision", "fp64"],
+            ("invalid choice: 'fp64'",),
+        ),
+        (["serve", "m", "--precision", "bf17"], ("tuneforge serve: argument --precision", "'bf17'")),
+        (["train", "--bogus", "1"], ("unrecognized arguments: --bogus",)),
+        (["predict", "m"], ("the following arguments are required: --input, --output",)),
+        (["trian"], ("invalid choice: 'trian'", "train")),
+        ([], ("the following arguments are required: command",)),
+    ],
+)
+def test_argparse_refusals_are_one_error_line(capfd, tmp_path, argv, needles):
+    """A flag argparse itself refuses (a bad choice, an unknown flag, a missing argument, a misspelt command): one
+    `error:` line naming it, exit 2, no usage block."""
+    from test_bad_input import assert_refused, in_process
+
+    proc = in_process(capfd, *argv)
+    assert_refused(proc, tmp_path, *needles)
+    assert proc.stderr.startswith("error: tuneforge") and "usage:" not in proc.stderr
+
+
+def test_help_still_shows_the_usage(capfd):
+    from test_bad_input import in_process
+
+    proc = in_process(capfd, "predict", "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: tuneforge predict") and "--precision" in proc.stdout
+
+
 def test_train_ends_with_its_time_and_machine(tmp_path, capsys, tiny_bert, sentiment_files, cache_dir):
     from tuneforge.cli import machine
 

@@ -307,10 +307,19 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own refusals (an unknown flag, a value outside a flag's choices, a missing argument) as one
+    `error:` line and exit 2, like every other bad input; the usage block argparse prints before them buried the
+    reason. `--help` shows the usage; the subcommands' parsers are of this class too (argparse makes them so)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `tuneforge` parser. `command`: the one command whose arguments are built (the others are
     listed with their help: `tuneforge --help` stays instant); None: every command's."""
-    parser = argparse.ArgumentParser(prog="tuneforge", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="tuneforge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, add_arguments) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -373,7 +382,10 @@ def _internal_error(err: BaseException, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
-    ns = parser.parse_args(argv)
+    try:
+        ns = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0), or argparse's one-line refusal (2)
+        return done.code if isinstance(done.code, int) else 2
     try:
         _quiet_libraries(ns.command)
         return ns.func(ns)
