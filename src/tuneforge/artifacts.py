@@ -72,12 +72,27 @@ def read_model_info(model_dir: str | os.PathLike) -> dict:
 
 @dataclass(frozen=True)
 class SentenceTransformersLayout:
-    """What tuneforge reads of a sentence-transformers folder: its modules.json and its Pooling module's config."""
+    """What tuneforge reads of a sentence-transformers folder: modules.json, the Pooling module's config, the
+    Transformer module's sentence_bert_config.json and config_sentence_transformers.json."""
 
     pooling: str  # mean, cls, max, lasttoken, ...; "unknown" where the Pooling config cannot be read
     weights: str  # where the HF weights sit: "" for the folder's root
     pools_prompt: bool  # whether a prompt's tokens are pooled (include_prompt)
     others: tuple[str, ...]  # its modules besides Transformer, Pooling and Normalize (Dense, ...), in order
+    # the tokens it cuts texts at (all-MiniLM-L6-v2: 256, below its 512 positions); None where its config names none
+    # (sentence-transformers 6 keeps it in the tokenizer's model_max_length)
+    max_seq_length: int | None
+    lowercase: bool  # do_lower_case: texts lowercased before tokenizing (sentence-transformers 6: in the tokenizer)
+    prompt: str  # prompts[default_prompt_name]: put before every text it encodes ("" where none)
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object file's contents; {} where it is missing, unreadable or not an object."""
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def sentence_transformers_layout(model_dir: str | os.PathLike) -> SentenceTransformersLayout | None:
@@ -91,47 +106,30 @@ def sentence_transformers_layout(model_dir: str | os.PathLike) -> SentenceTransf
     kinds = dict(order)
     if "Transformer" not in kinds or "Pooling" not in kinds:
         return None
-    try:
-        pooling = json.loads((Path(model_dir) / kinds["Pooling"] / "config.json").read_text(encoding="utf-8"))
-        if isinstance(pooling.get("pooling_mode"), str):  # sentence-transformers 6: {"pooling_mode": "mean", ...}
-            modes = [pooling["pooling_mode"].removesuffix("_tokens").removesuffix("_token")]
-        else:  # before: a flag per mode, {"pooling_mode_mean_tokens": true, ...}
-            modes = [
-                k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
-                for k, v in pooling.items()
-                if v is True
-            ]
-        modes = [m for m in modes if m.startswith(("mean", "cls", "max", "weightedmean", "lasttoken"))]
-        with_prompt = pooling.get("include_prompt", True) is not False
-    except (OSError, ValueError, AttributeError):
-        modes, with_prompt = [], True
-    others = tuple(kind for kind, _ in order if kind not in ("Transformer", "Pooling", "Normalize"))
-    mode = modes[0] if len(modes) == 1 else "unknown"
-    return SentenceTransformersLayout(mode, kinds["Transformer"], with_prompt, others)
-
-
-def sentence_transformers_prompt(model_dir: str | os.PathLike) -> str:
-    """The prompt sentence-transformers puts before every text it encodes: config_sentence_transformers.json's
-    prompts[default_prompt_name] ("" where it names none)."""
-    try:
-        found = json.loads((Path(model_dir) / "config_sentence_transformers.json").read_text(encoding="utf-8"))
-        prompt = (found.get("prompts") or {}).get(found.get("default_prompt_name"))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return ""
-    return prompt if isinstance(prompt, str) else ""
-
-
-def sentence_transformers_text_settings(model_dir: str | os.PathLike) -> tuple[int | None, bool]:
-    """(max_seq_length, do_lower_case) of a sentence-transformers folder's sentence_bert_config.json: the tokens it
-    cuts its texts at (all-MiniLM-L6-v2: 256, below its 512 positions) and whether it lowercases them before
-    tokenizing; (None, False) where it names neither (sentence-transformers 6 writes neither there: its tokenizer's
-    model_max_length and normalizer hold them)."""
-    try:
-        found = json.loads((Path(model_dir) / "sentence_bert_config.json").read_text(encoding="utf-8"))
-        length, lower = found.get("max_seq_length"), found.get("do_lower_case")
-    except (OSError, ValueError, AttributeError):
-        return None, False
-    return (length if type(length) is int and length > 0 else None), lower is True
+    pooling = _json_object(Path(model_dir) / kinds["Pooling"] / "config.json")
+    if isinstance(pooling.get("pooling_mode"), str):  # sentence-transformers 6: {"pooling_mode": "mean", ...}
+        modes = [pooling["pooling_mode"].removesuffix("_tokens").removesuffix("_token")]
+    else:  # before: a flag per mode, {"pooling_mode_mean_tokens": true, ...}
+        modes = [
+            k.removeprefix("pooling_mode_").removesuffix("_tokens").removesuffix("_token")
+            for k, v in pooling.items()
+            if v is True
+        ]
+    modes = [m for m in modes if m.startswith(("mean", "cls", "max", "weightedmean", "lasttoken"))]
+    text = _json_object(Path(model_dir) / kinds["Transformer"] / "sentence_bert_config.json")
+    length = text.get("max_seq_length")
+    model = _json_object(Path(model_dir) / "config_sentence_transformers.json")
+    prompts, name = model.get("prompts"), model.get("default_prompt_name")
+    prompt = prompts.get(name) if isinstance(prompts, dict) and isinstance(name, str) else None
+    return SentenceTransformersLayout(
+        pooling=modes[0] if len(modes) == 1 else "unknown",
+        weights=kinds["Transformer"],
+        pools_prompt=pooling.get("include_prompt", True) is not False,
+        others=tuple(kind for kind, _ in order if kind not in ("Transformer", "Pooling", "Normalize")),
+        max_seq_length=length if type(length) is int and length > 0 else None,
+        lowercase=text.get("do_lower_case") is True,
+        prompt=prompt if isinstance(prompt, str) else "",
+    )
 
 
 def write_model_info(model_dir: str | os.PathLike, info: dict) -> None:

@@ -201,11 +201,9 @@ def predict_file(
 ) -> int:
     """Write one JSON line per input row (in input order), or a sentence encoder's vectors (a .npy matrix when
     `output_path` ends in .npy); returns the number of rows. Left out (None): the default of PredictOptions."""
-    given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length, "dimensions": dimensions}
-    given["precision"] = precision
-    options = parse_options(
-        PredictOptions, {"model_dir": model_dir, "input": input_path, "output": output_path, **given}
-    )
+    paths = {"model_dir": model_dir, "input": input_path, "output": output_path}
+    given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length}
+    options = parse_options(PredictOptions, {**paths, **given, "dimensions": dimensions, "precision": precision})
     check_model_path(model_dir)
     check_output_file(output_path, input_path, model_dir)
     reader = getattr(_task_class_of(model_dir), "read_predict_inputs", None)  # a task with its own input rows

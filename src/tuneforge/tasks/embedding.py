@@ -75,8 +75,6 @@ from tuneforge.artifacts import (
     load_tokenizer,
     read_model_info,
     sentence_transformers_layout,
-    sentence_transformers_prompt,
-    sentence_transformers_text_settings,
 )
 from tuneforge.config import EVAL
 from tuneforge.data import squad
@@ -1003,7 +1001,7 @@ class EmbeddingTask(Task):
                 f"{layout.weights!r}; tuneforge reads them from the folder's root (save it again with a recent "
                 "sentence-transformers)"
             )
-        if not layout.pools_prompt and sentence_transformers_prompt(model_dir):
+        if not layout.pools_prompt and layout.prompt:
             raise ConfigError(
                 f"{model_dir!r} is a sentence-transformers folder that pools its texts without its default prompt's "
                 "tokens (include_prompt false); tuneforge pools every token of the prompted text"
@@ -1079,8 +1077,9 @@ class SentenceEncoder:
         self.info = read_model_info(model_dir)
         config = from_pretrained(AutoConfig, model_dir, "the model config")
         self.tokenizer = load_tokenizer(model_dir)
-        folder_length, self.lowercase = sentence_transformers_text_settings(model_dir)  # as sentence-transformers
-        self.prompt = sentence_transformers_prompt(model_dir)  # its default prompt, before every text
+        layout = sentence_transformers_layout(model_dir)  # its texts prompted, lowercased and cut as it says
+        folder_length = layout.max_seq_length if layout else None
+        self.lowercase, self.prompt = (layout.lowercase, layout.prompt) if layout else (False, "")
         trained = self.info.get("max_length") or folder_length or tokenizer_limit(self.tokenizer)
         self.max_length = predict_max_length(max_length, trained, 512, config)
         self.size = getattr(config, "hidden_size", None)
