@@ -312,17 +312,28 @@ class OneLineParser(argparse.ArgumentParser):
     `error:` line and exit 2, like every other bad input; the usage block argparse prints before them buried the
     reason. `--help` shows the usage; the subcommands' parsers are of this class too (argparse makes them so)."""
 
+    commands: dict[str, argparse.ArgumentParser] = {}  # the top level's: each command's parser, by name
+
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
 
+    def parse_command(self, argv: list[str]) -> argparse.Namespace:
+        """`parse_args`, a command's unknown flags refused by that command's parser (argparse's top level refuses
+        them as its own: "tuneforge: unrecognized arguments", pointing at the wrong --help)."""
+        ns, extra = self.parse_known_args(argv)
+        if extra:
+            self.commands.get(ns.command, self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> OneLineParser:
     """The `tuneforge` parser. `command`: the one command whose arguments are built (the others are
     listed with their help: `tuneforge --help` stays instant); None: every command's."""
     parser = OneLineParser(prog="tuneforge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = {}
     for name, (help_text, add_arguments) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = parser.commands[name] = sub.add_parser(name, help=help_text)
         if command is None or command == name:
             add_arguments(p)
     return parser
@@ -383,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
     try:
-        ns = parser.parse_args(argv)
+        ns = parser.parse_command(argv)
     except SystemExit as done:  # --help (0), or argparse's one-line refusal (2)
         return done.code if isinstance(done.code, int) else 2
     try:
