@@ -47,7 +47,8 @@ def main() -> None:
     from transformers import AutoModel, AutoTokenizer
 
     from tuneforge.artifacts import bundled_minilm
-    from tuneforge.tasks.embedding import cosent_loss, embed, embed_grouped, length_groups, stacked_columns
+    from tuneforge.tasks.embedding import stacked_columns
+    from tuneforge.tasks.embedding_ops import cosent_loss, embed, embed_grouped, length_groups
 
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(bundled_minilm())

@@ -41,7 +41,7 @@ def write_texts(path, texts, column: str = "text"):
 
 
 def test_predict_writes_a_vector_per_text_as_sentence_transformers_does(capfd, tmp_path, tiny_encoder, reference):
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     out = tmp_path / "vectors.jsonl"
     args = ["predict", tiny_encoder, "--input", write_texts(tmp_path / "texts.jsonl", TEXTS), "--output", out]
@@ -173,7 +173,7 @@ def test_a_sentence_transformers_folder_is_embedded_as_sentence_transformers_doe
     from sentence_transformers import SentenceTransformer
 
     from tuneforge.predict import load_servable
-    from tuneforge.tasks.embedding import EmbeddingPredictor
+    from tuneforge.tasks.sentence_encoder import EmbeddingPredictor
 
     assert isinstance(load_servable(minilm_dir), EmbeddingPredictor)
     texts = [*TEXTS, LONG]
@@ -195,7 +195,7 @@ def test_a_folder_that_lowercases_its_texts_is_embedded_as_sentence_transformers
     from transformers import BertModel
 
     from conftest import bpe_tokenizer, tiny_bert_config
-    from tuneforge.tasks.embedding import sentence_transformers_files
+    from tuneforge.tasks.sentence_encoder import sentence_transformers_files
 
     folder = tmp_path / "st"
     tokenizer = bpe_tokenizer(folder)  # byte-level BPE: cased

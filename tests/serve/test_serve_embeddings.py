@@ -48,7 +48,7 @@ def client(server) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def encoder(tiny_encoder):
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     return SentenceEncoder(tiny_encoder, device="cpu")
 
@@ -96,7 +96,7 @@ def test_auto_precision_is_bf16_where_the_cpu_does_bf16_natively(tiny_encoder):
     import torch
 
     from tuneforge.backends.precision import cpu_has_native_bf16
-    from tuneforge.tasks.embedding import EmbeddingPredictor
+    from tuneforge.tasks.sentence_encoder import EmbeddingPredictor
 
     predictor = EmbeddingPredictor(tiny_encoder, device="cpu")
     native = cpu_has_native_bf16()

@@ -282,7 +282,7 @@ def test_the_classifier_page_shows_label_scores_as_bars(browser, tmp_path, minil
 
 
 def test_the_sentence_encoder_page_shows_the_cosine_similarity_of_two_texts(browser, tiny_encoder):
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     texts = ["a wonderful, moving film", "the plot makes no sense at all"]
     with app_server(tiny_encoder) as url:

@@ -13,8 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import Forked, made_once, max_weight_diff, read_jsonl, run_cli, train_losses, trained_once
 from test_bad_input import assert_refused, in_process
@@ -191,7 +189,7 @@ def test_the_embedding_is_all_minilm_l6_v2s_own(minilm_dir):
     sentence-transformers embeddings."""
     from sentence_transformers import SentenceTransformer
 
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     texts = ["A man is eating food.", "A man is riding a white horse on an enclosed ground.", "ok"] * 3
     ours = SentenceEncoder(minilm_dir, device="cpu", max_length=256).encode(texts, batch_size=4)
@@ -383,44 +381,6 @@ def test_grad_cache_gives_the_loss_and_gradients_of_the_whole_batch(tiny_bert, o
 
 
 # ---- split_by_length: a training batch embedded in runs of similar length ---------------------------------------
-def set_partitions(items: list[int]):
-    """Every partition of `items` into non-empty groups."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for partition in set_partitions(rest):
-        yield [[first], *partition]
-        for i in range(len(partition)):
-            yield [*partition[:i], [first, *partition[i]], *partition[i + 1 :]]
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 80), min_size=1, max_size=7), st.sampled_from([0, 3, 48, 1000]))
-def test_length_groups_are_the_cheapest_partition_of_the_rows(lengths, per_forward):
-    """Every row in exactly one run, and no partition of the rows (any grouping, not only runs of the sorted lengths)
-    pads fewer tokens plus per_forward per run."""
-    from tuneforge.tasks.embedding import length_groups
-
-    def cost(groups):
-        return sum(len(g) * max(lengths[i] for i in g) + per_forward for g in groups)
-
-    groups = length_groups(lengths, per_forward)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and all(groups)
-    assert cost(groups) == min(cost(p) for p in set_partitions(list(range(len(lengths)))))
-
-
-@given(st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=6), min_size=1, max_size=4), st.integers(1, 12))
-def test_split_to_cuts_runs_until_every_rank_has_as_many(groups, count):
-    from tuneforge.tasks.embedding import split_to
-
-    rows = sorted(i for g in groups for i in g)
-    out = split_to(groups, max(count, len(groups)))
-    assert len(out) == max(count, len(groups))
-    assert sorted(i for g in out for i in g) == rows  # the same rows, none lost or repeated
-    assert sum(1 for g in out if not g) == max(0, max(count, len(groups)) - len(rows))  # empty only past the rows
-
-
 def uneven_rows(n: int, seed: int, negatives: bool = True) -> list[dict]:
     """`rows` whose every third positive is long (~70 tokens): a random batch padded to it is mostly padding."""
     items = rows(n, seed=seed, negatives=negatives)
@@ -465,20 +425,6 @@ def test_split_by_length_gives_the_loss_and_gradients_of_the_padded_batch(tiny_b
 
 
 # ---- pack_texts: a training batch's texts packed side by side into rows, one forward ------------------------------
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.integers(1, 200), min_size=1, max_size=40), st.sampled_from([1, 16, 128]))
-def test_pack_rows_puts_every_row_once_in_bins_that_fit(lengths, width):
-    """Every row in exactly one bin; a bin holds at most `width` tokens unless it is one longer row alone; no two
-    bins could be merged (first-fit leaves no bin that the next could have taken whole)."""
-    from tuneforge.tasks.embedding import pack_rows
-
-    bins = pack_rows(lengths, width)
-    assert sorted(i for b in bins for i in b) == list(range(len(lengths))) and all(bins)
-    used = [sum(lengths[i] for i in b) for b in bins]
-    assert all(u <= width or len(b) == 1 for u, b in zip(used, bins))
-    assert all(used[a] + used[b] > width for a in range(len(bins)) for b in range(a + 1, len(bins)))
-
-
 @pytest.mark.parametrize("padding_side, attention", [("right", "sdpa"), ("left", "sdpa"), ("right", "eager")])
 def test_packed_embeddings_are_each_text_embedded_alone(tiny_bert, padding_side, attention):
     """`embed_packed` of a batch of short and long texts (right- or left-padded; SDPA or eager attention, which adds
@@ -486,7 +432,7 @@ def test_packed_embeddings_are_each_text_embedded_alone(tiny_bert, padding_side,
     rows that hold fewer positions than the padded batch."""
     from transformers import AutoModel, AutoTokenizer
 
-    from tuneforge.tasks.embedding import embed, embed_packed
+    from tuneforge.tasks.embedding_ops import embed, embed_packed
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert, padding_side=padding_side)
     model = AutoModel.from_pretrained(tiny_bert, attn_implementation=attention).eval()
@@ -582,7 +528,8 @@ def test_a_model_that_counts_positions_its_own_way_is_not_packed(minilm_dir, tmp
 def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):
     """Without grad (evaluation) a column's repeated texts (a paragraph for each of its questions) are embedded once:
     the model sees the distinct rows alone, and every row gets the embedding it gets in a batch of its own."""
-    from tuneforge.tasks.embedding import embed, text_key
+    from tuneforge.tasks.embedding import text_key
+    from tuneforge.tasks.embedding_ops import embed
 
     task = embedding_task(tiny_bert, loss="mnrl")
     tokenizer = task.load_tokenizer()
@@ -603,7 +550,8 @@ def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):
 def test_an_evaluation_embeds_each_text_once_across_its_batches(tiny_bert):
     """Within one evaluation (one metric stream) a text seen in an earlier batch is not embedded again, even padded to
     another width; each batch still runs the model at least once (ranks keep step); a new evaluation starts afresh."""
-    from tuneforge.tasks.embedding import embed, text_key
+    from tuneforge.tasks.embedding import text_key
+    from tuneforge.tasks.embedding_ops import embed
 
     task = embedding_task(tiny_bert, loss="mnrl")
     tokenizer = task.load_tokenizer()
@@ -636,7 +584,8 @@ def test_grad_cache_runs_each_chunk_again_with_its_own_dropout(minilm_dir, tmp_p
     """With dropout on, the backward's second run of each chunk draws the masks of its first run: the gradients equal
     those of the same chunks embedded with grad in one pass (another seed draws other masks: the test can fail)."""
     from conftest import save_tiny_bert
-    from tuneforge.tasks.embedding import EmbeddingOutputs, embed, text_key
+    from tuneforge.tasks.embedding import EmbeddingOutputs, text_key
+    from tuneforge.tasks.embedding_ops import embed
 
     model_dir = save_tiny_bert(tmp_path / "dropout-bert", minilm_dir)
     options, columns = {"loss": "mnrl", "dropout": 0.2}, ("anchor", "positive", "negative")
@@ -760,7 +709,7 @@ def test_a_cli_run_trains_on_triplets_and_learns(trained, tiny_bert, cache_dir, 
 def test_the_exported_model_loads_in_sentence_transformers_with_the_same_embeddings(trained):
     from sentence_transformers import SentenceTransformer
 
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     folder = trained[0] / "model"
     assert json.loads((folder / "1_Pooling" / "config.json").read_text())["pooling_mode_mean_tokens"] is True
@@ -826,7 +775,7 @@ def test_scores_are_mapped_to_0_1_by_the_stated_range(tiny_bert, tmp_path):
 def test_minilm_fine_tunes_on_pairs_and_exports_for_sentence_transformers(tmp_path_factory, cache_dir):
     from sentence_transformers import SentenceTransformer
 
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     def make(folder: Path) -> None:
         write_jsonl(folder / "pairs.jsonl", rows(40, seed=4, negatives=False))

@@ -30,7 +30,7 @@ def test_lora_trains_an_encoder_and_its_merged_weights_embed_alike(tiny_bert, ca
     from safetensors.torch import load_file
     from sentence_transformers import SentenceTransformer
 
-    from tuneforge.tasks.embedding import SentenceEncoder
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
 
     train = write_jsonl(tmp_path / "train.jsonl", rows(32, seed=6))
     args = embedding_args(tiny_bert, cache_dir, train, tmp_path / "lora", "--batch-size", "8", "--adapter", "lora")

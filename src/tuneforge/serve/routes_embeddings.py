@@ -1,7 +1,8 @@
-"""POST /v1/embeddings, OpenAI's embeddings API, for a served sentence encoder: a predictor with an `embedding_size`
-(`embeds`; tasks/embedding.py's EmbeddingPredictor). The request's inputs, texts or token-id lists (as the model's
-tokenizer gives them, special tokens included), are checked before they join a batch of the dynamic batcher
-(serve/batching.py, running the predictor's `embed`), so that concurrent requests share the model's forward passes.
+"""POST /v1/embeddings, OpenAI's embeddings API, for a served sentence encoder: a predictor with an
+`embedding_size` (`embeds`; tasks/sentence_encoder.py's EmbeddingPredictor). The request's inputs, texts or token-id
+lists (as the model's tokenizer gives them, special tokens included), are checked before they join a batch of the
+dynamic batcher (serve/batching.py, running the predictor's `embed`), so that concurrent requests share the model's
+forward passes.
 
 Each answer: the L2-normalised vector (`dimensions`: its first N, renormalised, as sentence-transformers'
 truncate_dim; above the model's size a 400), as floats or as base64 of its little-endian float32 bytes

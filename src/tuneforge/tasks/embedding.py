@@ -28,18 +28,12 @@ with the normalised embeddings: ndcg@10 (the best model's metric), mrr@10, recal
 (sentence-transformers' InformationRetrievalEvaluator's definitions), a query's relevant documents being the
 positives of its rows.
 
-GradCache (`grad_cache_chunk`, sentence-transformers' Cached losses): a training batch is embedded a chunk at a time
-without activations, and each chunk runs again in the backward (`embed_cached`): the activation memory of a chunk,
-the loss and gradients of the whole batch. A backend that reduces each gradient once per backward refuses it
-(`Task.reruns_in_backward`).
-
-Padding (CPUs): a training batch stays as drawn (random: its in-batch negatives), but its texts, all columns
-together (`stacked_columns`), are packed side by side into rows of PACK_WIDTH tokens, each text seeing only itself
-and counting its positions from 0 (`pack_texts`: `pack_rows`, `packed_inputs`, `embed_packed`; one forward per rank),
-where the first batch shows the model's packed embeddings to be its padded ones (`packing_holds`); else
-(`split_by_length`) embedded in runs of similar length, each padded to its own longest (`length_groups`,
-`embed_grouped`; every rank runs as many forwards). mnrl's candidates with the text of an
-anchor's own positive are not its negatives (`mask_duplicate_negatives`).
+How a batch becomes embeddings (`tuneforge.tasks.embedding_ops`): all its text columns together
+(`stacked_columns`) packed side by side into rows without padding (`pack_texts`) where the first batch shows the
+model honours the packing, else in runs of similar length (`split_by_length`); GradCache (`grad_cache_chunk`) embeds
+a chunk at a time and reruns each in the backward. mnrl's candidates with the text of an anchor's own positive are
+not its negatives (`mask_duplicate_negatives`). The trained folder at work (`tuneforge predict`, `serve`):
+`tuneforge.tasks.sentence_encoder`.
 
 Exact across data-parallel ranks: the candidates (and CoSENT's pairs) are gathered from every rank of the run's
 data-parallel group (`Task.use_data_parallel`) with their gradients (`gather_rows`); each rank sums the loss over
@@ -51,29 +45,20 @@ process at N*B).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 import datasets
-import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
 
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
-    check_model_path,
     context_length,
     from_pretrained,
-    inference_device,
-    load_tokenizer,
-    read_model_info,
     sentence_transformers_layout,
 )
 from tuneforge.config import EVAL
@@ -82,8 +67,28 @@ from tuneforge.data.retrieval import collection_ids, has_squad_columns, is_squad
 from tuneforge.data.sources import check_file, find_split_files, read_table, require_columns, to_dataset
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions, comma_list
-from tuneforge.tasks.base import ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import Task, empty_check, set_dropout
 from tuneforge.tasks.embedding_eval import EmbeddingStream
+from tuneforge.tasks.embedding_ops import (
+    PACK_WIDTH,
+    agreed_count,
+    cosent_loss,
+    cosine_mse_losses,
+    cut,
+    embed,
+    embed_cached,
+    embed_grouped,
+    embed_packed,
+    embed_remembered,
+    frozen_weights_in_float32,
+    gather_rows,
+    length_groups,
+    packing_holds,
+    rank_offset,
+    rank_sizes,
+    split_to,
+)
+from tuneforge.tasks.sentence_encoder import EmbeddingPredictor, sentence_transformers_files
 
 # (anchor, positive) column names, as sentence-transformers' datasets name them; hard negatives follow
 PAIR_GUESSES = (("anchor", "positive"), ("query", "positive"), ("sentence1", "sentence2"), ("question", "answer"))
@@ -96,310 +101,6 @@ FORMATS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 MAX_DIM = 1_000_000
 # what one more forward of a run of rows costs on a CPU, in tokens of compute (split_by_length; benchmarks/README.md)
 CPU_TOKENS_PER_FORWARD = 48
-# a packed row's width (pack_texts): wider rows mean fewer rows, but each row's attention grows with its width
-# squared (benchmarks/README.md); a longer text gets a row of its own length
-PACK_WIDTH = 128
-# packed embeddings within this of the padded ones (relative to their largest entry): the model honours the packing
-PACKING_TOLERANCE = 1e-3
-
-
-# ---- the embedding and the losses (pure functions of tensors) -----------------------------------------------
-def embed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the last hidden states over the attention mask, in float32 (not normalised): sentence-transformers'
-    mean Pooling."""
-    hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
-    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-
-
-def embed_distinct(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """`embed` of each distinct row once, copied to its repeats (evaluation: a retrieval split repeats a document for
-    each of its queries, SQuAD's dev file each paragraph for its ~5 questions). Identical token ids have an identical
-    attention mask."""
-    distinct, inverse = torch.unique(input_ids, dim=0, return_inverse=True)
-    rows = input_ids.shape[0]
-    if distinct.shape[0] == rows:
-        return embed(model, input_ids, attention_mask)
-    order = torch.arange(rows, device=input_ids.device)
-    first = torch.full((distinct.shape[0],), rows, device=input_ids.device).scatter_reduce(0, inverse, order, "amin")
-    return embed(model, input_ids[first], attention_mask[first])[inverse]
-
-
-def embed_remembered(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, memo: dict) -> torch.Tensor:
-    """`embed_distinct` of the rows whose texts `memo` (token ids, unpadded -> embedding) does not hold yet, the
-    others taken from it, and the new ones added to it: an evaluation embeds each text once, whatever batches its
-    repeats fall into. One row at least always runs, so that every rank of a group runs one forward per batch
-    (fsdp gathers its weights inside each)."""
-    rows, real = input_ids.cpu().numpy(), attention_mask.cpu().numpy().astype(bool)
-    keys = [row[keep].tobytes() for row, keep in zip(rows, real)]
-    new = [i for i, key in enumerate(keys) if key not in memo] or [0]
-    pick = torch.tensor(new, device=input_ids.device)
-    for i, vector in zip(new, embed_distinct(model, input_ids[pick], attention_mask[pick])):
-        memo.setdefault(keys[i], vector)
-    return torch.stack([memo[key] for key in keys])
-
-
-def length_groups(lengths: Sequence[int], per_forward: float) -> list[list[int]]:
-    """The rows (indices into `lengths`) cut into runs of similar length so that padding each run to its longest
-    row, plus `per_forward` tokens for each run (what one more forward costs), costs the fewest tokens: an exact
-    partition of the rows sorted by length (dynamic programming over the cut points)."""
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    ranked = np.asarray(lengths)[order]
-    best, start = np.zeros(len(ranked) + 1), np.zeros(len(ranked) + 1, dtype=int)
-    for end in range(1, len(ranked) + 1):
-        costs = best[:end] + (end - np.arange(end)) * ranked[end - 1] + per_forward
-        start[end] = int(np.argmin(costs))
-        best[end] = costs[start[end]]
-    groups, end = [], len(ranked)
-    while end > 0:
-        groups.append(order[start[end] : end].tolist())
-        end = start[end]
-    return groups[::-1]
-
-
-def split_to(groups: list[list[int]], count: int) -> list[list[int]]:
-    """`groups` cut further, the largest in halves first, until there are `count` (so that every data-parallel rank
-    runs as many forwards); an empty group where the rows run out."""
-    groups = [list(g) for g in groups]
-    while len(groups) < count:
-        largest = max(range(len(groups)), key=lambda g: len(groups[g]), default=None)
-        if largest is None or len(groups[largest]) < 2:
-            groups.append([])
-            continue
-        rows = groups.pop(largest)
-        groups[largest:largest] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
-    return groups
-
-
-def embed_grouped(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]):
-    """`embed` of each group of rows on its own, padded only to its own longest row (fewer padding tokens than the
-    whole batch's; each text's embedding does not depend on the others of its forward), back in the rows' order. An
-    empty group runs the first row and keeps none of it: every rank of a data-parallel group runs as many forwards
-    (DDP's and fsdp's collectives pair up)."""
-    parts, order = [], []
-    for rows in groups:
-        pick = torch.tensor(rows or [0], device=input_ids.device)
-        mask = attention_mask[pick]
-        columns = mask.any(0)  # the columns some row of the group reads (right or left padding alike)
-        pooled = embed(model, input_ids[pick][:, columns], mask[:, columns])
-        parts.append(pooled if rows else pooled[:0])
-        order += rows
-    inverse = torch.empty(len(order), dtype=torch.long, device=input_ids.device)
-    inverse[torch.tensor(order, device=input_ids.device)] = torch.arange(len(order), device=input_ids.device)
-    return torch.cat(parts)[inverse]
-
-
-def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
-    """The rows (indices into `lengths`) packed into bins of at most `width` tokens, longest first, each into the
-    first bin it fits (first-fit decreasing); a row longer than `width` gets a bin of its own."""
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for row in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        fits = next((b for b, left in enumerate(room) if lengths[row] <= left), None)
-        if fits is None:
-            bins.append([row])
-            room.append(max(width, lengths[row]) - lengths[row])
-        else:
-            bins[fits].append(row)
-            room[fits] -= lengths[row]
-    return bins
-
-
-def packed_inputs(lengths: list[int], bins: list[list[int]], device) -> dict[str, torch.Tensor]:
-    """Where each text's real tokens go when its bin's texts sit side by side in one row: `text` (the text of each
-    real token, texts one after another, as `input_ids[attention_mask.bool()]` lists them), `dest` (each real
-    token's flat index into rows x width), `position_ids` (each text from 0), `segment` (the text of each position,
-    -1 for padding) and the 4D attention mask that lets a token see only its own text's tokens (a padding position
-    sees itself, so that no row of the softmax is empty)."""
-    start, used = [0] * len(lengths), []
-    for r, rows in enumerate(bins):
-        offset = 0
-        for i in rows:
-            start[i] = (r, offset)
-            offset += lengths[i]
-        used.append(offset)
-    width = max(used)
-    first = torch.tensor([r * width + offset for r, offset in start], device=device)  # each text's first slot
-    counts = torch.tensor(lengths, device=device)
-    text = torch.arange(len(lengths), device=device).repeat_interleave(counts)
-    within = torch.arange(len(text), device=device) - (counts.cumsum(0) - counts)[text]  # a token's place in its text
-    dest = first[text] + within
-    segment = torch.full((len(bins) * width,), -1, dtype=torch.long, device=device).index_put((dest,), text)
-    positions = torch.zeros(len(bins) * width, dtype=torch.long, device=device).index_put((dest,), within)
-    segment, positions = segment.view(len(bins), width), positions.view(len(bins), width)
-    sees = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
-    sees |= torch.eye(width, dtype=torch.bool, device=device)
-    return {"text": text, "dest": dest, "position_ids": positions, "segment": segment, "mask": sees[:, None]}
-
-
-def additive_mask(sees: torch.Tensor) -> torch.Tensor:
-    """A boolean may-attend mask as the bias every attention implementation adds to its scores: 0 where a token
-    sees, the dtype's lowest elsewhere (eager attention adds the mask it is given: a boolean one would add 1 where
-    it should block), in autocast's dtype where autocast is on (SDPA takes a float mask of the query's dtype only)."""
-    device = sees.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-    return torch.zeros(sees.shape, dtype=dtype, device=sees.device).masked_fill_(~sees, torch.finfo(dtype).min)
-
-
-def embed_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int = PACK_WIDTH):
-    """`embed` of every row, its texts packed side by side into rows of about `width` tokens (`pack_rows`), each text
-    attending only to itself from position 0: one forward over the real tokens, with no padding but a bin's last
-    few. Equal to `embed` of each text alone where the model takes `position_ids` and a 4D additive attention mask
-    (BERT does, with eager or SDPA attention; `packing_holds` checks)."""
-    real = attention_mask.bool()
-    lengths = real.sum(1)
-    counts = lengths.tolist()
-    where = packed_inputs(counts, pack_rows(counts, width), input_ids.device)
-    ids = input_ids.new_zeros(where["segment"].numel()).index_put((where["dest"],), input_ids[real])
-    hidden = model(
-        input_ids=ids.view_as(where["segment"]),
-        position_ids=where["position_ids"],
-        attention_mask=additive_mask(where["mask"]),
-    ).last_hidden_state.float()
-    tokens = hidden.reshape(-1, hidden.shape[-1])[where["dest"]]
-    sums = tokens.new_zeros(len(counts), tokens.shape[-1]).index_add(0, where["text"], tokens)
-    return sums / lengths.clamp(min=1).unsqueeze(-1).to(sums.dtype)
-
-
-@contextlib.contextmanager
-def frozen_weights_in_float32(model):
-    """The model's frozen weights that a bf16 run keeps in bf16 (single and ddp: `store_frozen_linears`) in float32
-    for the while, given back after: the packing check compares float32 forwards, the same maths whatever the run's
-    precision. Sharded (DTensor) and partitioned (empty) parameters stay as they are."""
-    kept = [
-        (param, param.data)
-        for param in model.parameters()
-        if not param.requires_grad
-        and param.is_floating_point()
-        and param.dtype != torch.float32
-        and type(param.data) is torch.Tensor
-        and param.numel() > 0
-    ]
-    for param, data in kept:
-        param.data = data.float()
-    try:
-        yield
-    finally:
-        for param, data in kept:
-            param.data = data
-
-
-def packing_holds(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]) -> bool:
-    """Whether `embed_packed` gives this model's `embed_grouped` embeddings of these rows (within
-    PACKING_TOLERANCE, relative), without grad. A model that ignores `position_ids` or the 4D mask, or counts
-    positions its own way (RoBERTa from its padding index), gives others or refuses the inputs."""
-    with torch.no_grad():
-        try:
-            packed = embed_packed(model, input_ids, attention_mask)
-        except (TypeError, ValueError, RuntimeError, IndexError):
-            return False
-        padded = embed_grouped(model, input_ids, attention_mask, groups)
-    gap = (packed - padded).abs().max() / padded.abs().max().clamp(min=1e-12)
-    return bool(gap <= PACKING_TOLERANCE)
-
-
-def stacked_columns(batch: dict, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) of every text column's rows one under the other, column after column, each
-    right-padded to the widest column's width (the padding masked)."""
-    width = max(batch[text_key(k)].shape[1] for k in range(columns))
-    ids, mask = [], []
-    for k in range(columns):
-        extra = width - batch[text_key(k)].shape[1]
-        ids.append(F.pad(batch[text_key(k)], (0, extra)))
-        mask.append(F.pad(batch[text_key(k, "attention_mask")], (0, extra)))
-    return torch.cat(ids), torch.cat(mask)
-
-
-def agreed_count(count: int, group, device) -> int:
-    """The largest `count` of the ranks of `group` (`count` itself in a single process)."""
-    if group is None:
-        return count
-    mine = torch.tensor([count], dtype=torch.long, device=device)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=group)
-    return int(mine.item())
-
-
-def _embed_chunk(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
-    return embed(model, input_ids, attention_mask)
-
-
-def embed_cached(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, parts: int) -> torch.Tensor:
-    """`embed` of the rows in `parts` near-equal chunks, GradCache's way, by torch's own reentrant checkpoint: the
-    forward keeps no activation (only the embeddings), and the backward, once the loss has given every row's
-    embedding its gradient, runs each chunk again with grad and back-propagates that gradient through it (the same
-    dropout: the checkpoint restores the RNG state; the same autocast). A chunk empty on this rank (an uneven last
-    batch) runs the first row and keeps none of it, so that every rank of a data-parallel group runs as many
-    forwards and backwards (DDP's collectives pair up)."""
-    from torch.utils.checkpoint import checkpoint
-
-    rows = input_ids.shape[0]
-    needs_grad = torch.ones((), device=input_ids.device, requires_grad=True)  # the checkpoint's outputs need it
-    out = []
-    for idx in torch.arange(rows, device=input_ids.device).tensor_split(parts):
-        take = idx if len(idx) else idx.new_zeros(1)
-        chunk = checkpoint(_embed_chunk, model, input_ids[take], attention_mask[take], needs_grad, use_reentrant=True)
-        out.append(chunk if len(idx) else chunk[:0])
-    return torch.cat(out)
-
-
-def cosent_loss(first: torch.Tensor, second: torch.Tensor, scores: torch.Tensor, scale: float) -> torch.Tensor:
-    """CoSENT (sentence-transformers' CoSENTLoss) of a batch of normalised pairs: log(1 + the sum of
-    exp(scale * (cos_i - cos_j)) over the pairs of pairs i, j with score_i < score_j)."""
-    sims = scale * (first * second).sum(-1)
-    diff = sims[:, None] - sims[None, :]
-    diff = diff.masked_fill(~(scores[:, None] < scores[None, :]), float("-inf"))
-    return torch.logsumexp(torch.cat([diff.new_zeros(1), diff.flatten()]), dim=0)
-
-
-def cosine_mse_losses(first: torch.Tensor, second: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-    """Per pair: the squared error of the cosine similarity (rows normalised) to the score (CosineSimilarityLoss)."""
-    return ((first * second).sum(-1) - scores) ** 2
-
-
-# ---- across data-parallel ranks --------------------------------------------------------------------------------
-def rank_sizes(rows: torch.Tensor, group) -> list[int]:
-    """Every rank's number of `rows` (a last batch may be uneven); [len(rows)] in a single process (`group` None)."""
-    if group is None:
-        return [rows.shape[0]]
-    mine = torch.tensor([rows.shape[0]], dtype=torch.long, device=rows.device)
-    sizes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(sizes, mine, group=group)
-    return [int(s) for s in sizes]
-
-
-class _GatherRows(torch.autograd.Function):
-    """All ranks' rows in rank order; the gradient of each rank's rows is the sum of every rank's gradient for
-    them (an all_reduce, which every backend has; torch.distributed.nn's all_gather, which does the same, is
-    deprecated as of torch 2.13 and warns on every call)."""
-
-    @staticmethod
-    def forward(ctx, rows: torch.Tensor, sizes: list[int], group):
-        padded = rows.new_zeros((max(sizes), *rows.shape[1:]))
-        padded[: rows.shape[0]] = rows
-        parts = [torch.empty_like(padded) for _ in sizes]
-        dist.all_gather(parts, padded, group=group)
-        ctx.sizes, ctx.group, ctx.rank = sizes, group, dist.get_rank(group)
-        return torch.cat([part[:n] for part, n in zip(parts, sizes)])
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        start = sum(ctx.sizes[: ctx.rank])
-        return grad[start : start + ctx.sizes[ctx.rank]], None, None
-
-
-def gather_rows(rows: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
-    """Every rank's `rows` (`sizes`: rank_sizes), concatenated in rank order, gradients flowing back to each rank's
-    own; `rows` itself in a single process."""
-    return rows if group is None else _GatherRows.apply(rows, sizes, group)
-
-
-def rank_offset(sizes: list[int], group) -> int:
-    """Where this rank's rows start among the gathered ones."""
-    if group is None:
-        return 0
-    return sum(sizes[: dist.get_rank(group)])
 
 
 # ---- options ---------------------------------------------------------------------------------------------------
@@ -523,6 +224,18 @@ EVAL_COLUMNS = ("row", "query_id", "doc_ids")
 def text_key(k: int, name: str = "input_ids") -> str:
     """A batch's key of the k-th text column's `name` (input_ids, attention_mask): the first column's plain."""
     return name if k == 0 else f"{name}_{k}"
+
+
+def stacked_columns(batch: dict, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of every text column's rows one under the other, column after column, each
+    right-padded to the widest column's width (the padding masked)."""
+    width = max(batch[text_key(k)].shape[1] for k in range(columns))
+    ids, mask = [], []
+    for k in range(columns):
+        extra = width - batch[text_key(k)].shape[1]
+        ids.append(F.pad(batch[text_key(k)], (0, extra)))
+        mask.append(F.pad(batch[text_key(k, "attention_mask")], (0, extra)))
+    return torch.cat(ids), torch.cat(mask)
 
 
 class EmbeddingTask(Task):
@@ -1011,196 +724,3 @@ class EmbeddingTask(Task):
     @staticmethod
     def make_predictor(model_dir: str, **kwargs):
         return EmbeddingPredictor(model_dir, **kwargs)
-
-
-def cut(embeddings: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """The first `dim` dimensions (all for None), L2-normalised."""
-    return F.normalize(embeddings if dim is None else embeddings[:, :dim], dim=-1)
-
-
-def sentence_transformers_files(size: int, max_seq_length: int) -> dict[str, str]:
-    """sentence-transformers' folder format for a mean-pooled, normalised encoder of width `size` whose HF weights
-    and tokenizer sit in the folder's root: modules.json (Transformer, Pooling, Normalize), the Pooling config,
-    sentence_bert_config.json and config_sentence_transformers.json (module names as every version since 2.x
-    reads them)."""
-    import transformers
-
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    pooling = {
-        "word_embedding_dimension": size,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-        "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": False,
-        "include_prompt": True,
-    }
-    model = {
-        "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__},
-        "model_type": "SentenceTransformer",
-        "prompts": {},
-        "default_prompt_name": None,
-        "similarity_fn_name": "cosine",
-    }
-    files = {
-        "modules.json": modules,
-        "1_Pooling/config.json": pooling,
-        "sentence_bert_config.json": {"max_seq_length": max_seq_length, "do_lower_case": False},
-        "config_sentence_transformers.json": model,
-    }
-    return {name: json.dumps(value, indent=2) + "\n" for name, value in files.items()}
-
-
-def tokenizer_limit(tokenizer) -> int | None:
-    """The tokenizer's model_max_length where its folder sets one (transformers' stand-in for none is ~1e30): what
-    sentence-transformers cuts texts at when its own config names no max_seq_length."""
-    limit = getattr(tokenizer, "model_max_length", None)
-    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
-
-
-class SentenceEncoder:
-    """`SentenceEncoder("runs/x/model").encode(["a text", ...])`: one L2-normalised, mean-pooled embedding per text
-    (float32, shape (texts, size)), as training computed them; `dims` keeps the first dims (renormalised)."""
-
-    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoConfig, AutoModel
-
-        model_dir = str(model_dir)
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
-        check_model_path(model_dir)
-        self.info = read_model_info(model_dir)
-        config = from_pretrained(AutoConfig, model_dir, "the model config")
-        self.tokenizer = load_tokenizer(model_dir)
-        layout = sentence_transformers_layout(model_dir)  # its texts prompted, lowercased and cut as it says
-        folder_length = layout.max_seq_length if layout else None
-        self.lowercase, self.prompt = (layout.lowercase, layout.prompt) if layout else (False, "")
-        trained = self.info.get("max_length") or folder_length or tokenizer_limit(self.tokenizer)
-        self.max_length = predict_max_length(max_length, trained, 512, config)
-        self.size = getattr(config, "hidden_size", None)
-        self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
-        self.device = inference_device(device)
-        self.model.to(self.device)
-        self.precision = ServingPrecision(self.model, self.device)
-
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Each text's token ids as the folder's sentence-transformers config has it tokenized: after its default
-        prompt, lowercased where it says do_lower_case, cut at max_length."""
-        texts = [self.prompt + t for t in texts]
-        texts = [t.lower() for t in texts] if self.lowercase else texts
-        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
-
-    @torch.inference_mode()
-    def encode(self, texts: Sequence[str], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
-        return self.encode_ids(self.tokenize(texts), batch_size, dims)
-
-    @torch.inference_mode()
-    def encode_ids(self, ids: Sequence[Sequence[int]], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
-        """`encode` of texts already tokenized: each one's token ids as the tokenizer gives them (its special tokens
-        included, at most max_length)."""
-        if dims is not None and (dims < 1 or (self.size and dims > self.size)):
-            raise ConfigError(f"dims {dims} is outside the embedding's 1 to {self.size} dimensions")
-        if not ids:
-            return np.zeros((0, dims or self.size or 0), dtype=np.float32)
-        order = np.argsort([-len(x) for x in ids], kind="stable")  # similar lengths share a batch
-        parts = []
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            batch = self.tokenizer.pad({"input_ids": [list(ids[i]) for i in idx]}, return_tensors="pt")
-            with self.precision.autocast():
-                pooled = embed(self.model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
-            parts.append(cut(pooled, dims).cpu().numpy())
-        out = np.empty((len(ids), parts[0].shape[1]), dtype=np.float32)
-        out[order] = np.concatenate(parts)
-        return out
-
-
-# ---- prediction and serving ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Embedded:
-    """One input's embedding as `tuneforge serve` answers it: the L2-normalised float32 vector, and the number of
-    tokens the model read (its special tokens included, after truncation at max_length)."""
-
-    vector: np.ndarray
-    tokens: int
-
-
-class EmbeddingPredictor:
-    """What `tuneforge predict` and `serve` run for a sentence encoder (`make_predictor`): SentenceEncoder's vectors
-    of texts, or of token-id lists as the model's tokenizer gives them (special tokens included). `encode` -> a
-    matrix, `predict` -> per input {"embedding": [...]}, `embed` -> per input an `Embedded` (serve's batches);
-    `dimensions` keeps the first N dimensions, renormalised (what a Matryoshka-trained model, `matryoshka_dims`,
-    is made for). `embedding_size` is the capability predict and serve read: this model answers with vectors (a
-    .npy matrix, POST /v1/embeddings), not through /predict (`accepts` is empty)."""
-
-    accepts: tuple[str, ...] = ()
-    regression = False
-    labels: list[str] = []
-    task = "embedding"
-
-    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
-        self.model_dir = str(model_dir)
-        self.encoder = SentenceEncoder(model_dir, device=device, max_length=max_length)
-        self.max_length = self.encoder.max_length
-        self.embedding_size = int(self.encoder.size or self.encoder.encode(["a"]).shape[1])
-        self.matryoshka_dims = [int(d) for d in self.encoder.info.get("matryoshka_dims") or []]
-        self.vocab_size = int(self.encoder.model.get_input_embeddings().num_embeddings)
-        self.precision = self.encoder.precision
-
-    def check_dimensions(self, dimensions: int | None) -> None:
-        if dimensions is not None and not 1 <= dimensions <= self.embedding_size:
-            raise ConfigError(
-                f"--dimensions {dimensions} is outside the {self.embedding_size} dimensions of model "
-                f"{self.model_dir!r}'s embedding; give 1 to {self.embedding_size}"
-            )
-
-    def input_problem(self, item) -> str | None:
-        """What is wrong with one input, worded to follow its name (None: nothing): a text must not be empty;
-        token ids must lie below the vocabulary size, at most max_length of them."""
-        if isinstance(item, str):
-            return "is empty; send some text" if not item else None
-        if not isinstance(item, (list, tuple)):
-            return f"is a {type(item).__name__}, not a text"
-        if any(isinstance(t, str) for t in item):
-            return "holds several texts; a sentence encoder embeds one text per input (predict: one --text-column)"
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-            return "is neither a text nor a list of token ids"
-        if not item:
-            return "is an empty list of token ids; send at least one"
-        bad = next((j for j, t in enumerate(item) if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            return f"holds {item[bad]} at [{bad}], which is not a token id below {self.vocab_size}"
-        if len(item) > self.max_length:
-            return f"holds {len(item)} token ids, above the {self.max_length} the model reads (its max_length)"
-        return None
-
-    def token_ids(self, items: Sequence) -> list[list[int]]:
-        """Each input's token ids: a text tokenized (truncated at max_length), token ids as given; DataError naming
-        the first input that is neither."""
-        for i, item in enumerate(items):
-            problem = self.input_problem(item)
-            if problem:
-                raise DataError(f"input {i + 1} {problem}")
-        ids = [None if isinstance(item, str) else list(item) for item in items]
-        texts = [i for i, item in enumerate(items) if isinstance(item, str)]
-        if texts:
-            for i, row in zip(texts, self.encoder.tokenize([items[i] for i in texts])):
-                ids[i] = row
-        return ids
-
-    def encode(self, items: Sequence, batch_size: int = 64, dimensions: int | None = None) -> np.ndarray:
-        """The embeddings of `items` (texts or token-id lists) as a float32 matrix, one row per input in order."""
-        self.check_dimensions(dimensions)
-        return self.encoder.encode_ids(self.token_ids(items), batch_size, dimensions)
-
-    def predict(self, items: Sequence, batch_size: int = 64, dimensions: int | None = None) -> list[dict]:
-        return [{"embedding": row.tolist()} for row in self.encode(items, batch_size, dimensions)]
-
-    def embed(self, items: Sequence, batch_size: int = 64) -> list[Embedded]:
-        ids = self.token_ids(items)
-        return [Embedded(v, len(x)) for v, x in zip(self.encoder.encode_ids(ids, batch_size), ids)]
