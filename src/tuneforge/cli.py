@@ -1,4 +1,4 @@
-"""`tuneforge` command line: train, eval, predict, export, generate, serve, download, env.
+"""`tuneforge` command line: train, eval, prepare, predict, export, generate, chat, serve, sweep, runs, download, env.
 
 Every user error ends with one line on stderr and exit code 2; a failed worker with exit 1. Anything
 else is a bug in tuneforge: one line on stderr saying so and where its traceback was written, exit 1.
@@ -277,7 +277,10 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         "tokenize a config's data once into memory-mapped shards that its runs read (data sources, any size)",
         _prepare_arguments,
     ),
-    "predict": ("predict labels for a csv/tsv/jsonl file", _module_arguments("tuneforge.predict")),
+    "predict": (
+        "label, tag, answer or embed the rows of a csv/tsv/jsonl file with a model tuneforge exported",
+        _module_arguments("tuneforge.predict"),
+    ),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),
     "export": (
         "write a checkpoint or model as a standalone HF model folder, or a GGUF file (--format gguf)",

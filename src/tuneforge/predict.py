@@ -2,7 +2,7 @@
 arguments are `PredictOptions`' fields).
 
 The model folder's tuneforge.json names the task that exported it; that task's predictor runs
-(tasks/classification.py, ner.py, qa.py, multiple_choice.py, embedding.py). `load_servable` is what `tuneforge
+(tasks/classification.py, ner.py, qa.py, multiple_choice.py, sentence_encoder.py). `load_servable` is what `tuneforge
 serve` runs: the task's generator for a model that generates text, else its predictor. Batches are sorted by length
 (little padding), and results come back in the input's order.
 
