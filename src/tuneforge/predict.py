@@ -4,7 +4,8 @@ arguments are `PredictOptions`' fields).
 The model folder's tuneforge.json names the task that exported it; that task's predictor runs
 (tasks/classification.py, ner.py, qa.py, multiple_choice.py, sentence_encoder.py). `load_servable` is what `tuneforge
 serve` runs: the task's generator for a model that generates text, else its predictor. Batches are sorted by length
-(little padding), and results come back in the input's order.
+and, on a CPU, cut into runs of similar length (tasks/length_runs.py: little padding), and results come back in the
+input's order.
 
 A predictor with an `embedding_size` answers with vectors (a sentence encoder): `encode(texts, batch_size,
 dimensions)` gives them as a matrix, written as one {"index", "embedding"} line per row (`predict`), or a .npy

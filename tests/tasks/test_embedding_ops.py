@@ -8,33 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 
-def set_partitions(items: list[int]):
-    """Every partition of `items` into non-empty groups."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for partition in set_partitions(rest):
-        yield [[first], *partition]
-        for i in range(len(partition)):
-            yield [*partition[:i], [first, *partition[i]], *partition[i + 1 :]]
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 80), min_size=1, max_size=7), st.sampled_from([0, 3, 48, 1000]))
-def test_length_groups_are_the_cheapest_partition_of_the_rows(lengths, per_forward):
-    """Every row in exactly one run, and no partition of the rows (any grouping, not only runs of the sorted lengths)
-    pads fewer tokens plus per_forward per run."""
-    from tuneforge.tasks.embedding_ops import length_groups
-
-    def cost(groups):
-        return sum(len(g) * max(lengths[i] for i in g) + per_forward for g in groups)
-
-    groups = length_groups(lengths, per_forward)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths))) and all(groups)
-    assert cost(groups) == min(cost(p) for p in set_partitions(list(range(len(lengths)))))
-
-
 @given(st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=6), min_size=1, max_size=4), st.integers(1, 12))
 def test_split_to_cuts_runs_until_every_rank_has_as_many(groups, count):
     from tuneforge.tasks.embedding_ops import split_to

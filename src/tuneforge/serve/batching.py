@@ -4,10 +4,10 @@
 Requests are queued; one worker takes the first waiting request, then keeps collecting more until the
 batch holds `max_batch_size` inputs or `max_wait_ms` has passed (requests already queued join whatever the
 time: `max_wait_ms 0` batches what queued during the last forward), and runs them through the predictor in
-one go (sorted by length inside; `infer` says which of its methods: `predict` unless told). Each caller gets its
-own slice of the answers. The model runs in one background thread, so the event loop keeps accepting requests
-while a batch computes; those form the next batch. The queue is bounded: `submit` raises `QueueFull` when
-`max_queue` requests wait.
+one call (which runs texts of similar length together: tasks/length_runs.py; `infer` says which of its methods:
+`predict` unless told). Each caller gets its own slice of the answers. The model runs in one background thread,
+so the event loop keeps accepting requests while a batch computes; those form the next batch. The queue is bounded:
+`submit` raises `QueueFull` when `max_queue` requests wait.
 
 A request fails alone: `submit` runs the predictor's own input checks (`check_inputs`, where it has them) before
 the request joins a batch, and a batch that fails anyway is run again one request at a time, so that only the

@@ -26,6 +26,7 @@ from tuneforge.tasks.base import (
     set_dropout,
 )
 from tuneforge.tasks.glue import GLUE, glue_files
+from tuneforge.tasks.length_runs import length_batches
 
 TEXT_GUESSES = (
     ("sentence1", "sentence2"),
@@ -469,11 +470,9 @@ class ClassificationPredictor:
         if len(widths) != 1 or not widths <= {1, 2}:
             raise DataError("inputs must be all single texts or all (text, text) pairs")
         enc = self.tokenizer(*[list(col) for col in zip(*pairs)], truncation=True, max_length=self.max_length)
-        lengths = np.array([len(ids) for ids in enc["input_ids"]])
-        order = np.argsort(-lengths, kind="stable")  # longest first: similar lengths share a batch
+        lengths = [len(ids) for ids in enc["input_ids"]]
         results: list[dict | None] = [None] * len(pairs)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in length_batches(lengths, batch_size, on_cpu=self.device.type == "cpu"):
             rows = {k: [enc[k][i] for i in idx] for k in enc.keys()}
             batch = self.tokenizer.pad(rows, return_tensors="pt").to(self.device)
             with self.precision.autocast():

@@ -82,12 +82,12 @@ from tuneforge.tasks.embedding_ops import (
     embed_remembered,
     frozen_weights_in_float32,
     gather_rows,
-    length_groups,
     packing_holds,
     rank_offset,
     rank_sizes,
     split_to,
 )
+from tuneforge.tasks.length_runs import CPU_TOKENS_PER_FORWARD, length_groups
 from tuneforge.tasks.sentence_encoder import EmbeddingPredictor, sentence_transformers_files
 
 # (anchor, positive) column names, as sentence-transformers' datasets name them; hard negatives follow
@@ -99,8 +99,6 @@ SPLIT_FILES = {
 }
 FORMATS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 MAX_DIM = 1_000_000
-# what one more forward of a run of rows costs on a CPU, in tokens of compute (split_by_length; benchmarks/README.md)
-CPU_TOKENS_PER_FORWARD = 48
 
 
 # ---- options ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -72,24 +71,6 @@ def embed_remembered(model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     for i, vector in zip(new, embed_distinct(model, input_ids[pick], attention_mask[pick])):
         memo.setdefault(keys[i], vector)
     return torch.stack([memo[key] for key in keys])
-
-
-def length_groups(lengths: Sequence[int], per_forward: float) -> list[list[int]]:
-    """The rows (indices into `lengths`) cut into runs of similar length so that padding each run to its longest
-    row, plus `per_forward` tokens for each run (what one more forward costs), costs the fewest tokens: an exact
-    partition of the rows sorted by length (dynamic programming over the cut points)."""
-    order = np.argsort(np.asarray(lengths), kind="stable")
-    ranked = np.asarray(lengths)[order]
-    best, start = np.zeros(len(ranked) + 1), np.zeros(len(ranked) + 1, dtype=int)
-    for end in range(1, len(ranked) + 1):
-        costs = best[:end] + (end - np.arange(end)) * ranked[end - 1] + per_forward
-        start[end] = int(np.argmin(costs))
-        best[end] = costs[start[end]]
-    groups, end = [], len(ranked)
-    while end > 0:
-        groups.append(order[start[end] : end].tolist())
-        end = start[end]
-    return groups[::-1]
 
 
 def split_to(groups: list[list[int]], count: int) -> list[list[int]]:

@@ -39,6 +39,7 @@ from tuneforge.data.squad import check_examples, check_squad_file, find_split_fi
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.length_runs import length_batches
 
 DEFAULT_MAX_LENGTH = 384  # run_qa.py's max_seq_length: a question and its context want more than classification's 128
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -555,11 +556,9 @@ class AnswerPredictor:
         )
         keys = [k for k in MODEL_INPUTS if k in enc]
         lengths = np.array([len(x) for x in enc["input_ids"]])
-        order = np.argsort(-lengths, kind="stable")  # longest first: similar lengths share a batch
         nulls: list[tuple[float, float]] = [(math.inf, 0.0)] * len(pairs)  # (smallest null score, its probability)
         spans: list[tuple | None] = [None] * len(pairs)  # (score, start, end, probability)
-        for begin in range(0, len(order), batch_size):
-            idx = order[begin : begin + batch_size].tolist()
+        for idx in length_batches(lengths.tolist(), batch_size, on_cpu=self.device.type == "cpu"):
             rows = {k: [enc[k][i] for i in idx] for k in keys}
             batch = self.tokenizer.pad(rows, return_tensors="pt", padding_side="right").to(self.device)
             with self.precision.autocast():

@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import datasets
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -40,6 +39,7 @@ from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import Task, set_dropout
 from tuneforge.tasks.classification import ClassificationPredictor
 from tuneforge.tasks.dpo import PreferenceStream, pairwise_loss
+from tuneforge.tasks.length_runs import length_batches
 
 ROLE_NAMES = {"user": "Human", "assistant": "Assistant"}  # hh-rlhf's names of the turns
 SCORER_NEEDED = (
@@ -329,11 +329,9 @@ class RewardPredictor(ClassificationPredictor):
 
     @torch.inference_mode()
     def score_ids(self, rows: list[list[int]], batch_size: int = 64) -> list[float]:
-        """The score of each token-id row, in order; longest first, so that similar lengths share a batch."""
-        order = np.argsort([-len(r) for r in rows], kind="stable")
+        """The score of each token-id row, in order; rows of similar length share a forward (`length_batches`)."""
         scores = [0.0] * len(rows)
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in length_batches([len(r) for r in rows], batch_size, on_cpu=self.device.type == "cpu"):
             input_ids, attention = pad_rows([rows[i] for i in idx], self.tokenizer.pad_token_id)
             with self.precision.autocast():
                 out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))

@@ -27,6 +27,7 @@ from tuneforge.artifacts import (
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import ServingPrecision, predict_max_length
 from tuneforge.tasks.embedding_ops import cut, embed
+from tuneforge.tasks.length_runs import length_batches
 
 
 def sentence_transformers_files(size: int, max_seq_length: int) -> dict[str, str]:
@@ -118,16 +119,15 @@ class SentenceEncoder:
             raise ConfigError(f"dims {dims} is outside the embedding's 1 to {self.size} dimensions")
         if not ids:
             return np.zeros((0, dims or self.size or 0), dtype=np.float32)
-        order = np.argsort([-len(x) for x in ids], kind="stable")  # similar lengths share a batch
+        runs = length_batches([len(x) for x in ids], batch_size, on_cpu=self.device.type == "cpu")
         parts = []
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        for idx in runs:
             batch = self.tokenizer.pad({"input_ids": [list(ids[i]) for i in idx]}, return_tensors="pt")
             with self.precision.autocast():
                 pooled = embed(self.model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
             parts.append(cut(pooled, dims).cpu().numpy())
         out = np.empty((len(ids), parts[0].shape[1]), dtype=np.float32)
-        out[order] = np.concatenate(parts)
+        out[np.concatenate(runs)] = np.concatenate(parts)
         return out
 
 
