@@ -22,7 +22,8 @@ markdown table. --only classify|generate runs one half.
 --only embed (issue 27; only when named): POST /v1/embeddings of one text per request to --embedder (a sentence
 encoder folder that `tuneforge train --task embedding` wrote), batching against `--max-batch-size 1`, no peer; the
 batched vectors compared with the unbatched ones (within 1e-3), malformed embedding requests beside the load, and
-the batching server once more with `--max-wait-ms 0`. Each tuneforge row holds its mean rows per forward
+the batching server once more with `--max-wait-ms 10`. `--texts squad` (classify, embed): SQuAD dev's questions
+and paragraphs alternating instead of eight short sentences. Each tuneforge row holds its mean rows per forward
 (`mean_batch`, from the server's /metrics).
 """
 
@@ -65,6 +66,19 @@ TEXTS = [
     "The coach praised the young players after the match.",
     "Researchers released software that translates speech in real time.",
 ]
+
+
+def squad_texts(pairs: int = 512) -> list[str]:
+    """SQuAD dev-v1.1's first `pairs` questions, each followed by its paragraph (../shared/data/squad)."""
+    data = json.loads((REPO.parent / "shared/data/squad/dev-v1.1.json").read_text(encoding="utf-8"))["data"]
+    texts = [
+        t
+        for article in data
+        for para in article["paragraphs"]
+        for qa in para["qas"]
+        for t in (qa["question"], para["context"])
+    ]
+    return texts[: 2 * pairs]
 
 
 def free_port() -> int:
@@ -124,9 +138,10 @@ async def load(url: str, kind: str, model: str, args, extra: dict | None = None)
     requests = []
     for i in range(args.requests):
         if kind == "predict":
-            requests.append(("/predict", {"texts": [TEXTS[i % len(TEXTS)]]}))
+            requests.append(("/predict", {"texts": [args.load_texts[i % len(args.load_texts)]]}))
         elif kind == "embed":
-            requests.append(("/v1/embeddings", {"model": model, "input": TEXTS[i % len(TEXTS)]}))
+            texts = args.load_texts
+            requests.append(("/v1/embeddings", {"model": model, "input": texts[i % len(texts)]}))
         else:
             body = {
                 "model": model,
@@ -297,11 +312,20 @@ def main() -> None:
     ap.add_argument("--bad-every-ms", type=float, default=200.0, help="pause between malformed requests")
     ap.add_argument("--only", choices=["classify", "generate", "embed"], default=None)
     ap.add_argument("--embedder", default=None, help="a sentence encoder folder of tuneforge's (for --only embed)")
+    ap.add_argument(
+        "--texts",
+        choices=["short", "squad"],
+        default="short",
+        help="classify and embed: the eight short sentences (12-15 tokens), or SQuAD dev's questions and paragraphs "
+        "alternating "
+        "(12 to 256 tokens: a retrieval index being built while it is queried)",
+    )
     ap.add_argument("--peer-dtypes", default="float32,bfloat16", help="transformers serve's dtypes, each a variant")
     ap.add_argument("--skip", default=None, help="leave out variants whose names hold these texts (comma-separated)")
     ap.add_argument("--logprobs", type=int, default=5, help="a variant asking each request for logprobs (the cost)")
     ap.add_argument("--out", default=str(HERE / "results" / "serve_load.json"))
     args = ap.parse_args()
+    args.load_texts = squad_texts() if args.texts == "squad" else TEXTS
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-load-"))
     kinds = {"classify": "predict", "generate": "generate", "embed": "embed"}
