@@ -33,6 +33,7 @@ from tuneforge.data.conll import (
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.length_runs import length_batches
 
 IGNORE = -100
 WORD = re.compile(r"\w+|[^\w\s]")  # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation
@@ -357,9 +358,9 @@ class EntityPredictor:
         spans = [[(m.group(), m.start(), m.end()) for m in WORD.finditer(t)] for t in texts]
         results: list[dict] = [{"entities": []} for _ in texts]
         todo = [i for i, s in enumerate(spans) if s]
-        order = sorted(todo, key=lambda i: -len(spans[i]))
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
+        words = [len(spans[i]) for i in todo]  # a text's words stand for its tokens
+        for run in length_batches(words, batch_size, on_cpu=self.device.type == "cpu"):
+            idx = [todo[r] for r in run]
             enc = self.tokenizer(
                 [[w for w, _, _ in spans[i]] for i in idx],
                 is_split_into_words=True,
