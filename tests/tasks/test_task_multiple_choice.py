@@ -184,6 +184,25 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
         assert httpx.post(f"{url}/predict", json={"texts": ["a"]}, timeout=60).status_code == 422
 
 
+def test_rows_of_mixed_lengths_run_apart_and_score_as_each_alone(trained):
+    """A long question among short ones (and a row of three choices among rows of four) in one call: the long row
+    runs in a forward of its own on a CPU (the short ones are not padded to it), and every row's scores are those
+    it gets predicted alone (within 1e-5)."""
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    rows = [{"question": r["question"], "choices": r["choices"]} for r in choice_rows(6, seed=7)]
+    rows[1]["question"] += " It stayed that way all through the long and very hot summer." * 6
+    rows.append({"question": "The ball is painted green. Its colour is", "choices": ["red.", "green.", "white."]})
+    predictor = load_predictor(run / "model")
+    shapes = []
+    predictor.model.register_forward_pre_hook(lambda _, a, kw: shapes.append(kw["input_ids"].shape), with_kwargs=True)
+    together = predictor.predict(rows, batch_size=16)
+    assert sorted(shape[0] for shape in shapes) == [1, 1, 5]  # the long row, the 3-choice row, the other five
+    for got, row in zip(together, rows, strict=True):
+        assert got["scores"] == pytest.approx(predictor.predict([row])[0]["scores"], abs=1e-5)
+
+
 def test_a_bf16_predictor_chooses_as_float32_does(trained):
     """`precision.use("bf16")` (what `serve --precision bf16` does): bf16 linear layers under autocast, float32's
     choices, their scores within 2e-2."""

@@ -24,6 +24,7 @@ from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.length_runs import length_batches
 
 
 def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
@@ -253,30 +254,36 @@ class ChoicePredictor:
                 if row.get(key) is not None and not isinstance(row[key], str):
                     raise DataError(f"input {i}: {key!r} must be a text; each input is {shape}")
 
+    def _encode(self, rows: list[dict]) -> dict[str, list]:
+        """Every (context, prefix + ending) pair of `rows`, choice after choice, row after row, tokenized unpadded."""
+        first, second = [], []
+        for row in rows:
+            a, b = choice_pairs(row.get("question") or "", row.get("prefix") or "", row["choices"])
+            first += a
+            second += b
+        return self.tokenizer(first, second, truncation=True, max_length=self.max_length)
+
     @torch.inference_mode()
     def predict(self, rows: list[dict], batch_size: int = 16) -> list[dict]:
+        """The best choice of each row, in input order; rows with as many choices share batches, and on a CPU rows
+        of similar length (`length_batches` over each row's longest pair)."""
         self.check_inputs(rows)
         out: list[dict | None] = [None] * len(rows)
-        by_width: dict[int, list[int]] = {}  # rows with as many choices share batches
+        by_width: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             by_width.setdefault(len(row["choices"]), []).append(i)
         for width, members in by_width.items():
-            for start in range(0, len(members), batch_size):
-                idx = members[start : start + batch_size]
-                first, second = [], []
-                for i in idx:
-                    row = rows[i]
-                    a, b = choice_pairs(row.get("question") or "", row.get("prefix") or "", row["choices"])
-                    first += a
-                    second += b
-                enc = self.tokenizer(
-                    first, second, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt"
-                )
-                inputs = {k: v.view(len(idx), width, -1).to(self.device) for k, v in enc.items()}
+            enc = self._encode([rows[i] for i in members])
+            pairs = [range(m * width, (m + 1) * width) for m in range(len(members))]
+            lengths = [max(len(enc["input_ids"][j]) for j in pair) for pair in pairs]
+            for run in length_batches(lengths, batch_size, on_cpu=self.device.type == "cpu"):
+                picked = {k: [enc[k][j] for r in run for j in pairs[r]] for k in enc.keys()}
+                padded = self.tokenizer.pad(picked, return_tensors="pt")
+                inputs = {k: v.view(len(run), width, -1).to(self.device) for k, v in padded.items()}
                 with self.precision.autocast():
                     logits = self.model(**inputs).logits
                 probs = logits.float().softmax(-1).cpu()
-                for i, p in zip(idx, probs.tolist()):
-                    best = int(np.argmax(p))
+                for r, p in zip(run, probs.tolist()):
+                    i, best = members[r], int(np.argmax(p))
                     out[i] = {"label": best, "choice": rows[i]["choices"][best], "score": p[best], "scores": p}
         return out  # type: ignore[return-value]
