@@ -13,7 +13,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from tuneforge.artifacts import bundled_minilm, capability_info, check_model_path, context_length, load_tokenizer
+from tuneforge.artifacts import (
+    bundled_minilm,
+    capability_info,
+    check_model_path,
+    context_length,
+    from_pretrained,
+    load_tokenizer,
+    read_model_info,
+)
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
 from tuneforge.paths import check_output_dir
@@ -32,6 +40,28 @@ def set_dropout(model_config, p: float | None):
         elif isinstance(value, float) and ("dropout" in name or "pdrop" in name):
             setattr(model_config, name, p)
     return model_config
+
+
+@dataclass(frozen=True)
+class PredictorFolder:
+    """What a predictor reads of its model folder before loading the model: the path, tuneforge.json (`info`, {} for
+    a plain HF folder) and the HF config."""
+
+    path: str
+    info: dict
+    config: Any
+
+
+def open_predictor_folder(model_dir, max_length: int | None) -> PredictorFolder:
+    """A predictor's first step: --max-length checked (1 or more), the folder checked (one line where it is not a
+    model folder), its tuneforge.json and HF config read."""
+    from transformers import AutoConfig
+
+    path = str(model_dir)
+    if max_length is not None and max_length < 1:
+        raise ConfigError(f"--max-length must be at least 1, got {max_length}")
+    check_model_path(path)
+    return PredictorFolder(path, read_model_info(path), from_pretrained(AutoConfig, path, "the model config"))
 
 
 def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:

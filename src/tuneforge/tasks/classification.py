@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import check_model_path, from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import (
@@ -22,6 +22,7 @@ from tuneforge.tasks.base import (
     Task,
     empty_check,
     hold_out_validation,
+    open_predictor_folder,
     predict_max_length,
     set_dropout,
 )
@@ -433,17 +434,11 @@ class ClassificationPredictor:
     accepts = ("texts", "pairs")  # what `tuneforge serve` takes for it
 
     def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForSequenceClassification
+        from transformers import AutoModelForSequenceClassification
 
-        from tuneforge.artifacts import read_model_info
-
-        model_dir = str(model_dir)
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
-        check_model_path(model_dir)
-        self.info = read_model_info(model_dir)
+        folder = open_predictor_folder(model_dir, max_length)
+        model_dir, self.info, config = folder.path, folder.info, folder.config
         self.task = self.info.get("task") or "classification"
-        config = from_pretrained(AutoConfig, model_dir, "the model config")
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
             raise ConfigError(

@@ -33,12 +33,20 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import check_model_path, context_length, from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import context_length, from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.squad import check_examples, check_squad_file, find_split_files, from_hf, read_squad
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    ServingPrecision,
+    Task,
+    empty_check,
+    open_predictor_folder,
+    predict_max_length,
+    set_dropout,
+)
 from tuneforge.tasks.length_runs import length_batches
 
 DEFAULT_MAX_LENGTH = 384  # run_qa.py's max_seq_length: a question and its context want more than classification's 128
@@ -513,16 +521,10 @@ class AnswerPredictor:
     task = "qa"
 
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForQuestionAnswering
+        from transformers import AutoModelForQuestionAnswering
 
-        from tuneforge.artifacts import read_model_info
-
-        model_dir = str(model_dir)
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
-        check_model_path(model_dir)
-        info = read_model_info(model_dir)
-        config = from_pretrained(AutoConfig, model_dir, "the model config")
+        folder = open_predictor_folder(model_dir, max_length)
+        model_dir, info, config = folder.path, folder.info, folder.config
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForQuestionAnswering") for a in archs):
             raise ConfigError(f"model {model_dir!r} is a {archs[0]}, not a question-answering model")

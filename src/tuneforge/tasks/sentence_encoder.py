@@ -17,15 +17,12 @@ import torch
 
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
-    check_model_path,
-    from_pretrained,
     inference_device,
     load_tokenizer,
-    read_model_info,
     sentence_transformers_layout,
 )
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import ServingPrecision, predict_max_length
+from tuneforge.tasks.base import ServingPrecision, open_predictor_folder, predict_max_length
 from tuneforge.tasks.embedding_ops import cut, embed
 from tuneforge.tasks.length_runs import length_batches
 
@@ -80,14 +77,10 @@ class SentenceEncoder:
     (float32, shape (texts, size)), as training computed them; `dims` keeps the first dims (renormalised)."""
 
     def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
-        from transformers import AutoConfig, AutoModel
+        from transformers import AutoModel
 
-        model_dir = str(model_dir)
-        if max_length is not None and max_length < 1:
-            raise ConfigError(f"--max-length must be at least 1, got {max_length}")
-        check_model_path(model_dir)
-        self.info = read_model_info(model_dir)
-        config = from_pretrained(AutoConfig, model_dir, "the model config")
+        folder = open_predictor_folder(model_dir, max_length)
+        model_dir, self.info, config = folder.path, folder.info, folder.config
         self.tokenizer = load_tokenizer(model_dir)
         layout = sentence_transformers_layout(model_dir)  # its texts prompted, lowercased and cut as it says
         folder_length = layout.max_seq_length if layout else None
