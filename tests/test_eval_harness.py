@@ -314,6 +314,13 @@ def test_harness_mode_flags_do_not_mix_with_task_evaluation(tiny_llama, tmp_path
     assert says in refused(capsys, "eval", tiny_llama, *args, "--output-dir", str(tmp_path / "out"))
 
 
+def test_a_model_folder_that_is_not_there_is_said_before_any_task_data_is_fetched(tmp_path, capsys):
+    """piqa without --harness-data would go to the hub (and wait out its timeouts offline) before the model was
+    looked at: the missing folder is the line, at once."""
+    line = refused(capsys, "eval", str(tmp_path / "no-such-model"), "--harness", "piqa")
+    assert "no-such-model" in line and "does not exist" in line and "harness task" not in line
+
+
 def test_harness_after_train_is_checked_before_training(tiny_llama, shared_data, tmp_path, capsys):
     text = tmp_path / "text.txt"
     text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")

@@ -190,7 +190,9 @@ def write_results(results: dict, folder: str | Path) -> dict:
 
 def evaluate_model(model_dir: str, settings: HarnessSettings, folder: str | Path, flag: str = "--output-dir") -> dict:
     """The harness run of `settings` on the model folder `model_dir`, its files written into `folder`: tasks and
-    local data checked, then the destination, before the model loads. Returns {results, table, folder}."""
+    local data checked, then the destination, before the model loads (a folder that is not there is said first: a
+    task's hub data may take the hub's timeouts to fail). Returns {results, table, folder}."""
+    check_model_path(model_dir)
     with harness_logs():
         specs = prepare_tasks(settings, build=False)
         check_destination(folder, flag)
