@@ -315,7 +315,9 @@ class OneLineParser(argparse.ArgumentParser):
     `error:` line and exit 2, like every other bad input; the usage block argparse prints before them buried the
     reason. `--help` shows the usage; the subcommands' parsers are of this class too (argparse makes them so)."""
 
-    commands: dict[str, argparse.ArgumentParser] = {}  # the top level's: each command's parser, by name
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the top level's: each command's parser, by name
 
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
@@ -334,7 +336,6 @@ def build_parser(command: str | None = None) -> OneLineParser:
     listed with their help: `tuneforge --help` stays instant); None: every command's."""
     parser = OneLineParser(prog="tuneforge", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    parser.commands = {}
     for name, (help_text, add_arguments) in COMMANDS.items():
         p = parser.commands[name] = sub.add_parser(name, help=help_text)
         if command is None or command == name:

@@ -14,8 +14,8 @@ Padding (CPUs): a training batch stays as drawn (random: its in-batch negatives)
 together, are packed side by side into rows of PACK_WIDTH tokens, each text seeing only itself and counting its
 positions from 0 (`pack_texts`: `pack_rows`, `packed_inputs`, `embed_packed`; one forward per rank), where the first
 batch shows the model's packed embeddings to be its padded ones (`packing_holds`); else (`split_by_length`) embedded
-in runs of similar length, each padded to its own longest (`length_groups`, `embed_grouped`; every rank runs as many
-forwards).
+in runs of similar length, each padded to its own longest (tasks/length_runs.py's `length_groups`, `embed_grouped`;
+every rank runs as many forwards).
 
 Across data-parallel ranks: `gather_rows` concatenates every rank's rows with their gradients flowing back to each
 rank's own (`rank_sizes`, `rank_offset`, `agreed_count` say who holds what).
