@@ -7,6 +7,7 @@ imported gets past the one line (and the cases that set the environment run in t
 and on a fresh tokenization cache (still empty: the error came before any tokenization).
 """
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -301,6 +302,30 @@ def test_output_dir_under_a_file(tmp_path, tiny_bert, files, capsys):
         cli_main(capsys, *args),
         f"output dir {str(blocker / 'run')!r} cannot be created: {str(blocker)!r} is a file; choose another "
         "--output-dir",
+    )
+
+
+def test_empty_output_dir_is_refused_not_read_as_the_current_folder(tmp_path, tiny_bert, files, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where the old code wrote the run (Path("") is ".")
+    args = train_args(tmp_path, tiny_bert, *files)
+    args[args.index("--output-dir") + 1] = ""
+    one_error(cli_main(capsys, *args), "--output-dir is empty; name a folder (output dir)")
+    assert not (tmp_path / "model").exists() and not (tmp_path / "config.yaml").exists()
+
+
+@pytest.mark.parametrize("kind", ["a device", "a named pipe"])
+def test_train_file_that_is_a_device_or_a_pipe(tmp_path, tiny_bert, files, capsys, kind):
+    """`--train-file <(zcat rows.gz)` names a pipe, `/dev/null` a device: neither can be read as a table (and a
+    pipe can be read once); each is refused as what it is (the old message called both a folder)."""
+    path = "/dev/null"
+    if kind == "a named pipe":
+        path = str(tmp_path / "rows.csv")
+        os.mkfifo(path)
+    args = train_args(tmp_path, tiny_bert, *files)
+    args[args.index("--train-file") + 1] = path
+    one_error(
+        cli_main(capsys, *args),
+        f"{path!r} is a pipe or a device, not a regular file; pass a csv/tsv/json/jsonl/parquet/txt file",
     )
 
 

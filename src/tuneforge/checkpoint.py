@@ -91,7 +91,7 @@ def prepare_output_dir(config) -> None:
     if process_rank() != 0 or config.node_rank != 0:  # other nodes' launchers leave the output dir alone
         return
     out = Path(config.output_dir)
-    check_output_dir(str(out))  # a file, or a folder that cannot be created or written: one line, before any work
+    check_output_dir(config.output_dir)  # empty, a file, or unwritable: one line, before any work
     check_inputs_outside_run(out, config.inputs())
     check_no_clashes(out)
     if holds_run(out):

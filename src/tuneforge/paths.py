@@ -18,7 +18,10 @@ def check_output_dir(path: str, flag: str = "--output-dir", what: str = "output 
     heavy work.
 
     Creates nothing that stays: where the folder does not exist yet, a probe folder is made (and
-    removed) in its nearest existing parent, since permissions alone do not tell (root, /proc)."""
+    removed) in its nearest existing parent, since permissions alone do not tell (root, /proc). An empty name
+    (an unset shell variable) is refused rather than read as the current folder."""
+    if not path.strip():
+        raise ConfigError(f"{flag} is empty; name a folder ({what})")
     out = Path(path).expanduser()
     parent = out
     while not parent.exists() and parent != parent.parent:

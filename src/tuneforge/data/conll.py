@@ -27,9 +27,8 @@ SPLIT_FILES = {  # --data-dir: the first file found per split
 
 def check_tagged_file(path: str | Path) -> Path:
     p = Path(path)
-    if not p.is_file():
-        what = "is a folder, not a file" if p.is_dir() else "does not exist"
-        raise DataError(f"file {str(p)!r} {what}; pass a CoNLL file (.txt, .conll) or jsonl with tokens and tags")
+    if why := sources.not_a_file(p):
+        raise DataError(f"file {str(p)!r} {why}; pass a CoNLL file (.txt, .conll) or jsonl with tokens and tags")
     if not (p.suffix.lower() in CONLL_SUFFIXES + TABLE_SUFFIXES or p.name.startswith("eng.")):
         raise DataError(
             f"file {str(p)!r}: unknown format {p.suffix!r}; token tags are read from CoNLL files "

@@ -84,13 +84,23 @@ def first_file(folder: Path, names: Iterable[str]) -> Path | None:
     return next((folder / n for n in names if (folder / n).is_file()), None)
 
 
+def not_a_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a user's file (None: it can): missing, a folder, or a pipe or device
+    (`<(zcat rows.gz)`, /dev/null), which the readers cannot read twice or at all."""
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "is a folder, not a file"
+    return "is a pipe or a device, not a regular file" if path.exists() else "does not exist"
+
+
 def check_file(path: str | Path) -> Path:
     """Cheap up-front check (exists, is a file, known format), done before any heavy work."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"file {str(p)!r} does not exist; check the path")
-    if not p.is_file():
-        raise DataError(f"{str(p)!r} is a folder, not a file; pass a csv/tsv/json/jsonl/parquet/txt file")
+    if why := not_a_file(p):
+        raise DataError(f"{str(p)!r} {why}; pass a csv/tsv/json/jsonl/parquet/txt file")
     if data_suffix(p) not in FILE_FORMATS:
         shown = "".join(p.suffixes[-2:]) if p.suffix.lower() in COMPRESSED else p.suffix
         raise DataError(
@@ -122,8 +132,8 @@ def read_text_file(path: str | Path, what: str = "file", hint: str = "pass a fil
     p = Path(path)
     if not p.exists():
         raise DataError(f"{what} {str(p)!r} does not exist; check the path")
-    if not p.is_file():
-        raise DataError(f"{what} {str(p)!r} is a folder, not a file; {hint}")
+    if why := not_a_file(p):
+        raise DataError(f"{what} {str(p)!r} {why}; {hint}")
     return decode_text(p.read_bytes(), p, what)
 
 

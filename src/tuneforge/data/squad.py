@@ -37,9 +37,8 @@ COLUMNS = ["id", "question", "context", "answers_text", "answers_start", "row"]
 
 def check_squad_file(path: str | Path) -> Path:
     p = Path(path)
-    if not p.is_file():
-        what = "is a folder, not a file" if p.is_dir() else "does not exist"
-        raise DataError(f"file {str(p)!r} {what}; pass a SQuAD JSON file or jsonl with question, context, answers")
+    if why := sources.not_a_file(p):
+        raise DataError(f"file {str(p)!r} {why}; pass a SQuAD JSON file or jsonl with question, context, answers")
     if p.suffix.lower() not in SQUAD_SUFFIXES:
         raise DataError(
             f"file {str(p)!r}: unknown format {p.suffix!r}; questions are read from SQuAD JSON (.json) or "

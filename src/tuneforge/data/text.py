@@ -20,11 +20,13 @@ from tuneforge.errors import DataError
 
 
 def _check_text_file(path: str | Path, what: str) -> Path:
+    from tuneforge.data.sources import not_a_file
+
     p = Path(path)
     if not p.exists():
         raise DataError(f"{what} {str(p)!r} does not exist; check the path")
-    if not p.is_file():
-        raise DataError(f"{what} {str(p)!r} is a folder, not a file; pass a plain text file")
+    if why := not_a_file(p):
+        raise DataError(f"{what} {str(p)!r} {why}; pass a plain text file")
     return p
 
 
