@@ -691,6 +691,7 @@ def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
         (["--max-length", "0"], "error: --max-length must be between 1 and 1048576, got 0"),
         (["--threads", "0"], "error: --threads must be positive, got 0"),
         (["--threads", "5000"], "error: --threads must be between 1 and 4096, got 5000"),
+        (["--host", ""], "error: --host is empty; give an address (0.0.0.0 listens on every interface)"),
     ],
 )
 def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):

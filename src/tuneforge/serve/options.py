@@ -33,7 +33,12 @@ class ServeOptions(BaseModel):
         description="a model folder tuneforge exported (OUTPUT_DIR/model, an adapter folder too)",
         json_schema_extra=POSITIONAL,
     )
-    host: str = Field("127.0.0.1", description="address to listen on (default: 127.0.0.1, this machine only)")
+    host: str = Field(
+        "127.0.0.1",
+        pattern=r"\S",  # uvicorn listens on every interface for "": an unset variable must not publish the server
+        description="address to listen on (default: 127.0.0.1, this machine only)",
+        json_schema_extra={"refusal": "{flag} is empty; give an address (0.0.0.0 listens on every interface)"},
+    )
     port: int = Field(
         8000, ge=0, le=65535, description="port to listen on (0: any free one)", json_schema_extra={"refusal": BETWEEN}
     )
