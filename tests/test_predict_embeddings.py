@@ -123,8 +123,14 @@ def classifier(tmp_path_factory, minilm_dir) -> str:
         (TEXTS, ("--dimensions", "33"), ("--dimensions 33 is outside the 32 dimensions", "give 1 to 32")),
         (TEXTS, ("--dimensions", "0"), ("--dimensions must be between 1 and",)),
         (["a cat", "", "a dog"], (), ("input 2 is empty",)),
-        (TEXTS, ("--text-column", "text", "--text-column", "id"), ("holds several texts", "one --text-column")),
+        (TEXTS, ("--text-column", "text", "--text-column", "text"), ("holds several texts", "one --text-column")),
+        (TEXTS, ("--text-column", "text", "--text-column", "id"), ("row 1 of", "column 'id' holds 0, not text")),
         (TEXTS, ("--text-column", "body"), ("column 'body' not found",)),
+        # JSON values that are not text: training refuses them; predict embedded their Python str ('True', "['a']")
+        (["a cat", 7, "a dog"], (), ("row 2 of", "texts.jsonl", "column 'text' holds 7, not text")),
+        (["a cat", True], (), ("row 2 of", "column 'text' holds True, not text")),
+        (["a cat", ["a", "b"]], (), ("row 2 of", "column 'text' holds ['a', 'b'], not text")),
+        (["a cat", {"a": 1}], (), ("row 2 of", "column 'text' holds {'a': 1}, not text")),
     ],
 )
 def test_bad_input_is_one_line(capfd, tmp_path, tiny_encoder, rows, extra, needles):

@@ -146,10 +146,21 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
         raise ConfigError(f"--text-column takes one or two columns (a sentence pair), got {len(cols)}")
     require_columns(list(df.columns), cols, repr(input_path), "--text-column (once, or twice for pairs)")
     for c in cols:
-        if df[c].isna().any():
-            row = int(np.flatnonzero(df[c].isna().to_numpy())[0]) + 1
-            raise DataError(f"column {c!r} of {input_path!r} is empty in row {row}; fill or drop that row")
-    return list(zip(*[df[c].astype(str).tolist() for c in cols]))
+        check_texts(df[c].tolist(), c, input_path)
+    return list(zip(*[df[c].tolist() for c in cols]))
+
+
+def check_texts(values: list, column: str, input_path: str) -> None:
+    """Every value of a text column is a string (a JSON number, list or true is refused, as training refuses it:
+    its Python str would be embedded or classified instead); an empty (null) one is one line naming its row."""
+    for row, value in enumerate(values, start=1):
+        if value is None or (isinstance(value, float) and value != value):
+            raise DataError(f"column {column!r} of {input_path!r} is empty in row {row}; fill or drop that row")
+        if not isinstance(value, str):
+            raise DataError(
+                f"row {row} of {input_path!r}: column {column!r} holds {value!r}, not text; give each row its text "
+                "as a string"
+            )
 
 
 def _written_by_predict(path: Path) -> bool:
