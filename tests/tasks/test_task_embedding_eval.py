@@ -360,8 +360,13 @@ def test_a_retrieval_file_whose_relevant_document_is_missing_is_one_line(capfd, 
     assert_refused(proc, tmp_path, "row 4 of", "dev.jsonl", "empty 'positive' text")
 
 
-def test_squad_rows_in_the_hubs_form_read_as_pairs(tiny_bert, tmp_path):
-    """jsonl rows with question, context and answers (the hub's squad form) are SQuAD too."""
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_squad_rows_in_the_hubs_form_read_as_pairs(tiny_bert, tmp_path, suffix):
+    """Rows with question, context and answers (the hub's squad form) are SQuAD too: jsonl, or parquet as the hub
+    ships rajpurkar/squad (a parquet file was refused as 'unknown format', its answers numpy arrays); an
+    unanswerable question (SQuAD 2.0: no answers) is left out."""
+    import pandas as pd
+
     from tuneforge.configure import build_config
     from tuneforge.tasks import get_task
 
@@ -374,14 +379,19 @@ def test_squad_rows_in_the_hubs_form_read_as_pairs(tiny_bert, tmp_path):
         {
             "question": "What runs?",
             "context": "The fox runs by the river.",
-            "answers": {"text": ["The fox"], "answer_start": [0]},
+            "answers": {"text": ["The fox", "fox"], "answer_start": [0, 4]},
         },
+        {"question": "Which fox?", "context": "The fox runs.", "answers": {"text": [], "answer_start": []}},
     ]
-    dev = write_jsonl(tmp_path / "dev.jsonl", items)
+    dev = tmp_path / f"dev{suffix}"
+    if suffix == ".parquet":
+        pd.DataFrame(items).to_parquet(dev)
+    else:
+        write_jsonl(dev, items)
     task = get_task(build_config(task="embedding", model=tiny_bert, data={"validation_file": str(dev)}))
     notes = []
     task.log = notes.append
     raw = task.load_raw()
     assert raw["validation"]["text_0"] == ["Where does the owl sit?", "What runs?"]
     assert raw["validation"]["text_1"] == ["The owl sits under a tree.", "The fox runs by the river."]
-    assert any("2 questions over 2 paragraphs" in note for note in notes)
+    assert any("2 questions over 2 paragraphs" in note and "1 unanswerable" in note for note in notes)

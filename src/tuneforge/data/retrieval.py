@@ -1,11 +1,11 @@
 """Retrieval data for sentence embeddings: SQuAD as question -> paragraph pairs, and the query/document collection
 of (query, relevant document[, other documents...]) rows.
 
-SQuAD (`squad_pairs`): the published JSON (`data[].paragraphs[].qas[]`, v1.1 or v2.0) or jsonl rows in the hub's
-form (question, context, answers), read by `tuneforge.data.squad`; each answerable question becomes one (query,
-positive) row: the question and the paragraph holding its answer, the question's one relevant document. A question
-whose paragraph is empty, or whose answers are not in its paragraph, is one error line (its relevant document is
-missing); unanswerable questions (SQuAD 2.0) have no relevant paragraph and are left out, with their count.
+SQuAD (`squad_pairs`): the published JSON (`data[].paragraphs[].qas[]`, v1.1 or v2.0) or jsonl or parquet rows in
+the hub's form (question, context, answers), read by `tuneforge.data.squad`; each answerable question becomes one
+(query, positive) row: the question and the paragraph holding its answer, the question's one relevant document. A
+question whose paragraph is empty, or whose answers are not in its paragraph, is one error line (its relevant
+document is missing); unanswerable questions (SQuAD 2.0) have no relevant paragraph and are left out, with their count.
 
 The collection (`collection_ids`): documents are the distinct texts of the positive and negative columns, queries
 the distinct texts of the query column, each numbered in order of first appearance; a query's relevant documents
@@ -58,9 +58,10 @@ def has_squad_columns(columns: Sequence[str]) -> bool:
     return all(c in columns for c in SQUAD_ROW_COLUMNS)
 
 
-def squad_pairs(path: str | Path) -> SquadPairs:
-    """The answerable questions of a SQuAD file as (query, positive) rows: each question and its paragraph."""
-    ds = squad.read_squad(path)
+def squad_pairs(path: str | Path, table=None) -> SquadPairs:
+    """The answerable questions of a SQuAD file as (query, positive) rows: each question and its paragraph.
+    `table`: the file's rows already read (a jsonl or parquet table in the hub's form)."""
+    ds = squad.read_squad(path) if table is None else squad.from_table(table, Path(path))
     queries, positives, dropped = [], [], 0
     for qid, question, context, answers, row in zip(
         ds["id"], ds["question"], ds["context"], ds["answers_text"], ds["row"]

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from tuneforge.data import sources
 from tuneforge.errors import DataError
@@ -98,9 +99,15 @@ def read_squad_json(path: Path, doc: dict) -> datasets.Dataset:
 
 def read_squad_table(path: Path) -> datasets.Dataset:
     """jsonl/json rows: question, context, answers ({"text": [...], "answer_start": [...]}), optional id."""
-    from tuneforge.data.sources import read_table, require_columns
+    from tuneforge.data.sources import read_table
 
-    df = read_table(path)
+    return from_table(read_table(path), path)
+
+
+def from_table(df, path: Path) -> datasets.Dataset:
+    """The rows of a table file already read (jsonl, or parquet as the hub ships SQuAD) in this module's columns."""
+    from tuneforge.data.sources import require_columns
+
     require_columns(list(df.columns), ["question", "context", "answers"], repr(str(path)), "rows in SQuAD form")
     _warn_absent_answers(df, path)
     ids = df["id"].tolist() if "id" in df.columns else list(range(1, len(df) + 1))
@@ -161,8 +168,10 @@ def _answer_lists(given, where: str) -> tuple[list[str], list[int]]:
     [{"text", "answer_start"}, ...]; nothing (None, []) is an unanswerable question."""
     if given is None or (isinstance(given, float) and given != given):  # absent, or NaN from a table
         return [], []
+    if isinstance(given, np.ndarray):  # parquet's lists
+        given = given.tolist()
     if isinstance(given, dict):
-        texts, starts = list(given.get("text") or []), list(given.get("answer_start") or [])
+        texts, starts = _listed(given.get("text")), _listed(given.get("answer_start"))
     elif isinstance(given, list) and all(isinstance(a, dict) for a in given):
         texts, starts = [a.get("text") for a in given], [a.get("answer_start") for a in given]
     else:
@@ -177,6 +186,11 @@ def _answer_lists(given, where: str) -> tuple[list[str], list[int]]:
         if not isinstance(text, str) or offset is None:
             raise DataError(f"{where}: an answer needs a text and an integer answer_start (got {text!r}, {start!r})")
     return texts, offsets
+
+
+def _listed(value) -> list:
+    """A list of answers' fields as given (a list, or parquet's numpy array); absent: none."""
+    return [] if value is None else list(value)
 
 
 def _offset(value) -> int | None:

@@ -17,9 +17,10 @@ columns guessed from sentence-transformers' names or named with --text-column (2
   max_score] (0 to 5 by default, STS-B's range) and are mapped to 0-1; one outside is refused.
 `matryoshka_dims` adds the loss of each leading slice of the embedding, renormalised (MatryoshkaLoss; equal weights
 unless `matryoshka_weights`).
-SQuAD (`tuneforge.data.retrieval`): a file in SQuAD's published JSON layout, or jsonl rows with question, context
-and answers, is read as question -> paragraph pairs (query, positive): each answerable question and the paragraph
-holding its answer, trained with mnrl; --data-dir also finds SQuAD's train*/dev* .json files.
+SQuAD (`tuneforge.data.retrieval`): a file in SQuAD's published JSON layout, or jsonl or parquet rows with question,
+context and answers (the hub's form), is read as question -> paragraph pairs (query, positive): each answerable
+question and the paragraph holding its answer, trained with mnrl; --data-dir also finds SQuAD's train*/dev* .json
+files.
 
 Evaluation (`tuneforge.tasks.embedding_eval`): besides the loss, scored pairs report the Spearman (the best model's
 metric) and Pearson correlations of the cosine similarities with the scores; pairs and triplets report retrieval
@@ -325,11 +326,11 @@ class EmbeddingTask(Task):
             return self._squad(path)
         df = read_table(path, quoting_off=Path(path).suffix.lower() == ".tsv")
         if self.config.data.text_columns is None and has_squad_columns([str(c) for c in df.columns]):
-            return self._squad(path)
+            return self._squad(path, df)
         return to_dataset(df, where=f"file {str(path)!r}")
 
-    def _squad(self, path) -> datasets.Dataset:
-        read = squad_pairs(path)
+    def _squad(self, path, table=None) -> datasets.Dataset:
+        read = squad_pairs(path, table)
         left = f"; {read.unanswerable} unanswerable questions left out" if read.unanswerable else ""
         self.log(
             f"SQuAD file {str(path)!r}: {read.questions} questions over {read.paragraphs} paragraphs, as (question, "
