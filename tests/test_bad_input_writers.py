@@ -238,6 +238,9 @@ def predict_case(case: str, run: Path, data: Path, tmp: Path) -> tuple[list[str]
     if case == "output is a user file":
         out.write_text("my own notes\n")
         return [model, "--input", str(inp), "--output", str(out)], ("not a predictions file",)
+    if case == "output is a user's rows with an index":  # pandas' reset_index().to_json(lines=True): was replaced
+        out.write_text('{"index": 0, "text": "my own row", "label": "pos"}\n')
+        return [model, "--input", str(inp), "--output", str(out)], ("not a predictions file",)
     if case == "input is a folder":
         return [model, "--input", str(tmp), "--output", str(out)], ("is a folder, not a file",)
     if case == "input missing":
@@ -264,6 +267,7 @@ PREDICT_CASES = [
     "output over a model file",
     "output is a folder",
     "output is a user file",
+    "output is a user's rows with an index",
     "input is a folder",
     "input missing",
     "input of another format",

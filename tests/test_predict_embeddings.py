@@ -58,6 +58,16 @@ def test_predict_writes_a_vector_per_text_as_sentence_transformers_does(capfd, t
     assert min(np.abs(got[i] - got[j]).max() for i in range(len(TEXTS)) for j in range(i)) > 1e-3  # each its own
 
 
+def test_predict_replaces_its_own_earlier_vectors(capfd, tmp_path, tiny_encoder):
+    out = tmp_path / "vectors.jsonl"
+    for texts in (TEXTS, TEXTS[:2]):
+        proc = in_process(
+            capfd, "predict", tiny_encoder, "--input", write_texts(tmp_path / "t.jsonl", texts), "--output", out
+        )
+        assert proc.returncode == 0, proc.stderr
+    assert len(read_jsonl(out)) == 2
+
+
 def test_a_npy_output_is_the_float32_matrix(capfd, tmp_path, tiny_encoder, reference):
     inp = tmp_path / "texts.csv"
     inp.write_text("sentence,id\n" + "".join(f'"{t}",{i}\n' for i, t in enumerate(TEXTS)), encoding="utf-8")

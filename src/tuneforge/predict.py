@@ -163,12 +163,22 @@ def check_texts(values: list, column: str, input_path: str) -> None:
             )
 
 
+# the keys of a predictions line, every predictor's (a user's rows with an index column start {"index": 0 too)
+PREDICTION_KEYS = frozenset(
+    ("index", "label", "label_id", "score", "scores", "embedding", "entities", "answer", "start", "end", "choice")
+)
+
+
 def _written_by_predict(path: Path) -> bool:
-    """`path` is empty or a predictions file `predict` wrote (its first line: {"index": 0, ...})."""
+    """`path` is empty or a predictions file `predict` wrote (its first line: {"index": 0, ...} with no key but a
+    prediction's)."""
     try:
         with path.open("r", encoding="utf-8") as fh:
             first = fh.readline()
-        return not first or json.loads(first).get("index") == 0
+        if not first:
+            return True
+        line = json.loads(first)
+        return line.get("index") == 0 and set(line) <= PREDICTION_KEYS
     except (OSError, ValueError, AttributeError):
         return False
 
