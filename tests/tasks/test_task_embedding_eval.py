@@ -395,3 +395,26 @@ def test_squad_rows_in_the_hubs_form_read_as_pairs(tiny_bert, tmp_path, suffix):
     assert raw["validation"]["text_0"] == ["Where does the owl sit?", "What runs?"]
     assert raw["validation"]["text_1"] == ["The owl sits under a tree.", "The fox runs by the river."]
     assert any("2 questions over 2 paragraphs" in note and "1 unanswerable" in note for note in notes)
+
+
+def test_a_squad_dev_file_evaluates_pairs_named_otherwise(shared_data, tiny_bert, tmp_path):
+    from tuneforge.data.retrieval import squad_pairs
+
+    """Training pairs named anchor/positive, SQuAD's dev JSON (read as query, positive) to evaluate them: each split's
+    guessed columns under the training file's names (it was refused, 'column anchor not found', and no
+    --text-column could name a SQuAD file's columns)."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    train = write_jsonl(
+        tmp_path / "train.jsonl", [{"positive": r["positive"], "anchor": r["query"]} for r in retrieval_rows(8)]
+    )
+    dev = squad_sample(shared_data / "squad" / "dev-v1.1.json", tmp_path / "dev.json", paragraphs=1, questions=2)
+    data = {"train_file": str(train), "validation_file": str(dev)}
+    task = get_task(build_config(task="embedding", model=tiny_bert, data=data))
+    task.log = lambda msg: None
+    raw = task.load_raw()
+    assert task.layout.texts == ("anchor", "positive")
+    queries, positives = (squad_pairs(dev).rows[c] for c in ("query", "positive"))
+    assert (raw["validation"]["text_0"], raw["validation"]["text_1"]) == (queries, positives)
+    assert raw["train"]["text_0"] == [r["query"] for r in retrieval_rows(8)]

@@ -356,6 +356,7 @@ class EmbeddingTask(Task):
         rows held out where no validation split was given."""
         for split, ds in splits.items():
             empty_check(ds, split)
+        splits = self._named_alike(splits)
         self.layout = self._resolve_layout(splits)
         self._check_loss_fits()
         out = {split: self._checked(split, ds) for split, ds in splits.items()}
@@ -368,6 +369,30 @@ class EmbeddingTask(Task):
     def _where(self, split: str) -> str:
         return repr(self.files[split]) if self.files.get(split) else f"the {split} data"
 
+    @staticmethod
+    def _guessed_texts(cols: list[str]) -> tuple[str, ...] | None:
+        """The text columns sentence-transformers' names give (a pair, then any hard negatives), or None."""
+        pair = next((g for g in PAIR_GUESSES if all(c in cols for c in g)), None)
+        negatives = [c for c in cols if c == "negative" or c.startswith(("negative_", "negative-"))]
+        return None if pair is None else (*pair, *negatives)
+
+    def _named_alike(self, splits: dict) -> dict:
+        """Without --text-column, each split's guessed text columns renamed to the first split's where they are as
+        many: SQuAD's dev file (read as query, positive) evaluates training pairs named anchor/positive."""
+        if self.config.data.text_columns or len(splits) < 2:
+            return splits
+        first = "train" if "train" in splits else next(iter(splits))
+        names = self._guessed_texts([str(c) for c in splits[first].column_names])
+        out = {}
+        for split, ds in splits.items():
+            cols = [str(c) for c in ds.column_names]
+            own = self._guessed_texts(cols)
+            if names and own and len(own) == len(names):
+                renames = {a: b for a, b in zip(own, names) if a != b and b not in cols}
+                ds = ds.rename_columns(renames) if len(renames) == sum(a != b for a, b in zip(own, names)) else ds
+            out[split] = ds
+        return out
+
     def _resolve_layout(self, splits: dict) -> Layout:
         data = self.config.data
         first = "train" if "train" in splits else next(iter(splits))
@@ -375,14 +400,12 @@ class EmbeddingTask(Task):
         if data.text_columns:
             texts = tuple(data.text_columns)
         else:
-            pair = next((g for g in PAIR_GUESSES if all(c in cols for c in g)), None)
-            if pair is None:
+            texts = self._guessed_texts(cols)
+            if texts is None:
                 raise DataError(
                     f"no text columns found in {self._where(first)}; columns are: {', '.join(cols)}; name them "
                     "anchor/positive[/negative] or sentence1/sentence2/score, or pass --text-column (twice or more)"
                 )
-            negatives = [c for c in cols if c == "negative" or c.startswith(("negative_", "negative-"))]
-            texts = (*pair, *negatives)
         score = data.label_column
         if score is None and len(texts) == 2 and self.options.loss != "mnrl":
             score = next((c for c in SCORE_GUESSES if c in cols and c not in texts), None)
