@@ -618,6 +618,24 @@ def test_a_full_queue_answers_503_with_retry_after(chat_model, ref):
     assert all(r.json()["choices"][0]["text"] == want for r in done)
 
 
+def test_a_client_gone_before_its_whole_answer_stops_its_generation(tool_model):
+    """A client that stops waiting for a non-streamed answer ends its sequences while tokens keep coming (they
+    were checked for a gone client only when the engine went quiet for a second, so a long answer ran to its
+    end for nobody)."""
+    with app_server(tool_model) as url:  # 1,024 positions: room for an answer that runs for seconds
+        wait_ready(url)
+        long = {"max_tokens": 1000, "ignore_eos": True, "temperature": 0}
+        for path, body in [("completions", completion(**long)), ("chat/completions", chat(**long))]:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{url}/v1/{path}", json=body, timeout=0.2)
+            deadline = time.monotonic() + 60
+            while httpx.get(f"{url}/health", timeout=10).json()["running"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        tokens = metric(httpx.get(f"{url}/metrics", timeout=10).text, "tuneforge_generated_tokens_total")
+        assert tokens < 1000
+
+
 def test_health_is_ready_only_once_the_model_is_loaded(chat_model):
     from tuneforge.predict import load_servable
 

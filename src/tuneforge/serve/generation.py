@@ -28,6 +28,7 @@ from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, Samp
 from tuneforge.serve.logprobs import TokenTexts, mean_logprob
 
 MAX_PROMPT_ROWS = 64  # prompts x n in one generation request
+DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request looks for its client gone
 
 
 @dataclass(frozen=True)
@@ -113,20 +114,23 @@ def nth_choice(params: SamplingParams, j: int) -> SamplingParams:
 
 async def events(gen: Generation, request: Request | None, deadline: float):
     """(index, text, finish_reason, log-prob entries) as the engine sends them; ApiError 504 past the deadline.
-    `request`: stop (cancelling the sequences) when its client goes away; a stream learns that from its failing
-    writes."""
+    `request`: stop (cancelling the sequences) when its client goes away, looked at every DISCONNECT_CHECK_S
+    whether tokens keep coming or not; a stream learns that from its failing writes."""
     pending = len(gen.seqs)
+    checked = time.monotonic()
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
             gen.cancel()
             raise oa.ApiError(504, "the request took longer than the server's --request-timeout", kind="timeout")
-        try:
-            index, text, reason, entries = await asyncio.wait_for(gen.events.get(), min(left, 1.0))
-        except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
+        if request is not None and time.monotonic() - checked >= DISCONNECT_CHECK_S:
+            checked = time.monotonic()
+            if await request.is_disconnected():
                 gen.cancel()
                 return
+        try:
+            index, text, reason, entries = await asyncio.wait_for(gen.events.get(), min(left, DISCONNECT_CHECK_S))
+        except asyncio.TimeoutError:
             continue
         if reason is not None:
             pending -= 1
