@@ -447,6 +447,34 @@ def test_logit_bias_min_tokens_and_ignore_eos(client, ref):
         assert out.choices[0].text == ref.greedy(ids, 20, min_new_tokens=k, sequence_bias=bias)[0]
 
 
+def test_a_stop_string_counts_only_once_min_tokens_are_reached(client, ref):
+    """A stop string that ends at the min_tokens-th token ends the answer before it (none of it shown, though its
+    start came before min_tokens); one that ended before min_tokens is ignored (vLLM's min_tokens)."""
+    prompt, words = PROMPTS[1], {"model": NAME, "max_tokens": 12, "temperature": 0}
+    ids = ref.ids(prompt)
+    with torch.no_grad():
+        answer = ref.model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    answer = answer[0, len(ids) :].tolist()
+    whole = ref.tokenizer.decode(answer)
+    # tokens j - 1 and j (whole characters) spell the stop string, which occurs nowhere else in the answer
+    j = next(j for j in range(2, 10) if whole.count(two_tokens(ref, answer, j)) == 1)
+    stop, before = two_tokens(ref, answer, j), ref.tokenizer.decode(answer[: j - 1])
+    at = client.completions.create(prompt=prompt, stop=stop, extra_body={"min_tokens": j + 1}, **words)
+    assert (at.choices[0].text, at.choices[0].finish_reason) == (before, "stop")
+    after = client.completions.create(prompt=prompt, stop=stop, extra_body={"min_tokens": j + 2}, **words)
+    assert (after.choices[0].text, after.choices[0].finish_reason) == (whole, "length")
+
+
+def two_tokens(ref, answer: list[int], j: int) -> str:
+    """The text of answer[j - 1] and answer[j]; "" where either is no whole character."""
+    text = ref.tokenizer.decode(answer[j - 1 : j + 1])
+    return (
+        ""
+        if "\ufffd" in text or ref.tokenizer.decode(answer[: j + 1]) != ref.tokenizer.decode(answer[: j - 1]) + text
+        else text
+    )
+
+
 def test_concurrent_requests_each_sample_with_their_own_fields(client, ref):
     """Concurrent requests (decoding together in the running batch), each with its own penalties or bias; each
     answer equals transformers' generate with that request's processors alone (logit_bias: its

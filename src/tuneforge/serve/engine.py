@@ -545,17 +545,17 @@ class GenerationEngine:
     def _update_text(self, seq: Sequence) -> None:
         if seq.detokenizer is None:
             seq.detokenizer = IncrementalText(self.tokenizer)
+        known = len(seq.text.rstrip("\ufffd"))  # the text before this token, that it cannot change
         seq.text = seq.detokenizer.add(seq.token_ids[-1])  # a window decoded, not the whole answer again
-        stops = seq.params.stop if len(seq.token_ids) >= seq.params.min_tokens else ()
-        if stops:
-            start = max(0, seq.sent - max(map(len, stops)))
-            hits = [i for i in (seq.text.find(s, start) for s in stops) if i >= 0]
+        stops = seq.params.stop
+        if stops and len(seq.token_ids) >= seq.params.min_tokens:  # a stop string ending in this token's text
+            hits = [i for i in (seq.text.find(s, max(0, known - len(s) + 1)) for s in stops) if i >= 0]
             if hits:
                 seq.text = seq.text[: max(min(hits), seq.sent)]
                 self._finish(seq, "stop")
                 return
         ready = len(seq.text.rstrip("\ufffd"))  # a trailing part of a character waits for the rest of its bytes
-        hold = 0  # an ending that may grow into a stop string waits too
+        hold = 0  # an ending that may grow into a stop string waits too, before min_tokens as well
         for s in stops:
             for k in range(min(len(s) - 1, ready), 0, -1):
                 if seq.text[ready - k : ready] == s[:k]:
