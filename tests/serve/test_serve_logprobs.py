@@ -74,6 +74,13 @@ def assert_token_logprobs(ref: Reference, ids: list[int], start: int, logprobs: 
         assert all(abs(top[j][t] - texts[t]) < TOL for t in texts), (j, top[j], texts)
 
 
+def assert_offsets_index(text: str, lp) -> None:
+    """Each token's text_offset is where its text starts in `text` (a token named by its bytes: within the text)."""
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] < len(text)
+    for token, offset in zip(lp.tokens, lp.text_offset):
+        assert token.startswith("bytes:") or text[offset:].startswith(token), (token, offset)
+
+
 def test_echo_with_no_new_tokens_gives_each_prompt_tokens_logprob(client, ref):
     """lm-evaluation-harness's loglikelihood request: token ids, echo, max_tokens 0 (and 1: its own), logprobs."""
     ids = ref.ids(PROMPT)
@@ -106,7 +113,7 @@ def test_generated_tokens_logprobs_equal_a_forward_pass_over_prompt_and_answer(c
     lp = out.choices[0].logprobs
     answer = greedy_ids(ref, ids, 6)
     assert lp.tokens == [name(ref, t) for t in answer]
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:j]) for j in range(6)]
+    assert_offsets_index(out.choices[0].text, lp)
     assert_token_logprobs(ref, ids + answer, len(ids), lp.token_logprobs, lp.top_logprobs, 3)
 
 
@@ -142,6 +149,25 @@ def test_echo_of_a_text_prompt_streams_as_it_answers(client, ref):
         assert [x for x in logprobs[c.index] if x is not None] == pytest.approx(
             [x for x in c.logprobs.token_logprobs if x is not None], abs=TOL
         )
+
+
+def test_text_offsets_index_the_choices_text_past_tokens_named_by_their_bytes(client):
+    """Each token's text_offset is where its character starts in the choice's text, streamed or not: a token named
+    `bytes:\\xe2` stands for one character at most (its name's length once pushed every later offset past the end
+    of the text, and streamed offsets differed)."""
+    ask = dict(model=NAME, prompt="The dog costs 5\u20ac a day", max_tokens=8, echo=True, logprobs=0, temperature=0)
+    whole = client.completions.create(**ask).choices[0]
+    text, lp = whole.text, whole.logprobs
+    assert any(t.startswith("bytes:") for t in lp.tokens) and "\u20ac" in text
+    assert_offsets_index(text, lp)
+    assert text[lp.text_offset[lp.tokens.index("bytes:\\xe2")] :].startswith("\u20ac a day")
+    streamed = [
+        o
+        for c in client.completions.create(**ask, stream=True)
+        if c.choices[0].logprobs
+        for o in c.choices[0].logprobs.text_offset
+    ]
+    assert streamed == lp.text_offset
 
 
 def test_chat_logprobs_and_top_logprobs(client, ref):

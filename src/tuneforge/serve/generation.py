@@ -298,7 +298,7 @@ class GenerationService:
         if shape.chat:
             return oa.chat_logprobs(seq.logprobs[: len(seq.token_ids)], self.token_texts, shape.logprobs)
         entries = (seq.prompt_logprobs or []) + seq.logprobs
-        return oa.completion_logprobs(entries, self.token_texts.text)
+        return oa.completion_logprobs(entries, self.token_texts)
 
     async def stream(self, gen: Generation, shape: Shape, rid: str, created: int, deadline: float, usage: bool):
         """The answer as server-sent events, from the events of `gen` as the engine sends them."""
@@ -363,10 +363,10 @@ class GenerationService:
         chunk = oa.completion_chunk(rid, self.name, created, index, shape.echo[index // gen.candidates], None)
         if shape.logprobs is not None:
             entries = gen.seqs[index].prompt_logprobs or []
-            chunk["choices"][0]["logprobs"] = oa.completion_logprobs(entries, self.token_texts.text)
+            chunk["choices"][0]["logprobs"] = oa.completion_logprobs(entries, self.token_texts)
         return chunk
 
     def _chunk_logprobs(self, entries, shape: Shape, offset: int) -> dict:
         if shape.chat:
             return oa.chat_logprobs(entries, self.token_texts, shape.logprobs)
-        return oa.completion_logprobs(entries, self.token_texts.text, offset)
+        return oa.completion_logprobs(entries, self.token_texts, offset)

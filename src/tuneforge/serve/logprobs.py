@@ -12,6 +12,7 @@ all read "\ufffd" and collide as keys of `top_logprobs`.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import re
 from collections.abc import Sequence
@@ -60,6 +61,20 @@ def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], top: int) -> li
 def mean_logprob(entries: Sequence[TokenLogprob]) -> float:
     """The average log-prob per token (best_of ranks its candidates by it, as OpenAI describes best_of)."""
     return sum(e.logprob for e in entries) / len(entries) if entries else float("-inf")
+
+
+def character_starts(pieces: Sequence[bytes]) -> list[int]:
+    """Where each token's text starts in the text of all of them (in characters), the tokens' UTF-8 bytes decoded
+    as the tokenizer decodes them (invalid bytes as U+FFFD): a token inside a character gets that character's
+    start, and one after invalid bytes comes after their U+FFFD."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    starts, decoded = [], 0
+    for piece in pieces:
+        first = decoder.decode(piece[:1])  # what the bytes before it turn into, once its first byte shows
+        its_own = bool(first) and not decoder.getstate()[0]  # the first byte ended a character of its own too
+        starts.append(decoded + len(first) - its_own)
+        decoded += len(first) + len(decoder.decode(piece[1:]))
+    return starts
 
 
 BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens

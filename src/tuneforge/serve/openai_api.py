@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from tuneforge import tool_calls
 from tuneforge.serve.engine import SAMPLING_EPS  # a temperature below it is greedy, as vLLM's _SAMPLING_EPS
-from tuneforge.serve.logprobs import MAX_LOGPROBS, TokenLogprob
+from tuneforge.serve.logprobs import MAX_LOGPROBS, TokenLogprob, character_starts
 
 MAX_CHOICES = 16  # n
 MAX_STOPS = 4  # stop strings, as OpenAI allows
@@ -437,17 +437,18 @@ def tool_call_delta(content: str | None, calls: list[tool_calls.ToolCall]) -> di
     return delta
 
 
-def completion_logprobs(entries: list[TokenLogprob], text_of, offset: int = 0) -> dict:
-    """OpenAI's completions `logprobs` of these tokens (an echoed prompt's first has none); `text_of(token id)` is
-    a token's text; `offset`: where the first token's text starts in the choice's text."""
-    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+def completion_logprobs(entries: list[TokenLogprob], texts, offset: int = 0) -> dict:
+    """OpenAI's completions `logprobs` of these tokens (an echoed prompt's first has none); `texts`: a
+    serve/logprobs.py TokenTexts; `offset`: where the first token's text starts in the choice's text. A token's
+    `text_offset` is where its character starts in that text (logprobs.character_starts), not the length of the
+    names before it (a `bytes:\\x..` name is no text of the choice)."""
+    tokens, token_logprobs, top_logprobs = [], [], []
     for entry in entries:
-        text = text_of(entry.token_id)
-        tokens.append(text)
+        tokens.append(texts.text(entry.token_id))
         token_logprobs.append(entry.logprob)
-        top_logprobs.append(None if entry.logprob is None else {text_of(t): lp for t, lp in entry.top})
-        text_offset.append(offset)
-        offset += len(text)
+        top_logprobs.append(None if entry.logprob is None else {texts.text(t): lp for t, lp in entry.top})
+    starts = character_starts([bytes(texts.bytes(entry.token_id)) for entry in entries])
+    text_offset = [offset + start for start in starts]
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
