@@ -279,6 +279,14 @@ def chat(**changes) -> dict:
 BAD = [
     ("malformed json", "/v1/completions", b'{"model": "tiny-chat", "prompt": ', 400, None),
     ("not an object", "/v1/completions", [1, 2], 400, None),
+    ("a message that is a string", "/v1/chat/completions", chat(messages=["hi"]), 400, "messages[0]"),
+    (
+        "stream_options not an object",
+        "/v1/chat/completions",
+        chat(stream=True, stream_options="x"),
+        400,
+        "stream_options",
+    ),
     ("max_tokens as a string", "/v1/completions", completion(max_tokens="4"), 400, "max_tokens"),
     ("temperature too high", "/v1/completions", completion(temperature=3), 400, "temperature"),
     ("empty prompt", "/v1/completions", completion(prompt=""), 400, "prompt"),

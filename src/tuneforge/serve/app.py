@@ -179,7 +179,7 @@ async def invalid_request(request: Request, err: RequestValidationError):
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
     if first.get("type") == "json_invalid":
         return error_response(oa.ApiError(400, f"the request body is not valid JSON: {first.get('msg')}"))
-    if first.get("type") == "model_attributes_type" or (first.get("loc") == ("body",)):
+    if tuple(first.get("loc", ())) == ("body",):  # the body itself (a field that is no object is named below)
         return error_response(oa.ApiError(status, "the request body must be a JSON object"))
     loc = tuple(first.get("loc", ()))
     param = _param(loc)
