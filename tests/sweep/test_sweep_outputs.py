@@ -141,6 +141,20 @@ def test_a_folder_of_other_files_is_refused_and_overwrite_keeps_them(tmp_path):
         sweep_folder.check_folder(out, resume=False, overwrite=True, record=RECORD)
 
 
+def test_files_named_as_a_sweeps_are_the_users_where_no_sweep_record_is(tmp_path):
+    """Without sweep.yaml no sweep wrote there: a trials.csv or trial-0000 of the user's is never cleared or
+    written over, --overwrite or not."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "trials.csv").write_text("my own table")
+    (out / "trial-0000").mkdir()
+    with pytest.raises(ConfigError, match=r"holds files a sweep does not write \(trial-0000, trials.csv\)"):
+        sweep_folder.check_folder(out, resume=False, overwrite=False, record=RECORD)
+    with pytest.raises(ConfigError, match="holds 'trial-0000', which is not what a sweep writes"):
+        sweep_folder.check_folder(out, resume=False, overwrite=True, record=RECORD)
+    assert (out / "trials.csv").read_text() == "my own table" and (out / "trial-0000").is_dir()
+
+
 def test_an_earlier_sweep_needs_resume_or_overwrite_and_resume_the_same_sweep(tmp_path):
     out = tmp_path / "sweep"
     lock = sweep_folder.prepare(out, resume=False, overwrite=False, record=RECORD)

@@ -72,12 +72,14 @@ def check_folder(out: Path, resume: bool, overwrite: bool, record: dict[str, Any
             raise ConfigError(f"--resume: {str(out)!r} holds no sweep to continue (no {RECORD}); drop --resume")
         _check_same(out, earlier, record)
         return
-    if (earlier is not None or any(is_sweep_entry(e) for e in entries)) and not overwrite:
+    # without its record no sweep wrote there (a sweep writes it first): only a lock of one killed before it
+    ours = [e for e in entries if is_sweep_entry(e) and (earlier is not None or e.name == LOCK)]
+    if ours and not overwrite:
         raise ConfigError(
             f"sweep folder {str(out)!r} already holds a sweep; pass --resume to continue it, or --overwrite to start "
             "it again"
         )
-    foreign = [e.name for e in entries if not is_sweep_entry(e)]
+    foreign = [e.name for e in entries if e not in ours]
     if foreign and not overwrite:
         shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise ConfigError(
