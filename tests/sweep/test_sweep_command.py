@@ -95,6 +95,14 @@ def test_a_folder_of_other_files_is_refused(capsys, tmp_path, base):
     assert [p.name for p in (tmp_path / "sweep").iterdir()] == ["notes.txt"]
 
 
+def test_a_tracking_server_that_does_not_answer_is_refused_before_any_trial(capsys, tmp_path, base):
+    (tmp_path / "s.yaml").write_text("optim.lr: [0.1]\n")
+    args = ["report_to=mlflow", "tracking_uri=http://127.0.0.1:1", "--space", str(tmp_path / "s.yaml")]
+    code, _, err = cli_main(capsys, "sweep", base, *args, "--output-dir", str(tmp_path / "sweep"))
+    assert "http://127.0.0.1:1 does not answer" in one_error(code, err)
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_without_optuna_one_line_names_the_extra(capsys, tmp_path, base, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` raises ImportError, as where it is missing
     line = one_error(*sweep(capsys, tmp_path, base, "optim.lr: [0.1]\n"))

@@ -7,10 +7,10 @@ continues the interrupted trials from their checkpoints and then runs the rest. 
 best.yaml and plots; only the best --keep-best trials keep their models.
 
 This module owns the command: its arguments (SweepOptions, sweep/options.py), every check before the first trial
-(the options, the space against the base config, the metric, the folder: each bad input one line, exit 2), and the
-order of the work. The package: options.py (the arguments), space.py (the search space file), trial.py (one trial's
-folder, child process and results), study.py (the Optuna study loop), folder.py (the sweep folder: checks, record,
-lock, --overwrite), outputs.py (table, best.yaml, plots, keep-best).
+(the options, the space against the base config, the trackers, the metric, the folder: each bad input one line,
+exit 2), and the order of the work. The package: options.py (the arguments), space.py (the search space file),
+trial.py (one trial's folder, child process and results), study.py (the Optuna study loop), folder.py (the sweep
+folder: checks, record, lock, --overwrite), outputs.py (table, best.yaml, plots, keep-best).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     from tuneforge.sweep import folder as sweep_folder
     from tuneforge.sweep.space import check_against_config, distributions, load_space
     from tuneforge.sweep.study import objective, open_study
+    from tuneforge.tracking import check_trackers
 
     yaml_path, overrides = _split_config(options.config)
     space = load_space(options.space)
@@ -87,6 +88,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
 
     config = build_config(values_of({}))
     check_against_config(space, lambda params: build_config(values_of(params)), options.space)
+    check_trackers(config)  # a tracker's package or server: one line here, not every trial failing on it
     goal = objective(config, options.metric, options.direction)
     out = Path(options.output_dir or f"runs/sweep-{Path(yaml_path).stem if yaml_path else 'default'}")
     earlier = (sweep_folder.read_record(out) if options.resume else None) or {}
