@@ -35,6 +35,12 @@ from tuneforge.tracking import check_log_model, check_report_to, tracker_names, 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
 EVAL: dict[str, Any] = {"eval": True}  # json_schema_extra of a field `tuneforge eval` takes too
 INPUT: dict[str, Any] = {"input": True}  # a file or folder the run reads (never inside what it writes)
+LOWER_IS_BETTER = ("loss", "perplexity", "error")  # a metric named with one of these: lower is better
+
+
+def lower_is_better(metric: str) -> bool:
+    """How a metric other than a task's own ranks (metric_for_best, a sweep's --metric, `tuneforge runs`)."""
+    return any(word in metric.lower() for word in LOWER_IS_BETTER)
 
 
 # Upper bounds: every number a run takes is finite and fits what it feeds (numpy's and torch's seeds are
@@ -310,7 +316,11 @@ class TrainConfig(Options):
         None, gt=0, le=MAX_STEPS, description="evaluate every N steps and at the last (eval_strategy steps)"
     )
     logging_steps: int = Field(20, gt=0, le=MAX_STEPS, description="log the training loss every N steps")
-    metric_for_best: str | None = Field(None, description="metric that picks the best model (default: the task's)")
+    metric_for_best: str | None = Field(
+        None,
+        description="metric that picks the best model (default: the task's); higher is better but for a loss, "
+        "perplexity or error",
+    )
     early_stopping_patience: int | None = Field(
         None, gt=0, le=MAX_STEPS, description="stop after N evaluations without improvement"
     )

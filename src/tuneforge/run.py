@@ -121,8 +121,7 @@ def set_up_training(
     if config.resume:
         state, best_weights = resume(run, make_scheduler)
     metric = config.metric_for_best or task.best_metric
-    greater = task.greater_is_better if config.metric_for_best in (None, task.best_metric) else metric != "loss"
-    built_ins = built_in_callbacks(config, metric, greater, best_weights)
+    built_ins = built_in_callbacks(config, metric, task.higher_is_better(metric), best_weights)
     run.callbacks, run.best = [*callbacks, *built_ins], built_ins[0]
     # loss sum and item count since the last log line, per rank (a resume continues the saved window)
     run.window = torch.tensor([state.log_loss, state.log_count], dtype=torch.float32, device=backend.device)

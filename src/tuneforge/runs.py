@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, UserError
 from tuneforge.files import replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
@@ -27,7 +28,6 @@ CONFIG_FILE, RESULT_FILE = "config.yaml", "result.json"
 FINISHED, UNFINISHED = "finished", "running-or-interrupted"
 NOT_COMPARED = ("output_dir",)  # the run's own folder: it differs between any two runs, and names the row already
 NOT_METRICS = ("split", "step", "epoch", "time_s", "num_examples")  # a record's keys that are no metric
-LOWER_IS_BETTER = ("loss", "perplexity", "error")  # a metric named with one of these: lower is better
 # the plot: a panel per curve, PANELS_PER_ROW to a row, each PANEL_INCHES, saved at DPI; its PNG text MARK says
 # tuneforge wrote it (what --overwrite may replace)
 PANELS_PER_ROW, PANEL_INCHES, DPI = 3, (5.0, 3.6), 90
@@ -206,10 +206,6 @@ def differing_keys(runs: list[RunFolder]) -> tuple[list[str], int]:
     missing = object()
     differ = [k for k in keys if len({json.dumps(r.config.get(k, missing), default=repr) for r in runs}) > 1]
     return differ, len(keys) - len(differ)
-
-
-def lower_is_better(metric: str) -> bool:
-    return any(word in metric.lower() for word in LOWER_IS_BETTER)
 
 
 def best_eval(run: RunFolder) -> Best:

@@ -231,3 +231,17 @@ def test_a_ddp_trial(setup, reference, tmp_path):
     assert state == "COMPLETE" and params == {"optim.lr": lr}
     assert "on ddp (2 processes" in (out / "trial-0000" / "sweep-trial.log").read_text()
     assert value == pytest.approx(table(reference[0])[0][2], rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("metric", "direction"), [("perplexity", "minimize"), ("loss", "minimize"), ("accuracy", "maximize")]
+)
+def test_the_objective_ranks_a_metric_as_its_run_does(metric, direction):
+    """A perplexity (or a loss, or an error) is lower-is-better, for the sweep and for the run's best model alike."""
+    from tuneforge.sweep.study import objective
+    from tuneforge.tasks import get_task
+
+    for given, flag in (({"metric_for_best": metric}, None), ({}, metric)):
+        config = build_config({"task": "clm", "model": "some-model", "data": {"train_file": "t.txt"}, **given})
+        assert objective(config, flag, None).direction == direction
+        assert get_task(config).higher_is_better(metric) is (direction == "maximize")

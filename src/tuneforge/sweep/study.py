@@ -51,8 +51,7 @@ def objective(config, metric: str | None, direction: str | None) -> Objective:
     chosen = metric or config.metric_for_best or task.best_metric
     why = "--metric" if metric else "metric_for_best" if config.metric_for_best else f"task {config.task}'s metric"
     if direction is None:
-        greater = task.greater_is_better if chosen == task.best_metric else chosen != "loss"
-        direction = "maximize" if greater else "minimize"
+        direction = "maximize" if task.higher_is_better(chosen) else "minimize"
     return Objective(chosen, direction, why)
 
 

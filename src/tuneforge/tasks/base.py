@@ -22,6 +22,7 @@ from tuneforge.artifacts import (
     load_tokenizer,
     read_model_info,
 )
+from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
 from tuneforge.paths import check_output_dir
@@ -176,6 +177,11 @@ class Task:
     # the task generates with the model while it trains (`prepare_step`): a backend must hold the whole model on
     # each rank (not fsdp, ZeRO-3 or tp)
     generates_while_training: ClassVar[bool] = False
+
+    def higher_is_better(self, metric: str) -> bool:
+        """How `metric` ranks evaluations (the best model, early stopping, a sweep): the task's own metric as the
+        task ranks it, any other higher-is-better but for a loss, perplexity or error."""
+        return self.greater_is_better if metric == self.best_metric else not lower_is_better(metric)
 
     @property
     def reruns_in_backward(self) -> str | None:
