@@ -28,6 +28,7 @@ CONFIG_FILE, RESULT_FILE = "config.yaml", "result.json"
 FINISHED, UNFINISHED = "finished", "running-or-interrupted"
 NOT_COMPARED = ("output_dir",)  # the run's own folder: it differs between any two runs, and names the row already
 NOT_METRICS = ("split", "step", "epoch", "time_s", "num_examples")  # a record's keys that are no metric
+TIMINGS = ("wall_s", "data_wait_s")  # result.json's floats that are no metric (train's `final:` line skips them)
 # the plot: a panel per curve, PANELS_PER_ROW to a row, each PANEL_INCHES, saved at DPI; its PNG text MARK says
 # tuneforge wrote it (what --overwrite may replace)
 PANELS_PER_ROW, PANEL_INCHES, DPI = 3, (5.0, 3.6), 90
@@ -227,8 +228,8 @@ def best_eval(run: RunFolder) -> Best:
 
 
 def final_metrics(result: dict | None) -> dict[str, float]:
-    """result.json's metrics (its float values but the wall time), as `tuneforge train` prints them."""
-    return {k: v for k, v in (result or {}).items() if isinstance(v, float) and k != "wall_s"}
+    """result.json's metrics (its float values but the timings), as `tuneforge train` prints them."""
+    return {k: v for k, v in (result or {}).items() if isinstance(v, float) and k not in TIMINGS}
 
 
 def progress(run: RunFolder) -> tuple[int | None, float | None]:
