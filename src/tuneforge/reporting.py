@@ -19,6 +19,7 @@ from tuneforge.files import write_text
 from tuneforge.tracking import Resumption, Trackers, describe_run, points_of
 
 METRICS_FILE = "metrics.jsonl"
+NOT_METRICS = ("split", "step", "epoch", "time_s", "num_examples")  # a metrics.jsonl record's keys that are no metric
 
 
 class _DropDeepSpeedCpuNotice(logging.Filter):

@@ -22,12 +22,11 @@ from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, UserError
 from tuneforge.files import replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
-from tuneforge.reporting import METRICS_FILE
+from tuneforge.reporting import METRICS_FILE, NOT_METRICS
 
 CONFIG_FILE, RESULT_FILE = "config.yaml", "result.json"
 FINISHED, UNFINISHED = "finished", "running-or-interrupted"
 NOT_COMPARED = ("output_dir",)  # the run's own folder: it differs between any two runs, and names the row already
-NOT_METRICS = ("split", "step", "epoch", "time_s", "num_examples")  # a record's keys that are no metric
 TIMINGS = ("wall_s", "data_wait_s")  # result.json's floats that are no metric (train's `final:` line skips them)
 # the plot: a panel per curve, PANELS_PER_ROW to a row, each PANEL_INCHES, saved at DPI; its PNG text MARK says
 # tuneforge wrote it (what --overwrite may replace)

@@ -103,6 +103,22 @@ def test_a_tracking_server_that_does_not_answer_is_refused_before_any_trial(caps
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_metric_the_trials_do_not_log_stops_the_sweep_at_the_first_evaluation(capsys, tmp_path, base):
+    """A misspelt --metric is found at the first trial's first evaluation, not after every trial trained for
+    nothing: one line naming the metrics there are; the trial is told failed and no other starts."""
+    code, err = sweep(capsys, tmp_path, base, "optim.lr: [0.1, 0.2]\n", "--trials", "3", "--metric", "acuracy")
+    line = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and line == [
+        "error: --metric 'acuracy' is not a metric of trial 0's run (its evaluations log accuracy, f1, loss); pass "
+        "--metric with one of those"
+    ]
+    assert sorted(p.name for p in (tmp_path / "sweep").glob("trial-*")) == ["trial-0000"]
+    import optuna
+
+    study = optuna.load_study(study_name="sweep", storage=f"sqlite:///{tmp_path / 'sweep' / 'study.db'}")
+    assert [t.state.name for t in study.trials] == ["FAIL"]
+
+
 def test_without_optuna_one_line_names_the_extra(capsys, tmp_path, base, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` raises ImportError, as where it is missing
     line = one_error(*sweep(capsys, tmp_path, base, "optim.lr: [0.1]\n"))

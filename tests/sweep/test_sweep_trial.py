@@ -86,6 +86,9 @@ def test_what_the_sweep_reads_of_a_trial(tmp_path):
     ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"split": "ev')
     assert trials.evaluations(folder, "loss") == [(2, 0.7)] and trials.evaluations(folder, "f1") == [(2, 0.5), (4, 0.6)]
+    assert trials.unlogged_metric(folder, "f1") is None and trials.unlogged_metric(folder, "train_loss") is None
+    assert trials.unlogged_metric(folder, "acc") == "its evaluations log loss, f1"
+    assert trials.unlogged_metric(tmp_path, "acc") is None  # no evaluation yet
     (folder / "result.json").write_text(json.dumps({"accuracy": 0.5, "loss": float("nan")}))
     assert trials.read_result(folder, "f1") == (
         None,

@@ -194,6 +194,11 @@ def _follow(active: Active, objective: Objective) -> None:
     if active.pruned_at is not None or size == active.seen_size:
         return
     active.seen_size = size
+    if why := trials.unlogged_metric(active.folder, objective.metric):  # every trial would train for nothing
+        raise ConfigError(
+            f"{objective.why} {objective.metric!r} is not a metric of trial {active.trial.number}'s run ({why}); "
+            "pass --metric with one of those"
+        )
     for step, value in trials.evaluations(active.folder, objective.metric):
         if step in active.done:
             continue
@@ -258,6 +263,13 @@ def run_trials(study, plan: Plan) -> None:
             if not running:
                 return
             time.sleep(POLL_S)
+    except ConfigError:  # the objective names no metric the trials have: they end as failed
+        import optuna
+
+        for active in running:
+            active.process.stop()
+            study.tell(active.trial, state=optuna.trial.TrialState.FAIL)
+        raise
     except KeyboardInterrupt:
         for active in running:
             active.process.stop()

@@ -31,7 +31,7 @@ import yaml
 
 from tuneforge import checkpoint
 from tuneforge.files import write_text
-from tuneforge.reporting import METRICS_FILE, read_metrics_lines
+from tuneforge.reporting import METRICS_FILE, NOT_METRICS, read_metrics_lines
 
 TRIAL_CONFIG = "sweep-trial.yaml"
 TRIAL_LOG = "sweep-trial.log"
@@ -262,6 +262,27 @@ def evaluations(folder: Path, metric: str) -> list[tuple[int, float]]:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(record.get("step"), int):
             out.append((record["step"], float(value)))
     return out
+
+
+RESULT_ONLY = ("train_loss",)  # result.json's metrics that no evaluation logs
+
+
+def unlogged_metric(folder: Path, metric: str) -> str | None:
+    """Where the trial has evaluated but its evaluation logs no `metric` (a misspelt --metric, or a metric of
+    another task): why, naming what it logs; None before the first evaluation, or where it logs the metric."""
+    if metric in RESULT_ONLY:
+        return None
+    for line in read_metrics_lines(folder):
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line being written
+            continue
+        if record.get("split") == "eval":
+            if metric in record:
+                return None
+            logged = [k for k, v in record.items() if isinstance(v, float) and k not in NOT_METRICS]
+            return f"its evaluations log {', '.join(logged) or 'no metric'}"
+    return None
 
 
 def read_result(folder: Path, metric: str) -> tuple[float | None, str]:
