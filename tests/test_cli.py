@@ -30,6 +30,17 @@ def test_top_level_help_lists_every_command_without_importing_torch():
     assert imported_by("--help") == "- True"
 
 
+def test_python_dash_m_tuneforge_is_the_command():
+    """`python -m tuneforge` (where the scripts folder is not on PATH) runs the same command line: its help, and
+    its refusals in one line with exit 2."""
+    run = lambda *argv: subprocess.run([sys.executable, "-m", "tuneforge", *argv], capture_output=True, text=True)  # noqa: E731
+    helped, refused = run("--help"), run("train", "--bogus", "1")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: tuneforge")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: tuneforge train: unrecognized arguments: --bogus (`tuneforge train --help` lists the flags)"
+    )
+
+
 @pytest.mark.parametrize("command", ["export", "generate", "serve", "download", "predict", "env"])
 def test_each_command_builds_its_own_arguments(command):
     from tuneforge.cli import build_parser
