@@ -31,6 +31,7 @@ from tuneforge.flags import allowed_range
 from tuneforge.harness.options import HarnessSettings
 from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list
 from tuneforge.tracking import check_log_model, check_report_to, tracker_names, trackers_that, uri_variables
+from tuneforge.yaml_files import read_yaml
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
 EVAL: dict[str, Any] = {"eval": True}  # json_schema_extra of a field `tuneforge eval` takes too
@@ -620,10 +621,7 @@ def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as configs/glue-mrpc.yaml")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+    data = read_yaml(p, "config file") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys to values")
     return data

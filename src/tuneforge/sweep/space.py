@@ -20,11 +20,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 from pydantic import model_validator as model_check
 
 from tuneforge.errors import ConfigError
+from tuneforge.yaml_files import read_yaml
 
 KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 SET_BY_SWEEP = ("output_dir", "overwrite", "resume")  # each trial's own: the sweep sets them
@@ -182,11 +182,7 @@ def load_space(path: str) -> Space:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"space file {path!r} does not exist; pass a YAML file of config keys and distributions")
-    try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"space file {path!r} is not valid YAML: {first}") from None
+    raw = read_yaml(file, "space file")
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(
             f"space file {path!r} must map config keys to distributions (e.g. optim.lr: {{type: float, low: 1.0e-5, "
