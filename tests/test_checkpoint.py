@@ -219,6 +219,26 @@ def test_missing_checkpoint_is_refused(tmp_path, files, tiny_bert, cache_dir, ca
     assert code == 2 and "no complete checkpoint in" in line
 
 
+@pytest.mark.parametrize(
+    "pointer",
+    [b"checkpoint-12\0\xff", b"\xff\xfe not text", b"x" * 300, b"../elsewhere/checkpoint-2\n", b"checkpoint-\n"],
+)
+def test_a_damaged_latest_pointer_falls_back_to_the_newest_complete_checkpoint(run_copy, tmp_path, pointer):
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copytree(run_copy / "checkpoint-2", tmp_path / "elsewhere" / "checkpoint-2")  # another run's
+    (run_copy / "latest").write_bytes(pointer)
+    assert checkpoint.find_checkpoint("latest", str(run_copy)) == run_copy / "checkpoint-12"
+
+
+def test_a_folder_named_latest_is_refused_on_resume(run_copy, files, tiny_bert, cache_dir, capsys):
+    (run_copy / "latest").unlink()
+    (run_copy / "latest").mkdir()  # the user's: a save would replace it
+    (run_copy / "latest" / "notes.txt").write_text("mine")
+    code, line = tuneforge(capsys, *cli_args(run_copy, files, tiny_bert, cache_dir), "--resume")
+    assert code == 2 and "holds 'latest', which is not the file a run writes there" in line, line
+    assert (run_copy / "latest" / "notes.txt").read_text() == "mine"
+
+
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory, minilm_dir):
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-48"), minilm_dir, hidden_size=48)

@@ -69,7 +69,13 @@ from tuneforge.backends.layouts import has_full_weights as has_full_weights
 from tuneforge.backends.layouts import holds_unsharded_weights
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
-from tuneforge.paths import check_inputs_outside_run, check_no_clashes, check_output_dir, run_entries
+from tuneforge.paths import (
+    CHECKPOINT_NAME,
+    check_inputs_outside_run,
+    check_no_clashes,
+    check_output_dir,
+    run_entries,
+)
 from tuneforge.progress import Progress
 
 MANIFEST = "manifest.json"
@@ -406,13 +412,12 @@ def _apply_retention(out: Path, limit: int | None, best_step: int | None, just_s
 # ---- resume -----------------------------------------------------------------------------------
 def find_checkpoint(resume: str, output_dir: str) -> Path:
     """`latest`: the checkpoint the `latest` pointer names (else the newest complete one); or a path."""
+    check_no_clashes(output_dir)  # a folder named `latest` is the user's: the resumed run's saves would replace it
     if resume in ("latest", "true", "True", "auto"):
         out = Path(output_dir)
-        pointer = out / "latest"
-        if pointer.exists():
-            cand = out / pointer.read_text().strip()
-            if (cand / MANIFEST).exists():
-                return cand
+        named = _named_by_latest(out / "latest")
+        if named and (out / named / MANIFEST).exists():
+            return out / named
         ckpts = list_checkpoints(out)
         if not ckpts:
             raise CheckpointError(
@@ -430,6 +435,16 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
             "pass a checkpoint-STEP folder"
         )
     return path
+
+
+def _named_by_latest(pointer: Path) -> str | None:
+    """The checkpoint-STEP name the `latest` pointer holds; None where it is missing, unreadable or holds anything
+    else (a crash or a hand edit left it so: the newest complete checkpoint is taken instead)."""
+    try:
+        name = pointer.read_bytes().decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if CHECKPOINT_NAME.fullmatch(name) else None
 
 
 def check_resumable(config) -> None:
