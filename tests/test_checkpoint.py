@@ -239,6 +239,24 @@ def test_a_folder_named_latest_is_refused_on_resume(run_copy, files, tiny_bert, 
     assert (run_copy / "latest" / "notes.txt").read_text() == "mine"
 
 
+def test_resuming_into_the_folder_of_another_run_needs_overwrite(
+    run_copy, files, tiny_bert, cache_dir, tmp_path, capsys
+):
+    other = tmp_path / "other"  # another run's folder, and a file of the user's
+    (other / "checkpoint-4").mkdir(parents=True)
+    (other / "metrics.jsonl").write_text('{"split": "train", "step": 1, "epoch": 0, "loss": 9.5}\n')
+    (other / "notes.txt").write_text("mine")
+    flags = [*cli_args(other, files, tiny_bert, cache_dir), "--resume", str(run_copy / "checkpoint-10")]
+    code, line = tuneforge(capsys, *flags)
+    assert code == 2 and f"output dir {str(other)!r} already holds a run" in line, line
+    assert (other / "checkpoint-4").is_dir() and "9.5" in (other / "metrics.jsonl").read_text()
+    code, line = tuneforge(capsys, *flags, "--overwrite")
+    assert code == 0, line
+    assert not (other / "checkpoint-4").exists() and (other / "notes.txt").read_text() == "mine"
+    steps = [json.loads(ln)["step"] for ln in (other / "metrics.jsonl").read_text().splitlines()]
+    assert steps and min(steps) > 10, steps  # the resumed steps' records, none of the replaced run's
+
+
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory, minilm_dir):
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-48"), minilm_dir, hidden_size=48)

@@ -80,6 +80,7 @@ from tuneforge.progress import Progress
 
 MANIFEST = "manifest.json"
 MODEL_FILES = "model_files"  # the task's files for other libraries, copied into an exported folder
+LATEST = ("latest", "true", "True", "auto")  # --resume values that mean the latest checkpoint of the output dir
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
 
 
@@ -102,11 +103,26 @@ def prepare_output_dir(config) -> None:
     check_no_clashes(out)
     if holds_run(out):
         if not config.overwrite:
+            how = "--resume to continue it, " if not config.resume else ""
+            elsewhere = (
+                f", and --resume names a checkpoint of another folder ({config.resume})" if config.resume else ""
+            )
             raise ConfigError(
-                f"output dir {str(out)!r} already holds a run; pass --overwrite to replace it, "
-                "--resume to continue it, or choose another --output-dir"
+                f"output dir {str(out)!r} already holds a run{elsewhere}; pass --overwrite to replace it, "
+                f"{how}or choose another --output-dir"
             )
         # the old run is cleared only once this run's inputs have proven good (write_run_files)
+
+
+def continues_own_run(config) -> bool:
+    """The run resumes a checkpoint of its own output dir (`--resume` latest, or a checkpoint-STEP folder in it);
+    one that resumes another folder's checkpoint starts a run in its output dir, with that folder's safety."""
+    if not config.resume:
+        return False
+    if config.resume in LATEST:
+        return True
+    here = Path(config.output_dir).expanduser().resolve()
+    return Path(config.resume).expanduser().resolve().parent == here
 
 
 def write_run_files(config, is_main: bool, replace_old: bool) -> None:
@@ -413,7 +429,7 @@ def _apply_retention(out: Path, limit: int | None, best_step: int | None, just_s
 def find_checkpoint(resume: str, output_dir: str) -> Path:
     """`latest`: the checkpoint the `latest` pointer names (else the newest complete one); or a path."""
     check_no_clashes(output_dir)  # a folder named `latest` is the user's: the resumed run's saves would replace it
-    if resume in ("latest", "true", "True", "auto"):
+    if resume in LATEST:
         out = Path(output_dir)
         named = _named_by_latest(out / "latest")
         if named and (out / named / MANIFEST).exists():

@@ -138,7 +138,7 @@ class Trainer:
         cfg, restarted = self.config, launch.restart_count() > 0
         if restarted and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
             cfg = cfg.model_copy(update={"resume": "latest"})  # elastic restart: this run continues the last one
-        if not cfg.resume and not launch.launched_by_us() and not restarted:
+        if not checkpoint.continues_own_run(cfg) and not launch.launched_by_us() and not restarted:
             checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
         if launch.process_rank() == 0 and cfg.node_rank == 0:  # where the trackers open: packages, servers
             check_trackers(cfg)
@@ -212,7 +212,7 @@ class Trainer:
             cfg, self.task, backend, given, self.callbacks, self.make_optimizer, self.make_scheduler
         )
         plan = self.run.plan
-        replace_old = cfg.overwrite and not cfg.resume and launch.restart_count() == 0
+        replace_old = cfg.overwrite and not checkpoint.continues_own_run(cfg) and launch.restart_count() == 0
         checkpoint.write_run_files(cfg, backend.is_main, replace_old=replace_old)
         try:
             steps, examples = plan.total_steps, plan.step_examples
