@@ -257,6 +257,17 @@ def test_resuming_into_the_folder_of_another_run_needs_overwrite(
     assert steps and min(steps) > 10, steps  # the resumed steps' records, none of the replaced run's
 
 
+@pytest.mark.parametrize("change", [["--seed", "7"], ["--no-group-by-length"], ["--max-train-samples", "80"]])
+def test_a_resume_mid_epoch_onto_another_order_is_refused(change, run_copy, files, tiny_bert, cache_dir, capsys):
+    """checkpoint-10 stopped at example 64 of epoch 1: another order of that epoch would train some of its examples
+    twice and others never."""
+    flags = [*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume", str(run_copy / "checkpoint-10"), *change]
+    code, line = tuneforge(capsys, *flags)
+    assert code == 2 and "stopped in the middle of epoch 1 (example 64 of 96)" in line, line
+    assert sorted(p.name for p in run_copy.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-12", "checkpoint-2"]
+    assert (run_copy / "latest").read_text().strip() == "checkpoint-12"
+
+
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory, minilm_dir):
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-48"), minilm_dir, hidden_size=48)

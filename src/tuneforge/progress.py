@@ -12,6 +12,7 @@ class Progress:
     epoch: int = 0  # current epoch
     consumed: int = 0  # examples of this epoch's order already trained on
     order_global_batch: int = 0  # examples per step the epoch order was built with (resume rule)
+    order_digest: str | None = None  # the epoch order's digest: a resume mid-epoch must continue that order
     best_metric: float | None = None
     best_step: int | None = None
     bad_evals: int = 0  # evaluations without improvement (early stopping)

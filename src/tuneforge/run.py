@@ -22,7 +22,7 @@ from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.data.fingerprint import check_unchanged
 from tuneforge.data.order_cache import OrderCache
-from tuneforge.errors import ConfigError
+from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.freezing import freeze_bottom
 from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
@@ -297,6 +297,8 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
     report.continue_from(st.metrics_records, st.tracker_runs)
     best_weights = _best_weights(path, st, run) if cfg.load_best_model_at_end else None
     check_unchanged(st.data_fingerprints, run.data_fingerprints, str(path), cfg.data.allow_changed_data, report.print)
+    if st.data_fingerprints == run.data_fingerprints:  # (changed data, allowed: its order changes with it)
+        _check_same_order(path, st, run)
     st.data_fingerprints = run.data_fingerprints  # (--allow-changed-data: the data the rest of the run trains on)
     report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
     plan = run.plan.resumed_at(st, run.data.length_column(), run.orders)
@@ -309,6 +311,22 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
         )
     run.plan = plan
     return st, best_weights
+
+
+def _check_same_order(path: Path, st: Progress, run: Run) -> None:
+    """A checkpoint in the middle of an epoch continues that epoch's order: the settings that decide it (seed, the
+    examples and their lengths, length grouping) may change at an epoch's end only."""
+    size = int(st.order_digest.split(":")[0]) if st.order_digest else 0  # the interrupted epoch's examples
+    if not 0 < st.consumed < size:
+        return
+    steps, _ = run.plan.epoch_steps(run.data.length_column(), st, 0, run.orders)
+    if steps.order_digest != st.order_digest:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} stopped in the middle of epoch {st.epoch} (example {st.consumed} of {size}), "
+            "and this run orders that epoch's examples otherwise (another --seed, --max-train-samples, --max-length "
+            "or --group-by-length than its config.yaml), so some would be trained twice and others never; resume "
+            "with the checkpoint's settings (they may change at an epoch's end), or start a new run"
+        )
 
 
 def _best_weights(path: Path, st: Progress, run: Run) -> dict | None:

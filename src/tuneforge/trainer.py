@@ -237,6 +237,7 @@ class Trainer:
         lengths = run.data.length_column()
         while st.step < plan.total_steps and not st.stop:
             steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank, run.orders)
+            st.order_digest = steps.order_digest
             run.feed = Prefetch(functools.partial(self._collate, run.train_data), steps, on_wait=self._waited)
             run.epoch_last_step = st.step + len(steps)
             for i, micro_batches in enumerate(steps):

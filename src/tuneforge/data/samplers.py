@@ -8,6 +8,7 @@ global batch.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,6 +88,11 @@ def rank_batches(order: np.ndarray, *, start: int, global_batch: int, dp_rank: i
     return [step[0] for step in steps]
 
 
+def order_digest(order: np.ndarray) -> str:
+    """'SIZE:DIGEST' of an epoch's example order (its index type follows its size, so equal orders match)."""
+    return f"{len(order)}:{hashlib.sha256(np.ascontiguousarray(order)).hexdigest()[:16]}"
+
+
 class EpochSteps(Sequence):
     """This rank's optimizer steps left in an epoch, from example position `start` of the epoch's `order`: each a
     list of `grad_accum` micro-batches (the last step may have fewer) of example indices, `repeats` times in a row.
@@ -107,6 +113,7 @@ class EpochSteps(Sequence):
         repeats: int = 1,
     ):
         self.rest, self.global_batch, self.dp_rank, self.dp_size = order[start:], global_batch, dp_rank, dp_size
+        self.order_digest = order_digest(order)  # the whole epoch's: a resume checks it continues this order
         self.grad_accum, self.repeats = grad_accum, repeats
         full, left = divmod(len(self.rest), global_batch)
         self.batches = full + (left >= dp_size and left > 0)
