@@ -268,6 +268,17 @@ def test_a_resume_mid_epoch_onto_another_order_is_refused(change, run_copy, file
     assert (run_copy / "latest").read_text().strip() == "checkpoint-12"
 
 
+@pytest.mark.parametrize("change", [["--lr", "5e-4"], ["--weight-decay", "0.5"], ["optim.betas=[0.8,0.9]"]])
+def test_a_resume_with_other_optimizer_settings_is_refused(change, run_copy, files, tiny_bert, cache_dir, capsys):
+    """The optimizer state restored from the checkpoint holds them, so the resumed run would train with the old ones
+    while its config.yaml said otherwise."""
+    before = (run_copy / "config.yaml").read_text()
+    flags = [*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume", str(run_copy / "checkpoint-10"), *change]
+    code, line = tuneforge(capsys, *flags)
+    assert code == 2 and "in the checkpoint's config.yaml but" in line, line
+    assert (run_copy / "config.yaml").read_text() == before
+
+
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory, minilm_dir):
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-48"), minilm_dir, hidden_size=48)

@@ -81,6 +81,7 @@ from tuneforge.progress import Progress
 MANIFEST = "manifest.json"
 MODEL_FILES = "model_files"  # the task's files for other libraries, copied into an exported folder
 LATEST = ("latest", "true", "True", "auto")  # --resume values that mean the latest checkpoint of the output dir
+RESTORED_OPTIM = ("lr", "weight_decay", "betas", "eps")  # the optimizer settings its state_dict restores
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
 
 
@@ -468,6 +469,7 @@ def check_resumable(config) -> None:
     this kind of model (labels, sizes and weights are checked again on load)."""
     path = find_checkpoint(config.resume, config.output_dir)
     meta = read_meta(path)
+    check_same_optimizer(path, config)
     now = {"task": config.task}
     model_config = Path(config.model or "") / "config.json"
     if config.model and model_config.is_file():
@@ -486,6 +488,25 @@ def check_resumable(config) -> None:
 
         saved = _read_state(path).get("data_fingerprints") or {}
         check_unchanged(saved, fingerprints(config) if saved else {}, str(path))
+
+
+def check_same_optimizer(path: Path, config) -> None:
+    """The optimizer's settings of `config` are the checkpoint's: its restored state holds them (the lr in each
+    group and the schedule's base), so a changed one would be ignored while the run's config.yaml showed it."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((Path(path) / "config.yaml").read_text()).get("optim") or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return  # a checkpoint without its config (or a damaged one): the load says what is wrong
+    now = config.optim.model_dump(mode="json")
+    for key in RESTORED_OPTIM:
+        if key in saved and saved[key] != now[key]:
+            raise CheckpointError(
+                f"optim.{key} is {saved[key]!r} in the checkpoint's config.yaml but {now[key]!r} here, and a resume "
+                f"continues the optimizer state of {str(path)!r}, which holds it; resume with its value, or start a "
+                "new run from the exported checkpoint (`tuneforge export`)"
+            )
 
 
 def _read_state(path: Path) -> dict:

@@ -291,6 +291,7 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
     evaluation's weights (main rank)."""
     cfg, report = run.config, run.report
     path = checkpoint.find_checkpoint(cfg.resume, cfg.output_dir)
+    checkpoint.check_same_optimizer(path, cfg)
     st = run.checkpointer.load(path, run.model, run.optimizer, run.scheduler)
     run.resumed_from = path
     # metrics.jsonl reads like an uninterrupted run; the trackers continue the checkpoint's runs
