@@ -180,6 +180,9 @@ def export_case(case: str, run: Path, tmp: Path) -> tuple[list[str], tuple[str, 
     if case == "onto a file":
         dest.write_text("mine")
         return [str(ckpt), str(dest)], ("is a file",)
+    if case == "under a file":
+        dest.write_text("mine")
+        return [str(ckpt), str(dest / "sub" / "hf")], ("cannot be created", "is a file")
     if case == "missing checkpoint":
         return [str(run / "checkpoint-9"), str(dest)], ("does not exist",)
     if case == "a model folder":
@@ -198,6 +201,7 @@ EXPORT_CASES = [
     "over user files",
     "not empty",
     "onto a file",
+    "under a file",
     "missing checkpoint",
     "a model folder",
     "base without merge",

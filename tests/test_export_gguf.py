@@ -381,6 +381,9 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
     if case == "overwrite a file tuneforge did not write":
         (tmp_path / "mine.gguf").write_bytes(b"GGUF not from tuneforge")
         return [llama, str(tmp_path / "mine.gguf"), *gguf, "--overwrite"], ("not written by tuneforge",)
+    if case == "destination under a file":
+        (tmp_path / "notes.txt").write_text("mine")
+        return [llama, str(tmp_path / "notes.txt" / "sub" / "m.gguf"), *gguf], ("cannot be created", "is a file")
     if case == "destination inside the source":
         shutil.copytree(llama, tmp_path / "src")
         return [str(tmp_path / "src"), str(tmp_path / "src" / "m.gguf"), *gguf], ("inside the source",)
@@ -406,6 +409,7 @@ BAD_CASES = [
     "destination is a folder",
     "destination exists",
     "overwrite a file tuneforge did not write",
+    "destination under a file",
     "destination inside the source",
     "missing source",
     "merge of a model folder",

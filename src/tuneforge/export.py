@@ -40,6 +40,7 @@ from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.paths import check_output_dir
 from tuneforge.weights import share_tied
 
 
@@ -186,12 +187,13 @@ def _overlaps(a: Path, b: Path) -> bool:
 
 
 def check_export_folder(out: Path, overwrite: bool, inputs: dict[str, str | None] | None = None) -> None:
-    """The folder an export writes: not a file, not one of the export's inputs (`inputs`: what -> path) nor
-    inside or around one, empty unless `overwrite`, and with `overwrite` holding only model files (the folder
-    is replaced whole). Checked before any model is loaded."""
+    """The folder an export writes: not a file, one that can be made (not under a file), not one of the export's
+    inputs (`inputs`: what -> path) nor inside or around one, empty unless `overwrite`, and with `overwrite`
+    holding only model files (the folder is replaced whole). Checked before any model is loaded."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise CheckpointError(f"export folder {str(out)!r} is a file; choose another folder")
+    check_output_dir(str(out), "OUT_DIR", "export folder")  # under a file, or where no folder can be made
     for what, given in (inputs or {}).items():
         if given and Path(given).exists() and _overlaps(out, Path(given)):
             where = "is" if out.resolve() == Path(given).resolve() else "overlaps"

@@ -31,6 +31,7 @@ from pathlib import Path
 from tuneforge.artifacts import context_length
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
+from tuneforge.paths import check_output_dir
 
 # model_type -> the causal-LM class llama.cpp's llama architecture holds (convert_hf_to_gguf.py's LlamaModel)
 SUPPORTED = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
@@ -126,9 +127,9 @@ def written_by_tuneforge(path: Path) -> bool:
 
 
 def check_destination(out: Path, overwrite: bool, inputs: dict[str, str | None]) -> None:
-    """The .gguf file an export writes: named *.gguf, not inside any of the export's inputs (`inputs`: what ->
-    path), and absent unless `overwrite`, which replaces only a GGUF file tuneforge wrote. Checked before any
-    model is loaded."""
+    """The .gguf file an export writes: named *.gguf, in a folder that is or can be made (not under a file), not
+    inside any of the export's inputs (`inputs`: what -> path), and absent unless `overwrite`, which replaces only a
+    GGUF file tuneforge wrote. Checked before any model is loaded."""
     out = Path(out)
     if out.suffix != ".gguf":
         raise ConfigError(
@@ -139,6 +140,7 @@ def check_destination(out: Path, overwrite: bool, inputs: dict[str, str | None])
         raise CheckpointError(f"{str(out)!r} is not a plain file; choose another path for the .gguf file")
     if out.parent.exists() and not out.parent.is_dir():
         raise CheckpointError(f"{str(out.parent)!r} is a file, not a folder; choose another path")
+    check_output_dir(str(out.parent), "OUT", "the .gguf file's folder")  # under a file, or where none can be made
     for what, given in inputs.items():
         if given and Path(given).exists() and _inside(out, Path(given)):
             raise CheckpointError(
