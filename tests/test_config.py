@@ -319,7 +319,8 @@ def test_a_switch_a_task_turns_off_can_be_turned_on_again(flags, grouped):
         ({"data": {"source_file": "src.txt", "target_file": "tgt.txt"}}, "seq2seq"),
         ({"data": {"source_file": "src.txt", "train_file": "train.txt"}}, "seq2seq"),
         ({"task": "regression", "data": {"train_file": "train.txt"}}, "regression"),  # an explicit task wins
-        ({"data": {"validation_file": "val.csv"}}, "bbc-news"),
+        ({"data": {"validation_file": "val.csv"}}, "classification"),  # eval: the validation file alone
+        ({"data": {"validation_file": "valid.txt"}}, "clm"),
         ({}, "bbc-news"),
     ],
 )

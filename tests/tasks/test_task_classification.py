@@ -92,3 +92,10 @@ def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, 
     assert metrics["accuracy"] == pytest.approx(result["accuracy"]) and metrics["loss"] == pytest.approx(
         result["loss"], rel=1e-3
     )
+    # no --task: the validation file says classification; --task bbc-news (as glue/...) reads the file given too, not
+    # its own data (both once evaluated BBC News's bundled validation split, or refused its labels)
+    for task in ([], ["--task", "bbc-news"]):
+        proc = run_cli("eval", str(out / "model"), *task, *columns, *evaluation)
+        assert proc.returncode == 0, proc.stderr
+        assert last_json(proc.stdout)["accuracy"] == pytest.approx(metrics["accuracy"])
+        assert last_json(proc.stdout)["num_examples"] == 16

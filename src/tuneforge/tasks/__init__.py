@@ -33,13 +33,14 @@ TASKS = {
 DEFAULT_TASK = "bbc-news"  # a run that names no task and no data: the demo
 
 
-def infer_task(train_file: str | None, options: dict) -> str | None:
-    """The task the data files point to when none is given: parallel source files seq2seq, a .txt training
-    file clm, another training file classification. `options`: the options keys given (name -> value)."""
+def infer_task(data_file: str | None, options: dict) -> str | None:
+    """The task the data files point to when none is given: parallel source files seq2seq, a .txt data file clm,
+    another data file classification. `data_file`: the training file (an evaluation's: its validation file).
+    `options`: the options keys given (name -> value)."""
     if options.get("source_file"):
         return "seq2seq"
-    if train_file:
-        return "clm" if str(train_file).endswith(".txt") else "classification"
+    if data_file:
+        return "clm" if str(data_file).endswith(".txt") else "classification"
     return None
 
 

@@ -167,11 +167,12 @@ class ClassificationTask(Task):
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
         cfg, data = self.config, self.config.data
-        if self.glue is not None and not data.train_file:
+        own_data = not (data.train_file or data.validation_file)  # files given are read, never passed over
+        if self.glue is not None and own_data:
             from tuneforge.tasks.glue import load_glue
 
             raw = load_glue(self.config.task.split("/", 1)[1], data.data_dir)
-        elif cfg.task == "bbc-news" and not data.train_file:
+        elif cfg.task == "bbc-news" and own_data:
             raw = bundled_bbc_news(split_seed=data.split_seed)  # its labels: topic names (sorted by label_set)
         else:
             raw = self._load_files()
