@@ -86,6 +86,13 @@ CASES = {
         {"data_dir": "glue"},
         ("train.tsv",),
     ),
+    "glue: data dir beside a validation file": (
+        "glue/sst2",
+        "tiny_bert",
+        {"glue": None, "v.tsv": "sentence\tlabel\na\t1\n"},
+        {"data_dir": "glue", "validation_file": "v.tsv"},
+        ("--data-dir reads a GLUE folder",),
+    ),
     "clm: UTF-16 text": (
         "clm",
         "tiny_gpt2",

@@ -147,7 +147,7 @@ class ClassificationTask(Task):
         for f in (data.train_file, data.validation_file):
             if f:
                 check_file(f)
-        if data.data_dir and (self.glue is None or data.train_file):
+        if data.data_dir and (self.glue is None or data.train_file or data.validation_file):
             raise ConfigError(
                 "--data-dir reads a GLUE folder and goes with --task glue/NAME; for your own files use "
                 "--train-file/--validation-file"
