@@ -99,3 +99,22 @@ def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, 
         assert proc.returncode == 0, proc.stderr
         assert last_json(proc.stdout)["accuracy"] == pytest.approx(metrics["accuracy"])
         assert last_json(proc.stdout)["num_examples"] == 16
+
+
+def test_a_causal_lm_without_a_pad_token_trains_and_evaluates_as_a_classifier(tmp_path, tiny_llama, cache_dir, capsys):
+    """tiny_llama's tokenizer has no pad token (as GPT-2's and Llama's): batches pad with its eos token and the head
+    reads the last token before the padding, as the reward task does (it once crashed inside tokenizer.pad)."""
+    from conftest import cli_main, sentiment_split
+
+    files = sentiment_split(tmp_path, 24, 8)
+    common = cli_flags(max_length=32, cache_dir=cache_dir, json=True, quiet=True)
+    out = tmp_path / "run"
+    steps = cli_flags(task="classification", max_steps=1, batch_size=8, output_dir=out)
+    code, stdout, err = cli_main(capsys, *train_command(files, tiny_llama), *steps, *common)
+    assert code == 0, err
+    trained = last_json(stdout)
+    assert json.loads((out / "model" / "config.json").read_text())["pad_token_id"] is not None
+    evaluation = cli_flags(validation_file=files[1], output_dir=tmp_path / "eval", eval_batch_size=4)
+    code, stdout, err = cli_main(capsys, "eval", str(out / "model"), *evaluation, *common)
+    assert code == 0, err
+    assert last_json(stdout)["loss"] == pytest.approx(trained["loss"], rel=1e-4)

@@ -101,6 +101,19 @@ class ClassificationStream(MetricStream):
         return out
 
 
+def set_pad_token(tokenizer, model_dir: str) -> None:
+    """A tokenizer without a pad token (GPT-2's, Llama's) pads with its eos token (TRL's rule): a sequence
+    classifier's or scorer's batches are padded."""
+    if tokenizer.pad_token is not None:
+        return
+    if tokenizer.eos_token is None:
+        raise ConfigError(
+            f"the tokenizer of {model_dir!r} has neither a pad nor an eos token, and classifier batches are padded; "
+            "add a pad token to it (tokenizer.add_special_tokens) or use another model"
+        )
+    tokenizer.pad_token = tokenizer.eos_token
+
+
 class ClassificationTask(Task):
     model_kind = "a sequence-classification model"
 
@@ -160,6 +173,7 @@ class ClassificationTask(Task):
         from transformers import AutoConfig
 
         tokenizer = super().load_tokenizer()
+        set_pad_token(tokenizer, self.model_path())
         model_config = from_pretrained(AutoConfig, self.model_path(), "the model config")
         self.check_max_length(tokenizer, model_config)
         return tokenizer
@@ -399,13 +413,16 @@ class ClassificationTask(Task):
             }
         model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config", **kwargs), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
-        return load_pretrained_model(
+        model = load_pretrained_model(
             AutoModelForSequenceClassification,
             path,
             "a sequence-classification model",
             config=model_config,
             **self.pretrained_kwargs(),
         )
+        if model.config.pad_token_id is None:  # a causal LM's head scores the last token before the padding
+            model.config.pad_token_id = tokenizer.pad_token_id
+        return model
 
     def compute_loss(self, outputs, batch, row_mask=None):
         logits = outputs.logits

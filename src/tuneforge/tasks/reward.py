@@ -37,7 +37,7 @@ from tuneforge.data import chat, preference
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import Task, set_dropout
-from tuneforge.tasks.classification import ClassificationPredictor
+from tuneforge.tasks.classification import ClassificationPredictor, set_pad_token
 from tuneforge.tasks.dpo import PreferenceStream, pairwise_loss
 from tuneforge.tasks.length_runs import length_batches
 
@@ -106,18 +106,6 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 def pair_scores(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen scores, rejected scores) of a batch's scorer outputs: the chosen rows come first."""
     return torch.chunk(logits.float().squeeze(-1), 2)
-
-
-def set_pad_token(tokenizer, model_dir: str) -> None:
-    """A tokenizer without a pad token pads with its eos token (TRL's rule): batches of a scorer are padded."""
-    if tokenizer.pad_token is not None:
-        return
-    if tokenizer.eos_token is None:
-        raise ConfigError(
-            f"the tokenizer of {model_dir!r} has neither a pad nor an eos token, and a scorer's batches are padded; "
-            "add a pad token to it (tokenizer.add_special_tokens) or use another model"
-        )
-    tokenizer.pad_token = tokenizer.eos_token
 
 
 class ScoreStream(PreferenceStream):
