@@ -13,10 +13,11 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tuneforge import launch
-from tuneforge.errors import UserError
+from tuneforge.errors import ConfigError, UserError
 from tuneforge.flags import model_flags
 from tuneforge.reporting import hide_deepspeed_cpu_notice
 
@@ -208,7 +209,12 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         (values.setdefault(section, {}) if section else values)[name or key] = value
     values["model"] = ns.model_dir
     values["output_dir"] = ns.output_dir or "runs/eval"
+    trained = _trained_task(ns.model_dir)
+    if trained:  # a folder tuneforge exported evaluates as the task it was trained for, unless --task says
+        values.setdefault("task", trained)
     config = build_config(values)
+    if trained:
+        _check_same_kind(config.task, trained, ns.model_dir)
     metrics = Trainer(config, fork_workers=True).validate()
     if not metrics or not launch.prints_result():
         return 0
@@ -216,6 +222,26 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         print(", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()), flush=True)
     _emit(metrics, ns.json)
     return 0
+
+
+def _trained_task(model_dir: str) -> str | None:
+    """The task a model folder tuneforge exported was trained for (its tuneforge.json), else None."""
+    from tuneforge.artifacts import read_model_info
+
+    return read_model_info(model_dir).get("task") if Path(model_dir).is_dir() else None
+
+
+def _check_same_kind(task: str, trained: str, model_dir: str) -> None:
+    """--task names a model of the kind the folder holds (any two generating tasks are: causal LMs); another kind
+    would put a new, untrained head on it and score that."""
+    from tuneforge.tasks import task_class
+
+    given, made = task_class(task), task_class(trained)
+    if given.model_kind != made.model_kind and not (given.generates and made.generates):
+        raise ConfigError(
+            f"model {model_dir!r} was trained as {trained} ({made.model_kind}); --task {task} evaluates "
+            f"{given.model_kind}, which would score a new, untrained head on it: drop --task or train for {task}"
+        )
 
 
 def cmd_env(ns: argparse.Namespace) -> int:

@@ -58,6 +58,28 @@ def test_glue_cola_reports_mcc(tmp_path, shared_data, tiny_bert, cache_dir):
     assert info["task"] == "glue/cola" and info["text_columns"] == ["sentence"]
 
 
+def test_eval_of_an_exported_folder_takes_its_task_and_refuses_another_kind(
+    tmp_path, shared_data, tiny_bert, cache_dir, capsys
+):
+    """`tuneforge eval FOLDER` evaluates the task FOLDER was trained for (it once needed --task glue/cola again, and
+    without it fell to the bundled BBC News task); a --task of another kind of model (a tagger for a classifier)
+    would score a new, untrained head, and is refused in one line."""
+    from conftest import cli_main
+
+    run = tmp_path / "cola"
+    Trainer(glue_config(tmp_path, "cola", shared_data / "glue" / "CoLA", tiny_bert, cache_dir)).fit()
+    data = cli_flags(data_dir=shared_data / "glue" / "CoLA", max_eval_samples=96, output_dir=tmp_path / "eval")
+    code, out, err = cli_main(capsys, "eval", str(run / "model"), *data, "--json", "--quiet")
+    assert code == 0, err
+    assert {"mcc", "accuracy"} <= set(json.loads(out.strip().splitlines()[-1]))
+    code, _, err = cli_main(capsys, "eval", str(run / "model"), "--task", "ner", *data)
+    assert code == 2 and err.strip() == (
+        f"error: model {str(run / 'model')!r} was trained as glue/cola (a sequence-classification model); --task ner "
+        "evaluates a token-classification model, which would score a new, untrained head on it: drop --task or "
+        "train for ner"
+    )
+
+
 def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, cache_dir):
     """jsonl with two text columns and integer labels: ids and names land in the saved config."""
     rows = [
