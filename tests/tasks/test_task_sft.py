@@ -233,6 +233,10 @@ def sft_args(tmp_path, model: str, train: Path, *extra: str) -> list[str]:
             ("row 3 of", "unknown role 'bot'", "system, user, assistant"),
         ),
         ([{"messages": []}], ("row 3 of", "empty conversation")),
+        (  # the mask needs the prompt of each reply: nothing comes before a first assistant turn
+            [{"messages": [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}]}],
+            ("row 3 of", "message 1", "starts with the assistant", "system or user turn first"),
+        ),
     ],
 )
 def test_bad_conversations_are_refused(capfd, tmp_path, tiny_llama, template, rows, needles):

@@ -123,7 +123,8 @@ def detect_format(rows: list[dict], path: str, wanted: str = "auto") -> str:
 
 def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True, tools: bool = False) -> list[dict]:
     """One row as a checked list of {role, content} messages; `where` names the row in errors. `tools`: tool
-    turns and assistants' tool_calls taken too (as the template reads them), else the roles are the first three."""
+    turns and assistants' tool_calls taken too (as the template reads them), else the roles are the first three.
+    `need_assistant` (SFT): an assistant turn, and not as the first message."""
     roles = ROLES if tools else ROLES[:3]
     if fmt == "alpaca":
         missing = [k for k in ("instruction", "output") if not isinstance(row.get(k), str)]
@@ -147,6 +148,11 @@ def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True
             raise DataError(f"{where}, message {i + 1}: unknown role {m.get('role')!r}; roles are {', '.join(roles)}")
     if need_assistant and not any(m["role"] == "assistant" for m in messages):
         raise DataError(f"{where} has no assistant turn: nothing to learn from; add one or drop the row")
+    if need_assistant and messages[0]["role"] == "assistant":  # a reply's tokens follow its prompt's rendering
+        raise DataError(
+            f"{where}, message 1: the conversation starts with the assistant, so no prompt comes before that reply "
+            "and its tokens cannot be told from the template's markup; put a system or user turn first"
+        )
     if not (tools and tool_calls.uses_tools(messages)):
         return [{"role": m["role"], "content": m["content"]} for m in messages]
     try:
