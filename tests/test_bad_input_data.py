@@ -156,6 +156,13 @@ CASES = {
         {"train_file": "c.jsonl", "validation_file": "c.jsonl", "chat_template": "t.jinja"},
         ("t.jinja", "row 3 of", "c.jsonl", "System role not supported"),
     ),
+    "sft: template that raises in a held-out split names the file's row": (
+        "sft",
+        "tiny_llama",
+        {"c.jsonl": jsonl(*[CHAT] * 14, SYSTEM_CHAT, *[CHAT] * 5), "t.jinja": GEMMA_LIKE},
+        {"train_file": "c.jsonl", "chat_template": "t.jinja"},  # no validation file: 10% held out, shuffled
+        ("t.jinja", "row 15 of", "c.jsonl", "System role not supported"),
+    ),
     "sft: template is a folder": (
         "sft",
         "tiny_llama",
@@ -194,6 +201,24 @@ CASES = {
         {"train_file": "p.jsonl", "validation_file": "p.jsonl", "chat_template": "t.jinja"},
         ("t.jinja", "row 3 of", "p.jsonl", "System role not supported"),
     ),
+    **{
+        f"{task}: template that raises after a dropped pair in a held-out split names the file's row": (
+            task,
+            "tiny_llama",
+            {
+                "p.jsonl": jsonl(
+                    {**PAIR, "rejected": PAIR["chosen"]},  # identical: dropped with --drop-identical-pairs
+                    *[{"prompt": CHAT["messages"][:1], "chosen": CHAT["messages"][1:], "rejected": REJECTED}] * 13,
+                    {"prompt": SYSTEM_CHAT["messages"][:2], "chosen": CHAT["messages"][1:], "rejected": REJECTED},
+                    *[{"prompt": CHAT["messages"][:1], "chosen": CHAT["messages"][1:], "rejected": REJECTED}] * 5,
+                ),
+                "t.jinja": GEMMA_LIKE,
+            },
+            {"train_file": "p.jsonl", "chat_template": "t.jinja", "drop_identical_pairs": True, **limit},
+            ("t.jinja", "row 15 of", "p.jsonl", "System role not supported"),
+        )
+        for task, limit in (("dpo", {}), ("reward", {"max_length": 64}))
+    },
     "dpo: corrupt gzip": (
         "dpo",
         "tiny_llama",

@@ -107,15 +107,23 @@ def distinct(pairs: list[dict], where: str, drop: bool, log=print) -> list[dict]
 def read_pairs(path: str | Path, drop_identical: bool = False, log=print, reader: str = "--task dpo") -> list[dict]:
     """The checked pairs of a preference file (`reader`: the task reading it, for messages)."""
     rows = chat.read_rows(path, what="preference data", reader=reader)
-    pairs = [to_pair(row, f"row {i} of {str(path)!r}") for i, row in enumerate(rows, 1)]
+    pairs = [{**to_pair(row, f"row {i} of {str(path)!r}"), "row": i} for i, row in enumerate(rows, 1)]
     return distinct(pairs, repr(str(path)), drop_identical, log)
 
 
 def pairs_dataset(pairs: list[dict]):
-    """Pairs as a raw split: prompt, chosen and rejected each as JSON text (text or messages alike)."""
+    """Pairs as a raw split: prompt, chosen and rejected each as JSON text (text or messages alike), and each
+    pair's row in its file (`row`: kept through dropped pairs and a held-out split, for errors)."""
     import datasets
 
-    return datasets.Dataset.from_dict({k: [dumps(p[k]) for p in pairs] for k in ("prompt", "chosen", "rejected")})
+    columns = {k: [dumps(p[k]) for p in pairs] for k in ("prompt", "chosen", "rejected")}
+    return datasets.Dataset.from_dict({**columns, "row": [p["row"] for p in pairs]})
+
+
+def row_of(ds, prompt: str, chosen: str, rejected: str) -> int:
+    """The row in its file of the pair of raw split `ds` whose cells are these (the error path only: one scan)."""
+    cells = zip(ds["row"], ds["prompt"], ds["chosen"], ds["rejected"])
+    return next(n for n, *pair in cells if pair == [prompt, chosen, rejected])
 
 
 def given_splits(splits: dict, drop_identical: bool, log=print) -> dict:
@@ -128,7 +136,7 @@ def given_splits(splits: dict, drop_identical: bool, log=print) -> dict:
         if not rows:
             raise DataError(f"the {split} split has no pairs; give at least one")
         where = f"the {split} dataset"
-        pairs = [to_pair(row, f"{where}, row {i}") for i, row in enumerate(rows, 1)]
+        pairs = [{**to_pair(row, f"{where}, row {i}"), "row": i} for i, row in enumerate(rows, 1)]
         raw[split] = pairs_dataset(distinct(pairs, where, drop_identical, log))
     return raw
 

@@ -164,7 +164,7 @@ class DPOTask(CausalLMTask):
                 try:
                     ids = preference.encode_pair(tokenizer, pair)
                 except (TemplateError, TypeError) as err:
-                    row = ds["prompt"].index(p) + 1  # the error path only: one scan
+                    row = preference.row_of(ds, p, c, r)
                     raise chat.template_error(err, chat.template_name(self.config), row, where) from None
                 for key, value in zip(out, ids):
                     out[key].append(value)

@@ -212,7 +212,7 @@ class RewardModelTask(Task):
                     out["chosen_ids"].append(encode_scored(tokenizer, prompt, json.loads(c)))
                     out["rejected_ids"].append(encode_scored(tokenizer, prompt, json.loads(r)))
                 except (TemplateError, TypeError) as err:
-                    row = ds["prompt"].index(p) + 1  # the error path only: one scan
+                    row = preference.row_of(ds, p, c, r)
                     raise chat.template_error(err, chat.template_name(self.config), row, where) from None
             return out
 

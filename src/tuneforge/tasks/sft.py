@@ -161,7 +161,7 @@ class ChatSFTTask(CausalLMTask):
                 try:
                     x, y = chat.encode_conversation(tokenizer, json.loads(text), json.loads(tools))
                 except (TemplateError, TypeError) as err:
-                    row = ds["conversation"].index(text) + 1  # the error path only: one scan
+                    row = ds["row"][ds["conversation"].index(text)]  # the file's row; the error path only: one scan
                     raise chat.template_error(err, template, row, where) from None
                 ids.append(x)
                 labels.append(y)
