@@ -163,6 +163,16 @@ CASES = {
         {"train_file": "c.jsonl", "chat_template": "t.jinja"},  # no validation file: 10% held out, shuffled
         ("t.jinja", "row 15 of", "c.jsonl", "System role not supported"),
     ),
+    **{
+        f"{task}: template file that is empty": (
+            task,
+            "tiny_llama",
+            {"c.jsonl": jsonl(CHAT, CHAT), "p.jsonl": jsonl(PAIR, PAIR), "t.jinja": " \n"},
+            {"train_file": "c.jsonl" if task == "sft" else "p.jsonl", "chat_template": "t.jinja"},
+            ("--chat-template", "t.jinja", "is empty"),
+        )
+        for task in ("sft", "dpo")
+    },
     "sft: template is a folder": (
         "sft",
         "tiny_llama",

@@ -260,3 +260,26 @@ def test_conversations_longer_than_the_block_are_cut_and_counted(tiny_llama, tem
     said = []
     task.tokenize(task.load_raw(), task.load_tokenizer(), log=said.append)
     assert any("1 conversation(s) longer than block_size 64 cut" in s and "1 of them dropped" in s for s in said), said
+
+
+def test_a_template_that_writes_no_assistant_token_is_named_not_the_block_size(tiny_llama, cache_dir, tmp_path):
+    from tuneforge.errors import ConfigError
+
+    prompt_only = tmp_path / "prompt-only.jinja"  # writes the user's turns only, as some inference templates do
+    prompt_only.write_text("{% for m in messages if m['role'] != 'assistant' %}{{ m['content'] }}\n{% endfor %}")
+    train = write_jsonl(tmp_path / "train.jsonl", chats(4))
+    task = sft_task(tiny_llama, prompt_only, cache_dir, train_file=str(train), validation_file=str(train))
+    with pytest.raises(ConfigError, match="prompt-only.jinja' writes no token of the assistant's turns"):
+        task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)
+
+
+def test_a_reply_the_template_writes_nothing_of_is_dropped_and_counted_as_such(tiny_llama, cache_dir, tmp_path):
+    content_only = tmp_path / "content-only.jinja"  # an empty reply leaves nothing to learn
+    content_only.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    empty = {"messages": [{"role": "user", "content": "where is the cat"}, {"role": "assistant", "content": ""}]}
+    train = write_jsonl(tmp_path / "train.jsonl", [*chats(3), empty])
+    task = sft_task(tiny_llama, content_only, cache_dir, train_file=str(train), validation_file=str(train))
+    said = []
+    task.tokenize(task.load_raw(), task.load_tokenizer(), log=said.append)
+    assert any("1 conversation(s) dropped: the chat template writes no assistant token" in s for s in said), said
+    assert not any("longer than block_size" in s for s in said), said

@@ -203,6 +203,8 @@ def set_chat_template(tokenizer, template_file: str | None, model: str) -> None:
         if not p.exists():
             raise ConfigError(f"--chat-template {template_file!r} does not exist; pass a Jinja template file")
         tokenizer.chat_template = read_text_file(p, "--chat-template", "pass a Jinja template file")
+        if not tokenizer.chat_template.strip():  # transformers would take it for no template at all
+            raise ConfigError(f"--chat-template {template_file!r} is empty; pass a Jinja chat template file")
         check_template_parses(tokenizer.chat_template, template_file)
     elif not getattr(tokenizer, "chat_template", None):
         raise ConfigError(

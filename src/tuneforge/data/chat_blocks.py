@@ -40,12 +40,13 @@ class Fit:
     kept: np.ndarray  # row indices, ascending
     lengths: np.ndarray  # their lengths after the cut
     cut: int
-    dropped: int
+    dropped: int  # of them, `unlearnable` ones whatever their length
     targets: int  # assistant tokens of the kept rows, after the cut
+    unlearnable: int = 0  # rows whose rendering gave no assistant token at all (the template writes none)
 
 
 def fit(feats: datasets.Dataset, block_size: int, rows_at_once: int = ROWS_AT_ONCE) -> Fit:
-    kept, lengths, cut, dropped, targets, start = [], [], 0, 0, 0, 0
+    kept, lengths, cut, dropped, targets, start, unlearnable = [], [], 0, 0, 0, 0, 0
     for table in feats.select_columns(["labels"]).with_format("arrow").iter(batch_size=rows_at_once):
         labels = table.column("labels")
         n = pc.list_value_length(labels).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -54,6 +55,7 @@ def fit(feats: datasets.Dataset, block_size: int, rows_at_once: int = ROWS_AT_ON
         pos = np.arange(len(flat)) - np.repeat(np.cumsum(n) - n, n)  # each token's place in its row
         target = (flat != IGNORE) & (pos < block_size)
         learns = np.bincount(row_of[target & (pos >= 1)], minlength=len(n)) > 0  # (the first token has no target)
+        unlearnable += int((np.bincount(row_of[(flat != IGNORE) & (pos >= 1)], minlength=len(n)) == 0).sum())
         keep = np.flatnonzero(learns)
         kept.append(start + keep)
         lengths.append(np.minimum(n[keep], block_size))
@@ -65,7 +67,7 @@ def fit(feats: datasets.Dataset, block_size: int, rows_at_once: int = ROWS_AT_ON
     def joined(parts: list) -> np.ndarray:
         return np.concatenate(parts).astype(np.int64, copy=False) if parts else np.empty(0, np.int64)
 
-    return Fit(joined(kept), joined(lengths), cut, dropped, targets)
+    return Fit(joined(kept), joined(lengths), cut, dropped, targets, unlearnable)
 
 
 def block_numbers(lengths: np.ndarray, block_size: int, packing: bool) -> np.ndarray:

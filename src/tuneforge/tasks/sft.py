@@ -11,7 +11,9 @@ end-of-turn marker) and normalised by their global count, as the causal LM norma
 tokens; evaluation reports that loss and its perplexity.
 
 Length rule: a conversation longer than `block_size` tokens is cut to its first `block_size`; one
-with no assistant token left after the cut is dropped. Both counts are logged per split.
+with no assistant token left after the cut is dropped, and so is one whose assistant turns the template writes
+nothing of (an empty reply; for every conversation, a template that writes no assistant turn: refused). The counts
+are logged per split.
 
 Packing (default; `--no-packing`: one conversation per row): whole conversations per block
 (data/chat_blocks.py). Each keeps positions 0, 1, ... (position_ids) and the collator's 4-D attention mask is
@@ -173,10 +175,18 @@ class ChatSFTTask(CausalLMTask):
         """The length rule (cut to block_size; dropped when no assistant token is left), then packing: a part of
         the split at a time (data/chat_blocks.py), the blocks beside the tokenization cache."""
         fitted = chat_blocks.fit(feats, block_size)
-        if fitted.cut or fitted.dropped:
+        if fitted.unlearnable:
+            log(f"{split}: {fitted.unlearnable} conversation(s) dropped: the chat template writes no assistant token")
+        if fitted.cut or fitted.dropped > fitted.unlearnable:
             log(
                 f"{split}: {fitted.cut} conversation(s) longer than block_size {block_size} cut to their first "
-                f"{block_size} tokens, {fitted.dropped} of them dropped (no assistant token left)"
+                f"{block_size} tokens, {fitted.dropped - fitted.unlearnable} of them dropped (no assistant token left)"
+            )
+        if fitted.unlearnable == len(feats):
+            raise ConfigError(
+                f"the chat template {chat.template_name(self.config)} writes no token of the assistant's turns in any "
+                f"{split} conversation, so there is nothing to learn; pass --chat-template FILE with a template that "
+                "writes each message's content"
             )
         if not len(fitted.kept):
             raise DataError(
