@@ -291,6 +291,9 @@ def test_qlora_trains_on_a_4bit_base_resumes_exactly_and_merges(tiny_llama, data
 
 
 # ---- bad input: one line, exit 2, nothing written ------------------------------------------------------
+USER, REPLY = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "no"}
+
+
 def bad_args(tmp_path: Path, model: str, train: Path, *extra: str) -> list[str]:
     return dpo_args(model, (train, train), str(tmp_path / "cache"), tmp_path / "out", "--max-steps", "1", *extra)
 
@@ -302,6 +305,14 @@ def bad_args(tmp_path: Path, model: str, train: Path, *extra: str) -> list[str]:
         ({"prompt": "hi", "rejected": "no"}, ("row 3 of", "has no `chosen`")),
         ({"prompt": "hi", "chosen": "same", "rejected": "same"}, ("row 3 of", "identical", "--drop-identical-pairs")),
         ({"chosen": "Human: a", "rejected": "Human: b"}, ("row 3 of", "share no dialogue", "give `prompt`")),
+        (  # a completion is the reply to the prompt: the template's generation prompt comes before it
+            {"prompt": [USER], "chosen": [{"role": "user", "content": "yes"}], "rejected": [REPLY]},
+            ("row 3 of", "`chosen` starts with a user message", "the assistant's reply"),
+        ),
+        (  # dialogues that part at a user turn: no shared prompt that both replies answer
+            {"chosen": [USER, REPLY, {"role": "user", "content": "a"}], "rejected": [USER, REPLY, REPLY]},
+            ("row 3 of", "`chosen` starts with a user message", "give `prompt`"),
+        ),
     ],
 )
 def test_bad_pairs_are_refused(capfd, tmp_path, tiny_llama, row, needles):

@@ -9,6 +9,8 @@ Row forms, told apart by their keys:
   `\\n\\nAssistant:` they have in common; the completions are the rest, each a whole reply. (TRL splits
   at the first differing character instead, which can put the replies' shared first word in the
   prompt.) Message lists in this form share their leading messages.
+For DPO a message completion must start with the assistant's turn (it is scored after the prompt's generation
+prompt): one that starts with another role is refused in one line naming the row.
 
 Tokens (TRL DPOTrainer's recipe, so both see the same tokens): a text pair is the prompt and
 prompt + completion + the eos token, tokenized whole; a conversation is the chat template of the
@@ -66,8 +68,24 @@ def split_dialogues(chosen, rejected, where: str) -> tuple:
     return chosen[:end], chosen[end:], rejected[end:]
 
 
-def to_pair(row: dict, where: str) -> dict:
-    """{"prompt", "chosen", "rejected"} of one row, checked: both completions given, text or messages."""
+def _check_replies(chosen: list[dict], rejected: list[dict], prompted: bool, where: str) -> None:
+    """DataError unless both message completions start with the assistant's turn (`prompted`: the row gave its
+    prompt, else it came from the dialogues' shared messages)."""
+    for key, completion in (("chosen", chosen), ("rejected", rejected)):
+        if completion[0]["role"] != "assistant":
+            fix = "start it with the assistant's reply to `prompt`"
+            if not prompted:
+                fix = "give `prompt`, `chosen` and `rejected` fields (the dialogues part before an assistant turn)"
+            raise DataError(
+                f"{where}: `{key}` starts with a {completion[0]['role']} message, not the assistant's reply to the "
+                f"prompt; {fix}"
+            )
+
+
+def to_pair(row: dict, where: str, replies: bool = False) -> dict:
+    """{"prompt", "chosen", "rejected"} of one row, checked: both completions given, text or messages; `replies`
+    (DPO, which scores each completion after the prompt's generation prompt): message completions start with the
+    assistant's."""
     missing = [k for k in ("chosen", "rejected") if row.get(k) is None]
     if missing:
         raise DataError(
@@ -86,6 +104,8 @@ def to_pair(row: dict, where: str) -> dict:
         prompt = _messages(prompt, "user", f"{where}, `prompt`")
         chosen = _messages(chosen, "assistant", f"{where}, `chosen`")
         rejected = _messages(rejected, "assistant", f"{where}, `rejected`")
+        if replies:
+            _check_replies(chosen, rejected, row.get("prompt") is not None, where)
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
@@ -105,9 +125,11 @@ def distinct(pairs: list[dict], where: str, drop: bool, log=print) -> list[dict]
 
 
 def read_pairs(path: str | Path, drop_identical: bool = False, log=print, reader: str = "--task dpo") -> list[dict]:
-    """The checked pairs of a preference file (`reader`: the task reading it, for messages)."""
+    """The checked pairs of a preference file (`reader`: the task reading it, for messages; DPO's completions are
+    replies)."""
     rows = chat.read_rows(path, what="preference data", reader=reader)
-    pairs = [{**to_pair(row, f"row {i} of {str(path)!r}"), "row": i} for i, row in enumerate(rows, 1)]
+    replies = reader == "--task dpo"
+    pairs = [{**to_pair(row, f"row {i} of {str(path)!r}", replies), "row": i} for i, row in enumerate(rows, 1)]
     return distinct(pairs, repr(str(path)), drop_identical, log)
 
 
@@ -126,8 +148,9 @@ def row_of(ds, prompt: str, chosen: str, rejected: str) -> int:
     return next(n for n, *pair in cells if pair == [prompt, chosen, rejected])
 
 
-def given_splits(splits: dict, drop_identical: bool, log=print) -> dict:
-    """{split: raw split} of datasets of pair rows given through the Python API, each row checked as a file's."""
+def given_splits(splits: dict, drop_identical: bool, log=print, replies: bool = False) -> dict:
+    """{split: raw split} of datasets of pair rows given through the Python API, each row checked as a file's
+    (`replies`: as to_pair's)."""
     raw = {}
     for split, ds in splits.items():
         if ds is None:
@@ -136,7 +159,7 @@ def given_splits(splits: dict, drop_identical: bool, log=print) -> dict:
         if not rows:
             raise DataError(f"the {split} split has no pairs; give at least one")
         where = f"the {split} dataset"
-        pairs = [{**to_pair(row, f"{where}, row {i}"), "row": i} for i, row in enumerate(rows, 1)]
+        pairs = [{**to_pair(row, f"{where}, row {i}", replies), "row": i} for i, row in enumerate(rows, 1)]
         raw[split] = pairs_dataset(distinct(pairs, where, drop_identical, log))
     return raw
 

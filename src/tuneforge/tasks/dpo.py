@@ -148,7 +148,8 @@ class DPOTask(CausalLMTask):
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
-        return datasets.DatasetDict(preference.given_splits(splits, self.options.drop_identical_pairs, self.log))
+        pairs = preference.given_splits(splits, self.options.drop_identical_pairs, self.log, replies=True)
+        return datasets.DatasetDict(pairs)
 
     # ---- features --------------------------------------------------------------------------
     def _encoder(self, tokenizer, ds, split: str):
