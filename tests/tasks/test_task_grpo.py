@@ -229,6 +229,22 @@ def test_a_row_without_a_prompt_or_a_reward_column_is_one_line(capfd, tiny_llama
     assert_refused(in_process(capfd, *args), tmp_path / "out", "row 3", "'answer'", "accuracy")
 
 
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        ((), ("has no chat template", "--chat-template FILE")),  # auto: text, as the tokenizer has no template
+        (("--prompt-format", "text"), ("--prompt-format text", "--prompt-format chat")),
+    ],
+)
+def test_messages_prompts_rendered_as_text_are_one_line_saying_why(
+    capfd, tiny_llama, data, cache_dir, tmp_path, flags, needles
+):
+    rows = [*prompts(2), {"prompt": [{"role": "user", "content": "What is 2 plus 2?"}], "answer": "#### 4"}]
+    train = write_jsonl(tmp_path / "t.jsonl", rows)
+    args = grpo_args(tiny_llama, (train, train, data[2]), str(tmp_path / "cache"), tmp_path / "out", *flags)
+    assert_refused(in_process(capfd, *args), tmp_path, "row 3 of", "t.jsonl", "a list of messages", *needles)
+
+
 def test_messages_prompts_are_rendered_with_the_chat_template_and_system_prompt(tiny_llama, cache_dir, tmp_path):
     from tuneforge.configure import build_config
     from tuneforge.tasks import get_task

@@ -375,8 +375,25 @@ class GRPOTask(CausalLMTask):
             )
         return tokenizer(prompt)["input_ids"]
 
+    def _check_text_prompts(self, raw) -> None:
+        """ConfigError naming the first row whose prompt is a list of messages when prompts are rendered as text,
+        and why they are (the flag, or a tokenizer without a template), before any split is tokenized."""
+        if self.as_chat:
+            return
+        for split, ds in raw.items():
+            row = next((n for n, p in zip(ds["row"], ds["prompt"]) if p.startswith("[")), None)  # JSON: a list
+            if row is None:
+                continue
+            where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
+            why, fix = "--prompt-format text", "use --prompt-format chat (or auto)"
+            if self.options.prompt_format != "text":
+                why = f"the tokenizer of {self.model_path()!r} has no chat template to render it"
+                fix = "pass --chat-template FILE (a Jinja template, e.g. ChatML)"
+            raise ConfigError(f"row {row} of {where}: the prompt is a list of messages, but {why}; {fix}")
+
     def tokenize(self, raw, tokenizer, log=print):
         self.resolve_block_size()
+        self._check_text_prompts(raw)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._pad_id = pad if pad is not None else 0
         limit = self.options.max_prompt_length
