@@ -227,6 +227,10 @@ def test_a_row_without_a_prompt_or_a_reward_column_is_one_line(capfd, tiny_llama
     train = write_jsonl(tmp_path / "u.jsonl", [*prompts(2), {"prompt": "where?"}])
     args = grpo_args(tiny_llama, (train, train, data[2]), cache_dir, tmp_path / "out")
     assert_refused(in_process(capfd, *args), tmp_path / "out", "row 3", "'answer'", "accuracy")
+    asked = [{"question": row["prompt"], "answer": row["answer"]} for row in prompts(2)]
+    train = write_jsonl(tmp_path / "v.jsonl", [*asked, {"question": 7, "answer": "1"}])
+    args = grpo_args(tiny_llama, (train, train, data[2]), cache_dir, tmp_path / "out", "--prompt-column", "question")
+    assert_refused(in_process(capfd, *args), tmp_path / "out", "row 3", "'question'", "int", "text or a list")
 
 
 @pytest.mark.parametrize(

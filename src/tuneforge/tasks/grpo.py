@@ -350,6 +350,11 @@ class GRPOTask(CausalLMTask):
                     "names the accuracy reward's)"
                 )
             prompt = row[field]
+            if not isinstance(prompt, (str, list)):
+                raise DataError(
+                    f"{where}, row {n}: column {field!r} holds a {type(prompt).__name__}; a prompt is text or a list "
+                    "of messages"
+                )
             if not isinstance(prompt, str):
                 prompt = chat.to_conversation(
                     {"messages": prompt}, "messages", f"{where}, row {n}", need_assistant=False
