@@ -101,6 +101,66 @@ def test_alpaca_rows_become_a_user_and_an_assistant_turn(tmp_path):
     ]
 
 
+def test_sharegpt_prompt_completion_and_text_parts_read_as_the_same_conversations(tmp_path):
+    """The row forms TRL and the hub's chat datasets use: ShareGPT's `conversations` (from/value), TRL's `prompt` +
+    `completion` (message lists, or two texts), and OpenAI's text parts as a content; each file reads as the
+    messages it stands for (they were refused: 'neither `messages` nor ...')."""
+    from tuneforge.data.chat import read_conversations
+
+    want = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi there"},
+        {"role": "assistant", "content": "hello"},
+    ]
+    speakers = {"system": "system", "user": "human", "assistant": "gpt"}
+    forms = {
+        "sharegpt": {"conversations": [{"from": speakers[m["role"]], "value": m["content"]} for m in want]},
+        "prompt-completion": {"prompt": want[:2], "completion": want[2:]},
+        "parts": {"messages": [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in want]},
+    }
+    forms["parts"]["messages"][1]["content"] = [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]
+    for name, row in forms.items():
+        path = write_jsonl(tmp_path / f"{name}.jsonl", [row, row])
+        assert read_conversations(path) == [want, want], name
+    texts = write_jsonl(tmp_path / "texts.jsonl", [{"prompt": "add 2 and 3", "completion": "5"}])
+    assert read_conversations(texts) == [
+        [{"role": "user", "content": "add 2 and 3"}, {"role": "assistant", "content": "5"}]
+    ]
+
+
+@pytest.mark.parametrize(
+    "rows, needles",
+    [
+        (
+            [{"conversations": [{"from": "human", "value": "hi"}, {"from": "bard", "value": "hello"}]}],
+            ("row 1 of", "message 2: unknown speaker 'bard'", "human"),
+        ),
+        (
+            [{"prompt": "hi", "completion": [{"role": "assistant", "content": "x"}]}],
+            ("row 1 of", "both texts or both lists"),
+        ),
+        (
+            [
+                {
+                    "messages": [
+                        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                        {"role": "assistant", "content": "a cat"},
+                    ]
+                }
+            ],
+            ("row 1 of", "message 1: a content part of kind 'image_url'", "text is what trains here"),
+        ),
+    ],
+)
+def test_rows_of_the_other_forms_that_cannot_train_are_one_line(tmp_path, rows, needles):
+    from tuneforge.data.chat import read_conversations
+    from tuneforge.errors import DataError
+
+    with pytest.raises(DataError) as caught:
+        read_conversations(write_jsonl(tmp_path / "rows.jsonl", rows))
+    assert all(n in str(caught.value) for n in needles), str(caught.value)
+
+
 def test_the_shared_lima_and_alpaca_seed_files_read(shared_data):
     from tuneforge.data.chat import read_conversations
 

@@ -1,9 +1,12 @@
 """Chat / instruction data: conversations read from json or jsonl, rendered with a chat template, the
 assistant's tokens marked for the loss, and several conversations packed into one block.
 
-Rows hold either `messages` (`[{"role": "system" | "user" | "assistant" | "tool", "content": ...}]`) or the
-Alpaca fields `instruction`, `input` (optional) and `output`; `--chat-format auto` tells them apart
-by the first row. Alpaca rows become [user: instruction (+ blank line + input), assistant: output].
+Rows hold `messages` (`[{"role": "system" | "user" | "assistant" | "tool", "content": ...}]`), ShareGPT's
+`conversations` (`[{"from": "system" | "human" | "gpt", "value": ...}]`), TRL's `prompt` and `completion`
+(message lists, joined; or two texts: [user: prompt, assistant: completion]) or the Alpaca fields
+`instruction`, `input` (optional) and `output`; `--chat-format auto` tells them apart by the first row.
+Alpaca rows become [user: instruction (+ blank line + input), assistant: output]. A content may be OpenAI's
+list of text parts (`[{"type": "text", "text": ...}]`, joined); another kind of part is refused.
 
 Tool calling: an assistant turn may hold OpenAI's `tool_calls` (`[{"id", "type": "function", "function":
 {"name", "arguments"}}]`, arguments a JSON string or an object; its content then may be null) and a `tool` turn
@@ -106,26 +109,32 @@ def iter_chats(path: str | Path, fmt: str = "auto"):
         raise DataError(f"{str(p)!r} holds no rows")
 
 
+# ShareGPT's speakers (`from`) as roles; "human"/"gpt" are the format's own, the rest what its copies write
+SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
+
+
 def detect_format(rows: list[dict], path: str, wanted: str = "auto") -> str:
-    """'messages' or 'alpaca': as asked, or from the first row's fields."""
+    """'messages', 'sharegpt', 'prompt-completion' or 'alpaca': as asked, or from the first row's fields."""
     if wanted != "auto":
         return wanted
     first = rows[0]
-    if "messages" in first:
-        return "messages"
-    if "instruction" in first and "output" in first:
-        return "alpaca"
+    for fmt, keys in (
+        ("messages", ("messages",)),
+        ("sharegpt", ("conversations",)),
+        ("prompt-completion", ("prompt", "completion")),
+        ("alpaca", ("instruction", "output")),
+    ):
+        if all(k in first for k in keys):
+            return fmt
     raise DataError(
-        f"{path!r}: the first row has neither `messages` nor `instruction` + `output` (it has: "
-        f"{', '.join(first) or 'no fields'}); give chat rows or Alpaca rows"
+        f"{path!r}: the first row has none of `messages`, `conversations`, `prompt` + `completion` or `instruction` + "
+        f"`output` (it has: {', '.join(first) or 'no fields'}); give chat rows, ShareGPT, prompt-completion or "
+        "Alpaca rows"
     )
 
 
-def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True, tools: bool = False) -> list[dict]:
-    """One row as a checked list of {role, content} messages; `where` names the row in errors. `tools`: tool
-    turns and assistants' tool_calls taken too (as the template reads them), else the roles are the first three.
-    `need_assistant` (SFT): an assistant turn, and not as the first message."""
-    roles = ROLES if tools else ROLES[:3]
+def _given_messages(row: dict, fmt: str, where: str) -> list:
+    """The row's messages as its format gives them (not yet checked)."""
     if fmt == "alpaca":
         missing = [k for k in ("instruction", "output") if not isinstance(row.get(k), str)]
         if missing:
@@ -133,11 +142,55 @@ def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True
                 f"{where} has no text in {' and '.join(missing)}; every Alpaca row needs instruction and output"
             )
         prompt = row["instruction"] + (f"\n\n{row['input']}" if str(row.get("input") or "").strip() else "")
-        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
-    else:
-        messages = row.get("messages")
-        if not isinstance(messages, list):
-            raise DataError(f"{where}: `messages` is not a list of {{role, content}} objects")
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+    if fmt == "prompt-completion":
+        prompt, completion = row.get("prompt"), row.get("completion")
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+        if isinstance(prompt, list) and isinstance(completion, list):
+            return prompt + completion
+        raise DataError(f"{where}: `prompt` and `completion` are both texts or both lists of {{role, content}} objects")
+    key = "conversations" if fmt == "sharegpt" else "messages"
+    messages = row.get(key)
+    if not isinstance(messages, list):
+        raise DataError(f"{where}: `{key}` is not a list of {{role, content}} objects")
+    if fmt == "sharegpt":  # {"from", "value"} turns (copies with {"role", "content"} are read as they are)
+        return [
+            _sharegpt_turn(m, where, n) if isinstance(m, dict) and "from" in m else m for n, m in enumerate(messages)
+        ]
+    return messages
+
+
+def _sharegpt_turn(turn: dict, where: str, n: int) -> dict:
+    role = SHAREGPT_ROLES.get(turn["from"]) if isinstance(turn["from"], str) else None
+    if role is None:
+        raise DataError(
+            f"{where}, message {n + 1}: unknown speaker {turn['from']!r}; ShareGPT's are {', '.join(SHAREGPT_ROLES)}"
+        )
+    return {"role": role, "content": turn.get("value")}
+
+
+def _text_content(message, where: str, i: int):
+    """The message with a content of OpenAI's text parts joined into one text; another kind of part refused."""
+    parts = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(parts, list):
+        return message
+    kinds = [p.get("type") if isinstance(p, dict) else type(p).__name__ for p in parts]
+    other = next((k for k, p in zip(kinds, parts) if k != "text" or not isinstance(p.get("text"), str)), None)
+    if other is not None or not parts:
+        raise DataError(
+            f"{where}, message {i + 1}: a content part of kind {other!r}; text is what trains here, as a string "
+            "or a list of {type: text, text} parts"
+        )
+    return {**message, "content": "".join(p["text"] for p in parts)}
+
+
+def to_conversation(row: dict, fmt: str, where: str, need_assistant: bool = True, tools: bool = False) -> list[dict]:
+    """One row as a checked list of {role, content} messages; `where` names the row in errors. `tools`: tool
+    turns and assistants' tool_calls taken too (as the template reads them), else the roles are the first three.
+    `need_assistant` (SFT): an assistant turn, and not as the first message."""
+    roles = ROLES if tools else ROLES[:3]
+    messages = [_text_content(m, where, i) for i, m in enumerate(_given_messages(row, fmt, where))]
     if not messages:
         raise DataError(f"{where} is an empty conversation; drop it or give it messages")
     for i, m in enumerate(messages):

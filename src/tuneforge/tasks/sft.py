@@ -40,10 +40,10 @@ from tuneforge.tasks.clm import CausalLMOptions, CausalLMTask
 
 
 class ChatSFTOptions(CausalLMOptions):
-    chat_format: Literal["auto", "messages", "alpaca"] = Field(
+    chat_format: Literal["auto", "messages", "sharegpt", "prompt-completion", "alpaca"] = Field(
         "auto",
-        description="rows with `messages` ([{role, content}]) or Alpaca rows (instruction, input, output); "
-        "auto: from the first row",
+        description="rows with `messages` ([{role, content}]), ShareGPT's `conversations` ([{from, value}]), "
+        "`prompt` + `completion` (TRL's), or Alpaca rows (instruction, input, output); auto: from the first row",
         json_schema_extra=EVAL,
     )
     chat_template: str | None = Field(
@@ -103,8 +103,8 @@ class ChatSFTTask(CausalLMTask):
             return chat_dataset(chat.read_chats(path, fmt))
 
         splits = self.read_given_files(
-            "conversations: pass --train-file chats.jsonl (rows with `messages`, or Alpaca rows with "
-            "instruction/input/output) and --validation-file",
+            "conversations: pass --train-file chats.jsonl (rows with `messages`, ShareGPT's `conversations`, "
+            "`prompt` + `completion`, or Alpaca rows with instruction/input/output) and --validation-file",
             read,
         )
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "conversation"))
