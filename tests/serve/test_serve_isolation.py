@@ -172,6 +172,12 @@ def test_lone_surrogates_are_refused_naming_the_field(gen_url, path, body, param
     assert "UTF-8" in error["message"]
 
 
+def deeply_nested_choice(leaf: str) -> bytes:
+    """A multiple-choice request whose input holds `leaf` under 600 nested objects: valid JSON that Python reads."""
+    nested = '{"a": ' * 600 + leaf + "}" * 600
+    return ('{"inputs": [{"question": "q", "choices": ["a", "b"], "x": ' + nested + "}]}").encode()
+
+
 def test_lone_surrogates_to_predict_are_a_422(qa_model, choice_model):
     with app_server(qa_model) as url:
         wait_ready(url)
@@ -181,6 +187,12 @@ def test_lone_surrogates_to_predict_are_a_422(qa_model, choice_model):
         wait_ready(url)
         body = {"inputs": [{"question": "q", "choices": ["a", SURROGATE]}]}
         assert_error(post(url, "/predict", body), 422, "inputs[0].choices[1]")
+        # an input's value nested as deep as Python's JSON reader goes (it was a RecursionError: a 500)
+        assert post(url, "/predict", deeply_nested_choice("1")).status_code == 200
+        surrogate_deep_down = deeply_nested_choice('"\\ud800"')
+        error = assert_error(post(url, "/predict", surrogate_deep_down), 422, "inputs[0].x" + ".a" * 600)
+        assert "UTF-8" in error["message"]
+        assert healthy(url)
 
 
 # ---- seeds and every other number: finite, stated bounds ---------------------------------------------

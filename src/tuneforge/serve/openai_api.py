@@ -317,35 +317,39 @@ def greedy_below_eps(temperature: float | None) -> float:
 
 def unencodable_field(value: Any, path: str = "") -> str | None:
     """The first field (as `prompt[1]`, `messages[0].content`) of a request whose text UTF-8 cannot encode (a
-    lone surrogate), walking models, lists and dicts (their keys too); None when all of it can."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return path or "body"
-        return None
-    if isinstance(value, BaseModel):
-        items = ((name, getattr(value, name)) for name in type(value).model_fields)
-        return _first_unencodable(items, path)
-    if isinstance(value, dict):
-        for key in value:
-            if unencodable_field(key) is not None:
+    lone surrogate), walking models, lists and dicts (their keys too); None when all of it can. Walked on a stack
+    of its own, not by recursion: JSON nested deeper than Python's recursion limit is still valid JSON."""
+    todo = [(value, path)]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, str):
+            if not _encodes(value):
+                return path or "body"
+            continue
+        if isinstance(value, BaseModel):
+            children = [(getattr(value, name), _field_path(path, name)) for name in type(value).model_fields]
+        elif isinstance(value, dict):
+            if not all(_encodes(key) for key in value if isinstance(key, str)):
                 return path or "body"  # the key itself cannot be named in the error
-        return _first_unencodable(value.items(), path)
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            found = unencodable_field(item, f"{path}[{i}]")
-            if found is not None:
-                return found
+            children = [(item, _field_path(path, str(name))) for name, item in value.items()]
+        elif isinstance(value, (list, tuple)):
+            children = [(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        else:
+            continue
+        todo.extend(reversed(children))  # the first child on top: fields are named in the request's order
     return None
 
 
-def _first_unencodable(items, path: str) -> str | None:
-    for name, item in items:
-        found = unencodable_field(item, f"{path}.{name}" if path else str(name))
-        if found is not None:
-            return found
-    return None
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _field_path(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
 
 
 def refuse_unencodable(body: BaseModel, status: int = 400) -> None:
