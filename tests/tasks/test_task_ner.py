@@ -193,6 +193,22 @@ def test_predict_finds_entities_with_character_offsets(trained, tmp_path, capsys
     assert [r["entities"] for r in rows] == [g["entities"] for g in got]
 
 
+def test_a_word_the_tokenizer_drops_leaves_the_other_words_their_tags(trained):
+    """A zero-width space, soft hyphen or control character is a word to CoNLL's split but no token to BERT's
+    tokenizer: the words after it kept their own tags (each tag went to the word before: "New York" came out as
+    the invisible character and "York")."""
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    predictor = load_predictor(run / "model")
+    for invisible in ("\u200b", "\u00ad", "\x01"):
+        text = f"John Smith visited {invisible} New York on Monday."
+        [got] = predictor.predict([text])
+        assert [(e["entity"], e["text"]) for e in got["entities"]] == [("PER", "John Smith"), ("LOC", "New York")]
+        for e in got["entities"]:
+            assert text[e["start"] : e["end"]] == e["text"]
+
+
 def test_serve_answers_entities(trained):
     from tuneforge.predict import load_predictor
 

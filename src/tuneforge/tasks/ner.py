@@ -330,7 +330,8 @@ class TokenClassificationTask(Task):
 class EntityPredictor:
     """`EntityPredictor("runs/ner/model").predict(["Peter lives in Berlin."])` -> per text, its entities:
     {"entity": type, "text", "start", "end" (character offsets), "score" (mean of its words' tag
-    probabilities)}. Words are split as CoNLL splits them; each word's tag is read at its first sub-token."""
+    probabilities)}. Words are split as CoNLL splits them; each word's tag is read at its first sub-token
+    (a word with none, such as a zero-width space, is in no entity)."""
 
     regression = False
     accepts = ("texts",)  # what `tuneforge serve` takes for it
@@ -374,14 +375,17 @@ class EntityPredictor:
                 logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
             probs = logits.float().softmax(-1).cpu()
             for j, i in enumerate(idx):
-                tags, scores, previous = [], [], None
+                # the words that have a token, each with its tag: a word the tokenizer drops (a zero-width space,
+                # a control character) or cuts off has none, and must not take the next word's
+                tagged, tags, scores, previous = [], [], [], None
                 for pos, word in enumerate(word_ids[j]):
                     if word is not None and word != previous:
                         p = probs[j, pos]
+                        tagged.append(spans[i][word])
                         tags.append(self.labels[int(p.argmax())])
                         scores.append(float(p.max()))
                     previous = word
-                results[i] = {"entities": self._entities(texts[i], spans[i], tags, scores)}
+                results[i] = {"entities": self._entities(texts[i], tagged, tags, scores)}
         return results
 
     @staticmethod
