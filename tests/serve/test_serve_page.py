@@ -18,6 +18,7 @@ import pytest
 
 from conftest import save_tiny_causal_lm, save_tiny_classifier
 from test_serve_generate import KEY, NAME, app_server, save_chat_model, wait_ready
+from test_serve_isolation import save_bert_task_model
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -279,6 +280,35 @@ def test_the_classifier_page_shows_label_scores_as_bars(browser, tmp_path, minil
     assert rows[0][0] == want["label"]  # the best label first
     for _, score, shown, width in rows:
         assert shown == f"{score:.3f}" and width == pytest.approx(score, abs=0.01)  # the bar is the score
+
+
+def test_the_question_answering_page_asks_for_a_question_and_its_context(browser, tmp_path, minilm_dir):
+    """A qa model takes (question, context) pairs only: the page names both boxes so, and a question sent without
+    its context gets the server's word for it (it was parsed as the JSON of a request: a SyntaxError)."""
+    from transformers import BertForQuestionAnswering
+
+    from tuneforge.predict import load_predictor
+
+    model = save_bert_task_model(tmp_path / "qa", minilm_dir, BertForQuestionAnswering, {"task": "qa"})
+    question, context = "where does Peter live", "Peter lives in Berlin with his sister."
+    with app_server(model) as url:
+        wait_ready(url)
+        page = browser.new_page()
+        sent = request_bodies(page, "/predict")
+        page.goto(url)
+        page.wait_for_selector("#predict:not(.hidden)", timeout=30_000)
+        boxes = [page.get_attribute(box, "placeholder") for box in ("#text", "#pair")]
+        page.fill("#text", question)
+        page.click("#classify")
+        refused = page.wait_for_selector("#result.error", timeout=30_000).inner_text()
+        page.fill("#pair", context)
+        page.click("#classify")
+        answer = json.loads(page.wait_for_selector("#result pre", timeout=30_000).inner_text())
+        page.close()
+    assert boxes == ["A question", "The context: the answer is a span of it"]
+    assert sent == [{"pairs": [[question, ""]]}, {"pairs": [[question, context]]}]
+    assert refused == "input 1: the context is empty; the answer is a span of it"
+    assert answer == pytest.approx(load_predictor(model).predict([(question, context)])[0])
 
 
 def test_the_sentence_encoder_page_shows_the_cosine_similarity_of_two_texts(browser, tiny_encoder):
