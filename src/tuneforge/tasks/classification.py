@@ -470,12 +470,15 @@ class ClassificationPredictor:
         self.model.to(self.device)
         self.precision = ServingPrecision(self.model, self.device)
         self.regression = config.num_labels == 1
+        # labels that each hold or not (a toxicity model): each its own sigmoid, as transformers' pipeline scores them
+        self.multi_label = config.problem_type == "multi_label_classification"
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
-        """One dict per input, in input order: label, label_id, score, scores (or score for regression)."""
+        """One dict per input, in input order: label, label_id, score, scores (or score for regression); scores
+        are a softmax across the labels, or each label's sigmoid for a multi-label model (as transformers' pipeline)."""
         pairs = [tuple(x) if isinstance(x, (tuple, list)) else (x,) for x in inputs]
         if not pairs:
             return []
@@ -494,7 +497,7 @@ class ClassificationPredictor:
                 for i, v in zip(idx, logits.squeeze(-1).tolist()):
                     results[i] = {"score": v}
                 continue
-            probs = logits.softmax(-1)
+            probs = logits.sigmoid() if self.multi_label else logits.softmax(-1)
             top = probs.argmax(-1).tolist()
             for i, t, p in zip(idx, top, probs.tolist()):
                 results[i] = {
