@@ -2,6 +2,7 @@
 batched together, and every caller gets the same answers as `Predictor`. (Generative models:
 test_serve_generate.py; the page: test_serve_page.py.)"""
 
+import json
 import socket
 import threading
 
@@ -133,6 +134,17 @@ def test_bad_requests_get_422(server, body, needle):
     r = post(server, body)
     assert r.status_code == 422
     assert needle in r.text
+
+
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain"])
+def test_a_json_body_sent_without_its_content_type_is_told_to_send_one(server, content_type):
+    """`curl -d '{...}'` without -H sends a form's Content-Type, and the server does not read the body as JSON: the
+    refusal says so (it said the body "must be a JSON object", which it was)."""
+    body = json.dumps({"texts": ["a good one"]})
+    r = httpx.post(f"{server}/predict", content=body, headers={"Content-Type": content_type}, timeout=60)
+    assert r.status_code == 422, r.text
+    message = r.json()["error"]["message"]
+    assert "Content-Type: application/json" in message and content_type in message
 
 
 def test_bad_requests_use_the_openai_error_shape_and_generation_routes_say_where_to_go(server):

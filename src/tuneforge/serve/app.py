@@ -180,7 +180,7 @@ async def invalid_request(request: Request, err: RequestValidationError):
     if first.get("type") == "json_invalid":
         return error_response(oa.ApiError(400, f"the request body is not valid JSON: {first.get('msg')}"))
     if tuple(first.get("loc", ())) == ("body",):  # the body itself (a field that is no object is named below)
-        return error_response(oa.ApiError(status, "the request body must be a JSON object"))
+        return error_response(oa.ApiError(status, _body_not_an_object(request.headers.get("content-type"))))
     loc = tuple(first.get("loc", ()))
     param = _param(loc)
     forms = _union_forms(errors, loc)
@@ -189,6 +189,15 @@ async def invalid_request(request: Request, err: RequestValidationError):
     else:
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return error_response(oa.ApiError(status, message, param))
+
+
+def _body_not_an_object(content_type: str | None) -> str:
+    """Why the body is no JSON object: FastAPI reads it as JSON only under no Content-Type or a JSON one (`curl -d`
+    without -H sends a form's, and the JSON object in it is never read)."""
+    subtype = (content_type or "").split(";")[0].strip().lower().partition("/")[2]
+    if content_type and subtype != "json" and not subtype.endswith("+json"):
+        return f"the request body must be JSON sent with Content-Type: application/json, not {content_type}"
+    return "the request body must be a JSON object"
 
 
 UNION_TAG = re.compile(r"str|int|float|bool|(list|dict|tuple|union)\[.*|[A-Z]\w*")
