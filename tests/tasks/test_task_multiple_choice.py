@@ -182,6 +182,13 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
         r = httpx.post(f"{url}/predict", json={"inputs": three}, timeout=60)
         assert r.status_code == 200 and r.json()["predictions"][0]["choice"] == "green."
         assert httpx.post(f"{url}/predict", json={"texts": ["a"]}, timeout=60).status_code == 422
+        # a row's choices run in one forward: one request must not send it a million (nor a key it would pass over)
+        many = [{"question": "pick", "choices": ["a."] * 65}]
+        r = httpx.post(f"{url}/predict", json={"inputs": three + many}, timeout=60)
+        assert r.status_code == 422 and "input 2 has 65 choices, above 64" in r.json()["error"]["message"]
+        misnamed = [{"context": three[0]["question"], "choices": three[0]["choices"]}]
+        r = httpx.post(f"{url}/predict", json={"inputs": misnamed}, timeout=60)
+        assert r.status_code == 422 and "input 1: unknown key 'context'" in r.json()["error"]["message"]
 
 
 def test_rows_of_mixed_lengths_run_apart_and_score_as_each_alone(trained):

@@ -26,6 +26,8 @@ from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
 from tuneforge.tasks.length_runs import length_batches
 
+MAX_CHOICES = 64  # choices of one input a predictor takes (SWAG, HellaSwag, ARC and PIQA have 2 to 5)
+
 
 def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
     """The (first, second) texts of each choice: the context, and the prefix followed by the ending."""
@@ -242,12 +244,20 @@ class ChoicePredictor:
 
     @staticmethod
     def check_inputs(rows: list[dict]) -> None:
-        """Each row a {"question": text, "choices": [at least 2 texts]} (a "prefix" text optional), checked before
-        any model work (serve: before the request joins a batch); DataError naming the input otherwise."""
-        shape = '{"question": text, "choices": [at least 2 texts]}'
+        """Each row a {"question": text, "choices": [2 to MAX_CHOICES texts]} (a "prefix" text optional), checked
+        before any model work (serve: before the request joins a batch); DataError naming the input otherwise. A
+        row's choices run in one forward, hence the bound (one request must not hold a million of them)."""
+        shape = f'{{"question": text, "choices": [2 to {MAX_CHOICES} texts]}} (a "prefix" text optional)'
         for i, row in enumerate(rows, start=1):
             if not isinstance(row, dict) or not isinstance(row.get("choices"), list) or len(row["choices"]) < 2:
                 raise DataError(f"input {i}: each input is {shape}")
+            if len(row["choices"]) > MAX_CHOICES:
+                raise DataError(
+                    f"input {i} has {len(row['choices'])} choices, above {MAX_CHOICES}; each input is {shape}"
+                )
+            unknown = sorted(set(row) - {"question", "prefix", "choices"})
+            if unknown:  # a "context" sent for "question" would be scored as an empty question
+                raise DataError(f"input {i}: unknown key {unknown[0]!r}; each input is {shape}")
             if not all(isinstance(c, str) for c in row["choices"]):
                 raise DataError(f"input {i}: every choice must be a text; each input is {shape}")
             for key in ("question", "prefix"):
