@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from tuneforge.data import prepared
+from tuneforge.errors import DataError
 from tuneforge.training_data import RELEASE_EVERY, TrainingData
 
 
@@ -94,3 +95,37 @@ def test_the_pages_a_run_read_are_let_go_and_read_again_the_same(tmp_path):
     data.release_pages()
     assert mapped_kib(shard) == 0
     assert data.train[[5, 2_999, 1_234]] == rows == ds[[5, 2_999, 1_234]]
+
+
+def damage(folder, how: str) -> None:
+    shard = next((folder / "train").glob("*.arrow"))
+    if how == "shard-missing":
+        shard.unlink()
+    elif how == "shard-cut-short":
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    elif how == "shard-empty":
+        shard.write_bytes(b"")
+    elif how == "lengths-missing":
+        (folder / "train" / "lengths.npy").unlink()
+    elif how == "lengths-cut-short":
+        (folder / "train" / "lengths.npy").write_bytes((folder / "train" / "lengths.npy").read_bytes()[:100])
+    else:  # another folder's shard copied over this one's: other rows than meta.json says
+        prepared.write_split(features(7), folder / "other")
+        shard.write_bytes(next((folder / "other").glob("*.arrow")).read_bytes())
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["shard-missing", "shard-cut-short", "shard-empty", "lengths-missing", "lengths-cut-short", "shard-of-other-rows"],
+)
+def test_a_damaged_prepared_folder_is_one_line_naming_it(tmp_path, how):
+    ds = features(300)
+    names = prepared.write_split(ds, tmp_path / "train")
+    meta = {"format": prepared.FORMAT, "rows": {"train": 300}, "shards": {"train": names}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    damage(tmp_path, how)
+    with pytest.raises(DataError) as err:
+        prepared.read_prepared(tmp_path, log=lambda line: None)
+    message = str(err.value)
+    assert message.startswith(f"prepared data {str(tmp_path)!r} is damaged (train/") and "\n" not in message
+    assert "prepare it again" in message

@@ -112,21 +112,46 @@ def _meta(folder: Path) -> dict:
 
 
 def read_prepared(folder: Path, log) -> Prepared:
-    import datasets
-
+    """The features of a prepared folder, memory-mapped; one DataError line where a file of it is missing, cut
+    short or holds other rows than its meta.json says (a copy or a disk went wrong)."""
     meta = _meta(folder)
     features, lengths, maps = {}, {}, []
     for split, files in meta["shards"].items():
-        parts = []
-        for name in files:
-            table, mapped = _open_shard(folder / split / name)
-            maps.append(mapped)
-            parts.append(datasets.Dataset(table, fingerprint=f"prepared-{folder.name}-{split}-{name}"))
-        features[split] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-        lengths[split] = np.load(folder / split / "lengths.npy")
+        features[split], lengths[split] = _read_split(folder, split, files, meta.get("rows", {}).get(split), maps)
     rows = ", ".join(f"{split} {n:,} rows" for split, n in meta["rows"].items())
     log(f"reading prepared data {folder} ({rows}; memory-mapped, nothing tokenized)")
     return Prepared(features, meta.get("labels"), meta.get("own_labels"), folder, lengths, maps)
+
+
+def _read_split(folder: Path, split: str, files: list[str], rows: int | None, maps: list):
+    """One split's features and lengths (its shards' maps added to `maps`)."""
+    import datasets
+
+    where = f"{split}/{files[0] if files else 'lengths.npy'}"
+    try:
+        parts = []
+        for name in files:
+            where = f"{split}/{name}"
+            table, mapped = _open_shard(folder / split / name)
+            maps.append(mapped)
+            parts.append(datasets.Dataset(table, fingerprint=f"prepared-{folder.name}-{split}-{name}"))
+        features = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        where = f"{split}/lengths.npy"
+        lengths = np.load(folder / split / "lengths.npy")
+    except (OSError, ValueError) as err:  # (pyarrow's ArrowInvalid is a ValueError, its ArrowIOError an OSError)
+        why = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+        raise DataError(_damaged(folder, where, why)) from None
+    if not (rows == len(features) == len(lengths)):
+        held = f"{len(features):,} rows and {len(lengths):,} lengths"
+        raise DataError(_damaged(folder, f"{split}/", f"it holds {held}, meta.json says {rows}"))
+    return features, lengths
+
+
+def _damaged(folder: Path, where: str, why: str) -> str:
+    return (
+        f"prepared data {str(folder)!r} is damaged ({where}: {why}); remove the folder and prepare it again "
+        "(tuneforge prepare)"
+    )
 
 
 def _open_shard(path: Path):
