@@ -129,3 +129,14 @@ def test_a_damaged_prepared_folder_is_one_line_naming_it(tmp_path, how):
     message = str(err.value)
     assert message.startswith(f"prepared data {str(tmp_path)!r} is damaged (train/") and "\n" not in message
     assert "prepare it again" in message
+
+
+def test_a_folder_another_prepare_wrote_meanwhile_is_kept_and_ours_dropped(tmp_path):
+    """Two prepares of the same data at once: the second to finish finds the first's folder where it renames its own."""
+    ours, theirs = tmp_path / ".key.123.tmp", tmp_path / "key"
+    for folder in (ours, theirs):
+        prepared.write_split(features(5), folder / "train")
+        (folder / "meta.json").write_text(json.dumps({"by": folder.name}))
+    assert prepared.move_into_place(ours, theirs) is False
+    assert not ours.exists() and json.loads((theirs / "meta.json").read_text()) == {"by": "key"}
+    assert prepared.move_into_place(theirs, tmp_path / "new") is True and (tmp_path / "new" / "meta.json").is_file()

@@ -196,12 +196,25 @@ def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) ->
             "own_labels": own_labels,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        tmp.replace(folder)
+        placed = move_into_place(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log(f"prepared data written to {folder}")
+    log(f"prepared data written to {folder}" if placed else f"prepared data already at {folder} (written meanwhile)")
     return folder
+
+
+def move_into_place(tmp: Path, folder: Path) -> bool:
+    """Rename the whole folder `tmp` to `folder`; False (and `tmp` removed) where another process preparing the
+    same data at the same time put its own there first: it holds the same features."""
+    try:
+        tmp.replace(folder)
+    except OSError:  # (renaming onto a folder that is not empty)
+        if not (folder / "meta.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    return True
 
 
 def write_split(ds, folder: Path) -> list[str]:
