@@ -1,6 +1,7 @@
 """`tuneforge prepare`: a config's data tokenized once into memory-mapped shards that its runs read (one process
 and two ranks) without tokenizing again and with the same result; a changed file prepared anew; a prepared folder
-named as a source, refused when another tokenizer made it; compressed sources, and a truncated one refused."""
+named as a source, refused when another tokenizer, truncation or packing made it; compressed sources, and a
+truncated one refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import gzip
 import json
 import shutil
 from pathlib import Path
+
+import pytest
+import yaml
 
 from conftest import read_jsonl
 from test_bad_input import in_process
@@ -137,3 +141,42 @@ def test_packed_sources_are_prepared_as_full_blocks_of_each_source(capfd, tmp_pa
     assert run.stderr.count("reading prepared data") == 3 and "blocks of 16" not in run.stderr
     assert f"data mixture: 3 sources, {sum(blocks)} examples per epoch" in run.stderr
     assert final_eval(tmp_path / "run") == final_eval(tmp_path / "plain")
+
+
+def web_folder(capfd, tmp_path, tiny_gpt2, sources) -> Path:  # noqa: F811
+    """The web source (108 training rows) prepared, copied out of the cache as shared storage would hold it."""
+    config = mixture_config(tmp_path, tiny_gpt2, str(tmp_path / "cache"), sources)
+    assert in_process(capfd, "prepare", config).returncode == 0
+    folder = next(
+        f
+        for f in (tmp_path / "cache" / "prepared").iterdir()
+        if json.loads((f / "meta.json").read_text())["rows"]["train"] == 108
+    )
+    return Path(shutil.copytree(folder, tmp_path / "web-shards"))
+
+
+@pytest.mark.parametrize(
+    ("values", "needle"),
+    [({"max_length": 8}, "max_length 32, this run has 8"), ({"packing": True}, "packing False, this run has True")],
+    ids=["max_length", "packing"],
+)
+def test_a_prepared_folder_of_other_truncation_or_packing_is_refused(
+    capfd,
+    tmp_path,
+    tiny_gpt2,
+    sources,  # noqa: F811
+    values,
+    needle,
+):
+    shards = web_folder(capfd, tmp_path, tiny_gpt2, sources)
+    named = [{"path": str(shards), "weight": 1}, {**sources[1], "weight": 1}]
+    config = mixture_config(tmp_path, tiny_gpt2, str(tmp_path / "cache2"), named, max_steps=2)
+    run = yaml.safe_load(config.read_text())
+    for key, value in values.items():
+        (run["data"] if key == "max_length" else run)[key] = value
+    config.write_text(yaml.safe_dump(run))
+    refused = in_process(capfd, "train", config)
+    assert refused.returncode == 2
+    lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: data source 'web-shards': '{shards}' was prepared with ")
+    assert needle in lines[0] and not (tmp_path / "run" / "model").exists()

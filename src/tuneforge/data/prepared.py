@@ -5,13 +5,14 @@ features whole: Arrow maps the shards from disk).
 A prepared folder (CACHE/prepared/KEY) holds one folder per split: Arrow stream files (`datasets`' own format, read
 with `Dataset.from_file`) of at most SHARD_BYTES, written in record batches of about RECORD_BYTES, and the split's
 `length` column alone as lengths.npy; and meta.json (the label set the features are encoded with, the source's own
-label set, rows and shard files per split). Large record batches and the separate lengths are what keep a
-training process's memory flat as the data grows: opening a mapped Arrow file touches every record batch's header
-(with the kernel's fault-around, 64 KiB each: 64 bytes per row at `datasets`' 1,000-row batches), and reading the
-`length` column from the shards would touch pages of every batch again. The shards are mapped by this module (not
-by `datasets`), so that a run can let go of the pages it has read (`release_pages`): reading a row maps the page
-cache's whole folio around it (up to 2 MiB on current kernels, whatever `madvise` says), and over an epoch of
-random reads a process's resident memory would grow to the size of the data.
+label set, the settings that shaped the tokens: max_length, packing, ...; rows and shard files per split). Large
+record batches and the separate lengths are what keep a training process's memory flat as the data grows: opening a
+mapped Arrow file touches every record batch's header (with the kernel's fault-around, 64 KiB each: 64 bytes per row
+at `datasets`' 1,000-row batches), and reading the `length` column from the shards would touch pages of every batch
+again. The shards are mapped by this module (not by `datasets`), so that a run can let go of the pages it has read
+(`release_pages`): reading a row maps the page cache's whole folio around it (up to 2 MiB on current kernels,
+whatever `madvise` says), and over an epoch of random reads a process's resident memory would grow to the size of
+the data.
 
 KEY covers what decides the features: the task and its options, the data settings, the content fingerprints of
 every input file the config names (data/fingerprint.py: a changed file is another key) and the tokenizer's
@@ -40,6 +41,8 @@ FORMAT = 2  # bumped when what a prepared folder holds changes
 SHARD_BYTES = 500 * 2**20
 RECORD_BYTES = 32 * 2**20  # rows per record batch: about this many bytes
 NOT_FEATURE_SETTINGS = ("cache_dir", "group_by_length", "sources", "allow_changed_data", "num_workers")
+# what shapes the tokens whatever the rows: a prepared folder named as a source must be made with the run's values
+SHAPING_SETTINGS = ("max_length", "packing", "block_size", "max_target_length", "source_prefix", "doc_stride")
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,9 @@ def load_prepared(config, tokenizer, log) -> Prepared | None:
 
 
 def read_folder(folder: Path, config, tokenizer, log) -> Prepared:
-    """A prepared folder named as a data source: one DataError line where it was prepared for another task or with
-    another tokenizer than this run's (its token ids would mean other tokens)."""
+    """A prepared folder named as a data source: one DataError line where it was prepared for another task, with
+    another tokenizer than this run's (its token ids would mean other tokens) or other SHAPING_SETTINGS (other
+    truncation or packing)."""
     meta = _meta(folder)
     if meta.get("task") != config.task:
         raise DataError(f"{str(folder)!r} was prepared for --task {meta.get('task')}, not {config.task}")
@@ -98,7 +102,22 @@ def read_folder(folder: Path, config, tokenizer, log) -> Prepared:
             "other tokens; prepare the data again with this model (tuneforge prepare), or train the model it was "
             "prepared for"
         )
+    given, now = meta.get("settings"), shaping_settings(config)
+    if isinstance(given, dict):  # (a folder prepared before the settings were kept in meta.json is not checked)
+        for name in sorted(set(given) | set(now)):
+            if given.get(name) != now.get(name):
+                raise DataError(
+                    f"{str(folder)!r} was prepared with {name} {given.get(name)}, this run has {now.get(name)}: its "
+                    "features are not this run's; prepare the data again with this run's settings (tuneforge "
+                    "prepare), or give the run the folder's"
+                )
     return read_prepared(folder, log)
+
+
+def shaping_settings(config) -> dict:
+    """The values of SHAPING_SETTINGS (data settings and task options) that `config` has."""
+    values = {**config.data.model_dump(mode="json"), **config.task_options.model_dump(mode="json")}
+    return {name: values[name] for name in SHAPING_SETTINGS if name in values}
 
 
 def _meta(folder: Path) -> dict:
@@ -190,6 +209,7 @@ def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) ->
             "format": FORMAT,
             "task": config.task,
             "tokenizer": tokenizer_fingerprint(tokenizer),
+            "settings": shaping_settings(config),
             "rows": {split: len(ds) for split, ds in features.items()},
             "shards": shards,
             "labels": labels,
