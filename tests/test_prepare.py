@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import read_jsonl
+from conftest import read_jsonl, write_sentiment_csv
 from test_bad_input import in_process
 from test_data_mixture import mixture_config, sources, write_texts  # noqa: F401 (the fixture)
 
@@ -180,3 +180,31 @@ def test_a_prepared_folder_of_other_truncation_or_packing_is_refused(
     lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(f"error: data source 'web-shards': '{shards}' was prepared with ")
     assert needle in lines[0] and not (tmp_path / "run" / "model").exists()
+
+
+def test_a_prepared_classification_folder_is_a_source_evaluated_on_its_validation_file(capfd, tmp_path, tiny_bert):
+    """A classifier's prepared folder named as a source: it trains (it was read as a training file: 'is a folder'),
+    it is evaluated on the validation file the source names (not the rows held out when it was prepared), and with
+    a source of other labels, whose ids it was not encoded with, it is refused in one line."""
+    train, validation = write_sentiment_csv(tmp_path / "a.csv", 60, 1), write_sentiment_csv(tmp_path / "v.csv", 7, 2)
+    other = tmp_path / "b.csv"
+    other.write_text(write_sentiment_csv(tmp_path / "b.csv", 30, 3).read_text().replace(",neg", ",neutral"))
+    values = {"task": "classification", "model": tiny_bert, "output_dir": str(tmp_path / "run"), "max_steps": 2}
+    values["data"] = {"cache_dir": str(tmp_path / "cache"), "max_length": 32}
+
+    def config(*given) -> Path:
+        path = tmp_path / "mix.yaml"
+        path.write_text(yaml.safe_dump({**values, "data": {**values["data"], "sources": list(given)}}))
+        return path
+
+    assert in_process(capfd, "prepare", config({"path": str(train)})).returncode == 0
+    shards = shutil.copytree(next((tmp_path / "cache" / "prepared").iterdir()), tmp_path / "a-shards")
+    named = {"path": str(shards), "weight": 1, "validation_file": str(validation)}
+    ok = in_process(capfd, "train", config(named, {"path": str(train), "weight": 1, "name": "raw"}))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "data source 'a-shards': tokenize validation: tokenizing 7 examples" in ok.stderr
+    refused = in_process(capfd, "train", config(named, {"path": str(other), "weight": 1}), "--overwrite")
+    assert refused.returncode == 2
+    lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
+    assert len(lines) == 1 and lines[0].startswith(f"error: data source 'a-shards': '{shards}' was prepared with the ")
+    assert "['neg', 'neutral', 'pos']" in lines[0]

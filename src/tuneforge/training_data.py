@@ -88,11 +88,14 @@ def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingDa
     from tuneforge.configure import build_config, source_options
 
     sources = config.data.sources
-    subs = [type(task)(build_config(config.given_values(_read_as(config, s, source_options)))) for s in sources]
+    subs = [
+        _named(s, lambda s=s: type(task)(build_config(config.given_values(_read_as(config, s, source_options)))))
+        for s in sources
+    ]
     read = []
     for source, sub in zip(sources, subs):
         sub.log = _prefixed(log, source.name)
-        if source.path is not None and is_prepared(source.path):  # a folder tuneforge prepare wrote
+        if _given_prepared(source):  # a folder tuneforge prepare wrote
             prepared = _named(
                 source, lambda s=source, sub=sub: read_folder(Path(s.path), sub.config, tokenizer, sub.log)
             )
@@ -126,13 +129,31 @@ def _features(source, sub, prepared, raw, own, labels, tokenizer, config, save: 
     else tokenized from its raw rows (read now if the prepared ones were of another label set)."""
     sub.use_labels(labels)
     if prepared is not None and prepared.labels == labels:
+        if _given_prepared(source) and sub.config.data.validation_file:  # (not the folder's own validation rows)
+            return {**prepared.features, "validation": _named(source, lambda: _validation_features(sub, tokenizer))}
         return prepared.features
+    if _given_prepared(source):  # (its raw rows are not at hand to encode again)
+        raise DataError(
+            f"data source {source.name!r}: {source.path!r} was prepared with the labels {prepared.labels}, this "
+            f"mixture has {labels}; prepare it in one config with the other sources (its labels encoded as theirs)"
+        )
     if raw is None:
         raw = _named(source, lambda: _read_source(source, sub, config))
     feats = _named(source, lambda: sub.tokenize(sub.encode_labels(raw), tokenizer, log=sub.log))
     if save:
         save_prepared(sub.config, tokenizer, dict(feats), labels, own, sub.log)
     return feats
+
+
+def _given_prepared(source) -> bool:
+    """Whether the source's path is a folder tuneforge prepare wrote (not a raw file or folder)."""
+    return source.path is not None and is_prepared(source.path)
+
+
+def _validation_features(sub, tokenizer):
+    """The features of the validation file `sub` is given (read alone: its training rows are prepared)."""
+    raw = sub.load_raw()
+    return sub.tokenize(sub.encode_labels({"validation": raw["validation"]}), tokenizer, log=sub.log)["validation"]
 
 
 def _prefixed(log, name: str):
@@ -146,7 +167,7 @@ def _read_as(config, source, source_options) -> dict:
     folder = source.path is not None and _is_dir(source.path)
     data.update(
         sources=[],
-        train_file=None if folder or source.path is None else source.path,
+        train_file=None if folder or source.path is None or is_prepared(source.path) else source.path,
         data_dir=source.path if folder else None,
         validation_file=config.data.validation_file or source.validation_file,
         max_train_samples=None,
