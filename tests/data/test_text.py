@@ -1,13 +1,17 @@
 """Packing (data/text.py `pack_blocks`): the blocks are the same however many rows are read at a time, in memory
 or written to a file beside the cache (read memory-mapped, reused, never half-written), and hold every token once
-in order."""
+in order; a gzip'd text file read as the plain one."""
 
 from __future__ import annotations
 
+import gzip
+
 import datasets
 import numpy as np
+import pytest
 
 from tuneforge.data.text import blocks_file, pack_blocks
+from tuneforge.errors import DataError
 
 
 def token_rows(n: int = 50, seed: int = 0) -> datasets.Dataset:
@@ -38,3 +42,28 @@ def test_blocks_are_the_same_in_any_parts_and_in_a_file(tmp_path):
 def test_an_empty_split_packs_into_no_blocks(tmp_path):
     rows = token_rows().select(range(0))
     assert len(pack_blocks(rows, 8)) == 0
+
+
+def test_a_compressed_text_file_gives_the_lines_of_the_plain_one(tmp_path):
+    from tuneforge.data.text import read_lines
+
+    plain = tmp_path / "train.txt"
+    plain.write_bytes("\ufeffone line\r\nzwei Zeile é\r\n\r\nlast\rpart".encode())
+    packed = tmp_path / "train.txt.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert read_lines(packed) == read_lines(plain) == ["one line\n", "zwei Zeile é\n", "\n", "last\n", "part"]
+    assert read_lines(packed, keep_linebreaks=False) == read_lines(plain, keep_linebreaks=False)
+    packed.write_bytes(packed.read_bytes()[:20])
+    with pytest.raises(DataError, match="is not a whole gzip file"):
+        read_lines(packed)
+
+
+def test_a_compressed_text_file_trains_a_causal_lm_without_a_task(capfd, tmp_path, tiny_gpt2):
+    from test_bad_input import in_process
+
+    lines = "".join(f"line {i} of the cat and the dog\n" for i in range(60))
+    (tmp_path / "train.TXT.gz").write_bytes(gzip.compress(lines.encode()))
+    args = ["--model", tiny_gpt2, "--train-file", tmp_path / "train.TXT.gz", "--max-steps", "1", "--no-packing"]
+    proc = in_process(capfd, "train", *args, "--output-dir", tmp_path / "run", "--cache-dir", tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "holding out 10% of the training text" in proc.stderr

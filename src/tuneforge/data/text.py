@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
@@ -31,25 +32,35 @@ def _check_text_file(path: str | Path, what: str) -> Path:
 
 
 def read_lines(path: str | Path, what: str = "text file", keep_linebreaks: bool = True) -> list[str]:
-    """All lines of a UTF-8 file (a leading BOM dropped); DataError if it holds no text at all."""
-    from tuneforge.data.sources import UTF16_BOMS, decode_text
+    """All lines of a UTF-8 file (a leading BOM dropped; train.txt.gz and .zst decompressed whole, as the table
+    readers do); DataError if it holds no text at all."""
+    from tuneforge.data.sources import COMPRESSED, decode_text, decompressed
 
     p = _check_text_file(path, what)
+    if p.suffix.lower() in COMPRESSED:
+        lines = io.StringIO(decode_text(decompressed(p), p, what), newline=None).readlines()  # (universal newlines)
+    else:
+        lines = _file_lines(p, what)
+    if not any(line.strip() for line in lines):
+        raise DataError(f"{what} {str(p)!r} is empty; give a file with at least one line of text")
+    return lines if keep_linebreaks else [line.rstrip("\n") for line in lines]
+
+
+def _file_lines(p: Path, what: str) -> list[str]:
+    from tuneforge.data.sources import UTF16_BOMS, decode_text
+
     with open(p, "rb") as fh:
         if fh.read(2).startswith(UTF16_BOMS):
             decode_text(b"\xff\xfe", p, what)  # refused by the one reader of encodings
     try:
         # universal newlines: \n, \r\n and \r end a line, nothing else (unlike str.splitlines)
         with open(p, encoding="utf-8-sig", newline=None) as fh:
-            lines = fh.readlines()
+            return fh.readlines()
     except UnicodeDecodeError as err:
         raise DataError(
             f"{what} {str(p)!r} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
             "re-save it as UTF-8"
         ) from None
-    if not any(line.strip() for line in lines):
-        raise DataError(f"{what} {str(p)!r} is empty; give a file with at least one line of text")
-    return lines if keep_linebreaks else [line.rstrip("\n") for line in lines]
 
 
 def read_parallel(source_path: str | Path, target_path: str | Path, split: str) -> datasets.Dataset:

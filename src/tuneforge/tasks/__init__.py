@@ -40,7 +40,8 @@ def infer_task(data_file: str | None, options: dict) -> str | None:
     if options.get("source_file"):
         return "seq2seq"
     if data_file:
-        return "clm" if str(data_file).endswith(".txt") else "classification"
+        name = str(data_file).lower().removesuffix(".gz").removesuffix(".zst")  # (train.txt.gz is text too)
+        return "clm" if name.endswith(".txt") else "classification"
     return None
 
 
