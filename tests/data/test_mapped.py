@@ -199,3 +199,13 @@ def test_a_bad_row_of_a_large_chat_file_is_the_in_memory_readers_line(monkeypatc
         said.append(str(err.value))
     assert said[0] == said[1] and str(path) in said[0] and "\n" not in said[0]
     assert not (tmp_path / "cache" / "raw").exists() or not list((tmp_path / "cache" / "raw").rglob("*.arrow"))
+
+
+def test_a_file_edited_in_place_with_its_mtime_kept_is_converted_again(monkeypatch, tmp_path):
+    from test_fingerprint import edit_keeping_size_and_mtime
+
+    path = write(tmp_path / "train.jsonl", "jsonl", rows(10))
+    monkeypatch.setattr(mapped, "LARGE_FILE_BYTES", 0)
+    assert mapped.read_mapped(path, str(tmp_path))["id"][:] == list(range(10))
+    edit_keeping_size_and_mtime(path, b'"id": 3}', b'"id": 7}')
+    assert mapped.read_mapped(path, str(tmp_path))["id"][:] == [0, 1, 2, 7, 4, 5, 6, 7, 8, 9]

@@ -2,8 +2,9 @@
 
 A fingerprint is the SHA-256 of a file's bytes (a folder's: of its files' names and fingerprints). Reading a large
 corpus costs seconds per GB, so each large file's digest is remembered in `fingerprints.json` in the cache folder under
-(path, size, modification time in ns, inode), as git's index does: a file that was rewritten, edited or replaced
-has another entry and is read again; an unchanged one costs a `stat`. A checkpoint holds the fingerprints of the
+(path, size, modification and change times in ns, inode), as git's index does: a file that was rewritten, edited or
+replaced has another entry and is read again (the change time also when its modification time was set back, as
+`touch -r` does); an unchanged one costs a `stat`. A checkpoint holds the fingerprints of the
 run's training inputs (`Progress.data_fingerprints`); resuming onto changed data is refused in one line, unless
 `--allow-changed-data`.
 """
@@ -60,7 +61,8 @@ def fingerprint(path: str | os.PathLike, memo: Memo) -> str:
 
 
 class Memo:
-    """The digests of files read before, by (path, size, mtime_ns, inode); `save` writes it back atomically."""
+    """The digests of files read before, by (path, size, mtime_ns, ctime_ns, inode); `save` writes it back
+    atomically."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.changed = path, False
@@ -72,7 +74,7 @@ class Memo:
 
     def digest(self, f: Path) -> str:
         st = f.stat()
-        key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+        key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
         if key in self.known:
             return self.known[key]
         with f.open("rb") as fh:

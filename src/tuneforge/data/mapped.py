@@ -32,11 +32,13 @@ def raw_root(cache_dir: str | None) -> Path:
 
 
 def raw_folder(path: str | Path, cache_dir: str | None) -> Path:
-    """The folder of one file's Arrow copy: keyed by the file's resolved path, size and modification time, so an
-    edited file is converted again and never read from a stale copy."""
+    """The folder of one file's Arrow copy: keyed by the file's resolved path, size, modification and change times
+    and inode, so an edited or replaced file is converted again and never read from a stale copy (the change time
+    also where its modification time was set back, as `touch -r` does)."""
     p = Path(path).resolve()
     stat = p.stat()
-    key = hashlib.sha256(f"{p}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:32]
+    identity = f"{p}\0{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:32]
     return raw_root(cache_dir) / key
 
 
