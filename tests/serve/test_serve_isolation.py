@@ -187,8 +187,10 @@ def test_lone_surrogates_to_predict_are_a_422(qa_model, choice_model):
         wait_ready(url)
         body = {"inputs": [{"question": "q", "choices": ["a", SURROGATE]}]}
         assert_error(post(url, "/predict", body), 422, "inputs[0].choices[1]")
-        # an input's value nested as deep as Python's JSON reader goes (it was a RecursionError: a 500)
-        assert post(url, "/predict", deeply_nested_choice("1")).status_code == 200
+        # an input's value nested as deep as Python's JSON reader goes (it was a RecursionError: a 500): a key the
+        # input does not have, refused as such
+        deep = assert_error(post(url, "/predict", deeply_nested_choice("1")), 422, "inputs")
+        assert deep["message"].startswith("input 1: unknown key 'x'"), deep
         surrogate_deep_down = deeply_nested_choice('"\\ud800"')
         error = assert_error(post(url, "/predict", surrogate_deep_down), 422, "inputs[0].x" + ".a" * 600)
         assert "UTF-8" in error["message"]

@@ -247,7 +247,7 @@ class ChoicePredictor:
         """Each row a {"question": text, "choices": [2 to MAX_CHOICES texts]} (a "prefix" text optional), checked
         before any model work (serve: before the request joins a batch); DataError naming the input otherwise. A
         row's choices run in one forward, hence the bound (one request must not hold a million of them)."""
-        shape = f'{{"question": text, "choices": [2 to {MAX_CHOICES} texts]}} (a "prefix" text optional)'
+        shape = f'{{"question": text, "choices": [at least 2 texts, at most {MAX_CHOICES}]}} (a "prefix" text optional)'
         for i, row in enumerate(rows, start=1):
             if not isinstance(row, dict) or not isinstance(row.get("choices"), list) or len(row["choices"]) < 2:
                 raise DataError(f"input {i}: each input is {shape}")
