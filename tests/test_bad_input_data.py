@@ -133,7 +133,7 @@ CASES = {
         "tiny_llama",
         {"c.jsonl": jsonl({"message": CHAT["messages"]}), "t.jinja": PLAIN},
         {"train_file": "c.jsonl", "chat_template": "t.jinja"},
-        ("neither `messages`", "it has: message"),
+        ("none of `messages`", "it has: message"),
     ),
     "sft: a line that is not JSON": (
         "sft",
