@@ -182,6 +182,9 @@ def test_predict_and_serve_choose_the_named_colour(trained, tmp_path, capsys):
         r = httpx.post(f"{url}/predict", json={"inputs": three}, timeout=60)
         assert r.status_code == 200 and r.json()["predictions"][0]["choice"] == "green."
         assert httpx.post(f"{url}/predict", json={"texts": ["a"]}, timeout=60).status_code == 422
+        labelled = [{**three[0], "id": "q1", "label": 1}]  # a labelled row's own fields are carried along unread
+        r = httpx.post(f"{url}/predict", json={"inputs": labelled}, timeout=60)
+        assert r.status_code == 200 and r.json()["predictions"][0]["choice"] == "green."
         # a row's choices run in one forward: one request must not send it a million (nor a key it would pass over)
         many = [{"question": "pick", "choices": ["a."] * 65}]
         r = httpx.post(f"{url}/predict", json={"inputs": three + many}, timeout=60)

@@ -27,6 +27,8 @@ from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_che
 from tuneforge.tasks.length_runs import length_batches
 
 MAX_CHOICES = 64  # choices of one input a predictor takes (SWAG, HellaSwag, ARC and PIQA have 2 to 5)
+# a predictor's input: what it reads, and the row's own id and label, which a labelled row carries along unread
+INPUT_KEYS = frozenset(("question", "prefix", "choices", "id", "label"))
 
 
 def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
@@ -255,7 +257,7 @@ class ChoicePredictor:
                 raise DataError(
                     f"input {i} has {len(row['choices'])} choices, above {MAX_CHOICES}; each input is {shape}"
                 )
-            unknown = sorted(set(row) - {"question", "prefix", "choices"})
+            unknown = sorted(set(row) - INPUT_KEYS)
             if unknown:  # a "context" sent for "question" would be scored as an empty question
                 raise DataError(f"input {i}: unknown key {unknown[0]!r}; each input is {shape}")
             if not all(isinstance(c, str) for c in row["choices"]):
