@@ -182,3 +182,71 @@ def test_dropout_setting_reaches_every_dropout_layer_and_the_saved_config(
     assert spy.dropouts == expected
     saved = json.loads((Path(result["model_dir"]) / "config.json").read_text())
     assert {saved["hidden_dropout_prob"], saved["attention_probs_dropout_prob"]} == expected
+
+
+def test_fit_without_an_eval_dataset_refuses_evaluation_settings_else_trains_without(tmp_path, tiny_bert, cache_dir):
+    """As transformers' Trainer refuses an eval_strategy without an eval_dataset: one ConfigError before the model
+    loads (it was a TypeError at the run's end); with evaluation off the run trains and exports, evaluating
+    nothing. Rows as a list of dicts are taken as a datasets.Dataset."""
+    from tuneforge.errors import ConfigError
+
+    rows = raw_dataset(8).to_list()
+    with pytest.raises(ConfigError, match="no eval_dataset, and eval_strategy='epoch' needs evaluations"):
+        Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=2)).fit(train_dataset=rows)
+    with pytest.raises(ConfigError, match="load_best_model_at_end=True needs evaluations"):
+        config = make_config(tmp_path, tiny_bert, cache_dir, eval_strategy="no", load_best_model_at_end=True)
+        Trainer(config).fit(train_dataset=rows)
+    config = make_config(tmp_path, tiny_bert, cache_dir, max_steps=2, eval_strategy="no", overwrite=True)
+    result = Trainer(config).fit(train_dataset=rows)
+    assert result["steps"] == 2 and "accuracy" not in result and Path(result["model_dir"], "config.json").is_file()
+
+
+@pytest.mark.parametrize("kind", ["iterable", "dataset_dict", "path"])
+def test_a_dataset_fit_cannot_take_is_a_type_error_naming_what_it_takes(tmp_path, tiny_bert, cache_dir, kind):
+    import datasets
+
+    data = raw_dataset(8)
+    given = {"iterable": data.to_iterable_dataset(), "dataset_dict": datasets.DatasetDict(train=data)}
+    with pytest.raises(TypeError, match="must be a datasets.Dataset, a list of row dicts") as refused:
+        Trainer(make_config(tmp_path, tiny_bert, cache_dir)).fit(train_dataset=given.get(kind, "train.csv"))
+    assert ("data['train']" in str(refused.value)) == (kind == "dataset_dict")
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_a_given_models_head_must_fit_the_label_set_and_gets_its_names(tmp_path, tiny_bert, cache_dir):
+    """A user's model whose head has another size than the data's label set: one ConfigError (it was an IndexError
+    mid-step, or a 3-way model exported for 2 labels); one that fits is exported with the data's label names
+    (its config said LABEL_0/LABEL_1, so the folder predicted those)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from tuneforge.errors import ConfigError
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    three = AutoModelForSequenceClassification.from_pretrained(tiny_bert, num_labels=3)
+    with pytest.raises(ConfigError, match=r"3 outputs in its head and the data 2 labels \(neg, pos\)"):
+        Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1)).fit(
+            model=three, tokenizer=tokenizer, train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4)
+        )
+    model, tokenizer = load_user_model(tiny_bert)
+    result = Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1, overwrite=True)).fit(
+        model=model, tokenizer=tokenizer, train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4)
+    )
+    saved = AutoModelForSequenceClassification.from_pretrained(result["model_dir"])
+    assert saved.config.id2label == {0: "neg", 1: "pos"}
+
+
+def test_validate_reads_a_given_models_own_label_order(tmp_path, tiny_bert, cache_dir):
+    """validate() given a fine-tuned model whose classes are in another order than the data's sorted names: the
+    model's id2label decides the label ids (the same model with its head rows and names swapped scores the same)."""
+    model, tokenizer = load_user_model(tiny_bert)
+    config = make_config(tmp_path, tiny_bert, cache_dir)
+    with torch.no_grad():  # confident logits, so that a label order mixed up shows in the loss
+        model.classifier.weight.mul_(100)
+    model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    before = Trainer(config).validate(model=model, tokenizer=tokenizer, eval_dataset=raw_dataset(8))
+    with torch.no_grad():
+        model.classifier.weight.copy_(model.classifier.weight.flip(0))
+        model.classifier.bias.copy_(model.classifier.bias.flip(0))
+    model.config.id2label, model.config.label2id = {0: "pos", 1: "neg"}, {"pos": 0, "neg": 1}
+    swapped = Trainer(config).validate(model=model, tokenizer=tokenizer, eval_dataset=raw_dataset(8))
+    assert swapped["loss"] == pytest.approx(before["loss"], rel=1e-5) and swapped["accuracy"] == before["accuracy"]

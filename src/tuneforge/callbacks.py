@@ -121,6 +121,8 @@ class EndEvaluation(Callback):
 
     def on_step_end(self, trainer) -> None:
         st, run = trainer.state, trainer.run
+        if run.eval_data is None:  # fit() given no eval_dataset, with evaluation off
+            return
         ends = st.step >= run.plan.total_steps or st.stop
         epoch_evaluation_follows = run.config.eval_strategy == "epoch" and st.step == run.epoch_last_step
         if ends and not epoch_evaluation_follows and exported_weights_unevaluated(run.config, st):

@@ -41,6 +41,30 @@ class Given:
     train_dataset: Any = None
     eval_dataset: Any = None
 
+    def __post_init__(self) -> None:  # checked where the caller gave them, before any work
+        object.__setattr__(self, "train_dataset", as_dataset(self.train_dataset, "train_dataset"))
+        object.__setattr__(self, "eval_dataset", as_dataset(self.eval_dataset, "eval_dataset"))
+
+
+def as_dataset(data, name: str):
+    """A dataset given to fit / validate as a `datasets.Dataset`: rows (a list of dicts), columns (a dict of
+    lists) and pandas DataFrames are converted; anything else is a TypeError saying what is taken."""
+    import datasets
+
+    if data is None or isinstance(data, datasets.Dataset):
+        return data
+    if isinstance(data, list) and all(isinstance(row, dict) for row in data):
+        return datasets.Dataset.from_list(data)
+    if isinstance(data, dict) and all(isinstance(column, list) for column in data.values()):
+        return datasets.Dataset.from_dict(data)
+    if type(data).__name__ == "DataFrame" and hasattr(data, "to_dict"):  # pandas, without importing it
+        return datasets.Dataset.from_pandas(data, preserve_index=False)
+    hint = f": pass one split, e.g. {name}=data['train']" if isinstance(data, datasets.DatasetDict) else ""
+    raise TypeError(
+        f"{name} must be a datasets.Dataset, a list of row dicts, a dict of column lists or a pandas DataFrame, "
+        f"not {type(data).__module__}.{type(data).__qualname__}{hint}"
+    )
+
 
 @dataclass
 class Run:
@@ -136,8 +160,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     task.log = report.print  # the task's notes (held-out splits, label schemes) go where the run's go
     task.use_data_parallel(data_parallel_group(backend))
     tokenizer = given.tokenizer or task.load_tokenizer()
-    if not training and given.model is None:
-        task.adopt_model_labels()
+    if not training:
+        task.adopt_model_labels(given.model.config if given.model is not None else None)
     if training and config.adapter == "lora":  # a target that matches no layer: one line before any data work
         adapters.check_targets(task.peek_model_config(), config.lora_targets)
         adapters.check_quantize(config)
@@ -145,7 +169,11 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     data = prepare_data(task, backend, tokenizer, given, splits, log=report.print)
     if training and data.train is None:  # a task may load a validation split alone (for eval)
         raise ConfigError(f"training needs training data: pass {task.training_data_flags}")
+    if data.evals is None:  # only fit / validate given datasets get here: data files hold 10% out
+        _check_needs_no_evaluation(config, training)
     model = given.model if given.model is not None else task.load_model(tokenizer)
+    if given.model is not None:
+        task.name_given_model_labels(model)
     set_attention(model, config.attn_implementation, backend, task)  # evaluation runs the kernel training runs
     adapter = None
     if training and config.adapter == "lora":  # LoRA layers in place: `model` keeps its class
@@ -161,6 +189,28 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if training:
         task.set_up_reference(model, adapter)
     return model, tokenizer, data, adapter
+
+
+def _check_needs_no_evaluation(config, training: bool) -> None:
+    """One line where a run without validation data was asked for what needs it (as transformers' Trainer
+    refuses an eval_strategy without an eval_dataset); a run that asks for none trains without evaluating."""
+    if not training:
+        raise ConfigError("validate() needs validation data: pass eval_dataset=, or a config with a validation file")
+    needs = [
+        f"{key}={value!r}"
+        for key, value, fine in (
+            ("eval_strategy", config.eval_strategy, config.eval_strategy == "no"),
+            ("early_stopping_patience", config.early_stopping_patience, not config.early_stopping_patience),
+            ("load_best_model_at_end", config.load_best_model_at_end, not config.load_best_model_at_end),
+        )
+        if not fine
+    ]
+    if needs:
+        raise ConfigError(
+            f"fit() was given a train_dataset and no eval_dataset, and {', '.join(needs)} needs evaluations: pass "
+            "eval_dataset=, or set eval_strategy='no' (and neither early stopping nor load_best_model_at_end) to "
+            "train without evaluating"
+        )
 
 
 def data_parallel_group(backend):

@@ -221,7 +221,8 @@ class Trainer:
             self._loop()
             if self.run.window[1].item() > 0:
                 self._log_train()
-            if exported_weights_unevaluated(cfg, self.state):  # what EndEvaluation did not hear: a resume at the end
+            evaluable = self.run.eval_data is not None  # fit() may be given no eval_dataset, with evaluation off
+            if evaluable and exported_weights_unevaluated(cfg, self.state):  # what EndEvaluation did not hear
                 self.evaluate_and_log(scheduled=False)
             return self._finish(t0)
         except BaseException:

@@ -257,8 +257,25 @@ class Task:
         """`raw` with its labels as ids of the adopted label set (tasks without classes: unchanged)."""
         return raw
 
-    def adopt_model_labels(self) -> None:
-        """Evaluating a fine-tuned model without training data: take the label set saved with it."""
+    def adopt_model_labels(self, model_config=None) -> None:
+        """Evaluating a fine-tuned model without training data: take the label set saved with it (`model_config`:
+        that of a model given to validate(), else the config's model's)."""
+
+    def name_given_model_labels(self, model) -> None:
+        """A model the caller gave fit() / validate(): its head must have one output per class of the adopted label
+        set, and its config names them (as `load_model` does for the task's own model), so that the exported folder
+        predicts the data's labels. Tasks without classes: nothing to check."""
+        if self.label_names is None or not hasattr(model.config, "num_labels"):
+            return
+        names, size = list(self.label_names), model.config.num_labels
+        if size != len(names):
+            raise ConfigError(
+                f"the model given has {size} outputs in its head and the data {len(names)} labels "
+                f"({', '.join(map(str, names))}): give a model with num_labels={len(names)}, or leave model= out "
+                "and the task builds one"
+            )
+        model.config.id2label = dict(enumerate(names))
+        model.config.label2id = {name: i for i, name in enumerate(names)}
 
     def select_examples(self, split: str, ds):
         """--max-train-samples / --max-eval-samples: the one rule for both.

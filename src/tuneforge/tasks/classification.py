@@ -352,13 +352,13 @@ class ClassificationTask(Task):
             {s: ds.remove_columns(col).add_column("labels", to_ids(ds[col], s)) for s, ds in raw.items()}
         )
 
-    def adopt_model_labels(self) -> None:
+    def adopt_model_labels(self, model_config=None) -> None:
         """Evaluating a fine-tuned model: its saved id2label is the label set."""
-        if not self.config.model or self.regression:
+        if self.regression or not (model_config or self.config.model):
             return
         from transformers import AutoConfig
 
-        mc = from_pretrained(AutoConfig, self.config.model, "the model config")
+        mc = model_config or from_pretrained(AutoConfig, self.config.model, "the model config")
         names = [mc.id2label[i] for i in sorted(mc.id2label)] if getattr(mc, "id2label", None) else []
         if not names or all(str(n).startswith("LABEL_") for n in names):
             return  # a base model: no label set of its own

@@ -230,12 +230,12 @@ class TokenClassificationTask(Task):
     def use_labels(self, names) -> None:
         self.label_names = list(names)
 
-    def adopt_model_labels(self) -> None:
-        if not self.config.model:
+    def adopt_model_labels(self, model_config=None) -> None:
+        if not (model_config or self.config.model):
             return
         from transformers import AutoConfig
 
-        mc = from_pretrained(AutoConfig, self.config.model, "the model config")
+        mc = model_config or from_pretrained(AutoConfig, self.config.model, "the model config")
         names = [mc.id2label[i] for i in sorted(mc.id2label)] if getattr(mc, "id2label", None) else []
         try:
             if names and all(n == "O" or entity_type(n) for n in names):
