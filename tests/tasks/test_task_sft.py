@@ -343,3 +343,25 @@ def test_a_reply_the_template_writes_nothing_of_is_dropped_and_counted_as_such(t
     task.tokenize(task.load_raw(), task.load_tokenizer(), log=said.append)
     assert any("1 conversation(s) dropped: the chat template writes no assistant token" in s for s in said), said
     assert not any("longer than block_size" in s for s in said), said
+
+
+@pytest.mark.parametrize(
+    "failing, message",
+    [
+        ("{{ raise_exception('no such row') }}", "no such row"),  # the template's own refusal
+        ("{{ 1 / 0 }}", "division by zero"),  # an error in the template's code (a Python exception, not Jinja's)
+    ],
+)
+def test_a_template_that_fails_on_a_row_names_the_row(tiny_llama, cache_dir, tmp_path, failing, message):
+    from tuneforge.errors import ConfigError
+
+    template = tmp_path / "fails.jinja"
+    template.write_text(
+        "{% for m in messages %}{% if m['content'] == 'boom' %}" + failing + "{% endif %}"
+        "{{ m['role'][0] }}>\n{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}a>\n{% endif %}"
+    )
+    boom = {"messages": [{"role": "user", "content": "boom"}, {"role": "assistant", "content": "bang"}]}
+    train = write_jsonl(tmp_path / "train.jsonl", [*chats(2), boom])
+    task = sft_task(tiny_llama, template, cache_dir, train_file=str(train), validation_file=str(train))
+    with pytest.raises(ConfigError, match=f"fails.jinja' fails on row 3 of .*train.jsonl': {message}"):
+        task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)

@@ -35,7 +35,7 @@ from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, chat_blocks
 from tuneforge.data.mapped import is_large, rows_mapped
 from tuneforge.data.text import blocks_file
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.tasks.clm import CausalLMOptions, CausalLMTask
 
 
@@ -152,8 +152,6 @@ class ChatSFTTask(CausalLMTask):
 
     def _encoder(self, tokenizer, ds, split: str):
         """The batched map function of one split; a template that raises for a row names that row."""
-        from jinja2 import TemplateError
-
         template = chat.template_name(self.config)
         where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
 
@@ -162,7 +160,9 @@ class ChatSFTTask(CausalLMTask):
             for text, tools in zip(batch["conversation"], batch["tools"]):
                 try:
                     x, y = chat.encode_conversation(tokenizer, json.loads(text), json.loads(tools))
-                except (TemplateError, TypeError) as err:
+                except UserError:  # encode_conversation's own refusals name their fix already
+                    raise
+                except Exception as err:  # the template's raise_exception, or an error in its own code (1 / 0)
                     row = ds["row"][ds["conversation"].index(text)]  # the file's row; the error path only: one scan
                     raise chat.template_error(err, template, row, where) from None
                 ids.append(x)
