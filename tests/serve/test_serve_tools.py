@@ -265,7 +265,24 @@ def test_a_requests_tools_are_checked_once_and_refused_alike_each_time():
 
 
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+# a tool whose arguments the grammar cannot enforce (an unknown type): refused once a tool_choice forces a call
+ODD = {
+    "type": "function",
+    "function": {"name": "odd", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+}
 BAD = [
+    (
+        "a forced tool whose arguments cannot be enforced",
+        chat(tools=[WEATHER, ODD], tool_choice={"type": "function", "function": {"name": "odd"}}),
+        "tools[1].function.parameters",
+        "tools[1].function.parameters cannot be enforced: Invalid type: strin",
+    ),
+    (
+        "required with a tool whose arguments cannot be enforced",
+        chat(tools=[WEATHER, ODD], tool_choice="required"),
+        "tools[1].function.parameters",
+        "tools[1].function.parameters cannot be enforced: Invalid type: strin",
+    ),
     (
         "an unknown name",
         chat(tools=[WEATHER], tool_choice={**NAMED, "function": {"name": "f"}}),

@@ -134,6 +134,35 @@ def tool_messages(renders_tools: bool, messages: list[dict], tools: list[dict] |
         raise oa.ApiError(400, str(err), err.field) from None
 
 
+async def reply_constraint(service: GenerationService, body: oa.ChatRequest):
+    """The grammar a chat reply is held to: its response_format's, or the schema of the call its tool_choice
+    forces. A forced tool whose arguments cannot be enforced is named (`tools[1].function.parameters`), not the
+    response_format the request never sent."""
+    try:
+        return await service.constraint(body.structured())
+    except oa.ApiError as err:
+        forced = body.forced_tool_choice()
+        if forced is None:
+            raise
+        raise await forced_tool_error(service, body.tool_specs(), forced, err) from None
+
+
+async def forced_tool_error(service: GenerationService, tools: list[dict], forced, err: oa.ApiError) -> oa.ApiError:
+    """The refusal of a forced call's schema, naming the first forced tool whose arguments cannot be enforced
+    alone (compiled again, on this error path only); `tools` when only their union for "required" fails."""
+    said = "response_format.json_schema.schema"
+    for i, tool in enumerate(tools):
+        if isinstance(forced, dict) and tool["function"]["name"] != forced["function"]["name"]:
+            continue
+        field = f"tools[{i}].function.parameters"
+        schema = tool_calls.forced_schema([tool], {"type": "function", "function": {"name": tool["function"]["name"]}})
+        try:
+            await service.constraint({"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema}})
+        except oa.ApiError as own:
+            return oa.ApiError(400, own.message.replace(said, field, 1), field)
+    return oa.ApiError(400, err.message.replace(said, "the schema of tool_choice 'required' (all tools)", 1), "tools")
+
+
 @router.post("/v1/chat/completions")
 async def chat_completions(body: oa.ChatRequest, request: Request):
     service = generation_service(request, body)
@@ -144,7 +173,7 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     params = service.sampling(body, [prompt], max_tokens, ("messages", field), default)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = dataclasses.replace(params, logprobs=top)
-    constraint = await service.constraint(body.structured())
+    constraint = await reply_constraint(service, body)
     gen = Generation([prompt], [params], body.n or 1, eos_logprob=False, constraint=constraint)
     family = service.tool_family if body.parses_tool_calls() else None
     shape = Shape(chat=True, logprobs=top, tool_family=family, forced=body.forced_tool_choice())
