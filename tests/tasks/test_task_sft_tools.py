@@ -186,3 +186,32 @@ def test_a_template_that_drops_the_calls_is_refused(tool_model, cache_dir, tmp_p
     task = sft_task(tool_model, template, cache_dir, train_file=str(train), validation_file=str(train), block_size=512)
     with pytest.raises(ConfigError, match="does not write the assistant's tool call 'get_weather'"):
         task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)
+
+
+def test_a_datasets_split_with_tool_rows_reads_as_the_same_rows_from_a_file(tool_model, cache_dir, tmp_path):
+    """A datasets.Dataset (fit's train_dataset, a hub source) stores each column as one Arrow type: a struct holds
+    every key of every row, None where a row has none. Each row's calls and tools must still be its own, not
+    padded with the other rows' arguments and properties."""
+    import datasets
+
+    from tuneforge.data.chat import read_chats
+
+    search = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}},
+        },
+    }
+    searched = tool_row("Oslo", "cold")
+    searched["messages"][2]["tool_calls"][0]["function"] = {"name": "search", "arguments": {"query": "x", "limit": 3}}
+    searched["tools"] = [search]
+    weather = tool_row("Paris", "sunny")
+    function = weather["messages"][2]["tool_calls"][0]["function"]
+    function["arguments"] = json.loads(function["arguments"])  # an object, as a dataset holds it
+    rows = [weather, searched]
+    split = datasets.Dataset.from_list(rows)
+    task = sft_task(tool_model, FIXTURE, cache_dir)
+    raw = task.prepare_raw({"train": split, "validation": split})["train"]
+    from_file = read_chats(write_jsonl(tmp_path / "rows.jsonl", rows))
+    assert [(json.loads(c), json.loads(t)) for c, t in zip(raw["conversation"], raw["tools"])] == from_file

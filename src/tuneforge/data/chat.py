@@ -232,6 +232,18 @@ def to_tools(value, where: str) -> list[dict] | None:
         raise DataError(f"{where}: {err}") from None
 
 
+def without_arrow_nulls(value):
+    """A row's value as read from a datasets.Dataset, without the None-valued keys Arrow adds: a struct column
+    holds every key that any row has, None where a row has none, so each tool call's arguments and each tool's
+    schema come back padded with the other rows' keys. A null the data itself holds is dropped alike (Arrow cannot
+    tell the two apart); arguments given as JSON text keep theirs."""
+    if isinstance(value, dict):
+        return {key: without_arrow_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_arrow_nulls(item) for item in value]
+    return value
+
+
 def read_chats(path: str | Path, fmt: str = "auto") -> list[tuple[list[dict], list[dict] | None]]:
     """Each row's (conversation, tools): tools from its `tools` column (None when it has none)."""
     rows = read_rows(path)

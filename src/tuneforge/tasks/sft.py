@@ -121,8 +121,10 @@ class ChatSFTTask(CausalLMTask):
             raw[split] = chat_dataset(
                 [
                     (
-                        chat.to_conversation({"messages": m}, "messages", f"{where}, row {i + 1}", tools=True),
-                        chat.to_tools(t, f"{where}, row {i + 1}"),
+                        chat.to_conversation(
+                            {"messages": chat.without_arrow_nulls(m)}, "messages", f"{where}, row {i + 1}", tools=True
+                        ),
+                        chat.to_tools(chat.without_arrow_nulls(t), f"{where}, row {i + 1}"),
                     )
                     for i, (m, t) in enumerate(zip(ds["messages"], tools))
                 ]
