@@ -356,3 +356,24 @@ def test_quantize_where_bitsandbytes_cannot_run_is_one_line(tmp_path, tiny_llama
     assert_refused(
         proc, tmp_path, "--quantize 4bit needs bitsandbytes", "cannot run here (no native library", "drop --quantize"
     )
+
+
+def test_a_chat_template_whose_code_fails_on_a_pair_names_the_row(tiny_llama, cache_dir, tmp_path):
+    from tuneforge.errors import ConfigError
+
+    template = tmp_path / "fails.jinja"  # TEMPLATE, failing (in Python, not by Jinja's raise) on one message
+    template.write_text("{% for m in messages if m['content'] == 'boom' %}{{ 1 / 0 }}{% endfor %}" + TEMPLATE)
+    good = {"prompt": [USER], "chosen": [REPLY], "rejected": [{"role": "assistant", "content": "yes"}]}
+    train = write_jsonl(
+        tmp_path / "train.jsonl", [good, good, {**good, "prompt": [{"role": "user", "content": "boom"}]}]
+    )
+    task = quiet_task(
+        "dpo",
+        tiny_llama,
+        cache_dir=cache_dir,
+        train_file=str(train),
+        validation_file=str(train),
+        chat_template=str(template),
+    )
+    with pytest.raises(ConfigError, match="fails.jinja' fails on row 3 of .*train.jsonl': division by zero"):
+        task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)

@@ -296,3 +296,21 @@ def test_pairs_longer_than_max_length_are_dropped_and_counted(capfd, tmp_path, s
     proc = in_process(capfd, *bad_args(tmp_path, scorer, train, "--max-length", "4"))
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "every train pair holds more than max_length 4" in lines[0]
+
+
+def test_a_chat_template_whose_code_fails_on_a_pair_names_the_row(tiny_llama, cache_dir, tmp_path):
+    from test_tool_calls import save_tool_model
+    from tuneforge.errors import ConfigError
+
+    failing = "{% for m in messages if m['content'] == 'boom' %}{{ 1 / 0 }}{% endfor %}" + TEMPLATE
+    model = save_tool_model(tmp_path / "model", tiny_llama, template=failing)  # the model's own template fails
+    good = {"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "no"}]}
+    good["rejected"] = [{"role": "assistant", "content": "yes"}]
+    train = write_jsonl(
+        tmp_path / "train.jsonl", [good, good, {**good, "prompt": [{"role": "user", "content": "boom"}]}]
+    )
+    task = quiet_task(
+        "reward", model, max_length=64, train_file=str(train), validation_file=str(train), cache_dir=cache_dir
+    )
+    with pytest.raises(ConfigError, match="fails on row 3 of .*train.jsonl': division by zero"):
+        task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)

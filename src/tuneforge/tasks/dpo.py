@@ -33,7 +33,7 @@ from pydantic import Field
 
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
-from tuneforge.errors import DataError
+from tuneforge.errors import DataError, UserError
 from tuneforge.tasks.base import MetricStream
 from tuneforge.tasks.clm import BlockOptions, CausalLMTask
 
@@ -154,8 +154,6 @@ class DPOTask(CausalLMTask):
     # ---- features --------------------------------------------------------------------------
     def _encoder(self, tokenizer, ds, split: str):
         """The batched map function of one split; a chat template that raises for a row names that row."""
-        from jinja2 import TemplateError
-
         where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
 
         def fn(batch):
@@ -164,7 +162,9 @@ class DPOTask(CausalLMTask):
                 pair = {"prompt": json.loads(p), "chosen": json.loads(c), "rejected": json.loads(r)}
                 try:
                     ids = preference.encode_pair(tokenizer, pair)
-                except (TemplateError, TypeError) as err:
+                except UserError:  # the encoder's own refusals name their fix already
+                    raise
+                except Exception as err:  # the template's raise_exception, or an error in its own code (1 / 0)
                     row = preference.row_of(ds, p, c, r)
                     raise chat.template_error(err, chat.template_name(self.config), row, where) from None
                 for key, value in zip(out, ids):

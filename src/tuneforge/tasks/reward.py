@@ -34,7 +34,7 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import check_model_path, from_pretrained, read_model_info
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import Task, set_dropout
 from tuneforge.tasks.classification import ClassificationPredictor, set_pad_token
@@ -200,8 +200,6 @@ class RewardModelTask(Task):
     # ---- features ----------------------------------------------------------------------------
     def _encoder(self, tokenizer, ds, split: str):
         """The batched map function of one split; a chat template that raises for a row names that row."""
-        from jinja2 import TemplateError
-
         where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
 
         def fn(batch):
@@ -211,7 +209,9 @@ class RewardModelTask(Task):
                 try:
                     out["chosen_ids"].append(encode_scored(tokenizer, prompt, json.loads(c)))
                     out["rejected_ids"].append(encode_scored(tokenizer, prompt, json.loads(r)))
-                except (TemplateError, TypeError) as err:
+                except UserError:  # the encoder's own refusals name their fix already
+                    raise
+                except Exception as err:  # the template's raise_exception, or an error in its own code (1 / 0)
                     row = preference.row_of(ds, p, c, r)
                     raise chat.template_error(err, chat.template_name(self.config), row, where) from None
             return out
