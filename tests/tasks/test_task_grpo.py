@@ -278,3 +278,22 @@ def test_a_reward_model_folder_that_is_not_a_scorer_is_one_line(capfd, tiny_llam
     args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--reward", f"model:{tiny_llama}")
     args[args.index("--reward-weights") + 1] = "1,1,1"
     assert_refused(in_process(capfd, *args), tmp_path / "out", tiny_llama)
+
+
+def test_a_chat_template_whose_code_fails_on_a_prompt_names_the_row(tiny_llama, cache_dir, tmp_path):
+    """As sft, dpo and reward: a template failing in its own code (1 / 0, not Jinja's raise) was an internal error."""
+    from tuneforge.configure import build_config
+    from tuneforge.errors import ConfigError
+    from tuneforge.tasks import get_task
+
+    (tmp_path / "fails.jinja").write_text(
+        "{% for m in messages %}{% if m['content'] == 'boom' %}{{ 1 / 0 }}{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    rows = [{"messages": [{"role": "user", "content": text}], "answer": "1"} for text in ("hi", "hi", "boom")]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    options = {"reward": ["accuracy"], "max_prompt_length": 32, "max_completion_length": 8}
+    data = {"train_file": str(train), "validation_file": str(train), "cache_dir": cache_dir}
+    options["chat_template"] = str(tmp_path / "fails.jinja")
+    task = get_task(build_config(task="grpo", model=tiny_llama, data=data, task_options=options))
+    with pytest.raises(ConfigError, match="fails.jinja' fails on row 3 of .*train.jsonl': division by zero"):
+        task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)

@@ -35,7 +35,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data import chat
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions, comma_list
 from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, score
 from tuneforge.tasks import grpo_loss
@@ -380,6 +380,17 @@ class GRPOTask(CausalLMTask):
             )
         return tokenizer(prompt)["input_ids"]
 
+    def _rendered(self, tokenizer, prompt: str, row: int, split: str) -> list[int]:
+        """`_render` of a row's JSON prompt; a chat template that fails on it (its raise_exception, or an error in
+        its own code) names the template and the row."""
+        try:
+            return self._render(tokenizer, json.loads(prompt))
+        except UserError:  # _render's own refusals name their fix already
+            raise
+        except Exception as err:
+            where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
+            raise chat.template_error(err, chat.template_name(self.config), row, where) from None
+
     def _check_text_prompts(self, raw) -> None:
         """ConfigError naming the first row whose prompt is a list of messages when prompts are rendered as text,
         and why they are (the flag, or a tokenizer without a template), before any split is tokenized."""
@@ -403,9 +414,13 @@ class GRPOTask(CausalLMTask):
         self._pad_id = pad if pad is not None else 0
         limit = self.options.max_prompt_length
 
-        def fn(batch):
-            ids = [self._render(tokenizer, json.loads(p))[-limit:] for p in batch["prompt"]]
-            return {**batch, "prompt_ids": ids, "length": [len(x) for x in ids]}
+        def encoder(split: str):
+            def fn(batch):
+                rows = zip(batch["prompt"], batch["row"])
+                ids = [self._rendered(tokenizer, prompt, row, split)[-limit:] for prompt, row in rows]
+                return {**batch, "prompt_ids": ids, "length": [len(x) for x in ids]}
+
+            return fn
 
         settings = {
             "task": "grpo",
@@ -415,6 +430,7 @@ class GRPOTask(CausalLMTask):
         }
         out = {}
         for split, ds in raw.items():
+            fn = encoder(split)
             out[split] = self.tokenize_split(split, ds, ["prompt", "columns", "row"], fn, tokenizer, settings, log)
             log(f"{split}: {len(out[split])} prompts")
         return datasets.DatasetDict(out)
