@@ -118,19 +118,39 @@ def test_entity_scores_are_seqeval_and_truncated_words_are_misses(tiny_bert, tmp
     for name in ("train.txt", "valid.txt"):
         (long / name).write_text("\n".join(lines) + "\n")
     task = quiet_task("ner", tiny_bert, data_dir=str(long), max_length=8, cache_dir=cache_dir)
+    batch, scores = scored_as_gold(task)
+    assert int((batch["labels"] != -100).sum()) == 6  # [CLS] + 6 words + [SEP]
+    assert scores["precision"] == 1.0 and scores["recall"] == 0.5  # Berlin, past the window, is missed
+
+
+def scored_as_gold(task) -> tuple[dict, dict]:
+    """(the first validation sentence's batch, the scores of a model that predicts the gold tag at every token with a
+    label): what evaluation makes of a perfect tagger."""
     tokenizer = task.load_tokenizer()
     raw = task.load_raw()
     task.use_labels(task.label_set(raw))
     feats = task.tokenize(task.encode_labels(raw), tokenizer, log=lambda m: None)
     batch = task.collate(feats["validation"][:1], tokenizer)
-    seen = batch["labels"] != -100
-    assert int(seen.sum()) == 6  # [CLS] + 6 words + [SEP]
     perfect = torch.full((*batch["labels"].shape, len(task.label_names)), -10.0)
     perfect.scatter_(-1, batch["labels"].clamp(min=0)[..., None], 10.0)  # the gold tag wherever a word is seen
     stream = task.metric_stream()
     stream.update(SimpleNamespace(logits=perfect), batch, torch.tensor([True]))
-    scores = stream.compute(SimpleNamespace(gather_objects=lambda x: [x], reduce_sum=lambda t: t, device="cpu"))
-    assert scores["precision"] == 1.0 and scores["recall"] == 0.5  # Berlin, past the window, is missed
+    return batch, stream.compute(SimpleNamespace(gather_objects=lambda x: [x], reduce_sum=lambda t: t, device="cpu"))
+
+
+def test_a_word_without_tokens_does_not_shift_the_scored_tags(tiny_bert, tmp_path, cache_dir):
+    # a zero-width space or a soft hyphen is a word of the file that the tokenizer drops: it has no token, so no
+    # prediction; the words after it must be scored against their own tags, not the one before them
+    data = tmp_path / "zw"
+    data.mkdir()
+    words = [("Peter", "B-PER"), ("\u200b", "O"), ("visited", "O"), ("\xad", "O"), ("New", "B-LOC"), ("York", "I-LOC")]
+    lines = "\n".join(f"{w} {t}" for w, t in words) + "\n"
+    for name in ("train.txt", "valid.txt"):
+        (data / name).write_text(lines, encoding="utf-8")
+    task = quiet_task("ner", tiny_bert, data_dir=str(data), cache_dir=cache_dir)
+    batch, scores = scored_as_gold(task)
+    assert int((batch["labels"] != -100).sum()) == 4  # the two dropped words have no token
+    assert scores["precision"] == scores["recall"] == scores["f1"] == 1.0
 
 
 # ---- train, eval, predict, serve --------------------------------------------------------------

@@ -5,7 +5,8 @@ its first sub-token; the other sub-tokens are left out of the loss (-100), as in
 run_ner.py. The loss is summed over those first sub-tokens and normalised by their count across
 accumulation and ranks. Evaluation is entity-level precision/recall/F1 with `seqeval` (overall and
 per type) over whole sentences, every sentence once across ranks: words cut off by --max-length
-count as predicted O, so a truncated entity is a miss, not left out.
+count as predicted O, so a truncated entity is a miss, not left out (so do words the tokenizer drops, such as a
+zero-width space: the words after one are scored against their own tags).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
 
 
 class EntityStream(MetricStream):
-    """Per sentence: the gold tags of every word and the predicted tag of each word the model saw."""
+    """Per sentence: the gold tags of every word and the predicted tag of each word the model saw (O for the others:
+    words cut off by --max-length, and words the tokenizer drops, such as a zero-width space)."""
 
     def __init__(self, task: TokenClassificationTask) -> None:
         self.task = task
@@ -84,10 +86,14 @@ class EntityStream(MetricStream):
         labels = batch["labels"]
         picked = outputs.logits.argmax(-1)
         for row in torch.nonzero(valid).flatten().tolist():
-            seen = picked[row][labels[row] != IGNORE].tolist()
             gold = list(batch["word_tags"][row])
+            pred = [self.outside] * len(gold)
+            # (features prepared before tagged_words was kept: the labelled words are the first ones)
+            words = batch["tagged_words"][row] if batch.get("tagged_words") is not None else range(len(gold))
+            for word, tag in zip(words, picked[row][labels[row] != IGNORE].tolist()):
+                pred[word] = tag
             self.gold.append(gold)
-            self.pred.append(seen + [self.outside] * (len(gold) - len(seen)))  # words past --max-length: O
+            self.pred.append(pred)
         loss, n = self.task.compute_loss(outputs, batch, row_mask=valid)
         self.loss_sum += loss.detach().double().cpu()
         self.count += n.detach().double().cpu()
@@ -270,19 +276,29 @@ class TokenClassificationTask(Task):
 
         def fn(batch):
             enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
-            labels = []
+            labels, tagged_words = [], []
             for i, tag_ids in enumerate(batch["tag_ids"]):
-                row, previous = [], None
+                row, words, previous = [], [], None
                 for word in enc.word_ids(i):
-                    row.append(IGNORE if word is None or word == previous else tag_ids[word])
+                    first = word is not None and word != previous
+                    row.append(tag_ids[word] if first else IGNORE)
+                    words += [word] if first else []
                     previous = word
                 labels.append(row)
+                tagged_words.append(words)
             enc["labels"] = labels
             enc["word_tags"] = batch["tag_ids"]
+            enc["tagged_words"] = tagged_words  # the word of each label: a word without a token has none
             enc["length"] = [len(x) for x in enc["input_ids"]]
             return enc
 
-        settings = {"task": "ner", "max_length": max_length, "labels": self.label_names, "first_subtoken": True}
+        settings = {
+            "task": "ner",
+            "max_length": max_length,
+            "labels": self.label_names,
+            "first_subtoken": True,
+            "tagged_words": True,
+        }
         cols = ["tokens", "tag_ids"]
         return datasets.DatasetDict(
             {split: self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log) for split, ds in raw.items()}
@@ -291,6 +307,7 @@ class TokenClassificationTask(Task):
     def collate(self, rows, tokenizer):
         labels = rows.pop("labels", None)
         word_tags = rows.pop("word_tags", None)
+        tagged_words = rows.pop("tagged_words", None)
         rows.pop("length", None)
         batch = dict(tokenizer.pad(rows, return_tensors="pt"))
         if labels is not None:
@@ -300,7 +317,7 @@ class TokenClassificationTask(Task):
                 padded[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             batch["labels"] = padded
         if word_tags is not None:
-            batch["word_tags"] = word_tags
+            batch["word_tags"], batch["tagged_words"] = word_tags, tagged_words
         return batch
 
     # ---- loss and metrics --------------------------------------------------------------
