@@ -201,3 +201,16 @@ def test_missing_target_column(tiny_t5, tmp_path, capsys):
     assert err.strip() == (
         f"error: column 'target' not found in the train data ({data}); columns are: source, text; pass --target-column"
     )
+
+
+def test_a_null_source_or_target(tiny_t5, tmp_path, capsys):
+    # a jsonl row with "target": null was trained as the text "None"
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"source": "A man.", "target": "Ein Mann."}, {"source": "A dog.", "target": None}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = cli_main(capsys, *train_command((data, data), tiny_t5, task="seq2seq", output_dir=tmp_path / "r"))
+    assert code == 2
+    assert err.strip() == (
+        f"error: the train data ({data}), row 2: the target is null (column 'target'); give it its text, or drop "
+        "the row"
+    )

@@ -179,9 +179,14 @@ class Seq2SeqTask(Task):
         require_columns(ds.column_names, [self.source_column], where, "--source-column")
         require_columns(ds.column_names, [self.target_column], where, "--target-column")
         ds = ds.select_columns([self.source_column, self.target_column])
-        return datasets.Dataset.from_dict(
-            {"source": [str(s) for s in ds[self.source_column]], "target": [str(t) for t in ds[self.target_column]]}
-        )
+        sources, targets = ds[self.source_column], ds[self.target_column]
+        for side, column, values in (("source", self.source_column, sources), ("target", self.target_column, targets)):
+            row = next((i for i, v in enumerate(values, start=1) if v is None), None)
+            if row is not None:  # str() would train it as the text "None"
+                raise DataError(
+                    f"{where}, row {row}: the {side} is null (column {column!r}); give it its text, or drop the row"
+                )
+        return datasets.Dataset.from_dict({"source": [str(s) for s in sources], "target": [str(t) for t in targets]})
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         raw = {}
