@@ -319,3 +319,15 @@ def test_a_label_outside_the_choices(tiny_bert, choice_dir, tmp_path, capsys):
     assert refused(capsys, tmp_path, tiny_bert, choice_dir) == (
         f"error: {choice_dir / 'dev.jsonl'}, row 3: label 4 is not a choice index (0 to 3); fix that row"
     )
+
+
+def test_a_row_without_a_label(tiny_bert, choice_dir, tmp_path, capsys):
+    # one row's label missing made pandas read the column as floats: row 1 was blamed ('label 0.0 is not a choice
+    # index'), and a file of float labels (1.0) was refused whole
+    rows = choice_rows(8, seed=2)
+    rows = [{**r, "label": float(r["label"])} for r in rows]
+    del rows[4]["label"]
+    write_jsonl(choice_dir / "dev.jsonl", rows)
+    assert refused(capsys, tmp_path, tiny_bert, choice_dir) == (
+        f"error: {choice_dir / 'dev.jsonl'}, row 5: no label; give the index of the right choice (0 to 3)"
+    )

@@ -81,6 +81,10 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
 
 
 def _label(value, row: int, path: Path, n: int) -> int:
+    if value is None or value != value:  # absent (NaN: a jsonl row without it makes pandas read floats)
+        raise DataError(f"{path}, row {row}: no label; give the index of the right choice (0 to {n - 1})")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     try:
         label = int(str(value).strip())
     except ValueError:
