@@ -275,3 +275,21 @@ def test_bf16_cpu_attention_is_sdpa_for_packed_blocks_and_eager_for_padded_texts
     one_step = dict(max_steps=1, batch_size=4, precision="bf16", eval_strategy="no", callbacks=[spy], data=data)
     Trainer(task="clm", model=tiny_llama, output_dir=str(tmp_path / "run"), quiet=True, **one_step).fit()
     assert spy.attention == expected
+
+
+@pytest.mark.parametrize("mapped", [False, True], ids=["in-memory", "memory-mapped"])
+def test_a_null_text(tiny_gpt2, tmp_path, capsys, monkeypatch, mapped):
+    # a jsonl row with "text": null crashed tokenization as an internal error (TypeError: TextEncodeInput ...)
+    from tuneforge.data import mapped as mapped_files
+
+    if mapped:  # a file this large is read memory-mapped
+        monkeypatch.setattr(mapped_files, "LARGE_FILE_BYTES", 0)
+    data = tmp_path / "docs.jsonl"
+    data.write_text('{"text": "A man."}\n{"text": null}\n{"text": "A dog."}\n{"text": null}\n')
+    args = train_command((data, data), tiny_gpt2, task="clm", output_dir=tmp_path / "r", cache_dir=tmp_path / "c")
+    code, out, err = cli_main(capsys, *args)
+    assert code == 2
+    assert err.strip() == (
+        f"error: the train data ({data}), row 2: column 'text' is null (2 rows are); give each row its text, or drop "
+        "those rows"
+    )

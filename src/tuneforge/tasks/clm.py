@@ -285,6 +285,8 @@ class CausalLMTask(Task):
         else:
             frame = read_table(path)
             require_columns(list(frame.columns), [self.text_column], f"the {split} data ({path})", "--text-column")
+            nulls = frame[self.text_column].isna()
+            self._refuse_nulls(int(nulls.sum()), int(nulls.argmax()) + 1, split, path)
             ds = to_dataset(frame[[self.text_column]].astype(str).rename(columns={self.text_column: "text"}))
         if not any(isinstance(t, str) and t.strip() for t in ds["text"]):
             raise DataError(
@@ -292,11 +294,25 @@ class CausalLMTask(Task):
             )
         return ds
 
+    def _refuse_nulls(self, count: int, first_row: int, split: str, path: str) -> None:
+        """`count` null texts (a jsonl row's "text": null), the first at `first_row`: one error line, as the
+        tokenizer cannot encode one, and as the string 'None' it would be trained on."""
+        if count:
+            raise DataError(
+                f"the {split} data ({path}), row {first_row}: column {self.text_column!r} is null ({count} rows "
+                "are); give each row its text, or drop those rows"
+            )
+
     def _text_of(self, ds, split: str, path: str) -> datasets.Dataset:
         """The text column of a memory-mapped file as `text`, strings as the in-memory reader makes them."""
         column = "text" if data_suffix(path) == ".txt" else self.text_column  # (a text file's lines: `text`)
         require_columns(list(ds.column_names), [column], f"the {split} data ({path})", "--text-column")
         ds = ds.select_columns([column])
+        text = ds.data.column(column)
+        if text.null_count:
+            import pyarrow.compute as pc
+
+            self._refuse_nulls(text.null_count, pc.index(pc.is_null(text), True).as_py() + 1, split, path)
         if ds.features[column] != datasets.Value("string"):
             ds = ds.cast_column(column, datasets.Value("string"))
         return ds if column == "text" else ds.rename_column(column, "text")
