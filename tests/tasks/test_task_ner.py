@@ -281,6 +281,37 @@ def test_jsonl_tokens_and_tags_through_the_python_api(tiny_bert, tmp_path, cache
     assert trainer.fit(train_dataset=given, eval_dataset=given.select(range(5)))["num_examples"] == 5
 
 
+def test_datasets_in_the_hubs_form_with_class_label_tags(tiny_bert, cache_dir):
+    # the hub's conll2003 holds each tag as the id of a ClassLabel: read as its name (it was a TypeError)
+    import datasets
+
+    names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-MISC", "I-MISC"]
+    sentences = tagged_sentences(6, seed=7)
+    features = datasets.Features(
+        {"tokens": datasets.List(datasets.Value("string")), "ner_tags": datasets.List(datasets.ClassLabel(names=names))}
+    )
+    rows = {"tokens": [w for w, _ in sentences], "ner_tags": [[names.index(t) for t in tags] for _, tags in sentences]}
+    given = datasets.Dataset.from_dict(rows, features=features)
+    task = quiet_task("ner", tiny_bert, label_column="ner_tags", cache_dir=cache_dir)
+    raw = task.prepare_raw({"train": given, "validation": given})
+    assert raw["train"]["tags"] == [tags for _, tags in sentences]
+
+
+def test_parquet_rows_read_as_jsonl_rows(tmp_path):
+    # parquet's list cells come back as numpy arrays: every row was refused as 'must each be a list'
+    import pandas as pd
+
+    from tuneforge.data.conll import read_tagged
+
+    sentences = tagged_sentences(5, seed=6)
+    frame = pd.DataFrame({"words": [w for w, _ in sentences], "ner": [t for _, t in sentences]})
+    frame.to_parquet(tmp_path / "train.parquet")
+    (tmp_path / "train.jsonl").write_text(frame.to_json(orient="records", lines=True))
+    from_parquet = read_tagged(tmp_path / "train.parquet", "words", "ner")
+    assert from_parquet["tokens"] == [w for w, _ in sentences] and from_parquet["tags"] == [t for _, t in sentences]
+    assert from_parquet.to_dict() == read_tagged(tmp_path / "train.jsonl", "words", "ner").to_dict()
+
+
 # ---- backends and resume -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def parity_reference(tiny_bert, tmp_path_factory, cache_dir) -> tuple[Path, Path]:

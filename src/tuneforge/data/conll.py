@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from tuneforge.data import sources
 from tuneforge.errors import DataError
@@ -86,6 +87,7 @@ def read_tagged_table(path: str | Path, tokens_column: str, tags_column: str) ->
     require_columns(list(df.columns), [tags_column], repr(str(p)), "--label-column (the tags)")
     tokens, tags = [], []
     for row, (words, labels) in enumerate(zip(df[tokens_column], df[tags_column]), start=1):
+        words, labels = (x.tolist() if isinstance(x, np.ndarray) else x for x in (words, labels))  # parquet's lists
         if not isinstance(words, list) or not isinstance(labels, list):
             raise DataError(
                 f"row {row} of {str(p)!r}: {tokens_column!r} and {tags_column!r} must each be a list "

@@ -176,9 +176,11 @@ class TokenClassificationTask(Task):
             if ds is None:
                 continue
             ds = ds.rename_columns({self.tokens_column: "tokens", self.tags_column: "tags"})
-            if "line" not in ds.column_names:
-                ds = ds.add_column("line", list(range(1, len(ds) + 1)))
-            raw[split] = ds.select_columns(["tokens", "tags", "line"])
+            names = getattr(getattr(ds.features["tags"], "feature", None), "names", None)  # the hub's ClassLabel ids
+            named = names and all(0 <= t < len(names) for row in ds["tags"] for t in row)  # (-1: no tag, refused)
+            tags = [[names[t] if named else str(t) for t in row] for row in ds["tags"]]
+            lines = ds["line"] if "line" in ds.column_names else list(range(1, len(ds) + 1))
+            raw[split] = datasets.Dataset.from_dict({"tokens": ds["tokens"], "tags": tags, "line": lines})
         return datasets.DatasetDict(self._check(raw))
 
     def _from_hub(self) -> datasets.DatasetDict:
