@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -86,6 +87,8 @@ def test_swag_csv_question_jsonl_and_codah_tsv_read_alike(tmp_path):
     assert swag["choices"] == [r["choices"] for r in rows] and swag["label"] == [r["label"] for r in rows]
     jsonl = read_choices(write_jsonl(tmp_path / "q.jsonl", rows))
     assert jsonl["choices"] == swag["choices"] and jsonl["prefix"] == [""] * 5
+    pd.DataFrame(rows).to_parquet(tmp_path / "q.parquet")  # its choices come back as numpy arrays
+    assert read_choices(tmp_path / "q.parquet").to_dict() == jsonl.to_dict()
     codah = tmp_path / "codah.tsv"
     codah.write_text("".join("\t".join(["o", r["question"], *r["choices"], str(r["label"])]) + "\n" for r in rows[:4]))
     read = read_choices(codah, data_format="codah")

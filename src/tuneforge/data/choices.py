@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from tuneforge.data import sources
 from tuneforge.errors import DataError
@@ -49,10 +50,11 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
             choices = [[str(e) for e in r if str(e).strip()] for r in df[[c for _, c in endings]].values.tolist()]
             rows = {"context": df["sent1"].tolist(), "prefix": prefix, "choices": choices}
         elif {"question", "choices"} <= set(cols):
+            df["choices"] = [c.tolist() if isinstance(c, np.ndarray) else c for c in df["choices"]]  # parquet's lists
             bad = next((i for i, c in enumerate(df["choices"], 1) if not isinstance(c, list)), None)
             if bad:
                 raise DataError(
-                    f"file {str(p)!r}, row {bad}: 'choices' must be a list of texts (jsonl/json), got "
+                    f"file {str(p)!r}, row {bad}: 'choices' must be a list of texts (jsonl/json/parquet), got "
                     f"{type(df['choices'][bad - 1]).__name__}"
                 )
             rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
