@@ -239,6 +239,10 @@ def test_exact_match_and_f1_are_the_official_scripts():
     scores = squad_metrics(["Paris", "in Paris, France", ""], [["Paris"], ["Paris"], []], version_2=True)
     assert scores["exact_match"] == pytest.approx(200 / 3) and scores["f1"] == pytest.approx(250 / 3)
     assert scores["has_answer_f1"] == 75.0 and scores["no_answer_exact_match"] == 100.0
+    # evaluate-v2.0.py splits by whether a question has answers at all (bool(qa['answers'])), not by what is left
+    # once they are normalised: a gold "The" is a question with an answer
+    split = squad_metrics(["", "Paris"], [["The"], ["Paris"]], version_2=True)
+    assert split["has_answer_exact_match"] == 100.0 and "no_answer_exact_match" not in split
 
 
 def test_a_windows_best_span_keeps_to_the_context_and_the_length_limit():

@@ -96,7 +96,7 @@ def squad_metrics(predictions: list[str], golds: list[list[str]], version_2: boo
     }
     if version_2:
         for name, has in (("has_answer", True), ("no_answer", False)):
-            part = [s for s, g in zip(scores, golds) if bool([a for a in g if normalize_answer(a)]) == has]
+            part = [s for s, g in zip(scores, golds) if bool(g) == has]  # evaluate-v2.0.py: bool(qa['answers'])
             if part:
                 out[f"{name}_exact_match"] = 100 * float(np.mean([s[0] for s in part]))
                 out[f"{name}_f1"] = 100 * float(np.mean([s[1] for s in part]))
