@@ -203,13 +203,15 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     from tuneforge.trainer import Trainer
 
     flags["quiet"] = flags.get("quiet", False)
+    trained = _trained_task(ns.model_dir)
+    if trained and flags.get("task", trained) == trained:  # the folder's own settings unless a flag says
+        flags = {**_trained_settings(ns.model_dir, flags), **flags}
     values: dict[str, Any] = {}
     for key, value in flags.items():
         section, _, name = key.rpartition(".")
         (values.setdefault(section, {}) if section else values)[name or key] = value
     values["model"] = ns.model_dir
     values["output_dir"] = ns.output_dir or "runs/eval"
-    trained = _trained_task(ns.model_dir)
     if trained:  # a folder tuneforge exported evaluates as the task it was trained for, unless --task says
         values.setdefault("task", trained)
     config = build_config(values)
@@ -229,6 +231,28 @@ def _trained_task(model_dir: str) -> str | None:
     from tuneforge.artifacts import read_model_info
 
     return read_model_info(model_dir).get("task") if Path(model_dir).is_dir() else None
+
+
+def _trained_settings(model_dir: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The eval settings a folder's tuneforge.json records of its training (max_length, QA's doc_stride, a
+    seq2seq model's source_prefix and num_beams, a causal LM's block_size, ...) as config keys, so that `eval`
+    reads the data as the run that trained it did (as predict and generate do); said in one line."""
+    from tuneforge.artifacts import read_model_info
+
+    info = read_model_info(model_dir)
+    keys = {key.rpartition(".")[2]: key for key in eval_keys() if key.startswith(("data.", "task_options."))}
+    taken = {
+        keys[name]: value
+        for name, value in info.items()
+        if name in keys and name not in INPUT_NAMING and keys[name] not in given and value is not None
+    }
+    if taken and not given.get("quiet"):
+        said = ", ".join(f"{key.rpartition('.')[2]} {value}" for key, value in taken.items())
+        print(f"settings the model was trained with (its tuneforge.json; a flag overrides): {said}", flush=True)
+    return taken
+
+
+INPUT_NAMING = ("text_columns",)  # how predict reads rows, not how the model reads text: the data file decides
 
 
 def _check_same_kind(task: str, trained: str, model_dir: str) -> None:

@@ -140,3 +140,27 @@ def test_a_causal_lm_without_a_pad_token_trains_and_evaluates_as_a_classifier(tm
     code, stdout, err = cli_main(capsys, "eval", str(out / "model"), *evaluation, *common)
     assert code == 0, err
     assert last_json(stdout)["loss"] == pytest.approx(trained["loss"], rel=1e-4)
+
+
+def test_eval_of_an_exported_folder_reads_the_data_with_its_training_settings(tmp_path, tiny_bert, cache_dir, capsys):
+    """`tuneforge eval FOLDER` takes the settings FOLDER's tuneforge.json records (here --max-length 6), so it scores
+    what the training run's last evaluation did (it cut the texts at the default length instead, as for a QA model's
+    doc_stride or a T5's source_prefix); a flag still overrides, and the line says what was taken."""
+    from conftest import cli_main
+
+    rows = [f"{word} {' '.join([word] * 8)} {i}" for i in range(20) for word in ("good", "bad")]
+    data = tmp_path / "rows.csv"
+    data.write_text("text,label\n" + "".join(f"{r},{'pos' if r.startswith('good') else 'neg'}\n" for r in rows))
+    common = dict(precision="fp32", cache_dir=cache_dir)
+    train = train_command((data, data), tiny_bert, output_dir=tmp_path / "run", max_length=6, max_steps=10, **common)
+    code, out, err = cli_main(capsys, *train, "--batch-size", "8", "--lr", "5e-3", "--seed", "3", "--json", "--quiet")
+    assert code == 0, err
+    trained = last_json(out)
+    evaluation = cli_flags(validation_file=data, output_dir=tmp_path / "eval", **common)
+    code, out, err = cli_main(capsys, "eval", str(tmp_path / "run" / "model"), *evaluation, "--json")
+    assert code == 0, err
+    assert "settings the model was trained with (its tuneforge.json; a flag overrides): max_length 6" in out
+    assert last_json(out)["loss"] == pytest.approx(trained["loss"], abs=1e-6)
+    code, out, err = cli_main(capsys, "eval", str(tmp_path / "run" / "model"), *evaluation, "--max-length", "64")
+    assert code == 0, err
+    assert "settings the model was trained with" not in out
