@@ -93,3 +93,31 @@ def test_train_ends_with_its_time_and_machine(tmp_path, capsys, tiny_bert, senti
     last = out.strip().splitlines()[-1]
     pattern = rf"took \d+ s on {re.escape(machine())} \(\d+\.\d s of it waiting for data\)"
     assert re.fullmatch(pattern, last), last
+
+
+@pytest.mark.parametrize(
+    "info, taken",
+    [
+        # what the folder's task has as options, and data settings; not how predict reads rows (text_columns)
+        (
+            {"task": "qa", "max_length": 64, "doc_stride": 16, "text_columns": ["question", "context"]},
+            {"data.max_length": 64, "task_options.doc_stride": 16},
+        ),
+        (
+            {"task": "seq2seq", "source_prefix": "translate: ", "num_beams": 2, "generation_max_length": None},
+            {"task_options.source_prefix": "translate: ", "task_options.num_beams": 2},
+        ),
+        ({"task": "grpo", "block_size": 64, "generates": True}, {}),  # derived there, not an option: left out
+    ],
+)
+def test_eval_takes_the_settings_a_folder_was_trained_with(tmp_path, capsys, info, taken):
+    import json
+
+    from tuneforge.cli import _trained_settings
+
+    (tmp_path / "tuneforge.json").write_text(json.dumps(info))
+    assert _trained_settings(str(tmp_path), {}) == taken
+    given = {key: "flag" for key in taken}  # a flag wins
+    assert _trained_settings(str(tmp_path), given) == {}
+    out = capsys.readouterr().out
+    assert ("'translate: '" in out) == (info["task"] == "seq2seq")

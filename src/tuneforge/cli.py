@@ -238,16 +238,23 @@ def _trained_settings(model_dir: str, given: dict[str, Any]) -> dict[str, Any]:
     seq2seq model's source_prefix and num_beams, a causal LM's block_size, ...) as config keys, so that `eval`
     reads the data as the run that trained it did (as predict and generate do); said in one line."""
     from tuneforge.artifacts import read_model_info
+    from tuneforge.tasks import task_class
 
     info = read_model_info(model_dir)
-    keys = {key.rpartition(".")[2]: key for key in eval_keys() if key.startswith(("data.", "task_options."))}
+    options = task_class(info["task"]).Options.model_fields  # (a GRPO folder records a block_size it derived)
+    keys = {
+        key.rpartition(".")[2]: key
+        for key in eval_keys()
+        if key.startswith("data.") or (key.startswith("task_options.") and key.rpartition(".")[2] in options)
+    }
     taken = {
         keys[name]: value
         for name, value in info.items()
         if name in keys and name not in INPUT_NAMING and keys[name] not in given and value is not None
     }
     if taken and not given.get("quiet"):
-        said = ", ".join(f"{key.rpartition('.')[2]} {value}" for key, value in taken.items())
+        shown = {key.rpartition(".")[2]: repr(v) if isinstance(v, str) else v for key, v in taken.items()}
+        said = ", ".join(f"{name} {value}" for name, value in shown.items())
         print(f"settings the model was trained with (its tuneforge.json; a flag overrides): {said}", flush=True)
     return taken
 
