@@ -293,3 +293,22 @@ def test_a_null_text(tiny_gpt2, tmp_path, capsys, monkeypatch, mapped):
         f"error: the train data ({data}), row 2: column 'text' is null (2 rows are); give each row its text, or drop "
         "those rows"
     )
+
+
+@pytest.mark.parametrize("split", ["train", "validation"])
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "unpacked"])
+def test_text_of_one_token_per_example_is_one_line(tiny_gpt2, tmp_path, capsys, split, packing):
+    """A lone token has no next token: a training file of one trained steps on zero targets without a word, a
+    validation file of one scored `loss nan, perplexity inf`."""
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    short.write_text('{"text": "a"}\n')
+    long.write_text('{"text": "A man walks his dog in the park."}\n' * 4)
+    files = (short, long) if split == "train" else (long, short)
+    flags = dict(task="clm", output_dir=tmp_path / "r", cache_dir=tmp_path / "c", max_steps=1)
+    packed = "--packing" if packing else "--no-packing"
+    code, _, err = cli_main(capsys, *train_command(files, tiny_gpt2, **flags), packed)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        f"error: the {split} text is one token per example after tokenization, and a causal LM learns each next "
+        "token: nothing to train on or score; give longer text"
+    )

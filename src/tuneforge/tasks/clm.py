@@ -146,7 +146,7 @@ class TokenLossStream(MetricStream):
         totals = backend.reduce_sum(torch.stack([self.loss_sum, self.tokens]).to(backend.device))
         loss_sum, tokens = float(totals[0]), int(totals[1])
         loss = loss_sum / tokens if tokens else float("nan")
-        perplexity = math.exp(loss) if loss < 700 else float("inf")  # exp overflows past ~709
+        perplexity = float("inf") if loss >= 700 else math.exp(loss)  # exp overflows past ~709 (nan stays nan)
         return {"loss": loss, "perplexity": perplexity, "num_tokens": tokens}
 
 
@@ -350,6 +350,11 @@ class CausalLMTask(Task):
             if len(feats) == 0:
                 raise DataError(
                     f"the {split} text has no tokens after tokenization; give text the tokenizer can encode"
+                )
+            if max(feats["length"]) < 2:  # a lone token has no next token: nothing to train on or score
+                raise DataError(
+                    f"the {split} text is one token per example after tokenization, and a causal LM learns each "
+                    "next token: nothing to train on or score; give longer text"
                 )
             out[split] = feats
         return datasets.DatasetDict(out)
