@@ -57,6 +57,18 @@ def test_conll_columns_docstart_tabs_and_line_numbers(tmp_path):
     assert ds["tags"] == [["B-ORG", "O"], ["B-PER", "I-PER"]] and ds["line"] == [3, 8]
 
 
+def test_a_word_holding_other_whitespace_stays_one_word(tmp_path):
+    """Columns split at spaces and tabs, lines at \\n, \\r\\n and \\r, as the hub's CoNLL loaders read; str.split
+    cut '10\\u00a0000' (a no-break space) in two columns and a U+2028 ended the line, each refused as a bad line."""
+    from tuneforge.data.conll import read_tagged
+
+    f = tmp_path / "x.conll"
+    f.write_bytes("EU B-ORG\r\npays O\r\n10\u00a0000 O\r\nfor\u2028x O\r\n\r\nPeter\tB-PER\rleft O\r".encode())
+    ds = read_tagged(f)
+    assert ds["tokens"] == [["EU", "pays", "10\u00a0000", "for\u2028x"], ["Peter", "left"]]
+    assert ds["tags"] == [["B-ORG", "O", "O", "O"], ["B-PER", "O"]] and ds["line"] == [1, 6]
+
+
 def test_iob1_is_trained_as_iob2_and_entities_read_as_conlleval():
     from tuneforge.data.conll import entities, iob_label_set, to_iob2
 

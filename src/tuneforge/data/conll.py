@@ -9,6 +9,7 @@ the same either way, and IOB2 gives every entity a B- tag the model can learn to
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import datasets
@@ -49,8 +50,10 @@ def read_conll(path: str | Path) -> datasets.Dataset:
     from tuneforge.data.sources import decode_text
 
     text = decode_text(p.read_bytes(), p)
-    for number, line in enumerate(text.splitlines() + [""], start=1):
-        cols = line.split()
+    # lines end at \n, \r\n or \r and columns split at spaces and tabs only, as the hub's CoNLL loaders read:
+    # a word may hold other whitespace (a no-break space in '10 000', U+2028), which str.split would cut
+    for number, line in enumerate(re.split(r"\r\n|\r|\n", text) + [""], start=1):
+        cols = [col for col in re.split(r"[ \t]+", line) if col]
         if not cols or cols[0] == "-DOCSTART-":
             if words:
                 tokens.append(words), tags.append(labels)
