@@ -72,3 +72,23 @@ def test_a_template_that_does_not_parse_is_one_line_in_chat_and_serve(tmp_path, 
     code, out, err = cli_main(capsys, "serve", model, "--port", "0")  # at start-up, never a 500 per request
     assert code == 2 and err.strip().splitlines()[-1].startswith(want), err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_line_that_is_not_utf8_is_one_line(chat_model, capsys, monkeypatch, strict):
+    # the terminal's bytes as Python reads them: undecodable ones kept as lone surrogates (a C or C.UTF-8
+    # locale), or a UnicodeDecodeError (PYTHONIOENCODING=utf-8)
+    stdin = io.TextIOWrapper(
+        io.BytesIO(b"hello\ncaf\xe9\n"), encoding="utf-8", errors=None if strict else "surrogateescape"
+    )
+    monkeypatch.setattr("sys.stdin", stdin)
+    code, out, err = cli_main(capsys, "chat", chat_model, "--max-new-tokens", "3")
+    assert code == 2 and out.count("model> ") == 1, err
+    assert err.strip() == "error: line 2 is not UTF-8 text (byte 0xe9 at character 4); type it as UTF-8"
+
+
+def test_a_system_message_that_is_not_utf8_is_one_line(tmp_path, tiny_llama, capsys, monkeypatch):
+    model = chat_model_with(tmp_path / "model", tiny_llama, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    code, out, err = chat(capsys, monkeypatch, model, ["hello"], "--system", "caf\udce9")
+    assert code == 2 and "model> " not in out, err
+    assert err.strip() == "error: --system is not UTF-8 text (byte 0xe9 at character 4); pass it as UTF-8"

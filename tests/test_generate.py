@@ -173,3 +173,10 @@ def test_seq2seq_stops_at_the_decoders_positions_and_refuses_a_longer_input(tiny
     long = " ".join(["a man is riding a red bike"] * 30)
     code, out, err = cli_main(capsys, "generate", tiny_bart, "--prompt", long)
     assert code == 2 and err.strip().startswith("error: input 1 has ") and "reads at most 128" in err
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(tiny_gpt2, capsys):
+    # a byte a terminal sent in another encoding reaches argv as a lone surrogate (Python's surrogateescape)
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man", "--prompt", "caf\udce9 au lait")
+    assert code == 2 and out == ""
+    assert err.strip() == "error: prompt 2 is not UTF-8 text (byte 0xe9 at character 4); pass it as UTF-8"

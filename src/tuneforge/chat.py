@@ -6,7 +6,8 @@ adapter folder too), or the merged export of one. This module also owns the chec
 that `serve` shares: a template that does not parse is one line naming its file at start-up
 (`check_chat_template`); one that refuses a conversation (as Gemma's and Mistral's refuse a system message) is
 one line naming the file, the turn and the template's own message. A conversation that fills the model's
-context ends with one line saying so; a reply stops at the context (generate.py says so in a `note:` line).
+context ends with one line saying so; a reply stops at the context (generate.py says so in a `note:` line). A line
+(or --system) that is not UTF-8 text ends it in one line naming the line and the byte.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuneforge.artifacts import context_length
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
-from tuneforge.generate import Generator, MaxNewTokens, Seed, Temperature, TopP
+from tuneforge.generate import Generator, MaxNewTokens, Seed, Temperature, TopP, not_utf8
 
 
 class ChatOptions(BaseModel):
@@ -108,12 +109,16 @@ def chat(
             "this model's tokenizer has no chat template; train it with --task sft (--chat-template FILE)"
         )
     check_chat_template(tokenizer, generator.model_dir)
+    if system and not_utf8(system):
+        raise DataError(f"--system {not_utf8(system)}; pass it as UTF-8")
     messages = [{"role": "system", "content": system}] if system else []
     print("you> ", end="", file=out, flush=True)
     for turn, line in enumerate(lines, start=1):
         text = line.strip()
         if not text:
             break
+        if not_utf8(line):
+            raise DataError(f"line {turn} {not_utf8(line)}; type it as UTF-8")
         messages.append({"role": "user", "content": text})
         prompt = render(generator, messages, turn)
         check_room(generator, prompt, turn)
@@ -130,6 +135,8 @@ def cmd_chat(ns: argparse.Namespace) -> int:
     generator = Generator(options.model_dir)
     if not generator.kind.continues_prompt:
         raise ConfigError(f"model {options.model_dir!r} is a seq2seq model; `tuneforge chat` talks to causal LMs")
+    if hasattr(sys.stdin, "reconfigure"):  # a byte that is not UTF-8: refused by its line (chat), not a crash here
+        sys.stdin.reconfigure(errors="surrogateescape")
     # temperature and top-p only when sampling: greedy decoding would warn about them
     decoding = {"max_new_tokens", "do_sample", "seed"} | ({"temperature", "top_p"} if options.do_sample else set())
     chat(generator, sys.stdin, sys.stdout, system=options.system, **options.model_dump(include=decoding))

@@ -140,6 +140,18 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
     return family
 
 
+def not_utf8(text: str) -> str | None:
+    """Why `text` is not UTF-8 text (a byte sent in another encoding reaches Python's argv and stdin as a lone
+    surrogate, which no tokenizer takes), None when it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate \\u{code:04x}"
+        return f"is not UTF-8 text ({what} at character {err.start + 1})"
+    return None
+
+
 class CausalFamily:
     """A causal LM: the output continues the prompt, and prompt and continuation share the model's positions."""
 
@@ -256,7 +268,12 @@ class Generator:
         return room
 
     def _encode_batch(self, prompts: Sequence[str], add_special_tokens: bool):
-        """The prompts as one padded batch on the model's device; DataError for a prompt with nothing to continue."""
+        """The prompts as one padded batch on the model's device; DataError for a prompt that is not UTF-8 text or
+        has nothing to continue."""
+        for i, text in enumerate(prompts, start=1):
+            problem = not_utf8(text)
+            if problem:
+                raise DataError(f"prompt {i} {problem}; pass it as UTF-8")
         texts = [self.kind.prompt_text(t, self.info) for t in prompts]
         max_length = self.kind.max_prompt_tokens(self.info)
         enc = self.tokenizer(
