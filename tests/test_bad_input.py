@@ -470,6 +470,29 @@ def test_unexpected_exception_is_one_internal_error_line_with_a_report_file(
     assert 'raise KeyError("boom inside predict")' in text
 
 
+def test_an_internal_error_of_a_command_line_that_is_not_utf8_still_writes_its_report(
+    tmp_path, tiny_bert, files, capsys, monkeypatch
+):
+    """An argument holding a byte that is not UTF-8 (a Latin-1 file name: a lone surrogate in argv) made the
+    handler itself fail writing the report: UnicodeEncodeError and its traceback on stderr."""
+    import tempfile
+
+    import tuneforge.predict
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom inside predict")
+
+    monkeypatch.setattr(tuneforge.predict, "predict_file", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _, val = files
+    out_file = str(tmp_path / "caf\udce9.jsonl")
+    code, out, err = cli_main(capsys, "predict", tiny_bert, "--input", str(val), "--output", out_file)
+    assert code == 1 and "Traceback" not in err
+    [report] = list(tmp_path.glob("tuneforge-error-*.txt"))
+    assert f"the full traceback is in {report}" in err
+    assert "--output " + str(tmp_path / "caf\\udce9.jsonl") in report.read_text()
+
+
 def test_download_malformed_repo_id(capsys):
     one_error(
         cli_main(capsys, "download", "not/a/valid/id"),

@@ -435,7 +435,8 @@ def _internal_error(err: BaseException, argv: list[str]) -> int:
     )
     try:
         fd, path = tempfile.mkstemp(prefix="tuneforge-error-", suffix=".txt")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        # an argument with a byte that is not UTF-8 (a lone surrogate in argv) is written as its escape
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as fh:
             fh.write(report)
         where = f"the full traceback is in {path}"
     except OSError:  # nowhere to write it: the traceback goes to stderr after the line
