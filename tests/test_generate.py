@@ -31,6 +31,14 @@ def test_greedy_continuation_equals_transformers_generate(tiny_gpt2):
         assert text == tokenizer.decode(new, skip_special_tokens=True)
 
 
+def test_one_text_for_prompts_is_refused_not_read_as_its_characters(tiny_gpt2):
+    from tuneforge.generate import Generator
+
+    generator = Generator(tiny_gpt2)
+    with pytest.raises(TypeError, match=r"a list of texts, not one text: generate\(\['A man'\]\)"):
+        generator.generate("A man", max_new_tokens=2)  # was 5 generations, one per character
+
+
 def test_sampling_is_reproducible_with_a_seed(tiny_gpt2):
     from tuneforge.generate import Generator
 

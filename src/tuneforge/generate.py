@@ -315,6 +315,8 @@ class Generator:
         """The generated text for each prompt (without the prompt itself). A setting left out (None): Sampling's
         default (greedy, 50 new tokens). `add_special_tokens=False` for prompts that carry their own (a chat
         template's rendering)."""
+        if isinstance(prompts, str):  # a str is a sequence too: each character would be a prompt
+            raise TypeError(f"prompts is a list of texts, not one text: generate([{prompts[:40]!r}])")
         given = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "num_beams": num_beams, "seed": seed}
         settings = parse_options(Sampling, {**given, "temperature": temperature, "top_k": top_k, "top_p": top_p})
         if not prompts:
