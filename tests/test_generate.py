@@ -133,6 +133,16 @@ def test_missing_model_folder(tmp_path, capsys):
     assert code == 2 and "does not exist" in err
 
 
+def test_a_file_given_as_the_model_is_not_said_to_be_missing(tiny_gpt2, tmp_path, capsys):
+    exported = tmp_path / "model-f16.gguf"  # a model, but one file: `generate` reads an HF folder
+    exported.write_bytes(b"GGUF")
+    code, out, err = cli_main(capsys, "generate", str(exported), "--prompt", "A man")
+    assert code == 2 and err.strip() == (
+        f"error: model {str(exported)!r} is a file, not a model folder; pass an HF model folder (config.json and "
+        "weights) or a hub id like bert-base-uncased"
+    )
+
+
 @pytest.mark.parametrize(
     "content, message", [("{not json", "is not valid JSON"), ("[1, 2]", "is not a JSON object (it holds a list)")]
 )

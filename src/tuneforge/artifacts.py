@@ -229,6 +229,11 @@ def check_model_path(model: str, weights: bool = True) -> None:
     looks_local = p.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
     if not looks_local:
         return
+    if p.exists() and not p.is_dir():
+        raise ConfigError(
+            f"model {model!r} is a file, not a model folder; pass an HF model folder (config.json and weights) or a "
+            "hub id like bert-base-uncased"
+        )
     if not p.is_dir():
         raise ConfigError(f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased")
     _check_folder_kind(model, p)
