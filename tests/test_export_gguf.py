@@ -387,6 +387,15 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
     if case == "destination inside the source":
         shutil.copytree(llama, tmp_path / "src")
         return [str(tmp_path / "src"), str(tmp_path / "src" / "m.gguf"), *gguf], ("inside the source",)
+    if case in ("weights missing", "weights cut short"):
+        shutil.copytree(llama, tmp_path / "broken")
+        weights = tmp_path / "broken" / "model.safetensors"
+        if case == "weights missing":
+            weights.unlink()
+            return [str(tmp_path / "broken"), out, *gguf], ("could not load the model", "no file named model")
+        with open(weights, "r+b") as fh:
+            fh.truncate(5000)
+        return [str(tmp_path / "broken"), out, *gguf], ("could not load the model", "incomplete metadata")
     if case == "missing source":
         return [str(tmp_path / "nope"), out, *gguf], ("does not exist",)
     if case == "merge of a model folder":
@@ -412,6 +421,8 @@ BAD_CASES = [
     "destination under a file",
     "destination inside the source",
     "missing source",
+    "weights missing",
+    "weights cut short",
     "merge of a model folder",
     "base without an adapter",
 ]

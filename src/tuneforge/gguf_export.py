@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
 
-from tuneforge.artifacts import context_length
+from tuneforge.artifacts import context_length, from_pretrained
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import replacing
 from tuneforge.paths import check_output_dir
@@ -405,7 +405,7 @@ def write_gguf(folder: str | os.PathLike, out: str | os.PathLike, quant: str, na
     check_model(config, (getattr(config, "architectures", None) or [None])[0], where)
     tokenizer = source_tokenizer(folder, where)
     vocab = read_vocab(tokenizer, config.vocab_size, where)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+    model = from_pretrained(AutoModelForCausalLM, str(folder), "the model", dtype="auto")  # missing, corrupt: one line
     with torch.no_grad():
         tensors = gguf_tensors(model, config, quant)
     del model
