@@ -396,6 +396,11 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
         with open(weights, "r+b") as fh:
             fh.truncate(5000)
         return [str(tmp_path / "broken"), out, *gguf], ("could not load the model", "incomplete metadata")
+    if case == "config value of the wrong type":
+        shutil.copytree(llama, tmp_path / "edited")
+        config = json.loads((tmp_path / "edited" / "config.json").read_text())
+        (tmp_path / "edited" / "config.json").write_text(json.dumps({**config, "hidden_size": "32"}))
+        return [str(tmp_path / "edited"), out, *gguf], ("config.json cannot be read", "expected int, got str")
     if case == "missing source":
         return [str(tmp_path / "nope"), out, *gguf], ("does not exist",)
     if case == "merge of a model folder":
@@ -423,6 +428,7 @@ BAD_CASES = [
     "missing source",
     "weights missing",
     "weights cut short",
+    "config value of the wrong type",
     "merge of a model folder",
     "base without an adapter",
 ]

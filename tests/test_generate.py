@@ -159,6 +159,20 @@ def test_corrupt_tuneforge_json_is_one_clear_line(tiny_gpt2, tmp_path, capsys, c
     assert lines[0].endswith("re-export the model or delete that file")
 
 
+def test_a_config_value_of_the_wrong_type_is_one_line(tiny_gpt2, tmp_path, capsys):
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_gpt2, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "n_embd": "32"}))  # a hand edit: a string
+    code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", "A man")
+    assert code == 2 and err.strip() == (
+        f"error: could not load the model config from {str(model_dir)!r}: Validation error for field 'n_embd': "
+        "TypeError: Field 'n_embd' expected int, got str (value: '32')"
+    )
+
+
 # ---- never past the model's context --------------------------------------------------------------------
 def test_a_continuation_stops_at_the_context_with_a_note(tiny_gpt2, capsys):
     from transformers import AutoTokenizer

@@ -180,8 +180,12 @@ def is_adapter_folder(path: str | os.PathLike) -> bool:
 
 def first_error_line(err: BaseException) -> str:
     """An exception's first line (at most 200 characters), for the one-line errors about a folder."""
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    if lines[0].endswith(":") and len(lines) > 1:  # a heading whose cause is on the next line (hub's validation)
+        return f"{lines[0]} {lines[1]}"[:200]
+    return lines[0][:200]
 
 
 def _check_folder_kind(model: str, p: Path) -> None:
@@ -252,13 +256,14 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
 
     Not an adapter folder's model: merging the adapter into its base is adapters.load_pretrained_model's (it
     needs peft, a layer above this one), so a model loader given one is a programming error here."""
+    from huggingface_hub.errors import StrictDataclassError  # a config.json value of the wrong type
     from safetensors import SafetensorError
 
     if loads_a_model(loader) and is_adapter_folder(path):
         raise TypeError(f"{path!r} is an adapter folder: load its model with adapters.load_pretrained_model")
     try:
         return loader.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, SafetensorError) as err:
+    except (OSError, ValueError, SafetensorError, StrictDataclassError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
 
 

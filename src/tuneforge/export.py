@@ -31,6 +31,7 @@ from tuneforge import adapters, checkpoint, gguf_export
 from tuneforge.artifacts import (
     ADAPTER_CONFIG,
     MODEL_INFO,
+    first_error_line,
     is_adapter_folder,
     read_model_info,
     save_pretrained,
@@ -279,11 +280,12 @@ def _gguf_source(path: Path, merge: bool) -> str:
 def _gguf_check_source(path: Path, kind: str) -> None:
     """The source's config (a checkpoint's meta.json names the class that trained), checked before weights load."""
     import transformers
+    from huggingface_hub.errors import StrictDataclassError  # a value of the wrong type
 
     try:
         config = transformers.AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{str(path)!r}: its config.json cannot be read ({str(err).splitlines()[0][:160]})") from None
+    except (OSError, ValueError, StrictDataclassError) as err:
+        raise ConfigError(f"{str(path)!r}: its config.json cannot be read ({first_error_line(err)})") from None
     meta = checkpoint.read_meta(path) if kind == "checkpoint" else {}
     arch = meta.get("architecture") or (getattr(config, "architectures", None) or [None])[0]
     gguf_export.check_source(path, config, arch, repr(str(path)))
