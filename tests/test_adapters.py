@@ -278,7 +278,7 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
         info = json.loads((adapter / "tuneforge.json").read_text())
         info["adapter"]["base_model"] = str(tmp_path / "deleted-base")
         (adapter / "tuneforge.json").write_text(json.dumps(info))
-        return [str(adapter), out], ("deleted-base", "cannot be loaded", "pass the base model's folder")
+        return [str(adapter), out], ("deleted-base", "cannot be loaded", "--merge --base DIR")
     if case == "base of another architecture":
         return [str(adapter), out, "--base", tiny_gpt2], ("trained on a bert model", "is a gpt2 model")
     if case == "base that is a file":

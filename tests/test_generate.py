@@ -102,7 +102,7 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
     assert code == 2
     assert err.strip() == (
         f"error: model {str(classifier)!r} is a BertForSequenceClassification, not a text-generation "
-        "model; `tuneforge generate` needs a causal LM or a sequence-to-sequence model (one trained to generate "
+        "model; generating text needs a causal LM or a sequence-to-sequence model (one trained to generate "
         "text); for classifiers use `tuneforge predict`"
     )
 
@@ -119,7 +119,7 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
         (["--do-sample", "--temperature", "inf"], "error: --temperature must be a finite number (got inf)"),
         (
             ["--do-sample", "--temperature", "0"],
-            "error: --temperature must be above 0 (got 0.0); for greedy decoding drop --do-sample",
+            "error: --temperature must be above 0 (got 0.0); without --do-sample decoding is greedy",
         ),
     ],
 )

@@ -331,6 +331,12 @@ def _check_base_kind(folder: Path, base: str, config) -> None:
         )
 
 
+# only `tuneforge export` takes --base: the other commands load an adapter folder's base from its adapter_config.json
+BASE_FIX = (
+    "merge it with its base model's folder into a standalone one: tuneforge export {folder} OUT --merge --base DIR"
+)
+
+
 def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kwargs):
     """`loader.from_pretrained` of the adapter's base (or `base`) with the adapter of `folder` merged in.
 
@@ -345,7 +351,7 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
     info = _adapter_info(folder)
     base = base or info.get("base_model")
     if not base:
-        raise ConfigError(f"adapter folder {str(folder)!r} names no base model; pass the base model's folder")
+        raise ConfigError(f"adapter folder {str(folder)!r} names no base model; {BASE_FIX.format(folder=folder)}")
     if (folder / "config.json").exists():
         kwargs.setdefault("config", AutoConfig.from_pretrained(folder))
     _check_base_kind(folder, base, kwargs.get("config"))
@@ -354,7 +360,7 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
     except (OSError, ValueError) as err:
         raise ConfigError(
             f"the base model {base!r} of adapter {str(folder)!r} cannot be loaded ({str(err).splitlines()[0][:160]}); "
-            "pass the base model's folder"
+            + BASE_FIX.format(folder=folder)
         ) from None
     want = info.get("base_fingerprint")
     if want:

@@ -64,7 +64,7 @@ Temperature = Annotated[
         json_schema_extra={
             "refusal": {
                 "non_finite": "{flag} must be a finite number (got {value})",
-                "low": "{flag} must be above {gt} (got {value}); for greedy decoding drop --do-sample",
+                "low": "{flag} must be above {gt} (got {value}); without --do-sample decoding is greedy",
             }
         },
     ),
@@ -134,7 +134,7 @@ def model_family(model_dir: str, model_config, info: dict) -> str:
         kind = archs[0] if archs else model_config.model_type
         what = f"a {kind} trained for {task!r}" if task else f"a {kind}"
         raise ConfigError(
-            f"model {model_dir!r} is {what}, not a text-generation model; `tuneforge generate` needs a causal LM "
+            f"model {model_dir!r} is {what}, not a text-generation model; generating text needs a causal LM "
             "or a sequence-to-sequence model (one trained to generate text); for classifiers use `tuneforge predict`"
         )
     return family
