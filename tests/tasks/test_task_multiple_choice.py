@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
 from pathlib import Path
 
 import httpx
@@ -334,3 +335,34 @@ def test_a_row_without_a_label(tiny_bert, choice_dir, tmp_path, capsys):
     assert refused(capsys, tmp_path, tiny_bert, choice_dir) == (
         f"error: {choice_dir / 'dev.jsonl'}, row 5: no label; give the index of the right choice (0 to 3)"
     )
+
+
+@pytest.mark.parametrize(
+    "first, second, says",
+    [  # (an Arrow column holds one type: the good first row's value is of the second's type)
+        ({"label": "0"}, {"label": "second"}, "row 2: label 'second' is not a choice index (0 to 1)"),
+        ({}, {"label": None}, "row 2: no label; give the index of the right choice (0 to 1)"),
+        ({"label": 0.0}, {"label": 1.0}, None),  # a whole float, as pandas reads a column with a gap: its index
+        ({}, {"question": None}, "row 2: the question must be a text and choices a list of texts"),
+        (
+            {"choices": "cd"},
+            {"choices": "ab"},
+            "row 1: the question must be a text and choices a list of texts (got str",
+        ),
+    ],
+)
+def test_datasets_given_to_fit_are_checked_as_files_are(tiny_bert, first, second, says):
+    """fit's datasets went through int() and str(): a text label was a ValueError, a null question the text 'None'
+    and choices given as one text its characters (here 'a' and 'b')."""
+    import datasets
+
+    from tuneforge.errors import DataError
+
+    good = {"question": "2 + 2?", "choices": ["4", "5"], "label": 0}
+    ds = datasets.Dataset.from_list([{**good, **first}, {**good, **second}])
+    task = quiet_task("multiple-choice", tiny_bert)
+    if says is None:
+        assert task.prepare_raw({"train": ds, "validation": None})["train"]["label"] == [0, 1]
+        return
+    with pytest.raises(DataError, match=re.escape(f"the train dataset, {says}")):
+        task.prepare_raw({"train": ds, "validation": None})

@@ -74,7 +74,8 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
     rows["context"] = [str(c) for c in rows["context"]]
     rows["prefix"] = [str(c) for c in rows["prefix"]]
     rows["label"] = [
-        _label(v, i, p, len(cs)) if need_labels else -1 for i, (v, cs) in enumerate(zip(labels, rows["choices"]), 1)
+        choice_label(v, i, str(p), len(cs)) if need_labels else -1
+        for i, (v, cs) in enumerate(zip(labels, rows["choices"]), 1)
     ]
     rows["row"] = list(range(1, len(labels) + 1))
     if need_labels:  # to predict, rows may differ
@@ -82,17 +83,19 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
     return datasets.Dataset.from_dict(rows)
 
 
-def _label(value, row: int, path: Path, n: int) -> int:
+def choice_label(value, row: int, where: str, n: int) -> int:
+    """A row's label as the index of one of its `n` choices (an int, its text, or a whole float as pandas reads a
+    column with a missing value); DataError naming `where` and the row otherwise."""
     if value is None or value != value:  # absent (NaN: a jsonl row without it makes pandas read floats)
-        raise DataError(f"{path}, row {row}: no label; give the index of the right choice (0 to {n - 1})")
+        raise DataError(f"{where}, row {row}: no label; give the index of the right choice (0 to {n - 1})")
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     try:
         label = int(str(value).strip())
     except ValueError:
-        raise DataError(f"{path}, row {row}: label {value!r} is not a choice index (0 to {n - 1})") from None
+        raise DataError(f"{where}, row {row}: label {value!r} is not a choice index (0 to {n - 1})") from None
     if not 0 <= label < n:
-        raise DataError(f"{path}, row {row}: label {label} is not a choice index (0 to {n - 1}); fix that row")
+        raise DataError(f"{where}, row {row}: label {label} is not a choice index (0 to {n - 1}); fix that row")
     return label
 
 

@@ -19,7 +19,7 @@ from pydantic import Field
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL
-from tuneforge.data.choices import check_choice_counts, find_split_files, read_choices
+from tuneforge.data.choices import check_choice_counts, choice_label, find_split_files, read_choices
 from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
 from tuneforge.options import TaskOptions
@@ -34,6 +34,25 @@ INPUT_KEYS = frozenset(("question", "prefix", "choices", "id", "label"))
 def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[str], list[str]]:
     """The (first, second) texts of each choice: the context, and the prefix followed by the ending."""
     return [context] * len(choices), [f"{prefix} {c}".strip() for c in choices]
+
+
+def given_choice_rows(ds, where: str) -> tuple[list[str], list[list[str]]]:
+    """The questions and choices of a dataset given to fit / validate: a question is a text, choices a list of texts
+    (numbers taken as their text); DataError naming the row otherwise (str() made a null question 'None' and a text
+    given for the list its characters)."""
+    questions, choices = [], []
+    for row, (question, given) in enumerate(zip(ds["question"], ds["choices"]), 1):
+        texts = isinstance(given, list) and all(
+            isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in given
+        )
+        if not isinstance(question, str) or not texts:
+            raise DataError(
+                f"{where}, row {row}: the question must be a text and choices a list of texts (got "
+                f"{type(question).__name__} and {type(given).__name__})"
+            )
+        questions.append(question)
+        choices.append([str(c) for c in given])
+    return questions, choices
 
 
 class ChoiceStream(MetricStream):
@@ -138,16 +157,15 @@ class MultipleChoiceTask(Task):
                     f"the {split} dataset has columns {', '.join(cols)}; multiple choice takes question, choices "
                     "(a list of texts) and label (the right choice's index)"
                 )
-            n = len(ds)
-            for row, (cs, label) in enumerate(zip(ds["choices"], ds["label"]), 1):
-                if not 0 <= int(label) < len(cs):
-                    raise DataError(f"the {split} dataset, row {row}: label {label} is not a choice index")
+            n, where = len(ds), f"the {split} dataset"
+            questions, choices = given_choice_rows(ds, where)
+            labels = [choice_label(v, row, where, len(cs)) for row, (v, cs) in enumerate(zip(ds["label"], choices), 1)]
             raw[split] = datasets.Dataset.from_dict(
                 {
-                    "context": [str(q) for q in ds["question"]],
+                    "context": questions,
                     "prefix": [""] * n,
-                    "choices": [[str(c) for c in cs] for cs in ds["choices"]],
-                    "label": [int(v) for v in ds["label"]],
+                    "choices": choices,
+                    "label": labels,
                     "row": list(range(1, n + 1)),
                 }
             )
