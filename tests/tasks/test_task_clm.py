@@ -295,6 +295,17 @@ def test_a_null_text(tiny_gpt2, tmp_path, capsys, monkeypatch, mapped):
     )
 
 
+def test_a_null_text_in_a_dataset_given_to_fit(tiny_gpt2):
+    # as in a file: the tokenizer crashed on it (TypeError: TextEncodeInput must be ...)
+    import datasets
+
+    from tuneforge.errors import DataError
+
+    ds = datasets.Dataset.from_dict({"text": ["A man.", None, "A dog."]})
+    with pytest.raises(DataError, match=r"the train data \(the dataset given\), row 2: column 'text' is null \(1 rows"):
+        quiet_task("clm", tiny_gpt2).prepare_raw({"train": ds, "validation": None})
+
+
 @pytest.mark.parametrize("split", ["train", "validation"])
 @pytest.mark.parametrize("packing", [True, False], ids=["packed", "unpacked"])
 def test_text_of_one_token_per_example_is_one_line(tiny_gpt2, tmp_path, capsys, split, packing):

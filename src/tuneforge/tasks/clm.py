@@ -325,6 +325,8 @@ class CausalLMTask(Task):
             empty_check(ds, split)
             require_columns(ds.column_names, [self.text_column], f"the {split} dataset", "--text-column")
             ds = ds.select_columns([self.text_column])
+            nulls = [i for i, text in enumerate(ds[self.text_column], start=1) if text is None]
+            self._refuse_nulls(len(nulls), nulls[0] if nulls else 0, split, "the dataset given")
             raw[split] = ds if self.text_column == "text" else ds.rename_column(self.text_column, "text")
         return datasets.DatasetDict(raw)
 
