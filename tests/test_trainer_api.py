@@ -250,3 +250,15 @@ def test_validate_reads_a_given_models_own_label_order(tmp_path, tiny_bert, cach
     model.config.id2label, model.config.label2id = {0: "pos", 1: "neg"}, {"pos": 0, "neg": 1}
     swapped = Trainer(config).validate(model=model, tokenizer=tokenizer, eval_dataset=raw_dataset(8))
     assert swapped["loss"] == pytest.approx(before["loss"], rel=1e-5) and swapped["accuracy"] == before["accuracy"]
+
+
+def test_a_compute_loss_override_returning_a_mean_alone_is_told_what_to_return(tmp_path, tiny_bert, cache_dir):
+    class MeanLoss(Trainer):
+        def compute_loss(self, outputs, batch):
+            loss_sum, count = super().compute_loss(outputs, batch)
+            return loss_sum / count  # (was: TypeError: iteration over a 0-d tensor)
+
+    with pytest.raises(TypeError, match=r"compute_loss returns \(the loss summed over the batch's items, their count"):
+        MeanLoss(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1)).fit(
+            train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4)
+        )

@@ -54,6 +54,17 @@ def _nonfinite_what(what: str, step: int, local_loss: float) -> str:
     return f"the {what} at step {step} are not finite"
 
 
+def summed_loss(returned) -> torch.Tensor:
+    """The loss sum of what `compute_loss` returned: (sum over the batch's items, their count); a subclass's override
+    that returns a mean alone is told so (it was "iteration over a 0-d tensor")."""
+    if not (isinstance(returned, tuple | list) and len(returned) == 2):
+        raise TypeError(
+            f"compute_loss returns (the loss summed over the batch's items, their count), not {type(returned).__name__}"
+            ": the Trainer divides by the items of the whole step, across accumulation and ranks"
+        )
+    return returned[0]
+
+
 class _OfTheRun:
     """`trainer.NAME` reads the run's NAME (None before fit or validate sets a run up)."""
 
@@ -300,7 +311,7 @@ class Trainer:
             # gradients are synchronised across ranks once per step: on the last micro-batch
             with b.micro_step(self.model, sync=i == len(batches) - 1):
                 outputs = self.forward_step(self.model, batch)
-                loss_sum, _ = self.compute_loss(outputs, batch)
+                loss_sum = summed_loss(self.compute_loss(outputs, batch))
                 b.backward(loss_sum * scale, self.model)
             total += loss_sum.detach().float()
         try:
