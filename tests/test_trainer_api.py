@@ -2,6 +2,7 @@
 datasets; a subclass overriding `forward_step` / `compute_loss` (FlagAI's MyTrainer pattern);
 callbacks receiving the loop's events."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -261,4 +262,19 @@ def test_a_compute_loss_override_returning_a_mean_alone_is_told_what_to_return(t
     with pytest.raises(TypeError, match=r"compute_loss returns \(the loss summed over the batch's items, their count"):
         MeanLoss(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1)).fit(
             train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4)
+        )
+
+
+def test_a_given_transformers_model_of_another_kind_is_refused_by_name(tmp_path, tiny_bert, cache_dir):
+    """AutoModel's bare encoder for a classifier failed in the step ('... has no attribute logits'), a causal LM
+    with 'Expected target size [4, 320], got [4]'; now one line naming both classes."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from tuneforge.errors import ConfigError
+
+    bare, tokenizer = AutoModel.from_pretrained(tiny_bert), AutoTokenizer.from_pretrained(tiny_bert)
+    says = "the model given is a BertModel, and task 'classification' trains a sequence-classification model (e.g. "
+    with pytest.raises(ConfigError, match=re.escape(says + "BertForSequenceClassification)")):
+        Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1)).fit(
+            model=bare, tokenizer=tokenizer, train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4)
         )

@@ -173,6 +173,7 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
         _check_needs_no_evaluation(config, training)
     model = given.model if given.model is not None else task.load_model(tokenizer)
     if given.model is not None:
+        task.check_given_model_kind(model)
         task.name_given_model_labels(model)
     set_attention(model, config.attn_implementation, backend, task)  # evaluation runs the kernel training runs
     adapter = None

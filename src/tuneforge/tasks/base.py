@@ -163,6 +163,9 @@ class MetricStream:
 class Task:
     name = "task"
     model_kind = "model"  # for messages: 'a classification model'
+    # transformers' table of the model classes this task trains (modeling_auto's *_MAPPING_NAMES): a transformers
+    # model of another kind given to fit() / validate() is refused by name (None: any model)
+    model_classes: ClassVar[str | None] = None
     best_metric = "loss"  # default metric_for_best
     greater_is_better = False
     pads_batches = True  # batches carry padding (an attention mask): picks the CPU attention kernel
@@ -260,6 +263,27 @@ class Task:
     def adopt_model_labels(self, model_config=None) -> None:
         """Evaluating a fine-tuned model without training data: take the label set saved with it (`model_config`:
         that of a model given to validate(), else the config's model's)."""
+
+    def check_given_model_kind(self, model) -> None:
+        """A transformers model given to fit() / validate() that is not of a class this task trains (AutoModel's bare
+        encoder, a causal LM for a classifier): one ConfigError naming both, before any step (it was an error deep
+        in a step: no attribute 'logits', a target of the wrong size). The caller's own torch modules pass."""
+        from transformers import PreTrainedModel
+
+        if self.model_classes is None or not isinstance(model, PreTrainedModel):
+            return
+        from transformers.models.auto import modeling_auto
+
+        table = getattr(modeling_auto, self.model_classes)
+        known = {name for names in table.values() for name in ([names] if isinstance(names, str) else names)}
+        if known.isdisjoint(cls.__name__ for cls in type(model).__mro__):
+            mine = table.get(getattr(model.config, "model_type", None))
+            hint = f" (e.g. {mine if isinstance(mine, str) else mine[0]})" if mine else ""
+            raise ConfigError(
+                f"the model given is a {type(model).__name__}, and task {self.config.task!r} trains "
+                f"{self.model_kind}{hint}: load it with the matching AutoModelFor... class, or leave model= out and "
+                "the task builds one"
+            )
 
     def name_given_model_labels(self, model) -> None:
         """A model the caller gave fit() / validate(): its head must have one output per class of the adopted label

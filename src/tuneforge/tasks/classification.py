@@ -116,6 +116,7 @@ def set_pad_token(tokenizer, model_dir: str) -> None:
 
 class ClassificationTask(Task):
     model_kind = "a sequence-classification model"
+    model_classes = "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
 
     def __init__(self, config) -> None:
         super().__init__(config)

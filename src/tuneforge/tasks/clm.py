@@ -172,6 +172,7 @@ class CausalLMTask(Task):
     name = "clm"
     Options = CausalLMOptions
     model_kind = "a causal language model"
+    model_classes = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
     best_metric = "loss"
     greater_is_better = False
     generates = True

@@ -92,6 +92,7 @@ class MultipleChoiceOptions(TaskOptions):
 class MultipleChoiceTask(Task):
     Options = MultipleChoiceOptions
     model_kind = "a multiple-choice model"
+    model_classes = "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"
     best_metric = "accuracy"
     greater_is_better = True
 

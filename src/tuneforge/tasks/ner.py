@@ -116,6 +116,7 @@ class NEROptions(TaskOptions):
 
 class TokenClassificationTask(Task):
     model_kind = "a token-classification model"
+    model_classes = "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"
     best_metric = "f1"
     greater_is_better = True
     Options = NEROptions

@@ -113,6 +113,7 @@ class Seq2SeqTask(Task):
     Options = Seq2SeqOptions
     training_data_flags = "--source-file and --target-file (or a --train-file of source and target columns)"
     model_kind = "a sequence-to-sequence model"
+    model_classes = "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"
     generates = True
     family = FAMILY_SEQ2SEQ
     best_metric = "bleu"
