@@ -361,3 +361,46 @@ def test_slurm_first_host_of_a_nodelist():
     assert launch._first_slurm_host("node[03-05,07],gpu1") == "node03"
     assert launch._first_slurm_host("gpu1,node[1-2]") == "gpu1"
     assert launch._first_slurm_host("localhost") == "localhost"
+
+
+def launcher_variables(monkeypatch, **values: str) -> None:
+    """This process's launcher variables: `values` only (each one, and any Slurm mapped onto RANK..., undone after)."""
+    for key in (*DIST_VARS, *[k for k in os.environ if k.startswith("SLURM_")], *values):
+        monkeypatch.setenv(key, "")  # recorded, so that what the test (or the Slurm mapping) sets is undone
+        monkeypatch.delenv(key)
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "two"}, "SLURM_NTASKS='two' is not a whole number"),
+        ({"SLURM_PROCID": "first", "SLURM_NTASKS": "2"}, "SLURM_PROCID='first' is not a whole number"),
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, "RANK='abc' is not a whole number"),
+        # rank 3 of 2 would wait for a rank 0 that never comes
+        ({"RANK": "3", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29123"}, "RANK=3"),
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost"}, "a rank must be 0 to"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"}, "MASTER_PORT='http'"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"}, "is not a port"),
+    ],
+)
+def test_bad_launcher_variables_are_one_clear_line(tmp_path, capsys, monkeypatch, data, variables, message):
+    launcher_variables(monkeypatch, **variables)
+    rc = cli.main([*train_command(data, backend="ddp", output_dir=tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 2, err[-2000:]
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_rank_without_a_world_is_a_run_of_one_that_guards_its_output_dir(tmp_path, capsys, monkeypatch, data):
+    """RANK left in the shell, no WORLD_SIZE: no launched world (as dist_env says), so this process is the main one:
+    it refuses to overwrite an old run (it used to write over it as a 'rank 1' and show no result)."""
+    old = tmp_path / "run"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text('{"old": true}\n')
+    launcher_variables(monkeypatch, RANK="1")
+    rc = cli.main(train_command(data, backend="single", output_dir=old))
+    assert rc == 2 and "already holds a run" in capsys.readouterr().err
+    assert (old / "metrics.jsonl").read_text() == '{"old": true}\n'

@@ -55,15 +55,29 @@ class WorkerFailure(UserError):
 def _adopt_slurm_env() -> None:
     """Map Slurm's variables onto the torchrun ones (srun starts one task per process)."""
     env = os.environ
-    if "RANK" in env or "SLURM_PROCID" not in env or int(env.get("SLURM_NTASKS", "1")) <= 1:
+    if "RANK" in env or "SLURM_PROCID" not in env or _env_int("SLURM_NTASKS", 1) <= 1:
         return
-    env["RANK"] = env["SLURM_PROCID"]
+    env["RANK"] = str(_env_int("SLURM_PROCID", 0))
     env["WORLD_SIZE"] = env["SLURM_NTASKS"]
-    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env["LOCAL_RANK"] = str(_env_int("SLURM_LOCALID", 0))
     if "MASTER_ADDR" not in env:
         nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
         env["MASTER_ADDR"] = _first_slurm_host(nodelist)
-    env.setdefault("MASTER_PORT", str(29500 + int(env.get("SLURM_JOB_ID", "0")) % 1000))
+    env.setdefault("MASTER_PORT", str(29500 + _env_int("SLURM_JOB_ID", 0) % 1000))
+
+
+def _env_int(name: str, default: int) -> int:
+    """A launcher's whole-number variable (RANK, SLURM_NTASKS, ...), or `default` where it is unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{name}={value!r} is not a whole number; it comes from the launcher (torchrun, Slurm) or this shell: "
+            f"fix it, or unset {name} to run without a launcher"
+        ) from None
 
 
 def _first_slurm_host(nodelist: str) -> str:
@@ -100,13 +114,23 @@ def dist_env() -> DistEnv:
     """Where this process stands, read from the launcher's variables (Slurm's mapped onto torchrun's)."""
     env = os.environ
     if not in_distributed_env():
-        return DistEnv()
-    rank = int(env["RANK"])
+        return DistEnv()  # RANK alone (a stale variable of the shell) is no world: this process is all of it
+    rank, world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
+        # torch would wait for a rank 0 that never comes (or a world that cannot be)
+        raise ConfigError(
+            f"the launcher's environment puts this process at RANK={rank} (LOCAL_RANK={local_rank}) of "
+            f"WORLD_SIZE={world_size} (under Slurm: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS); a rank must be 0 to "
+            "WORLD_SIZE-1: fix the launcher's variables, or unset them to run without a launcher"
+        )
+    if "MASTER_PORT" in env and not 0 < _env_int("MASTER_PORT", 0) < 65536:
+        raise ConfigError(f"MASTER_PORT={env['MASTER_PORT']!r} is not a port (1 to 65535); fix or unset it")
     return DistEnv(
         launched=True,
         rank=rank,
-        world_size=int(env["WORLD_SIZE"]),
-        local_rank=int(env.get("LOCAL_RANK", rank)),
+        world_size=world_size,
+        local_rank=local_rank,
         missing=tuple(key for key in ("MASTER_ADDR", "MASTER_PORT") if key not in env),
     )
 
@@ -115,7 +139,7 @@ def detected_launcher() -> str:
     env = os.environ
     if "TORCHELASTIC_RUN_ID" in env:
         return "torchrun"
-    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1:
+    if "SLURM_PROCID" in env and _env_int("SLURM_NTASKS", 1) > 1:
         return "slurm"
     if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
         return "mpi"
@@ -149,8 +173,8 @@ def env_flag(name: str) -> str | None:
 
 
 def process_rank() -> int:
-    _adopt_slurm_env()
-    return int(os.environ.get("RANK", "0"))
+    """This process's rank: 0 unless a launcher's world (RANK and WORLD_SIZE, or Slurm's) says otherwise."""
+    return dist_env().rank
 
 
 def launched_by_us() -> bool:
@@ -163,7 +187,7 @@ def prints_result() -> bool:
 
 
 def restart_count() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    return _env_int("TORCHELASTIC_RESTART_COUNT", 0)
 
 
 def needs_launch(config) -> bool:
