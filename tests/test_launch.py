@@ -357,6 +357,24 @@ def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, messag
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "hosts, message",
+    [
+        ("localhost slots=0\n", "gives localhost slots=0"),  # no worker anywhere (it was a ZeroDivisionError)
+        ("node-a slots=2\nnode-b slots=0\n", "gives node-b slots=0"),
+        ("# only a comment\n\n", "is malformed"),
+        ("localhost slots=1\nlocalhost slots=1\n", "multiple entries for localhost"),
+    ],
+)
+def test_bad_hostfile_is_one_clear_error(tmp_path, capsys, data, hosts, message):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(hosts)
+    rc = cli.main(train_command(data, backend="ddp", hostfile=hostfile, output_dir=tmp_path / "run"))
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (DeepSpeed logs the bad text first)
+    assert rc == 2 and err.startswith(f"error: hostfile {str(hostfile)!r}") and message in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_slurm_first_host_of_a_nodelist():
     assert launch._first_slurm_host("node[03-05,07],gpu1") == "node03"
     assert launch._first_slurm_host("gpu1,node[1-2]") == "gpu1"

@@ -262,6 +262,12 @@ def read_hostfile(path: str) -> dict[str, int]:
         raise ConfigError(f"hostfile {path!r} is malformed ({err}); write lines like 'node1 slots=2'") from None
     if not pool:
         raise ConfigError(f"hostfile {path!r} lists no hosts; write lines like 'node1 slots=2'")
+    idle = [host for host, slots in pool.items() if slots < 1]
+    if idle:  # DeepSpeed would start no worker there (or none at all): a world it cannot build
+        raise ConfigError(
+            f"hostfile {path!r} gives {idle[0]} slots=0; every host listed runs at least one worker: give it "
+            "slots=1 or more, or remove its line"
+        )
     return dict(pool)
 
 
