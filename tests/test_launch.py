@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -422,3 +423,24 @@ def test_rank_without_a_world_is_a_run_of_one_that_guards_its_output_dir(tmp_pat
     rc = cli.main(train_command(data, backend="single", output_dir=old))
     assert rc == 2 and "already holds a run" in capsys.readouterr().err
     assert (old / "metrics.jsonl").read_text() == '{"old": true}\n'
+
+
+@pytest.mark.parametrize("launcher", ["tuneforge", "external"])
+def test_master_port_in_use_is_one_clear_line(tmp_path, capsys, monkeypatch, data, launcher):
+    """Taken where tuneforge's agent starts the rendezvous (--nproc 2 --master-port P), or where rank 0 of another
+    launcher's world does (MASTER_PORT=P; Slurm by hand derives it from the job id)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if launcher == "tuneforge":
+            launcher_variables(monkeypatch)
+            flags = dict(nproc=2, master_port=port)
+        else:
+            launcher_variables(monkeypatch, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            flags = {}
+        rc = cli.main(train_command(data, backend="ddp", output_dir=tmp_path / "run", **flags))
+    err = capsys.readouterr().err
+    assert rc == 2, err[-2000:]
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert f"port {port}" in err and "address already in use" in err and "--master-port" in err

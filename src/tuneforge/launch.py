@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -354,6 +355,7 @@ def _run_agent(config, forked_work) -> int:
     """torch's elastic agent, in this process, with the launch config torchrun would make of `agent_flags`:
     it starts the workers (forked to run `forked_work`, or running this command again), restarts them up to
     max_restarts times, and stops them all when one fails. Returns the exit code of the first failure, or 0."""
+    from torch.distributed import DistNetworkError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -380,6 +382,8 @@ def _run_agent(config, forked_work) -> int:
         return 0
     except ChildFailedError as failed:
         return next(iter(failed.failures.values())).exitcode
+    except DistNetworkError as err:  # before any worker starts: the agent's rendezvous store
+        raise rendezvous_failed(err) from None
     except SignalException as stopped:  # the agent stopped the workers; stop as the signal asks
         if stopped.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
@@ -387,6 +391,19 @@ def _run_agent(config, forked_work) -> int:
     finally:
         for sig, handler in handlers.items():  # the agent's handlers raise its own exception
             signal.signal(sig, handler)
+
+
+def rendezvous_failed(err: Exception) -> ConfigError:
+    """torch's rendezvous error ('... port: 29500, ..., message: address already in use') as one line."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    port = re.search(r"port: (\d+)", text)
+    reason = text.rsplit("message: ", 1)[-1].rstrip(".") if "message: " in text else text
+    where = f"on port {port.group(1)} " if port else ""
+    return ConfigError(
+        f"the workers' rendezvous {where}failed ({reason}); on one machine leave --master-port out (a free port is "
+        "picked) or choose a free one; across nodes give each node node 0's --master-addr and a --master-port free "
+        "there (under a launcher: its MASTER_ADDR/MASTER_PORT)"
+    )
 
 
 def _forked_worker(work, threads: int) -> None:

@@ -143,7 +143,12 @@ class Backend:
                     "run with --nproc N, or under torchrun/Slurm"
                 )
             else:
-                dist.init_process_group(backend=pg)  # the launcher's rendezvous (env://)
+                try:
+                    dist.init_process_group(backend=pg)  # the launcher's rendezvous (env://)
+                except dist.DistNetworkError as err:  # MASTER_PORT taken, MASTER_ADDR unreachable
+                    from tuneforge.launch import rendezvous_failed
+
+                    raise rendezvous_failed(err) from None
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.local_rank = self.env.local_rank if self.env.launched else 0
