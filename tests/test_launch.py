@@ -444,3 +444,24 @@ def test_master_port_in_use_is_one_clear_line(tmp_path, capsys, monkeypatch, dat
     assert rc == 2, err[-2000:]
     assert err.startswith("error: ") and err.count("\n") == 1
     assert f"port {port}" in err and "address already in use" in err and "--master-port" in err
+
+
+@pytest.mark.parametrize("stop, code, line", [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, None)])
+def test_stopping_the_launcher_stops_its_workers_quietly(tmp_path, tiny_bert, data, cache_dir, stop, code, line):
+    """kill (SIGTERM) or Ctrl-C (SIGINT) of `tuneforge train --nproc 2`: the workers stop with it, and the
+    command says so in one line (as one process would), not with a traceback per worker nor as a worker's failure."""
+    out = tmp_path / "run"
+    args = train_args(tiny_bert, data, cache_dir, out, backend="ddp", nproc=2, batch_size=8) + ["--max-steps", "100000"]
+    proc = start(cli_command(*args), tmp_path / "log", clean_env(OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + 240
+    while not (out / "metrics.jsonl").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)  # training has begun: the workers are up
+    proc.send_signal(stop)  # the launcher alone (a terminal's Ctrl-C would reach the workers too)
+    [(rc, _, stderr)] = finish([proc], [tmp_path / "log"], timeout=60)
+    assert rc == code, stderr[-3000:]
+    assert "Traceback" not in stderr and "training workers failed" not in stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: {line}; its workers were stopped too" if line else "interrupted"
+    )
+    with pytest.raises(ProcessLookupError):  # no worker left behind in the launcher's session
+        os.killpg(proc.pid, 0)

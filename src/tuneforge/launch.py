@@ -53,6 +53,15 @@ class WorkerFailure(UserError):
     exit_code = 1
 
 
+class Stopped(UserError):
+    """The launcher was stopped by a signal (kill's SIGTERM, SIGHUP, ...) and stopped its workers; it exits as a
+    process killed by that signal would (128 + its number). Ctrl-C's SIGINT is a KeyboardInterrupt instead."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}; its workers were stopped too")
+        self.exit_code = 128 + signum
+
+
 def _adopt_slurm_env() -> None:
     """Map Slurm's variables onto the torchrun ones (srun starts one task per process)."""
     env = os.environ
@@ -387,7 +396,7 @@ def _run_agent(config, forked_work) -> int:
     except SignalException as stopped:  # the agent stopped the workers; stop as the signal asks
         if stopped.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
-        return 128 + stopped.sigval
+        raise Stopped(stopped.sigval) from None
     finally:
         for sig, handler in handlers.items():  # the agent's handlers raise its own exception
             signal.signal(sig, handler)
@@ -410,10 +419,13 @@ def _forked_worker(work, threads: int) -> None:
     """A forked worker: the job, with this process's own threads; an error is shown here, as the command's
     own worker would show it, and ends the worker with its exit code."""
     import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     torch.set_num_threads(threads)
     try:
         work()
+    except SignalException as stopped:  # the agent's handler, forked with it: it is stopping the workers
+        raise SystemExit(128 + stopped.sigval) from None
     except UserError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         raise SystemExit(err.exit_code) from None
