@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -347,7 +347,7 @@ def launch_workers(config, forked_work=None) -> dict:
         if config.max_restarts:  # a shared rendezvous store keeps stale keys across restarts (pytorch#135712)
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         if config.hostfile:
-            code = subprocess.run(hostfile_command(config), env={**os.environ, **env}).returncode
+            code = _run_stopping_with_us(hostfile_command(config), {**os.environ, **env})
         else:
             with _environment(env):  # the agent hands this process's environment to the workers it starts
                 code = _run_agent(config, forked_work if forked_work and forks_workers(config) else None)
@@ -358,6 +358,33 @@ def launch_workers(config, forked_work=None) -> dict:
             return json.loads(result_file.read_text())
     run_result = Path(config.output_dir) / "result.json"  # a launcher that did not pass our environment on
     return json.loads(run_result.read_text()) if config.node_rank == 0 and run_result.exists() else {}
+
+
+def _run_stopping_with_us(cmd: list[str], env: dict) -> int:
+    """`cmd` (DeepSpeed's launcher) to its end, in a process group of its own that a signal to this process
+    (kill's SIGTERM, SIGHUP, Ctrl-C's SIGINT) is passed to whole: DeepSpeed's one-host runner does not pass one
+    on, and would leave its workers training alone. Returns its exit code; stopped, raises as `_run_agent` does."""
+    child = subprocess.Popen(cmd, env=env, process_group=0)
+    stopped: list[int] = []
+
+    def pass_on(signum, _frame) -> None:
+        stopped.append(signum)
+        with suppress(ProcessLookupError):
+            os.killpg(child.pid, signum)
+
+    handlers = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        with suppress(ProcessLookupError):  # a worker the launcher did not stop in time
+            os.killpg(child.pid, signal.SIGKILL)
+    if stopped:
+        if stopped[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Stopped(stopped[0])
+    return code
 
 
 def _run_agent(config, forked_work) -> int:
