@@ -376,6 +376,17 @@ def test_bad_hostfile_is_one_clear_error(tmp_path, capsys, data, hosts, message)
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("flags", [{"nproc": 4}, {"nnodes": 2}])
+def test_hostfile_with_nproc_or_nnodes_is_refused_not_ignored(tmp_path, capsys, data, flags):
+    """DeepSpeed's launcher starts what the hostfile's slots say: --nproc 4 beside it ran 2 workers, silently."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    rc = cli.main(train_command(data, backend="ddp", hostfile=hostfile, output_dir=tmp_path / "run", **flags))
+    (key, value), err = next(iter(flags.items())), capsys.readouterr().err.strip()
+    assert rc == 2 and f"--hostfile decides the workers (its hosts and their slots), so --{key} {value} would" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_slurm_first_host_of_a_nodelist():
     assert launch._first_slurm_host("node[03-05,07],gpu1") == "node03"
     assert launch._first_slurm_host("gpu1,node[1-2]") == "gpu1"

@@ -475,6 +475,12 @@ class TrainConfig(Options):
             raise ValueError("save_strategy=steps needs save_steps (e.g. save_steps=500)")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        ignored = [f"--{key} {value}" for key, value in (("nproc", self.nproc), ("nnodes", self.nnodes)) if value > 1]
+        if self.hostfile and ignored:  # DeepSpeed's launcher would start what the hostfile says, silently
+            raise ValueError(
+                f"--hostfile decides the workers (its hosts and their slots), so {' and '.join(ignored)} would be "
+                "ignored; drop it, or change the hostfile's slots"
+            )
         if self.adapter != "none":
             _check_adapter(self)
         if self.quantize != "none" and self.adapter == "none":
