@@ -391,6 +391,9 @@ def test_slurm_first_host_of_a_nodelist():
     assert launch._first_slurm_host("node[03-05,07],gpu1") == "node03"
     assert launch._first_slurm_host("gpu1,node[1-2]") == "gpu1"
     assert launch._first_slurm_host("localhost") == "localhost"
+    # text after a bracket (it was dropped: 'node1'), and a name with two ranges
+    assert launch._first_slurm_host("node[1-2]-ib,gpu1") == "node1-ib"
+    assert launch._first_slurm_host("rack[1-2]-n[01-04]") == "rack1-n01"
 
 
 def launcher_variables(monkeypatch, **values: str) -> None:

@@ -91,13 +91,12 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _first_slurm_host(nodelist: str) -> str:
-    """'node[03-05,07],gpu1' -> 'node03' (the subset of Slurm's hostlist syntax we need)."""
-    first = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist[: nodelist.index("]") + 1]
-    if "[" in first:
-        prefix, rng = first.split("[", 1)
-        start = rng.rstrip("]").split(",")[0].split("-")[0]
-        return prefix + start
-    return first
+    """The first host of a Slurm hostlist: 'node[03-05,07],gpu1' -> 'node03', 'node[1-2]-ib' -> 'node1-ib',
+    'rack[1-2]-n[01-04]' -> 'rack1-n01' (each bracket's first number)."""
+    first = re.match(r"(?:[^,\[]|\[[^\]]*\])+", nodelist.strip())
+    if first is None:
+        return nodelist
+    return re.sub(r"\[([^\]]*)\]", lambda group: group[1].split(",")[0].split("-")[0], first[0])
 
 
 def in_distributed_env() -> bool:
