@@ -230,3 +230,25 @@ def test_a_record_is_only_queued_and_a_flush_finds_every_one_in_the_run(mlflow_s
             tracker.log(Point(102, {"train/loss": 0.0}))
     finally:
         tracker.abandon()
+
+
+def test_a_resumed_run_does_not_log_again_the_steps_of_a_metric_whose_key_mlflow_refuses(mlflow_server, tmp_path):
+    """An embedding run's `eval/ndcg@10` is `eval/ndcg_10` in MLflow (`@` refused in keys): a resume asks the server
+    for that key's last step and must skip the steps it holds, kept and re-run ones alike."""
+    from tuneforge.tracking import Continued, Point, RunDescription
+    from tuneforge.tracking.mlflow import MlflowTracker
+
+    run = RunDescription(tmp_path, "odd-keys", "odd-keys", mlflow_server, {"lr": "0.1"}, {"tuneforge.task": "x"}, True)
+    points = [Point(step, {"eval/ndcg@10": step / 10, "train/loss": 1.0 / step}) for step in (1, 2, 3)]
+    killed = MlflowTracker(run, None)
+    for point in points[:2]:  # step 2 logged after the checkpoint of step 1
+        killed.log(point)
+    killed.close(finished=False)
+    resumed = MlflowTracker(run, Continued(killed.run_id, kept=tuple(points[:1]), replayed=tuple(points[1:2])))
+    for point in points[1:]:  # step 2 re-run, then step 3
+        resumed.log(point)
+    resumed.close(finished=True)
+    client = MlflowClient(mlflow_server)
+    assert set(client.get_run(killed.run_id).data.metrics) == {"eval/ndcg_10", "train/loss"}
+    assert history(client, killed.run_id, "eval/ndcg_10") == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [step for step, _ in history(client, killed.run_id, "train/loss")] == [1, 2, 3]

@@ -180,13 +180,15 @@ class MlflowTracker(Tracker):
             )
 
     def _metrics(self, points) -> list:
-        """The metrics of `points` the run does not hold yet, stamped now."""
+        """The metrics of `points` the run does not hold yet, stamped now (by the keys MLflow holds them under, which
+        `last_steps` is read by)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
+        cleaned = (Point(point.step, {clean_key(k): v for k, v in point.metrics.items()}) for point in points)
         return [
-            Metric(clean_key(key), value, now, point.step)
-            for point in points
+            Metric(key, value, now, point.step)
+            for point in cleaned
             for key, value in unlogged(point, self.last_steps).items()
         ]
 
