@@ -80,6 +80,19 @@ def cli_in_fork(args: list[str], block: str | None = None):
         (["--report-to", "tensorboard,trackio", "--log-model"], ["--report-to tensorboard,trackio has none"]),
         (["--report-to", "mlflow", "--tracking-uri", "http://127.0.0.1:1"], ["http://127.0.0.1:1 does not answer"]),
         (["--report-to", "mlflow", "--tracking-uri", "https://user:secret@127.0.0.1:1/x"], ["127.0.0.1:1/x"]),
+        (
+            ["--report-to", "mlflow", "--tracking-uri", "http://127.0.0.1:abc"],
+            ["--tracking-uri", "not a valid URL", "Port could not be cast"],
+        ),
+        (
+            ["--report-to", "mlflow", "--tracking-uri", "https://user:secret@127.0.0.1:abc"],
+            ["--tracking-uri", "not a valid URL", "Port could not be cast"],
+        ),
+        (["--report-to", "mlflow", "--tracking-uri", "http://[::1"], ["--tracking-uri", "not a valid URL", "IPv6"]),
+        (
+            ["--report-to", "mlflow", "--tracking-uri", "http://a b:5000"],
+            ["--tracking-uri", "not a valid URL", "control characters"],
+        ),
     ],
 )
 def test_bad_tracker_settings_are_one_line_before_any_work(flags, needles, run_args, tmp_path):

@@ -37,6 +37,7 @@ FAILED where the run stopped on an error; MLflow's note of the run's address goe
 
 from __future__ import annotations
 
+import http.client
 import queue
 import re
 import sys
@@ -74,10 +75,22 @@ def tracking_uri(given: str | None) -> str | None:
 def shown_uri(uri: str) -> str:
     """`uri` without the user and password it may hold."""
     parts = urllib.parse.urlsplit(uri)
-    if parts.username is None and parts.password is None:
+    if "@" not in parts.netloc:
         return uri
-    host = parts.hostname or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=host + (f":{parts.port}" if parts.port else "")))
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def is_server(uri: str) -> bool:
+    """`uri` is an http(s) server's URL; one ConfigError line where it is a broken one (a port that is no number, an
+    IPv6 address not closed), before MLflow or the probe meets it as an internal error. (Only http(s): in other
+    schemes, such as databricks://PROFILE:PREFIX, what follows a colon is no port.)"""
+    if uri.partition(":")[0].lower() not in ("http", "https"):
+        return False
+    try:
+        urllib.parse.urlsplit(uri).port  # noqa: B018 (read for its check: a port that is no number raises)
+    except ValueError as err:
+        raise ConfigError(f"--tracking-uri (or {URI_VARIABLE}) is not a valid URL ({err})") from None
+    return True
 
 
 def probe(uri: str) -> None:
@@ -88,6 +101,8 @@ def probe(uri: str) -> None:
         urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S).close()
     except urllib.error.HTTPError:
         return
+    except http.client.InvalidURL as err:  # a host with spaces or control characters
+        raise ConfigError(f"--tracking-uri (or {URI_VARIABLE}) {shown_uri(uri)!r} is not a valid URL ({err})") from None
     except (urllib.error.URLError, OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
         raise ConfigError(
@@ -106,7 +121,7 @@ class MlflowTracker(Tracker):
     @classmethod
     def check(cls, config) -> None:
         uri = tracking_uri(config.tracking_uri)
-        if uri and urllib.parse.urlsplit(uri).scheme in ("http", "https"):
+        if uri and is_server(uri):
             probe(uri)
 
     def __init__(self, run: RunDescription, continued: Continued | None) -> None:
