@@ -70,6 +70,9 @@ def cli_in_fork(args: list[str], block: str | None = None):
     return run_forked(run, ["tuneforge", *args], 120)
 
 
+FILE_STORE_WAYS_OUT = "use a database such as sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true"
+
+
 @pytest.mark.parametrize(
     "flags,needles",
     [
@@ -92,6 +95,11 @@ def cli_in_fork(args: list[str], block: str | None = None):
         (
             ["--report-to", "mlflow", "--tracking-uri", "http://a b:5000"],
             ["--tracking-uri", "not a valid URL", "control characters"],
+        ),
+        (["--report-to", "mlflow", "--tracking-uri", "mlruns"], ["'mlruns' is a folder", FILE_STORE_WAYS_OUT]),
+        (
+            ["--report-to", "mlflow", "--tracking-uri", "file:///tmp/x"],
+            ["'file:///tmp/x' is a folder", FILE_STORE_WAYS_OUT],
         ),
     ],
 )

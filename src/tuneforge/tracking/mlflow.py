@@ -2,8 +2,9 @@
 
 Where: --tracking-uri, else MLFLOW_TRACKING_URI, else MLflow's own default (sqlite:///mlflow.db in the working
 folder). An http(s) server is probed before any work (`check`: one request, a few seconds' timeout), so an unreachable
-one is one error line, not minutes of MLflow's HTTP retries; while the run lasts, MLflow's retries are cut to a few
-seconds (MLflow's own settings, set through its API for this process unless the user set them), so a server that
+one is one error line, not minutes of MLflow's HTTP retries (a broken URL, and a folder, MLflow's file store that
+it opens only with MLFLOW_ALLOW_FILE_STORE set, are one line too); while the run lasts, MLflow's retries are cut to a
+few seconds (MLflow's own settings, set through its API for this process unless the user set them), so a server that
 goes away mid-run costs seconds before the tracker is dropped with a warning.
 
 Experiment: --experiment-name, else MLFLOW_EXPERIMENT_NAME, else "tuneforge"; run name: --run-name, else the output
@@ -93,6 +94,21 @@ def is_server(uri: str) -> bool:
     return True
 
 
+def check_file_store(uri: str) -> None:
+    """A folder (a path, or a file: URI) is MLflow's file store, which MLflow 3 refuses to open unless
+    MLFLOW_ALLOW_FILE_STORE is set: one ConfigError line with both ways out, before any work (MLflow's own message
+    comes as the run opens, cut to a line)."""
+    import mlflow.environment_variables as settings
+
+    allowed = getattr(settings, "MLFLOW_ALLOW_FILE_STORE", None)  # (MLflow versions that take a folder lack it)
+    if allowed is None or allowed.get() or urllib.parse.urlsplit(uri).scheme not in ("", "file"):
+        return
+    raise ConfigError(
+        f"--tracking-uri (or {URI_VARIABLE}) {uri!r} is a folder, MLflow's file store, which MLflow no longer opens "
+        "by default; use a database such as sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true"
+    )
+
+
 def probe(uri: str) -> None:
     """An http(s) tracking server answers one request within PROBE_TIMEOUT_S (any HTTP answer counts: a server
     without /health, or one that wants credentials, is there); else one ConfigError line."""
@@ -123,6 +139,8 @@ class MlflowTracker(Tracker):
         uri = tracking_uri(config.tracking_uri)
         if uri and is_server(uri):
             probe(uri)
+        elif uri:
+            check_file_store(uri)
 
     def __init__(self, run: RunDescription, continued: Continued | None) -> None:
         from mlflow.tracking import MlflowClient
