@@ -25,21 +25,25 @@ def job(tmp_path_factory, tiny_bert, cache_dir):
     return offline_job(tmp_path_factory, tiny_bert, cache_dir)
 
 
-def stored(store: Path, project: str = "tuneforge") -> list[dict[str, list[tuple[int, float]]]]:
-    """Each run of a trackio project's SQLite file, oldest first: {key: [(step, value)] by step}."""
-    runs: dict[str, dict[str, list[tuple[int, float]]]] = {}
+def stored(store: Path, project: str = "tuneforge") -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Each run of a trackio project's SQLite file by name, oldest first: {key: [(step, value)] by step}."""
+    runs: dict[tuple[str, str], dict[str, list[tuple[int, float]]]] = {}
     with sqlite3.connect(store / f"{project}.db") as db:
         rows = db.execute("SELECT run_id, run_name, step, metrics FROM metrics ORDER BY id").fetchall()
     for run_id, name, step, metrics in rows:
-        assert name == "run"
         for key, value in json.loads(metrics).items():
-            runs.setdefault(run_id, {}).setdefault(key, []).append((step, value))
-    return [{key: sorted(points) for key, points in run.items()} for run in runs.values()]
+            runs.setdefault((run_id, name), {}).setdefault(key, []).append((step, value))
+    return {name: {key: sorted(points) for key, points in run.items()} for (_, name), run in runs.items()}
 
 
 def test_a_resumed_job_is_one_trackio_run_with_each_step_once(job):
-    assert run_ids_in_checkpoint(job / "run", 2)["trackio"] == "run" == run_ids_in_checkpoint(job / "run", 6)["trackio"]
-    resumed, continued = stored(job / "trackio")
+    # the continued attempt's new run is not named 'run' again: trackio resumes the latest run of a name, so a
+    # resume of the first would have continued it
+    assert run_ids_in_checkpoint(job / "run", 2)["trackio"] == "run"
+    assert run_ids_in_checkpoint(job / "run", 6)["trackio"] == "run-2"
+    runs = stored(job / "trackio")
+    assert list(runs) == ["run", "run-2"]
+    resumed, continued = runs["run"], runs["run-2"]
     expected = expected_histories(job / "run")
     assert resumed == {key: [(s, v) for s, v in points if s <= 4] for key, points in expected.items()}
     assert continued == expected  # a new run: the job's records up to its checkpoint first

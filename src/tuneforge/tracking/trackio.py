@@ -2,8 +2,9 @@
 database per project in TRACKIO_DIR, else ~/.cache/huggingface/trackio; `trackio show` draws it), or a Space or
 server (TRACKIO_SPACE_ID, TRACKIO_SERVER_URL).
 
-Project: --experiment-name, else "tuneforge"; run name: --run-name, else the output dir's name (trackio resumes runs
-by name, so the checkpoint keeps the name). Config: the resolved config flattened with dots and the tags
+Project: --experiment-name, else "tuneforge"; run name: --run-name, else the output dir's name, with -2, -3, ...
+where the project's local store holds a run of that name (trackio resumes the latest run of a name, so the checkpoint
+keeps the name, and two jobs must not share one). Config: the resolved config flattened with dots and the tags
 (tuneforge.version, .task, .backend, .device, .world_size), sent by each attempt (a resume that sent none would leave
 the run with an empty one: trackio replaces it). Metrics: each record's
 numeric values at its step. trackio prints its notes on stdout: they go to stderr (stdout stays for --json), or
@@ -39,7 +40,8 @@ class TrackioTracker(Tracker):
 
         resuming = continued is not None and continued.run_id is not None
         self.quiet = run.quiet
-        project, name = run.experiment or DEFAULT_PROJECT, continued.run_id if resuming else run.name
+        project = run.experiment or DEFAULT_PROJECT
+        name = continued.run_id if resuming else self._free_name(project, run.name)
         config = {**run.params, **run.tags}  # on a resume too: trackio replaces the run's config
         with library_notes(self.quiet):
             try:
@@ -57,6 +59,22 @@ class TrackioTracker(Tracker):
         if continued is not None:  # records from before the checkpoint the run lacks
             for point in continued.kept:
                 self.log(point)
+
+    def _free_name(self, project: str, name: str) -> str:
+        """`name`, or name-2, name-3, ... where the project's local store holds a run of that name: trackio resumes
+        the latest run of a name, so a second job named 'run' would be the run a resume of the first continued."""
+        from trackio.sqlite_storage import SQLiteStorage
+
+        taken, number = set(SQLiteStorage.get_runs(project)), 1
+        while (f"{name}-{number}" if number > 1 else name) in taken:
+            number += 1
+        free = f"{name}-{number}" if number > 1 else name
+        if free != name and not self.quiet:
+            print(
+                f"note: trackio's project {project!r} holds a run {name!r} already: this one is {free!r}",
+                file=sys.stderr,
+            )
+        return free
 
     def _last_steps(self) -> dict[str, int]:
         """The last step stored of each of the run's metrics (the local store)."""
