@@ -285,6 +285,19 @@ def test_a_destination_holding_other_files_is_refused_and_left_alone(tiny_llama,
     assert "is a file" in refused(capsys, *harness_eval(tiny_llama, a_file, f"gsm8k={shared_data / 'gsm8k'}"))
 
 
+@pytest.mark.parametrize("name, mine", [("results.json", '{"my": "scores"}\n'), ("results.md", "my notes\n")])
+def test_a_users_file_named_like_the_results_is_refused_and_left_alone(
+    tiny_llama, shared_data, tmp_path, capsys, name, mine
+):
+    """Only an earlier harness run's results.json (the harness's results) or results.md (its table) is replaced."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / name).write_text(mine)
+    line = refused(capsys, *harness_eval(tiny_llama, out, f"gsm8k={shared_data / 'gsm8k'}", harness_limit=1))
+    assert f"holds a {name} that a harness run did not write" in line
+    assert sorted(p.name for p in out.iterdir()) == [name] and (out / name).read_text() == mine
+
+
 def test_the_task_data_from_the_hub_unreachable_is_one_line_with_the_way_out(tiny_llama, tmp_path, capsys):
     line = refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", "arc_easy"))  # the tests run offline
     assert "harness task 'arc_easy': could not load its data from the Hugging Face hub" in line

@@ -7,7 +7,8 @@
   any model name the harness knows ("local-completions" with `model_args`, to score a `tuneforge serve` the same
   way); returns the harness's results dict.
 - `write_results(results, folder)`: results.json (as the harness writes it, made strict JSON) and results.md (the
-  harness's make_table), into a folder `check_destination` found new, empty or one a harness run wrote.
+  harness's make_table), into a folder `check_destination` found new, empty or one a harness run wrote (its files
+  recognised by their content: a user's results.json is not replaced).
 - `evaluate_model(model_dir, settings, folder)`: all of it, for `tuneforge eval --harness` and after training.
 """
 
@@ -176,6 +177,26 @@ def check_destination(folder: str | Path, flag: str = "--output-dir") -> None:
     clashing = [name for name in HARNESS_FILES if (out / name).exists() and not (out / name).is_file()]
     if clashing:
         raise ConfigError(f"{flag} {str(out)!r} holds a folder named {clashing[0]!r}; choose another folder")
+    others = [name for name in HARNESS_FILES if (out / name).is_file() and not written_by_harness(out / name)]
+    if others:
+        raise ConfigError(
+            f"{flag} {str(out)!r} holds a {others[0]} that a harness run did not write; choose a new or empty folder"
+        )
+
+
+def written_by_harness(path: Path) -> bool:
+    """An earlier harness run's file: results.json holding the harness's results, results.md its table."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if path.name == TABLE_FILE:
+        return text.startswith("|Tasks|")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and {"results", "configs", "versions"} <= data.keys()
 
 
 def write_results(results: dict, folder: str | Path) -> dict:
