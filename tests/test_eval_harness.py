@@ -190,6 +190,31 @@ def test_harness_after_train_flag_takes_task_names_with_local_data(tmp_path):
         config_from_sources(None, ["harness_after_train.limt=20", "harness_after_train.tasks=piqa"], {})
 
 
+def test_harness_after_train_task_names_keep_the_other_settings_of_earlier_layers(tmp_path):
+    """The flag (or `harness_after_train: piqa` in YAML) names the tasks; limit and the rest, given as the help says
+    (dotted overrides, a YAML mapping), stay."""
+    from tuneforge.configure import config_from_sources
+
+    limited = ["harness_after_train.limit=2", "harness_after_train.max_gen_toks=3"]
+    settings = config_from_sources(None, limited, {"task": "clm", "harness_after_train": "piqa=/d/piqa"})
+    assert settings.harness_after_train.model_dump(exclude_defaults=True) == {
+        "tasks": ["piqa"],
+        "data": {"piqa": "/d/piqa"},
+        "limit": 2,
+        "max_gen_toks": 3,
+    }
+    mapping = tmp_path / "mapping.yaml"
+    mapping.write_text("task: clm\nharness_after_train: {tasks: piqa, limit: 5, fewshot: 0}\n")
+    for overrides, flags in (([], {"harness_after_train": "gsm8k"}), (["harness_after_train=gsm8k"], {})):
+        settings = config_from_sources(str(mapping), overrides, flags).harness_after_train
+        assert (settings.tasks, settings.limit, settings.fewshot) == (["gsm8k"], 5, 0)
+    names = tmp_path / "names.yaml"
+    names.write_text("task: clm\nharness_after_train: piqa\n")
+    settings = config_from_sources(str(names), ["harness_after_train.limit=2"], {}).harness_after_train
+    assert (settings.tasks, settings.limit) == (["piqa"], 2)
+    assert config_from_sources(str(names), ["harness_after_train=null"], {}).harness_after_train is None
+
+
 # ---- bad input: one error line, exit 2, nothing written ----------------------------------------------
 def error_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.startswith("error:")]

@@ -637,19 +637,40 @@ def merge_sources(yaml_path: str | None, overrides: list[str], flags: dict[str, 
     """The raw values of a run: YAML file < dotted overrides < explicit CLI flags (`data.max_length`:
     dotted flag keys go to their section); unset flags (None) are left out. An options key a later layer sets,
     in any spelling (`zero_stage`, `backend_options.zero_stage`), replaces the earlier layers' in every spelling."""
-    values = load_yaml(yaml_path) if yaml_path else {}
+    values = _shorthand_as_section(load_yaml(yaml_path) if yaml_path else {})
     for item in overrides:
-        values = apply_overrides(_forget_option(values, item.split("=", 1)[0].strip()), [item])
+        key, eq, raw = item.partition("=")
+        key = _shorthand_key(key.strip(), _parse_scalar(raw)) if eq else key.strip()
+        values = apply_overrides(_forget_option(values, key), [f"{key}={raw}" if eq else item])
     for key, value in flags.items():
         if value is None:
             continue
+        key = _shorthand_key(key, value)
         values = _forget_option(values, key)
         if "." in key:
             section, name = key.split(".", 1)
-            values.setdefault(section, {})[name] = value
+            if not isinstance(values.get(section), dict):  # unset, or null in the YAML
+                values[section] = {}
+            values[section][name] = value
         else:
             values[key] = value
     return values
+
+
+# a section that a plain value stands for the tasks of (`harness_after_train: piqa,gsm8k`): a later layer's plain
+# value replaces those tasks only, so that its other keys (limit, ...) given in an earlier layer stay
+SHORTHAND_SECTION, SHORTHAND_KEY = "harness_after_train", "tasks"
+
+
+def _shorthand_as_section(values: dict[str, Any]) -> dict[str, Any]:
+    plain = values.get(SHORTHAND_SECTION)
+    return {**values, SHORTHAND_SECTION: {SHORTHAND_KEY: plain}} if isinstance(plain, (str, list)) else values
+
+
+def _shorthand_key(key: str, value: Any) -> str:
+    """`harness_after_train` given task names is `harness_after_train.tasks`; null (no run) replaces the section."""
+    plain = key == SHORTHAND_SECTION and isinstance(value, (str, list))
+    return f"{SHORTHAND_SECTION}.{SHORTHAND_KEY}" if plain else key
 
 
 def _forget_option(values: dict[str, Any], key: str) -> dict[str, Any]:
