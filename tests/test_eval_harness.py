@@ -172,6 +172,23 @@ def test_the_harness_model_of_an_adapter_folder_is_its_base_with_the_adapter_mer
     assert (harness - base).abs().max() > 1e-3  # the adapter trained: it is in the scores
 
 
+def test_overwrite_clears_the_replaced_runs_harness_scores(tiny_llama, shared_data, tmp_path, capsys):
+    """--overwrite clears OUTPUT_DIR/harness's results with the rest of the run it replaces, so no scores of a model
+    that is gone stay beside the new one; the user's files there stay."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
+    run = tmp_path / "run"
+    base = train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run, quiet=True)
+    harness = [f"--harness-after-train=gsm8k={shared_data / 'gsm8k'}", "harness_after_train.limit=1"]
+    code, _, err = cli_main(capsys, *base, *harness, "harness_after_train.max_gen_toks=2")
+    assert code == 0, err
+    assert (run / "harness" / "results.json").is_file()
+    (run / "harness" / "notes.txt").write_text("mine")
+    code, _, err = cli_main(capsys, *base, "--overwrite")
+    assert code == 0, err
+    assert [p.name for p in (run / "harness").iterdir()] == ["notes.txt"] and (run / "model").is_dir()
+
+
 def test_harness_after_train_flag_takes_task_names_with_local_data(tmp_path):
     from tuneforge.configure import config_from_sources
     from tuneforge.errors import ConfigError

@@ -225,6 +225,8 @@ class Trainer:
         plan = self.run.plan
         replace_old = cfg.overwrite and not checkpoint.continues_own_run(cfg) and launch.restart_count() == 0
         checkpoint.write_run_files(cfg, backend.is_main, replace_old=replace_old)
+        if replace_old and backend.is_main:  # the replaced run's harness scores are of a model that is gone
+            after_train.clear_scores(cfg.output_dir)
         try:
             steps, examples = plan.total_steps, plan.step_examples
             self.report.start(steps, self.state.step, plan.n_train, examples, backend, device_name(backend.device))

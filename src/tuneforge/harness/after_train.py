@@ -1,9 +1,11 @@
 """The harness after training (`harness_after_train` / `--harness-after-train TASKS`): checked before the run
 trains (task names, local data, the OUTPUT_DIR/harness folder), run on the exported model once it is written.
-The Trainer calls these two, in the process that shows the run's result."""
+The Trainer calls these two, in the process that shows the run's result; an --overwrite run's start clears the
+replaced run's scores (`clear_scores`)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -48,3 +50,18 @@ def after_training(settings: HarnessSettings, model_dir: str, output_dir: str | 
     if not quiet:
         print(f"lm-evaluation-harness on {model_dir} ({folder}):\n{done['table']}", file=sys.stdout, flush=True)
     return done["results"].get("results", {})
+
+
+def clear_scores(output_dir: str | Path) -> None:
+    """An --overwrite run's start: the replaced run's harness files go (they score a model that is gone); other
+    files stay, and so does the folder while it holds any."""
+    from tuneforge.harness.evaluate import HARNESS_FILES, written_by_harness
+
+    folder = harness_folder(output_dir)
+    if folder.is_symlink() or not folder.is_dir():
+        return
+    for name in HARNESS_FILES:
+        if (folder / name).is_file() and written_by_harness(folder / name):
+            (folder / name).unlink()
+    with contextlib.suppress(OSError):  # not empty: the user's files are in it
+        folder.rmdir()
