@@ -391,6 +391,30 @@ def test_harness_after_train_is_checked_before_training(tiny_llama, shared_data,
     assert not (run / "model").exists() and (run / "harness" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    "harness, says",
+    [
+        (
+            ["--harness-after-train", "arc_easy"],
+            "without the hub, pass local files: --harness-after-train arc_easy=PATH",
+        ),
+        (["--harness-after-train=gsm8k={gsm8k}"], "pass harness_after_train.max_gen_toks=N with N below 64"),
+    ],
+)
+def test_harness_after_train_is_refused_before_training_where_it_would_fail_after(
+    tiny_llama, shared_data, tmp_path, capsys, harness, says
+):
+    """Task data the run cannot have (the hub, offline) and a generation length that fills the model's context are
+    known before training: one line then, naming the train run's own spelling of the way out."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
+    run = tmp_path / "run"
+    base = train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run)
+    line = refused(capsys, *base, *(a.format(gsm8k=shared_data / "gsm8k") for a in harness))
+    assert says in line and "training finished" not in line
+    assert not (run / "model").exists()
+
+
 def test_harness_after_training_a_classifier_is_refused_before_training(tiny_bert, sentiment_files, tmp_path, capsys):
     run = tmp_path / "run"
     args = train_command(sentiment_files, tiny_bert, max_steps=1, output_dir=run)

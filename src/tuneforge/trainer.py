@@ -155,7 +155,8 @@ class Trainer:
             check_trackers(cfg)
         harness = cfg.harness_after_train if launch.prints_result() else None  # run once, where the result shows
         if harness:
-            after_train.check_after_train(harness, cfg.output_dir, generates=self.task.generates)
+            model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
+            after_train.check_after_train(harness, cfg.output_dir, self.task.generates, model_config)
         given = Given(model, tokenizer, train_dataset, eval_dataset)
         again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
         result = self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given), again)

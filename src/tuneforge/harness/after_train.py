@@ -1,5 +1,6 @@
 """The harness after training (`harness_after_train` / `--harness-after-train TASKS`): checked before the run
-trains (task names, local data, the OUTPUT_DIR/harness folder), run on the exported model once it is written.
+trains (task names, each task's data, the OUTPUT_DIR/harness folder, a generation length against the model's
+context), run on the exported model once it is written; errors name the train run's spelling of the way out.
 The Trainer calls these two, in the process that shows the run's result; an --overwrite run's start clears the
 replaced run's scores (`clear_scores`)."""
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
-from tuneforge.harness.options import HarnessSettings
+from tuneforge.harness.options import TRAIN_SPELLING, HarnessSettings
 
 HARNESS_FOLDER = "harness"
 FLAG = "--harness-after-train"
@@ -20,10 +21,19 @@ def harness_folder(output_dir: str | Path) -> Path:
     return Path(output_dir) / HARNESS_FOLDER
 
 
-def check_after_train(settings: HarnessSettings, output_dir: str | Path, generates: bool = True) -> None:
-    """Before training: what can be checked without the model (one line, before minutes of training); `generates`:
-    whether the run's task makes a model that scores text (a classifier's does not)."""
-    from tuneforge.harness.evaluate import check_destination, harness_logs, prepare_tasks
+def check_after_train(
+    settings: HarnessSettings, output_dir: str | Path, generates: bool = True, model_config=None
+) -> None:
+    """Before training, what can be checked without the trained model (one line, before minutes of training): the
+    tasks built (their data had), the destination, and a generation length against the context of `model_config`
+    (the model to train, where known); `generates`: whether the run's task makes a model that scores text."""
+    from tuneforge.harness.evaluate import (
+        check_destination,
+        check_generation_room,
+        harness_logs,
+        model_context,
+        prepare_tasks,
+    )
 
     if not generates:
         raise ConfigError(
@@ -31,8 +41,11 @@ def check_after_train(settings: HarnessSettings, output_dir: str | Path, generat
             "lm-evaluation-harness needs a causal LM or a sequence-to-sequence model (e.g. --task clm or sft)"
         )
     with harness_logs():
-        prepare_tasks(settings, build=False)
+        prepared = prepare_tasks(settings, spelling=TRAIN_SPELLING)
     check_destination(harness_folder(output_dir), f"{FLAG}'s folder")
+    context = model_context(model_config)
+    if context:
+        check_generation_room(context, settings, prepared.tasks, TRAIN_SPELLING)
 
 
 def after_training(settings: HarnessSettings, model_dir: str, output_dir: str | Path, quiet: bool = False) -> dict:
@@ -42,7 +55,7 @@ def after_training(settings: HarnessSettings, model_dir: str, output_dir: str | 
 
     folder = harness_folder(output_dir)
     try:
-        done = evaluate_model(model_dir, settings, folder, f"{FLAG}'s folder")
+        done = evaluate_model(model_dir, settings, folder, f"{FLAG}'s folder", TRAIN_SPELLING)
     except UserError as err:
         raise type(err)(
             f"training finished (model saved to {model_dir}), but the harness run after it failed: {err}"

@@ -34,10 +34,12 @@ from tuneforge.artifacts import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import TMP_PREFIX, write_text
-from tuneforge.harness.options import HarnessSettings
+from tuneforge.harness.options import EVAL_SPELLING, HarnessSettings, Spelling
 from tuneforge.harness.tasks import build_tasks, task_manager, task_specs
 from tuneforge.paths import check_output_dir
 
+HARNESS_MAX_GEN_TOKENS = 256  # HFLM.max_gen_toks: a generation task's length unless the run says
+CONTEXT_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx")  # HFLM's, in its order
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 HARNESS_FILES = (RESULTS_FILE, TABLE_FILE)
@@ -75,12 +77,12 @@ def load_lm(model_dir: str, batch_size: int = 8, device: str | None = None):
 
 
 # ---- the tasks and the run ---------------------------------------------------------------------
-def prepare_tasks(settings: HarnessSettings, build: bool = True) -> PreparedTasks:
+def prepare_tasks(settings: HarnessSettings, build: bool = True, spelling: Spelling = EVAL_SPELLING) -> PreparedTasks:
     """The run's tasks: names checked against the harness's index, local data read and checked against each
     task's prompts; `build`: each task built (its hub data loaded) too."""
     manager = task_manager(tuple(settings.tasks))
     specs = task_specs(settings.tasks, settings.data or {}, manager)
-    return PreparedTasks(build_tasks(specs, manager) if build else specs, manager)
+    return PreparedTasks(build_tasks(specs, manager, spelling) if build else specs, manager)
 
 
 def run_harness(
@@ -108,21 +110,32 @@ def _leaf_tasks(tasks: list) -> list:
     return [t for item in tasks for t in (item.get_all_tasks() if hasattr(item, "get_all_tasks") else [item])]
 
 
-def check_generation_room(lm, settings: HarnessSettings, tasks: list) -> None:
-    """A generation task (gsm8k) generates up to max_gen_toks tokens after its prompt within the model's context:
+def check_generation_room(
+    context: int, settings: HarnessSettings, tasks: list, spelling: Spelling = EVAL_SPELLING
+) -> None:
+    """A generation task (gsm8k) generates up to max_gen_toks tokens after its prompt within the model's `context`:
     a length that leaves no room for the prompt is one line (the harness would fail on the first request)."""
     generating = [
         t.config.task
         for t in _leaf_tasks(tasks)
         if hasattr(t, "config") and getattr(t.config, "output_type", None) == "generate_until"
     ]
-    length = settings.max_gen_toks or lm.max_gen_toks
-    if generating and length >= lm.max_length:
-        flag = "--harness-max-gen-toks" if settings.max_gen_toks else "the harness's default --harness-max-gen-toks"
+    length = settings.max_gen_toks or HARNESS_MAX_GEN_TOKENS
+    if generating and length >= context:
+        how = spelling.max_gen_toks.removesuffix(" N").removesuffix("=N") if settings.max_gen_toks else "the harness's"
         raise ConfigError(
-            f"{', '.join(generating)} would generate up to {length} tokens ({flag}), which fills the model's context "
-            f"of {lm.max_length} tokens; pass --harness-max-gen-toks below {lm.max_length}"
+            f"{', '.join(generating)} would generate up to {length} tokens ({how}), which fills the model's context "
+            f"of {context} tokens; pass {spelling.max_gen_toks} with N below {context}"
         )
+
+
+def model_context(model_config) -> int | None:
+    """The context the harness gives a model of `model_config` where its config says it (HFLM's rule: these
+    attributes, of the text model's config where it has one), else None (the harness asks the tokenizer)."""
+    if model_config is None:
+        return None
+    config = getattr(model_config, "text_config", None) or model_config
+    return next((int(v) for name in CONTEXT_ATTRS if (v := getattr(config, name, None)) is not None), None)
 
 
 @contextlib.contextmanager
@@ -209,7 +222,13 @@ def write_results(results: dict, folder: str | Path) -> dict:
     return safe
 
 
-def evaluate_model(model_dir: str, settings: HarnessSettings, folder: str | Path, flag: str = "--output-dir") -> dict:
+def evaluate_model(
+    model_dir: str,
+    settings: HarnessSettings,
+    folder: str | Path,
+    flag: str = "--output-dir",
+    spelling: Spelling = EVAL_SPELLING,
+) -> dict:
     """The harness run of `settings` on the model folder `model_dir`, its files written into `folder`: tasks and
     local data checked, then the destination, before the model loads (a folder that is not there is said first: a
     task's hub data may take the hub's timeouts to fail). Returns {results, table, folder}."""
@@ -217,9 +236,9 @@ def evaluate_model(model_dir: str, settings: HarnessSettings, folder: str | Path
     with harness_logs():
         specs = prepare_tasks(settings, build=False)
         check_destination(folder, flag)
-        prepared = PreparedTasks(build_tasks(specs.tasks, specs.manager), specs.manager)
+        prepared = PreparedTasks(build_tasks(specs.tasks, specs.manager, spelling), specs.manager)
         lm = load_lm(model_dir, settings.batch_size)
-        check_generation_room(lm, settings, prepared.tasks)
+        check_generation_room(lm.max_length, settings, prepared.tasks, spelling)
         try:
             results = run_harness(lm, settings, prepared=prepared)
         except AssertionError:  # HFLM's checks of a request against the model are bare asserts

@@ -6,6 +6,7 @@ a mapping of these fields in YAML). pydantic only: the CLI builds its parser fro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -40,6 +41,19 @@ def _data_specs(value: Any) -> Any:
             raise ValueError(f"{name.strip()!r} is given two paths ({out[name.strip()]!r}, {path.strip()!r}); keep one")
         out[name.strip()] = path.strip()
     return out
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How the user gives a task's local data and the generation length, for the ways out that errors name:
+    eval's flags, or a train run's --harness-after-train and harness_after_train keys."""
+
+    data: str = "--harness-data {name}=PATH"
+    max_gen_toks: str = "--harness-max-gen-toks N"
+
+
+EVAL_SPELLING = Spelling()
+TRAIN_SPELLING = Spelling("--harness-after-train {name}=PATH", "harness_after_train.max_gen_toks=N")
 
 
 class HarnessSettings(BaseModel):

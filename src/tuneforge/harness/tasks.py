@@ -14,6 +14,7 @@ from typing import Any
 
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.harness.local_data import local_task_config
+from tuneforge.harness.options import EVAL_SPELLING, Spelling
 
 
 def _tasks_root() -> Path:
@@ -103,7 +104,7 @@ def task_specs(names: list[str], data: dict[str, str], manager) -> list[str | di
     return [local_task_config(_task_yaml_config(manager, n), n, data[n]) if n in data else n for n in names]
 
 
-def build_tasks(specs: list[str | dict], manager) -> list:
+def build_tasks(specs: list[str | dict], manager, spelling: Spelling = EVAL_SPELLING) -> list:
     """The harness's Task and Group objects for `specs` (a tag's tasks for its name), each built here so that data
     which cannot be had (no network for the hub, a gated data set, a row the task cannot read) is one line naming
     its task; simple_evaluate takes them as they are. lm-eval before `TaskManager.load` gets the specs back."""
@@ -121,7 +122,11 @@ def build_tasks(specs: list[str | dict], manager) -> list:
             where = "its local data" if isinstance(spec, dict) else "its data from the Hugging Face hub"
             raise DataError(
                 f"harness task {name!r}: could not load {where} ({type(err).__name__}: {first})"
-                + ("" if isinstance(spec, dict) else f"; without the hub, pass local files: --harness-data {name}=PATH")
+                + (
+                    ""
+                    if isinstance(spec, dict)
+                    else f"; without the hub, pass local files: {spelling.data.format(name=name)}"
+                )
             ) from None
         groups = loaded.get("groups") or {}
         built += [groups[name]] if name in groups else list(loaded["tasks"].values())
