@@ -183,7 +183,7 @@ TRL_CASES = [("grpo", "token", 0.0), ("bnpo", "token", 0.04), ("dr_grpo", "seque
 
 @pytest.fixture(scope="module")
 def trl_trainer(tiny_llama, tmp_path_factory):
-    pytest.importorskip("trl", reason="trl is in the bench extra")
+    pytest.importorskip("trl", reason="trl is in the dev extra (pip install -e '.[dev]')")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer

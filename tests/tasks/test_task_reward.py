@@ -114,7 +114,7 @@ def test_sides_are_tokenized_as_trl_does(tiny_llama, tmp_path):
 def test_the_loss_is_bradley_terry_and_equals_trl_reward_trainer(tiny_llama, cache_dir, tmp_path):
     """TRL's RewardTrainer on the same model and pairs: the same tokens (text and conversations), the same loss;
     both the formula worked by hand from each side scored alone."""
-    pytest.importorskip("trl", reason="trl is in the bench extra")
+    pytest.importorskip("trl", reason="trl is in the dev extra (pip install -e '.[dev]')")
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import RewardConfig, RewardTrainer
