@@ -287,11 +287,8 @@ def save_pretrained(model, folder: str | os.PathLike, **kwargs) -> None:
         other.is_deepspeed_available = asks
 
 
-def load_tokenizer(model: str):
-    """The tokenizer of a model folder (or hub id); a folder without tokenizer files is one ConfigError line."""
-    from transformers import AutoTokenizer
-
-    check_model_path(model, weights=False)
+def check_tokenizer_files(model: str) -> None:
+    """One ConfigError line when `model` is a folder without tokenizer files (a hub id passes)."""
     p = Path(model)
     if p.is_dir() and not any(
         f.name in TOKENIZER_FILES or f.suffix in TOKENIZER_SUFFIXES for f in p.iterdir() if f.is_file()
@@ -300,6 +297,14 @@ def load_tokenizer(model: str):
             f"model {model!r} has no tokenizer files (tokenizer.json, vocab.txt, ...); save the tokenizer into "
             "that folder with tokenizer.save_pretrained"
         )
+
+
+def load_tokenizer(model: str):
+    """The tokenizer of a model folder (or hub id); a folder without tokenizer files is one ConfigError line."""
+    from transformers import AutoTokenizer
+
+    check_model_path(model, weights=False)
+    check_tokenizer_files(model)
     try:
         return AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError) as err:

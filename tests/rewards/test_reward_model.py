@@ -91,3 +91,31 @@ def test_a_folder_that_is_not_a_scorer_is_one_line(tmp_path, tiny_llama, scorer,
         assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="does not exist"):
         load_rewards([f"model:{Path(tmp_path) / 'nope'}"], RewardSettings())
+
+
+def test_a_scorer_without_a_tokenizer_is_one_line_when_the_reward_is_made(tmp_path, scorer):
+    """Its tokenizer loads with the weights, at the first call: missing, it was found only after the policy had
+    loaded and generated, as a failure 'on row 0 of the batch'."""
+    from tuneforge.rewards.model import model_reward
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(scorer, folder)
+    for file in folder.iterdir():
+        if "tokenizer" in file.name or file.name in ("vocab.txt", "special_tokens_map.json"):
+            file.unlink()
+    with pytest.raises(ConfigError) as err:
+        model_reward(str(folder))
+    assert "has no tokenizer files" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_scorer_that_fails_to_load_is_its_own_line_naming_no_row(tmp_path, scorer):
+    """A tokenizer that cannot be read shows at the first call: the folder's own line, not a row's fault."""
+    folder = tmp_path / "corrupt"
+    shutil.copytree(scorer, folder)
+    (folder / "tokenizer.json").write_text("not json")
+    (loaded,) = load_rewards([f"model:{folder}"], RewardSettings())
+    with pytest.raises(ConfigError) as err:
+        score([loaded], PROMPTS, COMPLETIONS, {})
+    message = str(err.value)
+    assert message.startswith(f"reward 'model:{folder}': ") and "\n" not in message
+    assert "row" not in message and "prompt" not in message

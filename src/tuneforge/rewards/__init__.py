@@ -17,7 +17,8 @@ Scoring calls each function once on the whole batch, as TRL's GRPOTrainer does: 
 float per completion, or None where it does not apply (NaN in the table; the task's weighted sum skips it, as
 TRL's nansum does). A function that raises, returns something other than a list (or tuple) of one value per
 completion, or a value that is not a finite number or None stops the run with one DataError line naming it; to
-name the row behind an exception, the function is called again on each row alone.
+name the row behind an exception, the function is called again on each row alone (not for tuneforge's own errors,
+such as a reward model's folder that fails to load at the first call: those keep their line, with the reward's name).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tuneforge.errors import ConfigError, DataError
+from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.rewards import builtin, user
 
 DEFAULT_FORMAT = r"^<think>.*?</think>\s*<answer>.*?</answer>$"
@@ -160,6 +161,8 @@ def score(functions: list[RewardFunction], prompts: list, completions: list, col
     for index, function in enumerate(functions):
         try:
             returned = function.fn(prompts=prompts, completions=completions, **columns)
+        except UserError as error:  # tuneforge's own line (a reward model that cannot load): no row is at fault
+            raise type(error)(f"reward {function.name!r}: {error}") from error
         except Exception as error:
             raise DataError(_raised(function, error, prompts, completions, columns)) from error
         table[:, index] = torch.tensor(_values(function, returned, count), dtype=torch.float64)

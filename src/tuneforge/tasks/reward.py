@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import check_model_path, from_pretrained, read_model_info
+from tuneforge.artifacts import check_model_path, check_tokenizer_files, from_pretrained, read_model_info
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
 from tuneforge.errors import ConfigError, DataError, UserError
@@ -279,7 +279,7 @@ class RewardModelTask(Task):
 # ---- scoring -------------------------------------------------------------------------------------
 def check_scorer(model_dir: str) -> None:
     """One ConfigError line unless `model_dir` is a folder holding a sequence scorer: a reward run's export
-    (tuneforge.json says it scores), or a plain sequence-classification folder with one output."""
+    (tuneforge.json says it scores), or a plain sequence-classification folder with one output; with tokenizer files."""
     if not Path(model_dir).is_dir():
         raise ConfigError(f"reward model {model_dir!r} does not exist; need {SCORER_NEEDED}")
     check_model_path(model_dir)
@@ -300,6 +300,7 @@ def check_scorer(model_dir: str) -> None:
             f"model {model_dir!r} is a classifier with {config.num_labels} labels, not a scorer with one output; "
             f"need {SCORER_NEEDED}"
         )
+    check_tokenizer_files(model_dir)  # the tokenizer loads at the first call: GRPO's, after generating
 
 
 class RewardPredictor(ClassificationPredictor):
