@@ -223,6 +223,12 @@ USER_REWARDS = """
         return tuple(True for _ in completions)
 
 
+    def numpy_values(prompts, completions, **kwargs):
+        import numpy as np
+
+        return [np.bool_(True), np.array(0.5), np.float32(0.25), np.int64(2)]
+
+
     THRESHOLD = 0.5
 """
 
@@ -254,6 +260,13 @@ def test_score_table(user_file):
         dtype=torch.float64,
     )
     torch.testing.assert_close(table, expected, equal_nan=True)
+
+
+def test_numpy_values_count_as_numbers(user_file):
+    """As TRL reads them (torch.tensor of the list): numpy's bools, scalars and 0-d arrays, like Python's."""
+    prompts, completions, columns = batch()
+    table = score([reward(f"{user_file}:numpy_values")], prompts, completions, columns)
+    assert table[:, 0].tolist() == [1.0, 0.5, 0.25, 2.0]
 
 
 def test_relative_path_from_the_current_folder(user_file, monkeypatch):

@@ -196,7 +196,9 @@ def _as_float(value) -> float | None:
         return math.nan
     if isinstance(value, numbers.Real):
         return float(value)
-    if hasattr(value, "numel") and hasattr(value, "item") and value.numel() == 1:  # a one-value tensor
+    size = getattr(value, "size", None)  # numpy: an int; torch: a method (numel counts)
+    count = value.numel() if callable(getattr(value, "numel", None)) else size
+    if count == 1 and callable(getattr(value, "item", None)):  # a one-value tensor, numpy scalar (np.bool_) or array
         item = value.item()
         return float(item) if isinstance(item, numbers.Real) else None
     return None
