@@ -251,7 +251,7 @@ def test_score_table(user_file):
         ["accuracy", f"{user_file}:right_answer", "length", f"{user_file}:as_tuple"], RewardSettings(target_length=2)
     )
     assert [f.name for f in functions] == ["accuracy", f"{user_file}:right_answer", "length", f"{user_file}:as_tuple"]
-    assert [f.columns for f in functions] == [("answer",), (), (), ()]
+    assert [f.columns for f in functions] == [("answer",), ("answer",), (), ()]  # right_answer names `answer`
     prompts, completions, columns = batch()
     table = score(functions, prompts, completions, columns)
     assert table.dtype == torch.float64 and table.shape == (4, 4)

@@ -297,3 +297,17 @@ def test_a_chat_template_whose_code_fails_on_a_prompt_names_the_row(tiny_llama, 
     task = get_task(build_config(task="grpo", model=tiny_llama, data=data, task_options=options))
     with pytest.raises(ConfigError, match="fails.jinja' fails on row 3 of .*train.jsonl': division by zero"):
         task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)
+
+
+def test_a_column_a_reward_function_needs_by_name_is_checked_with_the_data(
+    capfd, tiny_llama, data, cache_dir, tmp_path
+):
+    """TRL's style `fn(completions, solution, **kwargs)`: data without `solution` failed only after the policy had
+    loaded and generated, as a TypeError 'on row 0 of the batch'; it is refused with the data, naming the row."""
+    (tmp_path / "needs.py").write_text(
+        "def exact(completions, solution, completion_ids, **kwargs):\n"
+        "    return [float(c == s) for c, s in zip(completions, solution)]\n"
+    )
+    args = grpo_args(tiny_llama, data, str(tmp_path / "cache"), tmp_path / "out", "--max-steps", "1")
+    args[args.index(f"{data[2] / 'rewards.py'}:variety")] = f"{tmp_path / 'needs.py'}:exact"
+    assert_refused(in_process(capfd, *args), tmp_path, "row 1", "no column 'solution'", "needs.py:exact'")

@@ -52,7 +52,8 @@ class RewardSettings:
 class RewardFunction:
     name: str  # the spec as the user wrote it: "accuracy", "rewards.py:my_fn", "model:DIR"
     fn: Callable[..., list]  # TRL's signature: fn(prompts, completions, **columns) -> list[float | None]
-    columns: tuple[str, ...] = ()  # data columns it needs (accuracy: (answer_column,)); the task checks them
+    columns: tuple[str, ...] = ()  # data columns it needs (accuracy: (answer_column,), a user function: its
+    # parameters without a default); the task checks every row has them
 
 
 def _parse(spec) -> tuple[str, str, str]:
@@ -119,7 +120,8 @@ def load_rewards(specs: list[str], settings: RewardSettings) -> list[RewardFunct
 def _load(spec: str, settings: RewardSettings) -> RewardFunction:
     kind, first, second = _parse(spec)
     if kind == "file":
-        return RewardFunction(spec, user.load_user_function(spec, first, second))
+        function = user.load_user_function(spec, first, second)
+        return RewardFunction(spec, function, user.required_columns(function))
     if kind == "model":
         from tuneforge.rewards.model import model_reward  # torch and a model: only when asked for
 

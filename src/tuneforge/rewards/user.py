@@ -5,7 +5,8 @@ The path is relative to the current folder, or absolute. The file is imported as
 unique name (registered in sys.modules, so dataclasses and pickling work in it), with its own folder first on
 sys.path while it imports so that it can import modules beside it, as `python file.py` would. The function must
 have TRL's signature, `fn(prompts, completions, **kwargs) -> list[float | None]`: it is called with every data
-column and `completion_ids` by name, so it takes **kwargs. Every bad spec is one ConfigError line.
+column and `completion_ids` by name, so it takes **kwargs; its other named parameters without a default are
+data columns it needs (the task checks every row has them). Every bad spec is one ConfigError line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tuneforge.errors import ConfigError
 
 _MODULE_NUMBERS = itertools.count()
 SIGNATURE = "fn(prompts, completions, **kwargs) -> list[float | None]"
+PASSED = ("prompts", "completions", "completion_ids")  # what scoring gives besides the data's columns
 
 
 def check_user_spec(spec: str, path: str, name: str) -> Path:
@@ -98,6 +100,17 @@ def _defined(module) -> str:
         return "it defines no functions"
     shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
     return f"it defines {shown}"
+
+
+def required_columns(function: Callable) -> tuple[str, ...]:
+    """The data columns `function` cannot be called without: its named parameters without a default, except
+    those scoring passes itself (TRL's `fn(completions, solution, **kwargs)` needs a `solution` column)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(p.name for p in parameters if p.kind in named and p.default is p.empty and p.name not in PASSED)
 
 
 def _check_signature(spec: str, function: Callable) -> None:

@@ -344,11 +344,13 @@ class GRPOTask(CausalLMTask):
                 )
             missing = [c for c in needed if c not in row]
             if missing:
-                users = [f.name for f in self.rewards if set(f.columns) & set(missing)]
-                raise DataError(
-                    f"{where}, row {n}: no column {missing[0]!r}, which reward {users[0]!r} reads (--answer-column "
-                    "names the accuracy reward's)"
+                user = next(f.name for f in self.rewards if missing[0] in f.columns)
+                hint = (
+                    "--answer-column names the accuracy reward's"
+                    if user == "accuracy"
+                    else "a parameter without a default"
                 )
+                raise DataError(f"{where}, row {n}: no column {missing[0]!r}, which reward {user!r} reads ({hint})")
             prompt = row[field]
             if not isinstance(prompt, (str, list)):
                 raise DataError(
