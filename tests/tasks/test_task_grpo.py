@@ -311,3 +311,18 @@ def test_a_column_a_reward_function_needs_by_name_is_checked_with_the_data(
     args = grpo_args(tiny_llama, data, str(tmp_path / "cache"), tmp_path / "out", "--max-steps", "1")
     args[args.index(f"{data[2] / 'rewards.py'}:variety")] = f"{tmp_path / 'needs.py'}:exact"
     assert_refused(in_process(capfd, *args), tmp_path, "row 1", "no column 'solution'", "needs.py:exact'")
+
+
+def test_each_reward_logs_under_its_own_name():
+    """Two rewards of one name get numbered; a numbered name could equal a third's (`f`, `f_2`, `f` gave `f_2`
+    twice), and `std` was the total's `reward_std`: one reward's logs and samples overwrote another's."""
+    from tuneforge.tasks.grpo import metric_names
+
+    assert metric_names(["accuracy", "r.py:accuracy", "model:a", "model:b"]) == [
+        "accuracy",
+        "accuracy_1",
+        "model",
+        "model_3",
+    ]
+    names = metric_names(["a.py:f", "b.py:f_2", "c.py:f", "d.py:std"])
+    assert len(set(names)) == 4 and "std" not in names and names[:2] == ["f", "f_2"]

@@ -173,11 +173,15 @@ def checked(completions: list) -> list:
 
 
 def metric_names(specs: list[str]) -> list[str]:
-    """A short name per reward for logs: accuracy, format, length, the function's name, `model`."""
-    names = []
+    """A short name per reward for logs: accuracy, format, length, the function's name, `model`; numbered where
+    another reward (or the total's `reward_std`) has it."""
+    names: list[str] = []
     for spec in specs:
         name = "model" if spec.startswith("model:") else spec.rsplit(":", 1)[-1] if ":" in spec else spec
-        names.append(name if name not in names else f"{name}_{len(names)}")
+        unique, number = name, len(names)
+        while unique in names or unique == "std":  # reward_std is the total's
+            unique, number = f"{name}_{number}", number + 1
+        names.append(unique)
     return names
 
 
