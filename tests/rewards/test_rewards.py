@@ -229,6 +229,16 @@ USER_REWARDS = """
         return [np.bool_(True), np.array(0.5), np.float32(0.25), np.int64(2)]
 
 
+    async def judged(prompts, completions, **kwargs):
+        import asyncio
+
+        async def judge(completion):
+            await asyncio.sleep(0)  # an API call, in TRL's async reward functions
+            return 1 / 0 if completion == "bad" else float(completion == "good")
+
+        return await asyncio.gather(*(judge(c) for c in completions))
+
+
     THRESHOLD = 0.5
 """
 
@@ -267,6 +277,17 @@ def test_numpy_values_count_as_numbers(user_file):
     prompts, completions, columns = batch()
     table = score([reward(f"{user_file}:numpy_values")], prompts, completions, columns)
     assert table[:, 0].tolist() == [1.0, 0.5, 0.25, 2.0]
+
+
+def test_an_async_function_is_awaited(user_file):
+    """TRL 1.x takes `async def` reward functions (awaited together): one returned an unawaited coroutine here."""
+    prompts, completions, columns = batch()
+    function = reward(f"{user_file}:judged")
+    table = score([function], [prompts[i] for i in (0, 1, 3)], ["72", "5", "good"], {})
+    assert table[:, 0].tolist() == [0.0, 0.0, 1.0]
+    with pytest.raises(DataError) as error:
+        score([function], prompts, completions, columns)
+    assert "raised ZeroDivisionError: division by zero on row 2" in one_line(error)
 
 
 def test_relative_path_from_the_current_folder(user_file, monkeypatch):

@@ -13,17 +13,20 @@ A spec is one of:
   gives its scoring function, with the same signature.
 
 Scoring calls each function once on the whole batch, as TRL's GRPOTrainer does: `fn(prompts=..., completions=...,
-**columns)`, where `columns` holds every data column of the batch's rows and `completion_ids`. It returns one
-float per completion, or None where it does not apply (NaN in the table; the task's weighted sum skips it, as
-TRL's nansum does). A function that raises, returns something other than a list (or tuple) of one value per
-completion, or a value that is not a finite number or None stops the run with one DataError line naming it; to
-name the row behind an exception, the function is called again on each row alone (not for tuneforge's own errors,
-such as a reward model's folder that fails to load at the first call: those keep their line, with the reward's name).
+**columns)` (an `async def` one awaited), where `columns` holds every data column of the batch's rows and
+`completion_ids`. It returns one float per completion, or None where it does not apply (NaN in the table; the
+task's weighted sum skips it, as TRL's nansum does). A function that raises, returns something other than a list
+(or tuple) of one value per completion, or a value that is not a finite number or None stops the run with one
+DataError line naming it; to name the row behind an exception, the function is called again on each row alone (not
+for tuneforge's own errors, such as a reward model's folder that fails to load at the first call: those keep their
+line, with the reward's name).
 """
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import inspect
 import math
 import numbers
 import re
@@ -162,13 +165,19 @@ def score(functions: list[RewardFunction], prompts: list, completions: list, col
     table = torch.full((count, len(functions)), math.nan, dtype=torch.float64)
     for index, function in enumerate(functions):
         try:
-            returned = function.fn(prompts=prompts, completions=completions, **columns)
+            returned = _called(function, prompts, completions, columns)
         except UserError as error:  # tuneforge's own line (a reward model that cannot load): no row is at fault
             raise type(error)(f"reward {function.name!r}: {error}") from error
         except Exception as error:
             raise DataError(_raised(function, error, prompts, completions, columns)) from error
         table[:, index] = torch.tensor(_values(function, returned, count), dtype=torch.float64)
     return table
+
+
+def _called(function: RewardFunction, prompts: list, completions: list, columns: dict):
+    """What the function returns; an `async def` one's result awaited (TRL 1.x takes those too)."""
+    returned = function.fn(prompts=prompts, completions=completions, **columns)
+    return asyncio.run(returned) if inspect.iscoroutine(returned) else returned
 
 
 def _values(function: RewardFunction, returned, count: int) -> list[float]:
@@ -223,7 +232,7 @@ def _failing_row(function: RewardFunction, prompts: list, completions: list, col
     for row in range(len(completions)):
         alone = {name: [values[row]] for name, values in columns.items()}
         try:
-            function.fn(prompts=[prompts[row]], completions=[completions[row]], **alone)
+            _called(function, [prompts[row]], [completions[row]], alone)
         except Exception as error:
             return row, error
     return None
