@@ -326,3 +326,17 @@ def test_each_reward_logs_under_its_own_name():
     ]
     names = metric_names(["a.py:f", "b.py:f_2", "c.py:f", "d.py:std"])
     assert len(set(names)) == 4 and "std" not in names and names[:2] == ["f", "f_2"]
+
+
+@pytest.mark.parametrize(
+    "given, specs",
+    [
+        ("accuracy", ["accuracy"]),  # a YAML scalar (it was 'Input should be a valid list')
+        ("accuracy,format", ["accuracy", "format"]),  # (it was one name, 'did you mean accuracy')
+        (["accuracy, format", "length"], ["accuracy", "format", "length"]),
+    ],
+)
+def test_reward_specs_take_a_scalar_and_comma_separated_built_ins(given, specs):
+    from tuneforge.tasks.grpo import GRPOOptions
+
+    assert GRPOOptions(reward=given).reward == specs

@@ -45,6 +45,12 @@ from tuneforge.tasks.clm import CausalLMTask
 SAMPLES_FILE = "completions.jsonl"
 
 
+def _names_of(spec) -> list:
+    """A --reward value's specs: built-in names split at commas; a file or model spec whole."""
+    bare = isinstance(spec, str) and not any(mark in spec for mark in ":/.")
+    return spec.split(",") if bare else [spec]
+
+
 class GRPOOptions(TaskOptions):
     reward: list[str] = Field(
         default_factory=list,
@@ -136,6 +142,16 @@ class GRPOOptions(TaskOptions):
     @classmethod
     def _split(cls, value):
         return comma_list(value)
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _rewards(cls, value):
+        """One spec (a YAML scalar) is a list of one; `accuracy,format` two built-ins (a spec with a path or a
+        model folder is left whole: a comma may be in its name)."""
+        specs = [value] if isinstance(value, str) else value
+        if not isinstance(specs, (list, tuple)):
+            return value
+        return [part.strip() for spec in specs for part in _names_of(spec) if part.strip()]
 
     @model_validator(mode="after")
     def _consistent(self):
