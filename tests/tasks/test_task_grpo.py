@@ -340,3 +340,24 @@ def test_reward_specs_take_a_scalar_and_comma_separated_built_ins(given, specs):
     from tuneforge.tasks.grpo import GRPOOptions
 
     assert GRPOOptions(reward=given).reward == specs
+
+
+def test_reward_functions_get_completion_ids_with_the_end_token_as_trl_does(tiny_llama, cache_dir, tmp_path):
+    """TRL passes each completion's ids up to and including the EOS that ended it (a ported length reward counts it);
+    they came without it, one short of the tokens trained on."""
+    from tuneforge.configure import build_config
+    from tuneforge.serve.engine import Completion
+    from tuneforge.tasks import get_task
+
+    (tmp_path / "lengths.py").write_text(
+        "def ids(completions, completion_ids, **kwargs):\n    return [len(c) for c in completion_ids]\n"
+    )
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "hi", "answer": "1"}] * 2)
+    options = {"reward": [f"{tmp_path / 'lengths.py'}:ids"], "prompt_format": "text"}
+    data = {"train_file": str(train), "validation_file": str(train), "cache_dir": cache_dir}
+    task = get_task(build_config(task="grpo", model=tiny_llama, data=data, task_options=options))
+    task.load_tokenizer()
+    task.load_raw()  # (its rewards load with the data)
+    stopped, cut = Completion("ab", [5, 6], "stop", stop_token=2), Completion("c", [7], "length")
+    batch = {"prompt": [json.dumps("hi")], "columns": [json.dumps({"answer": "1"})]}
+    assert task._score([batch], [stopped, cut], 2)[:, 0].tolist() == [3.0, 1.0]

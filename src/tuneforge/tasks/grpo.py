@@ -513,7 +513,7 @@ class GRPOTask(CausalLMTask):
             texts = [[{"role": "assistant", "content": t}] for t in texts]
         names = sorted({k for row in columns_rows for k in row})
         columns = {k: [row.get(k) for row in columns_rows] for k in names}
-        columns["completion_ids"] = [list(c.token_ids) for c in completions]
+        columns["completion_ids"] = [self._completion_ids(c) for c in completions]  # with the EOS, as TRL's
         return score(self.rewards, prompts, texts, columns)
 
     @staticmethod
