@@ -172,3 +172,28 @@ def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert,
             expected += [model.config.id2label[int(j)] for j in model(**enc).logits.argmax(-1)]
     assert [p["label"] for p in preds] == expected
     assert [p["index"] for p in preds] == list(range(408))
+
+
+@pytest.mark.parametrize(
+    ("task", "model_class", "row"),
+    [
+        ("ner", "BertForTokenClassification", {"text": "word " * 300}),
+        ("multiple-choice", "BertForMultipleChoice", {"question": "word " * 300, "choices": ["a.", "b."]}),
+    ],
+)
+def test_a_max_length_above_the_models_positions_is_one_error_line(
+    tmp_path, minilm_dir, capsys, task, model_class, row
+):
+    """A tagger's or chooser's --max-length above the model's 128 positions is refused as a classifier's is (it ran
+    and crashed at the first long text: RuntimeError, the size of tensor a (304) must match ... (128))."""
+    import transformers
+
+    from conftest import cli_main
+
+    model = save_tiny_bert(tmp_path / "model", minilm_dir, getattr(transformers, model_class))
+    (tmp_path / "model" / "tuneforge.json").write_text(json.dumps({"task": task, "max_length": 64}))
+    (tmp_path / "in.jsonl").write_text(json.dumps(row) + "\n")
+    args = ["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p.jsonl"), "--max-length", "1000"]
+    code, _, err = cli_main(capsys, "predict", model, *args)
+    assert code == 2 and "max_length 1000 is above the model's limit of 128 positions" in err
+    assert "internal error" not in err

@@ -23,7 +23,15 @@ from tuneforge.data.choices import check_choice_counts, choice_label, find_split
 from tuneforge.data.sources import check_file
 from tuneforge.errors import DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    ServingPrecision,
+    Task,
+    empty_check,
+    open_predictor_folder,
+    predict_max_length,
+    set_dropout,
+)
 from tuneforge.tasks.length_runs import length_batches
 
 MAX_CHOICES = 64  # choices of one input a predictor takes (SWAG, HellaSwag, ARC and PIQA have 2 to 5)
@@ -254,9 +262,8 @@ class ChoicePredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoModelForMultipleChoice
 
-        from tuneforge.artifacts import read_model_info
-
-        self.max_length = predict_max_length(max_length, read_model_info(model_dir).get("max_length"), 512)
+        folder = open_predictor_folder(model_dir, max_length)
+        self.max_length = predict_max_length(max_length, folder.info.get("max_length"), 512, folder.config)
         self.tokenizer = load_tokenizer(model_dir)
         self.model = load_pretrained_model(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
         self.device = inference_device(device)

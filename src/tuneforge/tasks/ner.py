@@ -33,7 +33,15 @@ from tuneforge.data.conll import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import MetricStream, ServingPrecision, Task, empty_check, predict_max_length, set_dropout
+from tuneforge.tasks.base import (
+    MetricStream,
+    ServingPrecision,
+    Task,
+    empty_check,
+    open_predictor_folder,
+    predict_max_length,
+    set_dropout,
+)
 from tuneforge.tasks.length_runs import length_batches
 
 IGNORE = -100
@@ -360,10 +368,8 @@ class EntityPredictor:
     def __init__(self, model_dir: str, device: str | None = None, max_length: int | None = None) -> None:
         from transformers import AutoModelForTokenClassification
 
-        from tuneforge.artifacts import read_model_info
-
-        info = read_model_info(model_dir)
-        self.max_length = predict_max_length(max_length, info.get("max_length"), 512)
+        folder = open_predictor_folder(model_dir, max_length)
+        self.max_length = predict_max_length(max_length, folder.info.get("max_length"), 512, folder.config)
         self.tokenizer = word_tokenizer(model_dir)
         self.model = load_pretrained_model(AutoModelForTokenClassification, model_dir, "a token-classification model")
         self.model.eval()
