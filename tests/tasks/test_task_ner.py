@@ -241,6 +241,34 @@ def test_a_word_the_tokenizer_drops_leaves_the_other_words_their_tags(trained):
             assert text[e["start"] : e["end"]] == e["text"]
 
 
+def test_a_word_with_combining_marks_stays_one_word(trained):
+    """A text in decomposed form (NFD: 'i' + U+0301 for 'í', as macOS and some editors write it) is tagged as its
+    composed form is: a combining mark belongs to its word (each mark was a word of its own, so 'Brzezin' + U+0301
+    + 'ski' were three words, and an entity ending in a mark lost it)."""
+    import unicodedata
+
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    predictor = load_predictor(run / "model")
+    composed = [
+        "Zbigniew Brzeziński visited Buenos Aires on Monday.",
+        "Reuters said María García will travel to Paris.",
+    ]
+    decomposed = [unicodedata.normalize("NFD", t) for t in composed]
+    want, got = predictor.predict(composed), predictor.predict(decomposed)
+    assert [(e["entity"], e["text"]) for e in want[0]["entities"]] == [
+        ("PER", "Zbigniew Brzeziński"),
+        ("LOC", "Buenos Aires"),
+    ]
+    for text, w, g in zip(decomposed, want, got, strict=True):
+        assert [(e["entity"], unicodedata.normalize("NFC", e["text"])) for e in g["entities"]] == [
+            (e["entity"], e["text"]) for e in w["entities"]
+        ]
+        for e in g["entities"]:
+            assert text[e["start"] : e["end"]] == e["text"]
+
+
 def test_serve_answers_entities(trained):
     from tuneforge.predict import load_predictor
 

@@ -11,10 +11,9 @@ zero-width space: the words after one are scored against their own tags).
 
 from __future__ import annotations
 
-import re
-
 import datasets
 import numpy as np
+import regex
 import torch
 import torch.nn.functional as F
 
@@ -45,7 +44,9 @@ from tuneforge.tasks.base import (
 from tuneforge.tasks.length_runs import length_batches
 
 IGNORE = -100
-WORD = re.compile(r"\w+|[^\w\s]")  # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation
+# raw text -> words as CoNLL splits them: runs of letters/digits, punctuation. `regex`'s \w holds combining marks (an
+# NFD accent, a Devanagari vowel sign), which `re`'s leaves out: each mark would be a word of its own
+WORD = regex.compile(r"\w+|[^\w\s]\p{M}*")
 
 
 def word_tokenizer(path: str):
@@ -358,8 +359,8 @@ class TokenClassificationTask(Task):
 class EntityPredictor:
     """`EntityPredictor("runs/ner/model").predict(["Peter lives in Berlin."])` -> per text, its entities:
     {"entity": type, "text", "start", "end" (character offsets), "score" (mean of its words' tag
-    probabilities)}. Words are split as CoNLL splits them; each word's tag is read at its first sub-token
-    (a word with none, such as a zero-width space, is in no entity)."""
+    probabilities)}. Words are split as CoNLL splits them (a combining mark stays in its word); each word's tag is
+    read at its first sub-token (a word with none, such as a zero-width space, is in no entity)."""
 
     regression = False
     accepts = ("texts",)  # what `tuneforge serve` takes for it
