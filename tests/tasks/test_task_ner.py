@@ -269,6 +269,27 @@ def test_a_word_with_combining_marks_stays_one_word(trained):
             assert text[e["start"] : e["end"]] == e["text"]
 
 
+def test_a_text_longer_than_max_length_is_tagged_to_its_last_word(trained):
+    """A text of more tokens than the model's max_length (128 here: a page, not a sentence) is tagged in windows of
+    whole words: the entities of its end are found as those of its start (words past the first 128 tokens were cut
+    off without a word, 14 of the 40 sentences' entities found)."""
+    from tuneforge.predict import load_predictor
+
+    run, _, _ = trained
+    predictor = load_predictor(run / "model")
+    assert predictor.max_length == 128
+    sentence = "John Smith visited New York on Monday. "
+    text = sentence * 40 + "Reuters said Anna will travel to Cairo."
+    [got] = predictor.predict([text])
+    found = [(e["entity"], e["text"]) for e in got["entities"]]
+    assert found == [("PER", "John Smith"), ("LOC", "New York")] * 40 + [("ORG", "Reuters"), ("PER", "Anna")] + [
+        ("LOC", "Cairo")
+    ]
+    for e in got["entities"]:
+        assert text[e["start"] : e["end"]] == e["text"]
+    assert got["entities"][-1]["end"] == len(text) - 1
+
+
 def test_serve_answers_entities(trained):
     from tuneforge.predict import load_predictor
 

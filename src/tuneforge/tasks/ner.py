@@ -360,7 +360,8 @@ class EntityPredictor:
     """`EntityPredictor("runs/ner/model").predict(["Peter lives in Berlin."])` -> per text, its entities:
     {"entity": type, "text", "start", "end" (character offsets), "score" (mean of its words' tag
     probabilities)}. Words are split as CoNLL splits them (a combining mark stays in its word); each word's tag is
-    read at its first sub-token (a word with none, such as a zero-width space, is in no entity)."""
+    read at its first sub-token (a word with none, such as a zero-width space, is in no entity). A text of more tokens
+    than max_length is tagged in windows of whole words, one after the other, so every word has its tag."""
 
     regression = False
     accepts = ("texts",)  # what `tuneforge serve` takes for it
@@ -384,36 +385,66 @@ class EntityPredictor:
         if any(not isinstance(t, str) for t in texts):
             raise DataError("NER predicts on plain texts (strings), one per input")
         spans = [[(m.group(), m.start(), m.end()) for m in WORD.finditer(t)] for t in texts]
-        results: list[dict] = [{"entities": []} for _ in texts]
-        todo = [i for i, s in enumerate(spans) if s]
-        words = [len(spans[i]) for i in todo]  # a text's words stand for its tokens
-        for run in length_batches(words, batch_size, on_cpu=self.device.type == "cpu"):
-            idx = [todo[r] for r in run]
-            enc = self.tokenizer(
-                [[w for w, _, _ in spans[i]] for i in idx],
-                is_split_into_words=True,
-                truncation=True,
-                max_length=self.max_length,
-                padding=True,
-                return_tensors="pt",
-            )
-            word_ids = [enc.word_ids(j) for j in range(len(idx))]
-            with self.precision.autocast():
-                logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
-            probs = logits.float().softmax(-1).cpu()
-            for j, i in enumerate(idx):
-                # the words that have a token, each with its tag: a word the tokenizer drops (a zero-width space,
-                # a control character) or cuts off has none, and must not take the next word's
-                tagged, tags, scores, previous = [], [], [], None
-                for pos, word in enumerate(word_ids[j]):
-                    if word is not None and word != previous:
-                        p = probs[j, pos]
-                        tagged.append(spans[i][word])
-                        tags.append(self.labels[int(p.argmax())])
-                        scores.append(float(p.max()))
-                    previous = word
-                results[i] = {"entities": self._entities(texts[i], tagged, tags, scores)}
-        return results
+        windows, tokens = self._windows(spans)
+        tagged: list[list[tuple]] = [[] for _ in windows]  # per window: (word span, tag, score) of its tagged words
+        for run in length_batches(tokens, batch_size, on_cpu=self.device.type == "cpu"):
+            for r, words in zip(run, self._tag([windows[r] for r in run], spans)):
+                tagged[r] = words
+        per_text: list[list[tuple]] = [[] for _ in texts]
+        for (i, _, _), words in zip(windows, tagged):  # a text's windows follow each other in word order
+            per_text[i] += words
+        return [
+            {"entities": self._entities(text, *map(list, zip(*words))) if words else []}
+            for text, words in zip(texts, per_text)
+        ]
+
+    def _windows(self, spans: list[list[tuple]]) -> tuple[list[tuple[int, int, int]], list[int]]:
+        """Each text's words cut into windows whose tokens fit max_length, so that every word is tagged (a text
+        longer than a sentence: a page): ([(text, first word, end word)], the tokens of each window)."""
+        words = [w for text in spans for w, _, _ in text]
+        counts = iter(
+            [len(ids) for ids in self.tokenizer(words, add_special_tokens=False)["input_ids"]] if words else []
+        )
+        room = max(1, self.max_length - self.tokenizer.num_special_tokens_to_add())
+        windows, tokens = [], []
+        for i, text in enumerate(spans):
+            first, used = 0, 0
+            for w in range(len(text)):
+                n = next(counts)
+                if used + n > room and w > first:
+                    windows.append((i, first, w))
+                    tokens.append(used)
+                    first, used = w, 0
+                used += n
+            if text:
+                windows.append((i, first, len(text)))
+                tokens.append(used)
+        return windows, tokens
+
+    def _tag(self, windows: list[tuple[int, int, int]], spans: list[list[tuple]]) -> list[list[tuple]]:
+        """Per window, (word span, tag, score) of each of its words that has a token: a word the tokenizer drops (a
+        zero-width space, a control character) has none, and must not take the next word's."""
+        enc = self.tokenizer(
+            [[w for w, _, _ in spans[i][first:end]] for i, first, end in windows],
+            is_split_into_words=True,
+            truncation=True,  # a single word longer than max_length: its first tokens, enough for its tag
+            max_length=self.max_length,
+            padding=True,
+            return_tensors="pt",
+        )
+        with self.precision.autocast():
+            logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
+        probs = logits.float().softmax(-1).cpu()
+        out = []
+        for j, (i, first, _) in enumerate(windows):
+            words, previous = [], None
+            for pos, word in enumerate(enc.word_ids(j)):
+                if word is not None and word != previous:
+                    p = probs[j, pos]
+                    words.append((spans[i][first + word], self.labels[int(p.argmax())], float(p.max())))
+                previous = word
+            out.append(words)
+        return out
 
     @staticmethod
     def _entities(text, words, tags, scores) -> list[dict]:
