@@ -96,6 +96,40 @@ def test_swag_csv_question_jsonl_and_codah_tsv_read_alike(tmp_path):
     assert read["context"] == jsonl["context"][:4] and read["label"] == jsonl["label"][:4]
 
 
+@pytest.mark.parametrize("need_labels", [True, False])  # a file to train on, and rows to predict
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"question": None}, "row 2: the question is empty (null)"),
+        ({"choices": ["red.", None, "blue."]}, "row 2: choice 2 is empty (null)"),
+    ],
+)
+def test_a_null_question_or_choice_in_a_file_is_named(tmp_path, change, says, need_labels):
+    """A jsonl row's null question or choice was read as the text 'nan' or 'None', trained on or predicted (and
+    'None' could come back as the chosen choice)."""
+    from tuneforge.data.choices import read_choices
+    from tuneforge.errors import DataError
+
+    rows = choice_rows(3, seed=4, width=3)
+    rows[1].update(change)
+    path = write_jsonl(tmp_path / "q.jsonl", rows)
+    with pytest.raises(DataError, match=re.escape(f"{path}, {says}")):
+        read_choices(path, need_labels=need_labels)
+
+
+def test_a_null_swag_ending_is_an_absent_one(tmp_path):
+    """SWAG rows as jsonl: a null ending is left out as an empty csv cell is (it was kept as the choice 'nan'), a null
+    sent2 is no prefix (it was the prefix 'nan' of every ending)."""
+    from tuneforge.data.choices import read_choices
+
+    rows = [
+        {"sent1": "The car is red.", "sent2": "It is", "ending0": "red.", "ending1": "blue.", "ending2": None},
+        {"sent1": "The car is blue.", "sent2": None, "ending0": "red.", "ending1": "blue.", "ending2": "green."},
+    ]
+    read = read_choices(write_jsonl(tmp_path / "swag.jsonl", rows), need_labels=False)
+    assert read["choices"] == [["red.", "blue."], ["red.", "blue.", "green."]] and read["prefix"] == ["It is", ""]
+
+
 def test_the_shared_codah_fold_reads(shared_data):
     from tuneforge.data.choices import read_choices
 

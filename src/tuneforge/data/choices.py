@@ -46,8 +46,11 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
         cols = list(map(str, df.columns))
         endings = sorted((int(m.group(1)), c) for c in cols if (m := ENDING.match(c)))
         if {"sent1", "ending0"} <= set(cols):  # SWAG: sent1, sent2, ending0..ending3, label
-            prefix = df["sent2"].tolist() if "sent2" in cols else [""] * len(df)
-            choices = [[str(e) for e in r if str(e).strip()] for r in df[[c for _, c in endings]].values.tolist()]
+            prefix = ["" if _null(v) else v for v in df["sent2"]] if "sent2" in cols else [""] * len(df)
+            choices = [
+                [str(e) for e in r if not _null(e) and str(e).strip()]
+                for r in df[[c for _, c in endings]].values.tolist()
+            ]
             rows = {"context": df["sent1"].tolist(), "prefix": prefix, "choices": choices}
         elif {"question", "choices"} <= set(cols):
             df["choices"] = [c.tolist() if isinstance(c, np.ndarray) else c for c in df["choices"]]  # parquet's lists
@@ -70,6 +73,7 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
             raise DataError(f"file {str(p)!r} has no 'label' column (the index of the right choice); add it")
         else:
             labels = [-1] * len(df)
+    check_no_nulls(rows["context"], rows["choices"], str(p))
     rows["choices"] = [[str(c) for c in cs] for cs in rows["choices"]]
     rows["context"] = [str(c) for c in rows["context"]]
     rows["prefix"] = [str(c) for c in rows["prefix"]]
@@ -81,6 +85,22 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
     if need_labels:  # to predict, rows may differ
         check_choice_counts(rows["choices"], lambda r: f"{p}, row {r}")
     return datasets.Dataset.from_dict(rows)
+
+
+def _null(value) -> bool:
+    """A cell without a value: JSON null (None), or NaN where pandas filled a column's gap."""
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def check_no_nulls(questions: list, choices: list[list], where: str) -> None:
+    """Every row's question and choices hold a value; DataError naming `where`, the row and the choice otherwise
+    (str() made a null the text 'nan' or 'None', trained on, predicted, and returned as the chosen choice)."""
+    for row, (question, texts) in enumerate(zip(questions, choices), 1):
+        if _null(question):
+            raise DataError(f"{where}, row {row}: the question is empty (null); fill or drop that row")
+        empty = next((k for k, c in enumerate(texts, 1) if _null(c)), None)
+        if empty:
+            raise DataError(f"{where}, row {row}: choice {empty} is empty (null); fill or drop that row")
 
 
 def choice_label(value, row: int, where: str, n: int) -> int:
