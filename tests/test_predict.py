@@ -197,3 +197,19 @@ def test_a_max_length_above_the_models_positions_is_one_error_line(
     code, _, err = cli_main(capsys, "predict", model, *args)
     assert code == 2 and "max_length 1000 is above the model's limit of 128 positions" in err
     assert "internal error" not in err
+
+
+def test_a_codah_tsv_given_to_predict_is_told_what_predict_reads(tmp_path, minilm_dir, capsys):
+    """CODAH's headerless TSV given to predict of a multiple-choice model: the refusal named a flag predict does not
+    take ('pass --data-format codah', then: unrecognized arguments)."""
+    from transformers import BertForMultipleChoice
+
+    from conftest import cli_main
+
+    model = save_tiny_bert(tmp_path / "model", minilm_dir, BertForMultipleChoice)
+    (tmp_path / "model" / "tuneforge.json").write_text(json.dumps({"task": "multiple-choice", "max_length": 64}))
+    codah = tmp_path / "test.tsv"
+    codah.write_text("o\tThe ball is red. Its colour is\tred.\tblue.\tgreen.\twhite.\t0\n" * 2)
+    code, _, err = cli_main(capsys, "predict", model, "--input", str(codah), "--output", str(tmp_path / "p.jsonl"))
+    assert code == 2 and "--data-format codah" not in err.replace("takes no --data-format", "")
+    assert "predict takes no --data-format: give CODAH's rows as such" in err

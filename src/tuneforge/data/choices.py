@@ -62,10 +62,10 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
                 )
             rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
         else:
+            codah = "for CODAH's TSV pass --data-format codah" if need_labels else "predict takes no --data-format: give CODAH's rows as such"
             raise DataError(
                 f"file {str(p)!r} has columns {', '.join(cols)}; multiple choice reads SWAG columns (sent1, sent2, "
-                "ending0, ending1, ..., label) or question, choices (a list) and label; for CODAH's TSV pass "
-                "--data-format codah"
+                f"ending0, ending1, ..., label) or question, choices (a list) and label; {codah}"
             )
         if "label" in cols:
             labels = df["label"].tolist()
