@@ -102,11 +102,13 @@ def test_swag_csv_question_jsonl_and_codah_tsv_read_alike(tmp_path):
     [
         ({"question": None}, "row 2: the question is empty (null)"),
         ({"choices": ["red.", None, "blue."]}, "row 2: choice 2 is empty (null)"),
+        ({"choices": ["red.", ["blue."], "green."]}, "row 2: choice 2 holds ['blue.'], not a text"),
+        ({"question": {"text": "Q"}}, "row 2: the question holds {'text': 'Q'}, not a text"),
     ],
 )
-def test_a_null_question_or_choice_in_a_file_is_named(tmp_path, change, says, need_labels):
+def test_a_null_or_non_text_question_or_choice_in_a_file_is_named(tmp_path, change, says, need_labels):
     """A jsonl row's null question or choice was read as the text 'nan' or 'None', trained on or predicted (and
-    'None' could come back as the chosen choice)."""
+    'None' could come back as the chosen choice); a list or object as its Python text ("['blue.']")."""
     from tuneforge.data.choices import read_choices
     from tuneforge.errors import DataError
 

@@ -62,7 +62,11 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
                 )
             rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
         else:
-            codah = "for CODAH's TSV pass --data-format codah" if need_labels else "predict takes no --data-format: give CODAH's rows as such"
+            codah = (
+                "for CODAH's TSV pass --data-format codah"
+                if need_labels
+                else "predict takes no --data-format: give CODAH's rows as such"
+            )
             raise DataError(
                 f"file {str(p)!r} has columns {', '.join(cols)}; multiple choice reads SWAG columns (sent1, sent2, "
                 f"ending0, ending1, ..., label) or question, choices (a list) and label; {codah}"
@@ -73,7 +77,7 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
             raise DataError(f"file {str(p)!r} has no 'label' column (the index of the right choice); add it")
         else:
             labels = [-1] * len(df)
-    check_no_nulls(rows["context"], rows["choices"], str(p))
+    check_choice_texts(rows["context"], rows["choices"], str(p))
     rows["choices"] = [[str(c) for c in cs] for cs in rows["choices"]]
     rows["context"] = [str(c) for c in rows["context"]]
     rows["prefix"] = [str(c) for c in rows["prefix"]]
@@ -92,15 +96,16 @@ def _null(value) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
-def check_no_nulls(questions: list, choices: list[list], where: str) -> None:
-    """Every row's question and choices hold a value; DataError naming `where`, the row and the choice otherwise
-    (str() made a null the text 'nan' or 'None', trained on, predicted, and returned as the chosen choice)."""
+def check_choice_texts(questions: list, choices: list[list], where: str) -> None:
+    """Every row's question and choices hold a text (a number taken as its text); DataError naming `where`, the row
+    and the choice otherwise (str() made a null the text 'nan' or 'None', a list its Python text "['a']": trained
+    on, predicted, and returned as the chosen choice)."""
     for row, (question, texts) in enumerate(zip(questions, choices), 1):
-        if _null(question):
-            raise DataError(f"{where}, row {row}: the question is empty (null); fill or drop that row")
-        empty = next((k for k, c in enumerate(texts, 1) if _null(c)), None)
-        if empty:
-            raise DataError(f"{where}, row {row}: choice {empty} is empty (null); fill or drop that row")
+        for what, value in [("the question", question), *((f"choice {k}", c) for k, c in enumerate(texts, 1))]:
+            if _null(value):
+                raise DataError(f"{where}, row {row}: {what} is empty (null); fill or drop that row")
+            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+                raise DataError(f"{where}, row {row}: {what} holds {value!r}, not a text; give it as a string")
 
 
 def choice_label(value, row: int, where: str, n: int) -> int:
