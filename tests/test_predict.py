@@ -174,6 +174,15 @@ def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert,
     assert [p["index"] for p in preds] == list(range(408))
 
 
+def tiny_task_folder(folder, minilm_dir: str, task: str, model_class: str) -> str:
+    """A random tiny BERT of `model_class` (128 positions) as the model folder `task` exports (max_length 64)."""
+    import transformers
+
+    model = save_tiny_bert(folder, minilm_dir, getattr(transformers, model_class))
+    (folder / "tuneforge.json").write_text(json.dumps({"task": task, "max_length": 64}))
+    return model
+
+
 @pytest.mark.parametrize(
     ("task", "model_class", "row"),
     [
@@ -186,12 +195,9 @@ def test_a_max_length_above_the_models_positions_is_one_error_line(
 ):
     """A tagger's or chooser's --max-length above the model's 128 positions is refused as a classifier's is (it ran
     and crashed at the first long text: RuntimeError, the size of tensor a (304) must match ... (128))."""
-    import transformers
-
     from conftest import cli_main
 
-    model = save_tiny_bert(tmp_path / "model", minilm_dir, getattr(transformers, model_class))
-    (tmp_path / "model" / "tuneforge.json").write_text(json.dumps({"task": task, "max_length": 64}))
+    model = tiny_task_folder(tmp_path / "model", minilm_dir, task, model_class)
     (tmp_path / "in.jsonl").write_text(json.dumps(row) + "\n")
     args = ["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p.jsonl"), "--max-length", "1000"]
     code, _, err = cli_main(capsys, "predict", model, *args)
@@ -202,14 +208,27 @@ def test_a_max_length_above_the_models_positions_is_one_error_line(
 def test_a_codah_tsv_given_to_predict_is_told_what_predict_reads(tmp_path, minilm_dir, capsys):
     """CODAH's headerless TSV given to predict of a multiple-choice model: the refusal named a flag predict does not
     take ('pass --data-format codah', then: unrecognized arguments)."""
-    from transformers import BertForMultipleChoice
-
     from conftest import cli_main
 
-    model = save_tiny_bert(tmp_path / "model", minilm_dir, BertForMultipleChoice)
-    (tmp_path / "model" / "tuneforge.json").write_text(json.dumps({"task": "multiple-choice", "max_length": 64}))
+    model = tiny_task_folder(tmp_path / "model", minilm_dir, "multiple-choice", "BertForMultipleChoice")
     codah = tmp_path / "test.tsv"
     codah.write_text("o\tThe ball is red. Its colour is\tred.\tblue.\tgreen.\twhite.\t0\n" * 2)
     code, _, err = cli_main(capsys, "predict", model, "--input", str(codah), "--output", str(tmp_path / "p.jsonl"))
     assert code == 2 and "--data-format codah" not in err.replace("takes no --data-format", "")
     assert "predict takes no --data-format: give CODAH's rows as such" in err
+
+
+def test_a_text_column_given_to_a_multiple_choice_model_is_refused(tmp_path, minilm_dir, capsys):
+    """A multiple-choice model reads each row's question and choices: --text-column was passed over without a word
+    (a user's --text-column goal, meant for the question, predicted on the file's own 'question' column)."""
+    from conftest import cli_main
+
+    model = tiny_task_folder(tmp_path / "model", minilm_dir, "multiple-choice", "BertForMultipleChoice")
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(json.dumps({"goal": "Open a jar", "question": "", "choices": ["twist the lid", "eat it"]}) + "\n")
+    out = tmp_path / "p.jsonl"
+    code, _, err = cli_main(
+        capsys, "predict", model, "--input", str(rows), "--output", str(out), "--text-column", "goal"
+    )
+    assert code == 2 and not out.exists()
+    assert "--text-column: a multiple-choice model reads each row's question and choices" in err

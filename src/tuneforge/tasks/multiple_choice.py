@@ -21,7 +21,7 @@ from tuneforge.artifacts import from_pretrained, inference_device, load_tokenize
 from tuneforge.config import EVAL
 from tuneforge.data.choices import check_choice_counts, choice_label, find_split_files, read_choices
 from tuneforge.data.sources import check_file
-from tuneforge.errors import DataError
+from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
     MetricStream,
@@ -244,6 +244,11 @@ class MultipleChoiceTask(Task):
     @staticmethod
     def read_predict_inputs(path: str, text_columns=None) -> list[dict]:
         """`tuneforge predict` input: rows of a SWAG csv or a question + choices jsonl (a label, if any, unused)."""
+        if text_columns:  # the rows' own columns say what each text is: a column named here would go unread
+            raise ConfigError(
+                "--text-column: a multiple-choice model reads each row's question and choices (or SWAG's sent1, "
+                "sent2, ending0, ending1, ...); leave it out and name the file's columns so"
+            )
         ds = read_choices(path, need_labels=False)
         return [
             {"question": c, "prefix": p, "choices": cs} for c, p, cs in zip(ds["context"], ds["prefix"], ds["choices"])
