@@ -402,10 +402,10 @@ class EntityPredictor:
         """Each text's words cut into windows whose tokens fit max_length, so that every word is tagged (a text
         longer than a sentence: a page): ([(text, first word, end word)], the tokens of each window)."""
         words = [w for text in spans for w, _, _ in text]
-        counts = iter(
-            [len(ids) for ids in self.tokenizer(words, add_special_tokens=False)["input_ids"]] if words else []
-        )
         room = max(1, self.max_length - self.tokenizer.num_special_tokens_to_add())
+        # each word's tokens, up to one more than a window holds (a longer word is a window of its own)
+        enc = self.tokenizer(words, add_special_tokens=False, truncation=True, max_length=room + 1) if words else None
+        counts = iter([len(ids) for ids in enc["input_ids"]] if enc else [])
         windows, tokens = [], []
         for i, text in enumerate(spans):
             first, used = 0, 0
