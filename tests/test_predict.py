@@ -232,3 +232,60 @@ def test_a_text_column_given_to_a_multiple_choice_model_is_refused(tmp_path, min
     )
     assert code == 2 and not out.exists()
     assert "--text-column: a multiple-choice model reads each row's question and choices" in err
+
+
+IOB = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+@pytest.mark.parametrize(
+    ("model_class", "config", "rows", "flags"),
+    [
+        ("BertForTokenClassification", {"id2label": IOB}, [{"text": "Ana lives in Lima."}], []),
+        (
+            "BertForQuestionAnswering",
+            {},
+            [{"question": "Where does Ana live?", "context": "Ana lives in Lima."}],
+            ["--text-column", "question", "--text-column", "context"],
+        ),
+        ("BertForMultipleChoice", {}, [{"question": "It rained, so he", "choices": ["opened it.", "sang."]}], []),
+    ],
+)
+def test_a_plain_hf_folder_is_predicted_by_its_architecture(
+    tmp_path, minilm_dir, capsys, model_class, config, rows, flags
+):
+    """A token-classification, question-answering or multiple-choice folder tuneforge did not write (a hub model:
+    no tuneforge.json) runs as its architecture says, as the README says of serve; it was refused as 'not a
+    sequence-classification model; use `tuneforge generate` for language models'."""
+    import transformers
+
+    from conftest import cli_main
+
+    model = save_tiny_bert(tmp_path / "model", minilm_dir, getattr(transformers, model_class), **config)
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "p.jsonl"
+    code, _, err = cli_main(
+        capsys, "predict", model, "--input", str(tmp_path / "in.jsonl"), "--output", str(out), *flags
+    )
+    assert code == 0, err
+    [got] = read_jsonl(out)
+    if "text" in rows[0]:
+        assert all(rows[0]["text"][e["start"] : e["end"]] == e["text"] for e in got["entities"])
+    elif "context" in rows[0]:
+        assert rows[0]["context"][got["start"] : got["end"]] == got["answer"] != ""
+    else:
+        assert got["choice"] in rows[0]["choices"] and sum(got["scores"]) == pytest.approx(1)
+
+
+def test_a_plain_token_classifier_without_iob_labels_is_refused(tmp_path, minilm_dir, capsys):
+    """Entities are read from IOB tags (O, B-TYPE, I-TYPE): a folder labelled LABEL_0... would give entities of type
+    'BEL_1'."""
+    from transformers import BertForTokenClassification
+
+    from conftest import cli_main
+
+    model = save_tiny_bert(tmp_path / "model", minilm_dir, BertForTokenClassification, num_labels=3)
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "Ana lives in Lima."}) + "\n")
+    code, _, err = cli_main(
+        capsys, "predict", model, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")
+    )
+    assert code == 2 and "labels are not IOB tags (O, B-TYPE, I-TYPE): LABEL_0, LABEL_1, LABEL_2" in err

@@ -78,7 +78,8 @@ class PredictOptions(BaseModel):
 
 def _task_class_of(model_dir: str | Path):
     """The Task class that exported `model_dir` (its tuneforge.json); for a folder tuneforge did not write, the task
-    that claims its layout (a sentence-transformers folder: embeddings); else None (a plain HF folder)."""
+    that claims its layout (a sentence-transformers folder: embeddings; a token-classification, question-answering
+    or multiple-choice head: ner, qa, multiple-choice); else None (a plain HF folder)."""
     from tuneforge.tasks import TASKS, task_class
 
     task = str(read_model_info(str(model_dir)).get("task") or "")
@@ -92,7 +93,7 @@ def _task_class_of(model_dir: str | Path):
 
 
 def load_predictor(model_dir: str | Path, **kwargs):
-    """The predictor of the task that exported `model_dir`; a plain HF folder: a classifier's."""
+    """The predictor of the task that exported `model_dir` (or claims its layout); a plain HF folder: a classifier's."""
     cls = _task_class_of(model_dir)
     return cls.make_predictor(str(model_dir), **kwargs) if cls else Predictor(model_dir, **kwargs)
 

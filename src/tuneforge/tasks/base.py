@@ -53,6 +53,19 @@ class PredictorFolder:
     config: Any
 
 
+def architecture_ends(model_dir: str, suffix: str) -> bool:
+    """Whether `model_dir`'s config.json names an architecture ending in `suffix` (ForTokenClassification, ...): a
+    task's `claims_folder` of a plain HF folder (a hub model), read without loading transformers' config."""
+    import json
+    from pathlib import Path
+
+    try:
+        archs = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(archs, list) and any(str(a).endswith(suffix) for a in archs)
+
+
 def open_predictor_folder(model_dir, max_length: int | None) -> PredictorFolder:
     """A predictor's first step: --max-length checked (1 or more), the folder checked (one line where it is not a
     model folder), its tuneforge.json and HF config read."""

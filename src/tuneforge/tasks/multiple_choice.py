@@ -27,6 +27,7 @@ from tuneforge.tasks.base import (
     MetricStream,
     ServingPrecision,
     Task,
+    architecture_ends,
     empty_check,
     open_predictor_folder,
     predict_max_length,
@@ -236,6 +237,10 @@ class MultipleChoiceTask(Task):
 
     def metric_stream(self):
         return ChoiceStream(self)
+
+    @staticmethod
+    def claims_folder(model_dir: str) -> bool:
+        return architecture_ends(model_dir, "ForMultipleChoice")  # a hub model's folder: run as its head says
 
     @staticmethod
     def make_predictor(model_dir: str, **kwargs):

@@ -36,6 +36,7 @@ from tuneforge.tasks.base import (
     MetricStream,
     ServingPrecision,
     Task,
+    architecture_ends,
     empty_check,
     open_predictor_folder,
     predict_max_length,
@@ -352,6 +353,10 @@ class TokenClassificationTask(Task):
         return {**super().export_info(), "tag_scheme": "IOB2"}
 
     @staticmethod
+    def claims_folder(model_dir: str) -> bool:
+        return architecture_ends(model_dir, "ForTokenClassification")  # a hub model's folder: run as its head says
+
+    @staticmethod
     def make_predictor(model_dir: str, **kwargs):
         return EntityPredictor(model_dir, **kwargs)
 
@@ -379,6 +384,11 @@ class EntityPredictor:
         self.model.to(self.device)
         self.precision = ServingPrecision(self.model, self.device)
         self.labels = [self.model.config.id2label[i] for i in sorted(self.model.config.id2label)]
+        if not all(t == "O" or (len(t) > 2 and t[:2] in ("B-", "I-")) for t in self.labels):  # a hub model's head
+            raise ConfigError(
+                f"model {model_dir!r}: its labels are not IOB tags (O, B-TYPE, I-TYPE): {', '.join(self.labels)}; "
+                "NER predict reads entities from such tags"
+            )
 
     @torch.inference_mode()
     def predict(self, texts: list[str], batch_size: int = 32) -> list[dict]:

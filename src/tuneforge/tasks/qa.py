@@ -42,6 +42,7 @@ from tuneforge.tasks.base import (
     MetricStream,
     ServingPrecision,
     Task,
+    architecture_ends,
     empty_check,
     open_predictor_folder,
     predict_max_length,
@@ -493,6 +494,10 @@ class QuestionAnsweringTask(Task):
             "version_2": self.version_2,
             "text_columns": ["question", "context"],  # `tuneforge predict` reads these columns unless told others
         }
+
+    @staticmethod
+    def claims_folder(model_dir: str) -> bool:
+        return architecture_ends(model_dir, "ForQuestionAnswering")  # a hub model's folder: run as its head says
 
     @staticmethod
     def make_predictor(model_dir: str, **kwargs):
