@@ -289,3 +289,20 @@ def test_a_plain_token_classifier_without_iob_labels_is_refused(tmp_path, minilm
         capsys, "predict", model, "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")
     )
     assert code == 2 and "labels are not IOB tags (O, B-TYPE, I-TYPE): LABEL_0, LABEL_1, LABEL_2" in err
+
+
+def test_predict_of_a_model_that_generates_names_the_commands_that_run_it(tmp_path, tiny_t5, capsys):
+    """A seq2seq model given to predict: the refusal said '`tuneforge predict` and `serve` take classifiers, ...', but
+    serve runs it (its OpenAI routes), and predict takes sentence encoders and scorers too."""
+    import shutil
+
+    from conftest import cli_main
+
+    model = shutil.copytree(tiny_t5, tmp_path / "model")
+    (model / "tuneforge.json").write_text(json.dumps({"task": "seq2seq", "generates": True, "family": "seq2seq"}))
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "A dog runs."}) + "\n")
+    code, _, err = cli_main(
+        capsys, "predict", str(model), "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")
+    )
+    assert code == 2 and "and `serve` take" not in err
+    assert "use `tuneforge generate` for it, or `tuneforge serve` (its OpenAI routes)" in err

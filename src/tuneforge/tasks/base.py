@@ -487,8 +487,9 @@ class Task:
         `predict(inputs, batch_size)`, `accepts` (the request kinds serve takes: texts, pairs, inputs), `task`,
         `labels` and `regression`."""
         raise ConfigError(
-            f"model {model_dir!r} generates text: `tuneforge predict` and `serve` take classifiers, taggers, qa and "
-            "multiple-choice models; use `tuneforge generate` for it"
+            f"model {model_dir!r} generates text: `tuneforge predict` takes classifiers, scorers, taggers, qa, "
+            "multiple-choice models and sentence encoders; use `tuneforge generate` for it, or `tuneforge serve` (its "
+            "OpenAI routes)"
         )
 
     # --- saving -------------------------------------------------------------------------
