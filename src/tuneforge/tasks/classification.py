@@ -466,7 +466,10 @@ class ClassificationPredictor:
             )
         self.max_length = predict_max_length(max_length, self.info.get("max_length"), 512, config)
         self.tokenizer = load_tokenizer(model_dir)
+        set_pad_token(self.tokenizer, model_dir)  # a hub causal LM's classifier: batches pad with eos, as it trains
         self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
+        if self.model.config.pad_token_id is None:  # its head scores the last token before the padding
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.device = inference_device(device)
         self.model.to(self.device)
         self.precision = ServingPrecision(self.model, self.device)

@@ -312,10 +312,7 @@ class RewardPredictor(ClassificationPredictor):
 
     def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
         check_scorer(str(model_dir))
-        super().__init__(model_dir, device=device, max_length=max_length)
-        set_pad_token(self.tokenizer, str(model_dir))
-        if self.model.config.pad_token_id is None:
-            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        super().__init__(model_dir, device=device, max_length=max_length)  # (its pad token set as a classifier's)
 
     @torch.inference_mode()
     def score_ids(self, rows: list[list[int]], batch_size: int = 64) -> list[float]:
