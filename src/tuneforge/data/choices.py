@@ -42,41 +42,7 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
         rows = {"context": df[1].tolist(), "prefix": [""] * len(df), "choices": df[[2, 3, 4, 5]].values.tolist()}
         labels = df[6].tolist()
     else:
-        df = read_table(p)
-        cols = list(map(str, df.columns))
-        endings = sorted((int(m.group(1)), c) for c in cols if (m := ENDING.match(c)))
-        if {"sent1", "ending0"} <= set(cols):  # SWAG: sent1, sent2, ending0..ending3, label
-            prefix = ["" if _null(v) else v for v in df["sent2"]] if "sent2" in cols else [""] * len(df)
-            choices = [
-                [str(e) for e in r if not _null(e) and str(e).strip()]
-                for r in df[[c for _, c in endings]].values.tolist()
-            ]
-            rows = {"context": df["sent1"].tolist(), "prefix": prefix, "choices": choices}
-        elif {"question", "choices"} <= set(cols):
-            df["choices"] = [c.tolist() if isinstance(c, np.ndarray) else c for c in df["choices"]]  # parquet's lists
-            bad = next((i for i, c in enumerate(df["choices"], 1) if not isinstance(c, list)), None)
-            if bad:
-                raise DataError(
-                    f"file {str(p)!r}, row {bad}: 'choices' must be a list of texts (jsonl/json/parquet), got "
-                    f"{type(df['choices'][bad - 1]).__name__}"
-                )
-            rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
-        else:
-            codah = (
-                "for CODAH's TSV pass --data-format codah"
-                if need_labels
-                else "predict takes no --data-format: give CODAH's rows as such"
-            )
-            raise DataError(
-                f"file {str(p)!r} has columns {', '.join(cols)}; multiple choice reads SWAG columns (sent1, sent2, "
-                f"ending0, ending1, ..., label) or question, choices (a list) and label; {codah}"
-            )
-        if "label" in cols:
-            labels = df["label"].tolist()
-        elif need_labels:
-            raise DataError(f"file {str(p)!r} has no 'label' column (the index of the right choice); add it")
-        else:
-            labels = [-1] * len(df)
+        rows, labels = _read_named_columns(p, need_labels)
     check_choice_texts(rows["context"], rows["choices"], str(p))
     rows["choices"] = [[str(c) for c in cs] for cs in rows["choices"]]
     rows["context"] = [str(c) for c in rows["context"]]
@@ -89,6 +55,48 @@ def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool 
     if need_labels:  # to predict, rows may differ
         check_choice_counts(rows["choices"], lambda r: f"{p}, row {r}")
     return datasets.Dataset.from_dict(rows)
+
+
+def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
+    """(rows, labels) of a file with a header: SWAG's columns or question + choices; -1 labels where the file has
+    none and `need_labels` is False."""
+    from tuneforge.data.sources import read_table
+
+    df = read_table(p)
+    cols = list(map(str, df.columns))
+    endings = sorted((int(m.group(1)), c) for c in cols if (m := ENDING.match(c)))
+    if {"sent1", "ending0"} <= set(cols):  # SWAG: sent1, sent2, ending0..ending3, label
+        prefix = ["" if _null(v) else v for v in df["sent2"]] if "sent2" in cols else [""] * len(df)
+        choices = [
+            [str(e) for e in r if not _null(e) and str(e).strip()] for r in df[[c for _, c in endings]].values.tolist()
+        ]
+        rows = {"context": df["sent1"].tolist(), "prefix": prefix, "choices": choices}
+    elif {"question", "choices"} <= set(cols):
+        df["choices"] = [c.tolist() if isinstance(c, np.ndarray) else c for c in df["choices"]]  # parquet's lists
+        bad = next((i for i, c in enumerate(df["choices"], 1) if not isinstance(c, list)), None)
+        if bad:
+            raise DataError(
+                f"file {str(p)!r}, row {bad}: 'choices' must be a list of texts (jsonl/json/parquet), got "
+                f"{type(df['choices'][bad - 1]).__name__}"
+            )
+        rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
+    else:
+        codah = (
+            "for CODAH's TSV pass --data-format codah"
+            if need_labels
+            else "predict takes no --data-format: give CODAH's rows as such"
+        )
+        raise DataError(
+            f"file {str(p)!r} has columns {', '.join(cols)}; multiple choice reads SWAG columns (sent1, sent2, "
+            f"ending0, ending1, ..., label) or question, choices (a list) and label; {codah}"
+        )
+    if "label" in cols:
+        labels = df["label"].tolist()
+    elif need_labels:
+        raise DataError(f"file {str(p)!r} has no 'label' column (the index of the right choice); add it")
+    else:
+        labels = [-1] * len(df)
+    return rows, labels
 
 
 def _null(value) -> bool:
