@@ -379,12 +379,8 @@ def test_a_row_without_a_label(tiny_bert, choice_dir, tmp_path, capsys):
         ({"label": "0"}, {"label": "second"}, "row 2: label 'second' is not a choice index (0 to 1)"),
         ({}, {"label": None}, "row 2: no label; give the index of the right choice (0 to 1)"),
         ({"label": 0.0}, {"label": 1.0}, None),  # a whole float, as pandas reads a column with a gap: its index
-        ({}, {"question": None}, "row 2: the question must be a text and choices a list of texts"),
-        (
-            {"choices": "cd"},
-            {"choices": "ab"},
-            "row 1: the question must be a text and choices a list of texts (got str",
-        ),
+        ({}, {"question": None}, "row 2: the question is empty (null); fill or drop that row"),
+        ({"choices": "cd"}, {"choices": "ab"}, "row 1: choices must be a list of texts (got str)"),
     ],
 )
 def test_datasets_given_to_fit_are_checked_as_files_are(tiny_bert, first, second, says):

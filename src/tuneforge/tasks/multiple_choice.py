@@ -19,7 +19,13 @@ from pydantic import Field
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL
-from tuneforge.data.choices import check_choice_counts, choice_label, find_split_files, read_choices
+from tuneforge.data.choices import (
+    check_choice_counts,
+    check_choice_texts,
+    choice_label,
+    find_split_files,
+    read_choices,
+)
 from tuneforge.data.sources import check_file
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
@@ -46,22 +52,14 @@ def choice_pairs(context: str, prefix: str, choices: list[str]) -> tuple[list[st
 
 
 def given_choice_rows(ds, where: str) -> tuple[list[str], list[list[str]]]:
-    """The questions and choices of a dataset given to fit / validate: a question is a text, choices a list of texts
-    (numbers taken as their text); DataError naming the row otherwise (str() made a null question 'None' and a text
-    given for the list its characters)."""
-    questions, choices = [], []
-    for row, (question, given) in enumerate(zip(ds["question"], ds["choices"]), 1):
-        texts = isinstance(given, list) and all(
-            isinstance(c, (str, int, float)) and not isinstance(c, bool) for c in given
-        )
-        if not isinstance(question, str) or not texts:
-            raise DataError(
-                f"{where}, row {row}: the question must be a text and choices a list of texts (got "
-                f"{type(question).__name__} and {type(given).__name__})"
-            )
-        questions.append(question)
-        choices.append([str(c) for c in given])
-    return questions, choices
+    """The questions and choices of a dataset given to fit / validate, checked as a file's are (a text each, numbers
+    taken as their text); DataError naming the row otherwise (a text given for the list of choices: its characters)."""
+    questions, choices = ds["question"], ds["choices"]
+    for row, given in enumerate(choices, 1):
+        if not isinstance(given, list):
+            raise DataError(f"{where}, row {row}: choices must be a list of texts (got {type(given).__name__})")
+    check_choice_texts(questions, choices, where)
+    return [str(q) for q in questions], [[str(c) for c in given] for given in choices]
 
 
 class ChoiceStream(MetricStream):
