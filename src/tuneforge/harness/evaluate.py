@@ -26,6 +26,7 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
     FAMILY_CAUSAL,
     check_model_path,
+    context_length,
     from_pretrained,
     generation_family,
     inference_device,
@@ -39,7 +40,6 @@ from tuneforge.harness.tasks import build_tasks, task_manager, task_specs
 from tuneforge.paths import check_output_dir
 
 HARNESS_MAX_GEN_TOKENS = 256  # HFLM.max_gen_toks: a generation task's length unless the run says
-CONTEXT_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx")  # HFLM's, in its order
 RESULTS_FILE = "results.json"
 TABLE_FILE = "results.md"
 HARNESS_FILES = (RESULTS_FILE, TABLE_FILE)
@@ -130,12 +130,12 @@ def check_generation_room(
 
 
 def model_context(model_config) -> int | None:
-    """The context the harness gives a model of `model_config` where its config says it (HFLM's rule: these
-    attributes, of the text model's config where it has one), else None (the harness asks the tokenizer)."""
+    """The context the harness gives a model of `model_config` where its config says it (of the text model's config
+    where it has one; the attributes HFLM reads, as artifacts.context_length reads them), else None (the harness
+    asks the tokenizer)."""
     if model_config is None:
         return None
-    config = getattr(model_config, "text_config", None) or model_config
-    return next((int(v) for name in CONTEXT_ATTRS if (v := getattr(config, name, None)) is not None), None)
+    return context_length(getattr(model_config, "text_config", None) or model_config)
 
 
 @contextlib.contextmanager
