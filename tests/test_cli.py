@@ -121,3 +121,26 @@ def test_eval_takes_the_settings_a_folder_was_trained_with(tmp_path, capsys, inf
     assert _trained_settings(str(tmp_path), given) == {}
     out = capsys.readouterr().out
     assert ("'translate: '" in out) == (info["task"] == "seq2seq")
+
+
+@pytest.mark.parametrize(
+    "argv, positionals",
+    [
+        (["train", "run.yaml", "--max-steps", "2", "epochs=3"], ["run.yaml", "epochs=3"]),
+        (["train", "--lr", "1", "a.yaml", "--seed", "1", "lora_r=4", "epochs=3"], ["a.yaml", "lora_r=4", "epochs=3"]),
+        (["prepare", "run.yaml", "--num-workers", "2", "task=clm"], ["run.yaml", "task=clm"]),
+        (["sweep", "run.yaml", "--space", "s.yaml", "backend=ddp", "seed=1"], ["run.yaml", "backend=ddp", "seed=1"]),
+    ],
+)
+def test_overrides_may_follow_flags(argv, positionals):
+    """`tuneforge train CONFIG --max-steps 2 epochs=3`: a key=value after a flag is an override as before one (it
+    was refused as an unrecognized argument); the overrides keep their order."""
+    from tuneforge.cli import build_parser
+
+    assert list(build_parser(argv[0]).parse_command(argv).config) == positionals
+
+
+def test_an_unknown_flag_among_overrides_is_still_refused(capfd, tmp_path):
+    from test_bad_input import assert_refused, in_process
+
+    assert_refused(in_process(capfd, "train", "run.yaml", "--bogus", "epochs=3"), tmp_path, "unrecognized arguments")

@@ -383,9 +383,20 @@ class OneLineParser(argparse.ArgumentParser):
         """`parse_args`, a command's unknown flags refused by that command's parser (argparse's top level refuses
         them as its own: "tuneforge: unrecognized arguments", pointing at the wrong --help)."""
         ns, extra = self.parse_known_args(argv)
-        if extra:
-            self.commands.get(ns.command, self).error(f"unrecognized arguments: {' '.join(extra)}")
+        command = self.commands.get(ns.command, self)
+        listed = _listed_positional(command)
+        if extra and listed and not any(item.startswith("-") for item in extra):
+            # `train CONFIG --max-steps 2 epochs=3`: argparse fills a list positional only before the first flag
+            setattr(ns, listed, [*getattr(ns, listed), *extra])
+        elif extra:
+            command.error(f"unrecognized arguments: {' '.join(extra)}")
         return ns
+
+
+def _listed_positional(parser: argparse.ArgumentParser) -> str | None:
+    """The dest of `parser`'s positional that takes any number of words (a config and its overrides), if any."""
+    found = [a.dest for a in parser._actions if not a.option_strings and a.nargs == argparse.ZERO_OR_MORE]
+    return found[0] if found else None
 
 
 def build_parser(command: str | None = None) -> OneLineParser:
