@@ -122,6 +122,20 @@ def test_yaml_file_problems(tmp_path):
         apply_overrides({}, ["optim.lr"])
 
 
+def test_a_section_left_empty_is_one_to_fill(tmp_path):
+    """A section whose keys are all commented out is null in YAML, and a run's saved config.yaml holds
+    `harness_after_train: null`: an override or a flag into it fills it (an override was 'not a section' where the
+    flag worked), and alone it is the section's defaults (it was 'not a valid dictionary')."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("task: clm\noptim:\n#  lr: 1.0e-4\ndata:\ntask_options:\nbackend_options:\nharness_after_train:\n")
+    assert config_from_sources(str(cfg), [], {}) == build_config({"task": "clm"})
+    assert config_from_sources(str(cfg), ["optim.lr=3e-5"], {}).optim.lr == 3e-5
+    assert config_from_sources(str(cfg), [], {"optim.lr": 3e-5}).optim.lr == 3e-5
+    assert config_from_sources(str(cfg), ["task_options.block_size=32"], {}).task_options.block_size == 32
+    harness = ["harness_after_train.tasks=piqa", "harness_after_train.limit=2"]
+    assert config_from_sources(str(cfg), harness, {}).harness_after_train.limit == 2
+
+
 def test_cli_train_with_yaml_and_override(tmp_path, tiny_bert, cache_dir):
     """`tuneforge train config.yaml optim.lr=3e-5`: the run's resolved config shows both layers."""
     train = write_sentiment_csv(tmp_path / "train.csv", 24, seed=1)

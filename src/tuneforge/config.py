@@ -455,6 +455,8 @@ class TrainConfig(Options):
             return values
         out, pending = {}, dict(values.get("pending_options") or {})
         for key, value in values.items():
+            if value is None and key in ("optim", "data", "task_options", "backend_options"):
+                continue  # a YAML section whose keys are all commented out: its defaults
             if key == "data" and isinstance(value, dict):
                 out[key] = {k: v for k, v in value.items() if k in DataConfig.model_fields}
                 pending.update({f"data.{k}": v for k, v in value.items() if k not in DataConfig.model_fields})
@@ -616,7 +618,9 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
         parts = key.strip().split(".")
         node = out
         for p in parts[:-1]:
-            node = node.setdefault(p, {})
+            if node.get(p) is None:  # unset, or a section left empty (null) in the YAML, as a flag fills it
+                node[p] = {}
+            node = node[p]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key!r}: '{p}' is not a section")
         node[parts[-1]] = _parse_scalar(raw)
