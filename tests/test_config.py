@@ -108,6 +108,31 @@ def test_unknown_keys_and_bad_values_name_the_key_and_what_is_allowed(values, ne
     assert_one_line_config_error(values, needles)
 
 
+@pytest.mark.parametrize(
+    "override, meant",
+    [
+        ("lr=1e-5", "optim.lr"),  # the flag is --lr: the key sits in the optim section
+        ("max_length=64", "data.max_length"),
+        ("data.lr=1e-5", "optim.lr"),
+        ("optim.epochs=3", "epochs"),
+        ("epoch=3", "epochs"),
+        ("max-steps=2", "max_steps"),
+        ("optim.warmup_ration=0.1", "optim.warmup_ratio"),
+        ("data.max_lenght=64", "data.max_length"),
+        ("task=qa", None),
+    ],
+)
+def test_an_unknown_key_names_the_one_meant(override, meant):
+    """An unknown key says which key was meant: the section that has it, or the close spelling (it only listed the
+    keys of the section it was given in, where `lr` and `max_length` are not)."""
+    if meant is None:
+        config_from_sources(None, [override], {})
+        return
+    with pytest.raises(ConfigError) as err:
+        config_from_sources(None, [override], {})
+    assert f"did you mean {meant}?" in str(err.value), str(err.value)
+
+
 def test_yaml_file_problems(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")

@@ -16,6 +16,7 @@ help; fields marked `EVAL` are also `tuneforge eval`'s, fields marked `INPUT` na
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -568,6 +569,21 @@ def field_at(loc: str, options: Mapping[str, type[BaseModel]] | None = None):
     return model.model_fields.get(name) if model else None
 
 
+def meant_key(loc: str, allowed: list[str]) -> str:
+    """'; did you mean optim.lr?' for an unknown dotted key: the section that has its name (`lr` given flat, as
+    its flag --lr reads), else the close spelling among `allowed`, its own section's keys; '' where none is."""
+    section, _, name = loc.rpartition(".")
+    name = name.replace("-", "_")  # a flag's spelling
+    homes = [
+        f"{part}.{name}" if part else name
+        for part, model in SECTIONS.items()
+        if part != section and name in model.model_fields and name != "pending_options"
+    ]
+    close = difflib.get_close_matches(name, [n for n in allowed if n != "pending_options"], n=1)
+    meant = homes or [f"{section}.{n}" if section else n for n in close]
+    return f"; did you mean {meant[0]}?" if meant else ""
+
+
 def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | None = None, prefix: str = "") -> str:
     """A ValidationError as one line naming each key, what was wrong and the allowed range. `prefix`: the
     section the validated model sits in (`task_options.`)."""
@@ -577,8 +593,8 @@ def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | 
         if e["type"] == "extra_forbidden":
             parent, _, _ = loc.rpartition(".")
             model = {**SECTIONS, **(options or {})}.get(parent)
-            allowed = ", ".join(sorted(model.model_fields)) if model else ""
-            lines.append(f"unknown config key '{loc}'; allowed: {allowed}")
+            names = sorted(model.model_fields) if model else []
+            lines.append(f"unknown config key '{loc}'{meant_key(loc, names)}; allowed: {', '.join(names)}")
         elif not e["loc"] and e["type"] == "value_error":  # a whole model's check (its message names the flags)
             lines.append(e["msg"].removeprefix("Value error, "))
         else:

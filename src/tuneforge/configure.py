@@ -23,6 +23,7 @@ from tuneforge.config import (
     TrainConfig,
     format_error,
     load_yaml,
+    meant_key,
     merge_sources,
     validate_config,
 )
@@ -143,12 +144,14 @@ def _default_of(kind: str, owner: str, name: str) -> Any:
 def _unknown_key(key: str, section: str, models: dict, owners: dict) -> str:
     if section in SECTIONS:
         kind, name = owners[section]
-        allowed = ", ".join(sorted(models[section].model_fields)) or "none"
-        return f"unknown config key '{key}'; {kind} {name!r} has options: {allowed}"
+        allowed = sorted(models[section].model_fields)
+        hint = meant_key(key, allowed)
+        return f"unknown config key '{key}'{hint}; {kind} {name!r} has options: {', '.join(allowed) or 'none'}"
     if section == "data":
-        return f"unknown config key '{key}'; allowed: {', '.join(sorted(DataConfig.model_fields))}"
-    every = {*TrainConfig.model_fields, *option_owners(), *task_option_owners()} - {"pending_options"}
-    return f"unknown config key '{key}'; allowed: {', '.join(sorted(every))}"
+        allowed = sorted(DataConfig.model_fields)
+        return f"unknown config key '{key}'{meant_key(key, allowed)}; allowed: {', '.join(allowed)}"
+    every = sorted({*TrainConfig.model_fields, *option_owners(), *task_option_owners()} - {"pending_options"})
+    return f"unknown config key '{key}'{meant_key(key, every)}; allowed: {', '.join(every)}"
 
 
 # ---- the task's defaults, and what the chosen backend can do ---------------------------------------------
