@@ -147,6 +147,14 @@ def test_yaml_file_problems(tmp_path):
         apply_overrides({}, ["optim.lr"])
 
 
+@pytest.mark.parametrize("override", ["optim.lr.=3e-5", "optim..lr=3e-5", ".lr=3e-5", "=3e-5", "optim.=3e-5"])
+def test_an_override_key_with_an_empty_part_is_named_as_such(override):
+    """A trailing or doubled dot is a typo in the key: said so (`optim.lr.=3e-5` was a bad value for optim.lr,
+    'a valid number' though the value was one)."""
+    with pytest.raises(ConfigError, match="has an empty part"):
+        config_from_sources(None, [override], {})
+
+
 def test_a_section_left_empty_is_one_to_fill(tmp_path):
     """A section whose keys are all commented out is null in YAML, and a run's saved config.yaml holds
     `harness_after_train: null`: an override or a flag into it fills it (an override was 'not a section' where the

@@ -632,6 +632,8 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
             raise ConfigError(f"override {item!r} is not key=value (e.g. optim.lr=3e-5)")
         key, raw = item.split("=", 1)
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: the key {key.strip()!r} has an empty part (e.g. optim.lr=3e-5)")
         node = out
         for p in parts[:-1]:
             if node.get(p) is None:  # unset, or a section left empty (null) in the YAML, as a flag fills it
