@@ -2,6 +2,7 @@
 unknown keys and bad values are rejected before any work, naming the key and what is allowed."""
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,18 @@ def test_an_unknown_key_names_the_one_meant(override, meant):
     with pytest.raises(ConfigError) as err:
         config_from_sources(None, [override], {})
     assert f"did you mean {meant}?" in str(err.value), str(err.value)
+
+
+def test_a_bad_value_is_shown_cut_short(tmp_path):
+    """A data file given as the config (SQuAD's JSON: `data` a list of articles) is refused with the start of the
+    value, not all of it: the whole 4.8 MB file was the error line."""
+    articles = [{"title": f"article {i}", "paragraphs": [{"context": "word " * 500}]} for i in range(20)]
+    squad = tmp_path / "dev.json"
+    squad.write_text(json.dumps({"version": "1.1", "data": articles}))
+    with pytest.raises(ConfigError) as err:
+        config_from_sources(str(squad), [], {})
+    line = str(err.value)
+    assert "bad value for 'data'" in line and "(got [{'title': 'article 0'" in line and len(line) < 1000, line
 
 
 def test_yaml_file_problems(tmp_path):

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_va
 from pydantic_core import PydanticCustomError
 
 from tuneforge.errors import ConfigError
-from tuneforge.flags import allowed_range
+from tuneforge.flags import allowed_range, shown_value
 from tuneforge.harness.options import HarnessSettings
 from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list
 from tuneforge.tracking import check_log_model, check_report_to, tracker_names, trackers_that, uri_variables
@@ -601,7 +601,7 @@ def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | 
             msg = e["msg"].removeprefix("Value error, ")
             got = e.get("input")
             where = f"'{loc}'" if loc else "config"
-            shown = "" if isinstance(got, dict) or e["type"] == "source" else f" (got {got!r})"
+            shown = "" if isinstance(got, dict) or e["type"] == "source" else f" (got {shown_value(got)})"
             field = field_at(loc, options) if loc else None
             allowed = allowed_range(field) if field is not None else None
             lines.append(f"bad value for {where}: {msg}{shown}" + (f"; allowed: {allowed}" if allowed else ""))

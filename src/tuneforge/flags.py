@@ -133,6 +133,12 @@ def _wording(field, value: Any) -> str | None:
     return wording.get("low" if below else "high")
 
 
+def shown_value(value: Any, limit: int = 120) -> str:
+    """`value`'s repr for a refusal, cut to `limit` characters (a data file given as a config holds megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() and abs(value) < 1e16 else f"{value:g}"
 
@@ -184,7 +190,7 @@ def refusal_line(model: type[BaseModel], error: Mapping[str, Any]) -> str:
     if wording:
         return wording.format(flag=flag, value=value, **field_bounds(field))
     allowed = allowed_range(field)
-    return f"bad value for {flag}: {message} (got {value!r})" + (f"; allowed: {allowed}" if allowed else "")
+    return f"bad value for {flag}: {message} (got {shown_value(value)})" + (f"; allowed: {allowed}" if allowed else "")
 
 
 def parse_options(model: type[BaseModel], values: argparse.Namespace | Mapping[str, Any]):
