@@ -149,6 +149,8 @@ def test_a_bad_value_is_shown_cut_short(tmp_path):
 def test_yaml_file_problems(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="is a folder, not a YAML file"):  # it said "does not exist"
+        load_yaml(tmp_path)
     bad = tmp_path / "bad.yaml"
     bad.write_text("task: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):

@@ -647,6 +647,11 @@ def apply_overrides(values: dict[str, Any], overrides: list[str]) -> dict[str, A
 
 def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():  # `tuneforge train MODEL_DIR`, as eval takes one
+        raise ConfigError(
+            f"config file {str(p)!r} is a folder, not a YAML file (a model folder goes to --model, a data folder to "
+            "--data-dir)"
+        )
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist; pass a YAML file such as configs/glue-mrpc.yaml")
     data = read_yaml(p, "config file") or {}
