@@ -146,6 +146,15 @@ def test_a_bad_value_is_shown_cut_short(tmp_path):
     assert "bad value for 'data'" in line and "(got [{'title': 'article 0'" in line and len(line) < 1000, line
 
 
+def test_a_list_key_takes_one_item_as_its_flag_does():
+    """`data.text_columns=review` and `reward=accuracy` (or `text_columns: review` in YAML) are what the flags
+    `--text-column review` and `--reward accuracy` give; they were refused as 'not a valid list'."""
+    assert config_from_sources(None, ["data.text_columns=review"], {}).data.text_columns == ["review"]
+    assert config_from_sources(None, [], {"data.text_columns": ["review"]}).data.text_columns == ["review"]
+    grpo = config_from_sources(None, ["task=grpo", "reward=accuracy"], {})
+    assert grpo.task_options.reward == ["accuracy"]
+
+
 def test_yaml_file_problems(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")

@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 from tuneforge.errors import ConfigError
 from tuneforge.flags import allowed_range, shown_value
 from tuneforge.harness.options import HarnessSettings
-from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list
+from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list, one_or_list
 from tuneforge.tracking import check_log_model, check_report_to, tracker_names, trackers_that, uri_variables
 from tuneforge.yaml_files import read_yaml
 
@@ -161,6 +161,11 @@ class DataConfig(Options):
         description="resume although a training file changed since the checkpoint (the rest of the run then "
         "follows the changed data, not the order the interrupted run would have had)",
     )
+
+    @field_validator("text_columns", mode="before")
+    @classmethod
+    def _one_column(cls, value: Any) -> Any:
+        return one_or_list(value)
 
     @field_validator("sources", mode="before")
     @classmethod

@@ -46,3 +46,10 @@ def comma_list(value):
     for item in items:
         out += [part.strip() for part in item.split(",") if part.strip()] if isinstance(item, str) else [item]
     return out
+
+
+def one_or_list(value):
+    """A list option given one item bare (`text_columns=review`, YAML `reward: accuracy`) as the list its repeatable
+    flag makes of it; not split at commas, which a column name or a file path may hold. For a `mode="before"`
+    field validator."""
+    return [value] if isinstance(value, str) else value
