@@ -155,6 +155,15 @@ def test_a_list_key_takes_one_item_as_its_flag_does():
     assert grpo.task_options.reward == ["accuracy"]
 
 
+def test_a_text_key_given_a_number_takes_it_as_text(tmp_path):
+    """`run_name=2024` (YAML reads a number) names the runs 2024, as `--run-name 2024` does; it was 'not a valid
+    string'. The saved config.yaml quotes it, and reads back the same."""
+    config = config_from_sources(None, ["run_name=2024", "output_dir=2024", "data.label_column=3"], {})
+    assert (config.run_name, config.output_dir, config.data.label_column) == ("2024", "2024", "3")
+    config.save(tmp_path / "config.yaml")
+    assert config_from_sources(str(tmp_path / "config.yaml"), [], {}) == config
+
+
 def test_yaml_file_problems(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")

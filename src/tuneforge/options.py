@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Options(BaseModel):
-    """Settings validated once at the edge: unknown keys, inf and nan refused."""
+    """Settings validated once at the edge: unknown keys, inf and nan refused; a number where text is wanted is
+    that text (`run_name=2024`: YAML, and so an override, reads 2024 as a number; the flag gives text)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, coerce_numbers_to_str=True)
 
 
 class TaskOptions(Options):
