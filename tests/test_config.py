@@ -143,7 +143,7 @@ def test_a_bad_value_is_shown_cut_short(tmp_path):
     with pytest.raises(ConfigError) as err:
         config_from_sources(str(squad), [], {})
     line = str(err.value)
-    assert "bad value for 'data'" in line and "(got [{'title': 'article 0'" in line and len(line) < 1000, line
+    assert "bad value for 'data'" in line and "(got [{'" in line and len(line) < 1000, line
 
 
 def test_a_list_key_takes_one_item_as_its_flag_does():

@@ -163,3 +163,23 @@ def test_the_range_text_is_the_configs():
 def test_an_unknown_key_names_the_allowed_ones():
     with pytest.raises(ConfigError, match="^unknown option 'top_q'; allowed: max_new_tokens, do_sample"):
         parse_options(Sampling, {"top_q": 0.5})
+
+
+def test_a_refused_value_is_shown_from_its_first_items_only():
+    """YAML aliases build a list of 10**9 texts from 9 lines of a config (shared, not copied): the refusal shows its
+    first items without writing out the whole (it was repr'd whole, then cut: the run never got to its error)."""
+    from tuneforge.flags import shown_value
+
+    class Counted:
+        calls = 0
+
+        def __repr__(self) -> str:
+            Counted.calls += 1
+            return "'x'"
+
+    value: list = [Counted()] * 10
+    for _ in range(5):  # 10**6 leaves, each the same object
+        value = [value] * 10
+    shown = shown_value(value)
+    assert shown.startswith("[[[[[") and len(shown) <= 120
+    assert Counted.calls < 1000

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -134,8 +135,12 @@ def _wording(field, value: Any) -> str | None:
 
 
 def shown_value(value: Any, limit: int = 120) -> str:
-    """`value`'s repr for a refusal, cut to `limit` characters (a data file given as a config holds megabytes)."""
-    text = repr(value)
+    """`value`'s repr for a refusal, cut to `limit` characters: a data file given as a config holds megabytes, and
+    YAML aliases make a list of 10**9 items from a few lines, so only its first items and levels are written."""
+    short = reprlib.Repr()
+    short.maxlevel, short.maxlist, short.maxtuple, short.maxdict, short.maxset = 4, 6, 6, 6, 6
+    short.maxstring = short.maxother = limit
+    text = short.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
