@@ -202,6 +202,15 @@ def test_a_section_left_empty_is_one_to_fill(tmp_path):
     assert config_from_sources(str(cfg), harness, {}).harness_after_train.limit == 2
 
 
+@pytest.mark.parametrize("flags", [{"optim.lr": 1e-4}, {}])
+def test_a_section_given_as_a_word_is_refused_with_a_flag_into_it_too(tmp_path, flags):
+    """YAML `optim: adamw` is refused; with `--lr 1e-4` it was silently replaced by the flag's section."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("optim: adamw\n")
+    with pytest.raises(ConfigError, match="optim"):
+        config_from_sources(str(cfg), [], flags)
+
+
 def test_cli_train_with_yaml_and_override(tmp_path, tiny_bert, cache_dir):
     """`tuneforge train config.yaml optim.lr=3e-5`: the run's resolved config shows both layers."""
     train = write_sentiment_csv(tmp_path / "train.csv", 24, seed=1)

@@ -681,8 +681,10 @@ def merge_sources(yaml_path: str | None, overrides: list[str], flags: dict[str, 
         values = _forget_option(values, key)
         if "." in key:
             section, name = key.split(".", 1)
-            if not isinstance(values.get(section), dict):  # unset, or null in the YAML
+            if values.get(section) is None:  # unset, or null in the YAML
                 values[section] = {}
+            if not isinstance(values[section], dict):  # `optim: adamw` in the YAML: refused, not replaced
+                raise ConfigError(f"'{section}' is a section of keys, not {shown_value(values[section])}")
             values[section][name] = value
         else:
             values[key] = value
