@@ -3,6 +3,7 @@ order) as loading the saved folder with plain transformers and taking the argmax
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -327,3 +328,24 @@ def test_a_plain_causal_lm_classifier_without_a_pad_token_is_predicted(tmp_path)
     with torch.no_grad():
         alone = [model(**tok(t, return_tensors="pt")).logits[0].softmax(-1).tolist() for t in texts]
     assert [list(p["scores"].values()) for p in preds] == [pytest.approx(a, abs=1e-5) for a in alone]
+
+
+@pytest.mark.parametrize("trained, given", [(["sentence1", "sentence2"], ["a"]), (["text"], ["a", "b"])])
+def test_text_columns_of_another_count_than_the_model_was_trained_on_are_refused(
+    tmp_path, tiny_classifier, trained, given
+):
+    """A pair classifier given one --text-column classified single texts (and a single-text one given two, pairs)
+    without a word: answers of a model fed what it never saw."""
+    import shutil
+
+    from tuneforge.errors import ConfigError
+
+    model = shutil.copytree(tiny_classifier, tmp_path / "model")
+    (model / "tuneforge.json").write_text(json.dumps({"task": "classification", "text_columns": trained}))
+    inp = tmp_path / "rows.jsonl"
+    inp.write_text("".join(json.dumps({"a": t, "b": t}) + "\n" for t in TEXTS[:4]))
+    what = "sentence pairs" if len(trained) == 2 else "single texts"
+    says = f"was trained on {what} ({', '.join(trained)}), and --text-column names {len(given)} column(s)"
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        predict_file(str(model), str(inp), str(tmp_path / "out.jsonl"), text_columns=given)
+    assert not (tmp_path / "out.jsonl").exists()

@@ -135,7 +135,15 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
             df = read_glue_texts(task[5:], p)
     if df is None:
         df = read_table(p)
-    cols = text_columns or info.get("text_columns")
+    trained = info.get("text_columns")
+    if text_columns and isinstance(trained, list) and len(trained) in (1, 2) and len(text_columns) != len(trained):
+        # a pair model fed single texts (or the reverse) answers, wrongly, without a word
+        what, flag = ("sentence pairs", "twice") if len(trained) == 2 else ("single texts", "once")
+        raise ConfigError(
+            f"model {model_dir!r} was trained on {what} ({', '.join(map(str, trained))}), and --text-column names "
+            f"{len(text_columns)} column(s); pass --text-column {flag}, or leave it out to read those columns"
+        )
+    cols = text_columns or trained
     if not cols:
         guesses = [c for c in ("text", "sentence") if c in df.columns]
         if not guesses:
