@@ -36,7 +36,7 @@ from pydantic import Field, field_validator, model_validator
 from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data import chat
 from tuneforge.errors import ConfigError, DataError, UserError
-from tuneforge.options import TaskOptions, comma_list
+from tuneforge.options import TaskOptions, comma_list, one_or_list
 from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, score
 from tuneforge.tasks import grpo_loss
 from tuneforge.tasks.base import MetricStream, StepTools
@@ -148,7 +148,7 @@ class GRPOOptions(TaskOptions):
     def _rewards(cls, value):
         """One spec (a YAML scalar) is a list of one; `accuracy,format` two built-ins (a spec with a path or a
         model folder is left whole: a comma may be in its name)."""
-        specs = [value] if isinstance(value, str) else value
+        specs = one_or_list(value)
         if not isinstance(specs, (list, tuple)):
             return value
         return [part.strip() for spec in specs for part in _names_of(spec) if part.strip()]
