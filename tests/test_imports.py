@@ -118,6 +118,7 @@ FLOORS = {
         "tuneforge.config",
         "tuneforge.files",
         "tuneforge.paths",
+        "tuneforge.run_lock",
         "tuneforge.yaml_files",
         "tuneforge.artifacts",
         "tuneforge.progress",

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tuneforge import checkpoint, export, launch
+from tuneforge import checkpoint, export, launch, run_lock
 from tuneforge.artifacts import import_model_code
 from tuneforge.backends import backend_classes, check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
@@ -149,23 +149,45 @@ class Trainer:
         cfg, restarted = self.config, launch.restart_count() > 0
         if restarted and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
             cfg = cfg.model_copy(update={"resume": "latest"})  # elastic restart: this run continues the last one
-        if not checkpoint.continues_own_run(cfg) and not launch.launched_by_us() and not restarted:
-            checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
+        given = Given(model, tokenizer, train_dataset, eval_dataset)
+        again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
+        lock = self._lock_output_dir(cfg, fresh=not checkpoint.continues_own_run(cfg) and not restarted)
+        try:
+            return self._fit_locked(cfg, given, again)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    train = fit
+
+    @staticmethod
+    def _lock_output_dir(cfg: TrainConfig, fresh: bool) -> run_lock.RunLock | None:
+        """Check the output dir (a `fresh` run: one that does not continue its own) and hold it for this run, in
+        the launching process (the workers it starts run under its lock); None in the others."""
+        if launch.launched_by_us() or launch.process_rank() != 0 or cfg.node_rank != 0:
+            return None
+        lock = run_lock.take(cfg.output_dir)
+        try:
+            if fresh:
+                checkpoint.prepare_output_dir(cfg)  # also: it can be created and written, before any heavy work
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def _fit_locked(self, cfg: TrainConfig, given: Given, again) -> dict:
+        model = given.model
         if launch.process_rank() == 0 and cfg.node_rank == 0:  # where the trackers open: packages, servers
             check_trackers(cfg)
         harness = cfg.harness_after_train if launch.prints_result() else None  # run once, where the result shows
         if harness:
             model_config = getattr(model, "config", None) if model is not None else self.task.peek_model_config()
             after_train.check_after_train(harness, cfg.output_dir, self.task.generates, model_config)
-        given = Given(model, tokenizer, train_dataset, eval_dataset)
-        again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
         result = self._on_backend(cfg, model, lambda backend: self._fit(cfg, backend, given), again)
         if harness and result:  # lm-evaluation-harness on the exported model, into OUTPUT_DIR/harness
             scores = after_train.after_training(harness, result["model_dir"], cfg.output_dir, quiet=cfg.quiet)
             result.update(harness=scores, harness_dir=str(after_train.harness_folder(cfg.output_dir)))
         return result
-
-    train = fit
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
         """Evaluate a model (the config's, or the task's default) on the validation split."""
