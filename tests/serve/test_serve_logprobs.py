@@ -98,6 +98,18 @@ def test_echo_with_no_new_tokens_gives_each_prompt_tokens_logprob(client, ref):
     assert generated == pytest.approx(float(forward_logprobs(ref, ids)[-1].max()), abs=TOL)  # greedy: the top one
 
 
+def test_a_prompt_that_fills_the_context_is_scored_with_no_new_tokens(client, ref):
+    """Its context's worth of positions, each token's log-prob (as vLLM takes prompt + max_tokens up to the
+    context); one token more, or a token to generate, is refused."""
+    context = ref.model.config.max_position_embeddings
+    ids = (ref.ids(PROMPT) * context)[:context]
+    out = client.completions.create(model=NAME, prompt=ids, max_tokens=0, echo=True, logprobs=0, temperature=0)
+    assert_token_logprobs(ref, ids, 1, out.choices[0].logprobs.token_logprobs[1:], None, 0)
+    for prompt, max_tokens in ((ids + ids[:1], 0), (ids, 1)):
+        with pytest.raises(openai.BadRequestError, match="context"):
+            client.completions.create(model=NAME, prompt=prompt, max_tokens=max_tokens, echo=True, logprobs=0)
+
+
 def greedy_ids(ref: Reference, ids: list[int], steps: int) -> list[int]:
     out = list(ids)
     for _ in range(steps):

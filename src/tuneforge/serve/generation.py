@@ -244,7 +244,7 @@ class GenerationService:
                     400, f"{field} {max_tokens} is above the model's limit of {context - 1} tokens", field
                 )
             return float("inf")
-        if longest >= context:
+        if longest > context or (longest == context and max_tokens != 0):  # max_tokens 0: an echo scores it alone
             raise oa.ApiError(
                 400, f"the prompt has {longest} tokens; the model's context is {context}: shorten it", prompt_field
             )
