@@ -217,3 +217,23 @@ def test_a_bad_newcomer_joining_running_rows_fails_alone(tiny_llama, caplog):
     assert "".join(good_texts) == greedy_reference(tiny_llama, "A man is riding", 30)
     assert "".join(late_texts) == greedy_reference(tiny_llama, "A man is riding", 8)
     assert 2 in rows_per_step  # the good newcomer joined the running row's pass
+
+
+@pytest.mark.serial  # timed
+def test_a_logit_bias_over_the_whole_vocabulary_costs_the_batch_no_loop_per_token():
+    """A request may bias every token (the body limit allows SmolLM2's 49,152 of them): its row is sampled from
+    the biased logits, and a step with it takes milliseconds, not the 0.3 s a loop over its pairs took, which held
+    up every row batched with it."""
+    from tuneforge.serve.engine import SamplingParams, Sequence, sample
+
+    vocabulary = 49_152
+    logits = torch.randn(2, vocabulary, generator=torch.Generator().manual_seed(0))
+    bias = tuple((token, 50.0 if token == 7 else -float(token % 3)) for token in range(vocabulary))
+    rows = [Sequence([1, 2], SamplingParams(max_tokens=4, temperature=0, logit_bias=bias), None)] * 2
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        tokens = sample(logits, rows)
+        seconds.append(time.perf_counter() - start)
+    assert tokens == [7, 7]
+    assert min(seconds) < 0.05, seconds

@@ -32,8 +32,9 @@ def penalised(logits: torch.Tensor, params, prompt_ids: list[int], token_ids: li
     if token_ids and (params.presence_penalty or params.frequency_penalty):
         ids, counts = torch.tensor(token_ids, dtype=torch.long).unique(return_counts=True)
         logits[ids] -= params.frequency_penalty * counts.to(logits.dtype) + params.presence_penalty
-    for token, bias in params.logit_bias:
-        logits[token] += bias
+    if params.logit_bias:
+        ids, biases = params.bias_tensors
+        logits.index_add_(0, ids.to(logits.device), biases.to(logits.device, logits.dtype))  # a repeated id adds up
     if len(token_ids) < params.min_tokens and eos_ids:
         logits[list(eos_ids)] = float("-inf")
     return logits
