@@ -237,3 +237,19 @@ def test_a_logit_bias_over_the_whole_vocabulary_costs_the_batch_no_loop_per_toke
         seconds.append(time.perf_counter() - start)
     assert tokens == [7, 7]
     assert min(seconds) < 0.05, seconds
+
+
+def test_top_p_counts_its_mass_before_min_p_drops_tokens_as_transformers_does():
+    """transformers' warpers run top_k, top_p, then min_p (vLLM's sampler too). Of probabilities 0.4, 0.3, 0.2,
+    0.1, top_p 0.75 keeps the first three and min_p 0.3 drops only the last (below 0.12): three tokens can be
+    drawn. top_p counted over what min_p left (0.44, 0.33, 0.22) kept two."""
+    from transformers.generation.logits_process import MinPLogitsWarper, TopPLogitsWarper
+
+    from tuneforge.serve.engine import SamplingParams, sample_row
+
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()
+    warped = MinPLogitsWarper(0.3)(None, TopPLogitsWarper(0.75)(None, logits[None]))[0]
+    allowed = set(torch.isfinite(warped).nonzero()[:, 0].tolist())
+    params = SamplingParams(max_tokens=1, top_p=0.75, min_p=0.3)
+    drawn = {sample_row(logits, params, torch.Generator().manual_seed(seed)) for seed in range(200)}
+    assert drawn == allowed == {0, 1, 2}

@@ -57,7 +57,7 @@ import torch
 
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
-from tuneforge.serve.logit_rules import changes_logits, filtered, penalised
+from tuneforge.serve.logit_rules import changes_logits, min_p_kept, penalised, top_k_kept
 from tuneforge.serve.logprobs import TokenLogprob, chosen_logprobs, prompt_logprobs
 from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
@@ -193,15 +193,17 @@ def plain_draws(logits: torch.Tensor, rows: Seq[Sequence]) -> dict[int, int]:
 
 
 def sample_row(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    probs = torch.softmax(filtered(logits / params.temperature, params), dim=-1)
+    """One token of the row's logits at its temperature, after top_k, top_p and min_p in that order (transformers'
+    and vLLM's): top_p's mass is counted before min_p drops any token."""
+    probs = torch.softmax(top_k_kept(logits / params.temperature, params), dim=-1)
     if not torch.isfinite(probs).all():
         raise ValueError(f"temperature {params.temperature!r} makes the probabilities non-finite")
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         outside = sorted_probs.cumsum(-1) - sorted_probs > params.top_p  # the most likely token always stays
         sorted_probs[outside] = 0
-        return int(order[draw(sorted_probs, generator)])
-    return draw(probs, generator)
+        return int(order[draw(min_p_kept(sorted_probs, params.min_p), generator)])
+    return draw(min_p_kept(probs, params.min_p), generator)
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -8,8 +8,8 @@ min_p; min_tokens and the end-of-sequence tokens first of all).
   `presence + frequency * count` (its count in the answer).
 - logit_bias (OpenAI): a token's logit plus its bias.
 - min_tokens (vLLM): the end-of-sequence tokens cannot be chosen before that many tokens.
-- top_k: only the k most likely tokens; min_p: only tokens at least min_p times as likely as the most likely
-  (transformers' TopKLogitsWarper and MinPLogitsWarper do both).
+- top_k: only the k most likely tokens (transformers' TopKLogitsWarper); min_p: only tokens at least min_p times
+  as likely as the most likely (MinPLogitsWarper's rule), after top_p (engine.sample_row).
 Presence, frequency, logit_bias and min_tokens are one line each here: transformers has no presence or frequency
 penalty, and its bias and min-length processors are built per request around a batch's tensors.
 """
@@ -17,7 +17,7 @@ penalty, and its bias and min-length processors are built per request around a b
 from __future__ import annotations
 
 import torch
-from transformers.generation.logits_process import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor, TopKLogitsWarper
 
 
 def penalised(logits: torch.Tensor, params, prompt_ids: list[int], token_ids: list[int], eos_ids) -> torch.Tensor:
@@ -49,11 +49,17 @@ def changes_logits(params) -> bool:
     )
 
 
-def filtered(scaled: torch.Tensor, params) -> torch.Tensor:
-    """`scaled` (one row's logits over the temperature) with what top_k and min_p leave out at -inf; `scaled`
-    itself when neither is set."""
+def top_k_kept(scaled: torch.Tensor, params) -> torch.Tensor:
+    """`scaled` (one row's logits over the temperature) with what top_k leaves out at -inf; `scaled` itself when
+    it is not set."""
     if 0 < params.top_k < scaled.numel():
         scaled = TopKLogitsWarper(params.top_k)(None, scaled[None])[0]
-    if params.min_p > 0:
-        scaled = MinPLogitsWarper(params.min_p)(None, scaled[None])[0]
     return scaled
+
+
+def min_p_kept(probs: torch.Tensor, min_p: float) -> torch.Tensor:
+    """`probs` with the tokens less likely than min_p times the most likely at 0 (MinPLogitsWarper's rule), applied
+    last: after top_p, whose mass counts every token min_p drops, as in transformers' and vLLM's order."""
+    if min_p <= 0:
+        return probs
+    return probs.masked_fill(probs < min_p * probs.max(), 0)
