@@ -187,3 +187,13 @@ def test_overwrite_clears_only_what_a_sweep_wrote(tmp_path):
     sweep_folder.clear(out)
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt", "trial-0001", "trial-0002"]
     assert [p.name for p in (out / "trial-0001").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("name", ["sweep?lr", "lr-5%41", "sweep #2"])
+def test_the_default_study_lies_in_the_sweep_folder_whatever_its_name(tmp_path, name):
+    """A '?' in the folder's path began the URL's query (the database went to a file beside the folder, named as the
+    path up to it) and a '%' an escape (%41 read as 'A': no such folder, the study could not open)."""
+    out = tmp_path / name
+    out.mkdir()
+    optuna.create_study(storage=sweep_folder.default_storage(out), study_name="s")
+    assert (out / sweep_folder.DATABASE).is_file() and sorted(p.name for p in tmp_path.iterdir()) == [name]

@@ -106,7 +106,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         "study_name": options.study_name or earlier.get("study_name") or out.resolve().name,
     }
     sweep_folder.check_folder(out, options.resume, options.overwrite, record)
-    storage = record["storage"] or f"sqlite:///{(out / sweep_folder.DATABASE).resolve()}"
+    storage = record["storage"] or sweep_folder.default_storage(out)
     sweep = Sweep(options, out, goal, distributions(space), config, values_of, record["seed"], storage)
     open_it = lambda: open_study(storage, record["study_name"], goal.direction, _pruner(options), record)  # noqa: E731
     study = open_it() if record["storage"] else None  # the user's storage: checked before the folder is made

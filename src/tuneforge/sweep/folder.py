@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import yaml
 
@@ -44,6 +45,12 @@ def is_sweep_entry(entry: Path) -> bool:
     if entry.name in SWEEP_FILES:
         return entry.is_file()
     return bool(TRIAL_NAME.fullmatch(entry.name)) and entry.is_dir()
+
+
+def default_storage(out: Path) -> str:
+    """sqlite:///SWEEP_DIR/study.db, its path quoted: SQLAlchemy reads a '?' in a URL as the start of its query and
+    a '%' as an escape, so a folder named with either put the study elsewhere (or nowhere)."""
+    return f"sqlite:///{quote(str((out / DATABASE).resolve()))}"
 
 
 def read_record(out: Path) -> dict[str, Any] | None:
