@@ -220,6 +220,27 @@ def test_a_killed_sweep_resumes_to_the_same_trials(setup, reference, tmp_path):
     assert (out / "trials.csv").read_text().count("\n") == 4
 
 
+def test_the_trials_of_a_moved_folder_or_another_host_are_continued_where_the_study_is_the_folder_s(tmp_path):
+    """A killed sweep whose folder was then moved (or whose machine came back with another hostname: a new
+    container) left its trial RUNNING for good: --resume took only trials of its own path and host, so the trial
+    was never continued and still counted against --trials. In the folder's own study.db every RUNNING trial is
+    the folder's (the lock keeps other sweeps out); in a shared --storage only its own path's and host's are."""
+    from tuneforge.sweep.outputs import FOLDER_ATTR
+    from tuneforge.sweep.study import HOST_ATTR, interrupted
+
+    out = tmp_path / "moved"
+    out.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{out}/study.db", study_name="s")
+    trial = study.ask({"optim.lr": CategoricalDistribution(LRS)})
+    trial.set_user_attr(FOLDER_ATTR, str(tmp_path / "before" / "trial-0000"))
+    trial.set_user_attr(HOST_ATTR, "another-host")
+    assert interrupted(study, out, own_storage=False) == []  # a shared storage: maybe another machine's
+    (found,) = interrupted(study, out, own_storage=True)
+    assert found.number == 0
+    attrs = study.trials[0].user_attrs  # the table and keep-best then find it here
+    assert attrs[FOLDER_ATTR] == str((out / "trial-0000").resolve()) and attrs[HOST_ATTR] != "another-host"
+
+
 def test_a_ddp_trial(setup, reference, tmp_path):
     """One trial on 2 ddp processes (batch 4 each: the global batch of 8): the loss of the single-process trial."""
     out = tmp_path / "ddp"

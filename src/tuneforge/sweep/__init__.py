@@ -128,6 +128,7 @@ def _pruner(options: SweepOptions):
 def _run(sweep: Sweep, study) -> None:
     """The trials, and after each the sweep folder's table, best.yaml and models of the best."""
     from tuneforge.sweep import outputs
+    from tuneforge.sweep.folder import default_storage
     from tuneforge.sweep.study import Plan, run_trials
     from tuneforge.sweep.trial import warm_up, with_checkpoints, write_trial_config
 
@@ -145,6 +146,7 @@ def _run(sweep: Sweep, study) -> None:
 
     plan = Plan(
         folder=out,
+        own_storage=sweep.storage == default_storage(out),
         trials=options.trials,
         parallel=options.parallel,
         seed=sweep.seed,

@@ -108,6 +108,7 @@ class Plan:
     """What the loop needs: where trials go, how many, how they are sampled and configured, and what runs after each."""
 
     folder: Path
+    own_storage: bool  # the study is the folder's own study.db, not a --storage other sweeps may share
     trials: int
     parallel: int
     seed: int
@@ -175,16 +176,21 @@ def _ask(study, plan: Plan):
     return trial
 
 
-def interrupted(study, folder: Path) -> list:
-    """The trials this sweep folder left RUNNING in the storage (its sweep was killed), as Optuna trials to tell."""
+def interrupted(study, folder: Path, own_storage: bool) -> list:
+    """The trials this sweep folder left RUNNING in the storage (its sweep was killed), as Optuna trials to tell.
+    In a shared storage, those of this folder's path on this host; in the folder's own study.db, every one (the
+    folder may have moved, or the machine come back under another hostname since), noted as this folder's again."""
     import optuna
 
     root, host = folder.resolve(), socket.gethostname()
     out = []
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         where = Path(str(frozen.user_attrs.get(FOLDER_ATTR, "")))
-        if where.is_absolute() and where.parent == root and frozen.user_attrs.get(HOST_ATTR) == host:
-            out.append(optuna.trial.Trial(study, frozen._trial_id))  # Optuna's handle on a stored trial
+        if own_storage or (where.is_absolute() and where.parent == root and frozen.user_attrs.get(HOST_ATTR) == host):
+            trial = optuna.trial.Trial(study, frozen._trial_id)  # Optuna's handle on a stored trial
+            trial.set_user_attr(FOLDER_ATTR, str(trials.trial_folder(root, trial.number)))
+            trial.set_user_attr(HOST_ATTR, host)
+            out.append(trial)
     return out
 
 
@@ -245,7 +251,7 @@ def run_trials(study, plan: Plan) -> None:
     """Continue the interrupted trials, then run new ones until the study has plan.trials, plan.parallel at a time.
     A stop (Ctrl-C, SIGTERM) stops the running trials' processes and leaves them RUNNING in the storage, for
     --resume; it ends as KeyboardInterrupt."""
-    waiting = interrupted(study, plan.folder)
+    waiting = interrupted(study, plan.folder, plan.own_storage)
     running: list[Active] = []
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
