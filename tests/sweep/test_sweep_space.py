@@ -78,6 +78,8 @@ optim.max_grad_norm: [null, 1.0]
         ("batch_size: []", "key 'batch_size': choices: List should have at least 1 item"),
         ("batch_size: {type: categorical, choices: []}", "at least 1 item"),
         ("batch_size: [8, 8]", "key 'batch_size': 8 is listed more than once"),
+        ("optim.lr: [1, 1.0]", "key 'optim.lr': 1.0 is the same choice as 1"),  # Optuna keeps the first of equals
+        ("gradient_checkpointing: [true, 1]", "1 is the same choice as True"),
         ("optim.lr: [0.1, .nan]", "choices must be finite numbers (no inf or nan)"),
         ("optim.lr: [{a: 1}]", "each choice is a number, text, true/false or null"),
         ("optim.lr: {low: 1, high: 2}", "needs a type: float, int or categorical"),

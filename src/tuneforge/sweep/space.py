@@ -39,6 +39,7 @@ def _number(value: Any) -> Any:
 
 Number = Annotated[float, BeforeValidator(_number)]
 Choice = Union[StrictBool, StrictInt, float, str, None]
+_NONE = object()  # no earlier choice equal to this one (None is a choice)
 
 
 class _Distribution(BaseModel):
@@ -93,10 +94,17 @@ class Choices(_Distribution):
     def _distinct(self):
         if any(isinstance(c, float) and not math.isfinite(c) for c in self.choices):
             raise ValueError("choices must be finite numbers (no inf or nan)")
-        seen = [repr(c) for c in self.choices]
-        twice = sorted({c for c in seen if seen.count(c) > 1})
-        if twice:
-            raise ValueError(f"{' and '.join(twice)} {'is' if len(twice) == 1 else 'are'} listed more than once")
+        # equal choices (1 and 1.0, true and 1) are one to Optuna: it stores the first of them for either
+        problems = []
+        for i, choice in enumerate(self.choices):
+            first = next((c for c in self.choices[:i] if c == choice), _NONE)
+            if first is not _NONE:
+                same = repr(first) == repr(choice)
+                problems.append(
+                    f"{choice!r} is listed more than once" if same else f"{choice!r} is the same choice as {first!r}"
+                )
+        if problems:
+            raise ValueError("; ".join(dict.fromkeys(problems)))
         return self
 
     def samples(self) -> list[Any]:
