@@ -219,24 +219,21 @@ def test_a_bad_newcomer_joining_running_rows_fails_alone(tiny_llama, caplog):
     assert 2 in rows_per_step  # the good newcomer joined the running row's pass
 
 
-@pytest.mark.serial  # timed
-def test_a_logit_bias_over_the_whole_vocabulary_costs_the_batch_no_loop_per_token():
-    """A request may bias every token (the body limit allows SmolLM2's 49,152 of them): its row is sampled from
-    the biased logits, and a step with it takes milliseconds, not the 0.3 s a loop over its pairs took, which held
-    up every row batched with it."""
+def test_a_logit_bias_over_the_whole_vocabulary_is_applied_to_its_row():
+    """A request may bias every token (the body limit allows SmolLM2's 49,152 of them): its row is sampled from the
+    biased logits (built into tensors once per request: a loop over the pairs at every step, 0.3 s, held up every
+    row batched with it; benchmarks, not a timed test, measure that), and an id given twice adds up."""
     from tuneforge.serve.engine import SamplingParams, Sequence, sample
 
     vocabulary = 49_152
     logits = torch.randn(2, vocabulary, generator=torch.Generator().manual_seed(0))
     bias = tuple((token, 50.0 if token == 7 else -float(token % 3)) for token in range(vocabulary))
     rows = [Sequence([1, 2], SamplingParams(max_tokens=4, temperature=0, logit_bias=bias), None)] * 2
-    seconds = []
-    for _ in range(3):
-        start = time.perf_counter()
-        tokens = sample(logits, rows)
-        seconds.append(time.perf_counter() - start)
-    assert tokens == [7, 7]
-    assert min(seconds) < 0.05, seconds
+    assert sample(logits, rows) == [7, 7]
+    twice = ((5, 30.0), (5, 30.0), (7, 50.0))  # 60 on token 5 beats 50 on token 7
+    assert sample(logits[:1], [Sequence([1], SamplingParams(max_tokens=1, temperature=0, logit_bias=twice), None)]) == [
+        5
+    ]
 
 
 def test_top_p_counts_its_mass_before_min_p_drops_tokens_as_transformers_does():
