@@ -12,7 +12,7 @@ import datasets
 import pandas as pd
 import pytest
 
-from conftest import parallel_pairs, quiet_task
+from conftest import parallel_pairs, quiet_task, run_cli
 from test_bad_input import assert_refused, in_process
 from test_data_mixture import mixture_config, sources  # noqa: F401 (the fixture)
 from tuneforge.data import mapped
@@ -136,6 +136,25 @@ def test_prepare_of_large_sources_writes_the_same_shards_and_drops_only_its_copi
         ]
         both[name] = {p.relative_to(cache): p.read_bytes() for p in (cache / "prepared").rglob("*") if p.is_file()}
     assert both["mapped"] == both["memory"] and len(both["memory"]) == 3 * 5  # meta, 2 splits × (shard, lengths)
+
+
+def test_a_copy_another_process_reads_is_kept_by_prepare(monkeypatch, tmp_path, tiny_gpt2):
+    """A run reading a large file while a prepare of it ends: the prepare keeps the Arrow copy, which the run's
+    tokenizing workers open again by its path (they died at once when it was removed under them)."""
+    monkeypatch.setattr(mapped, "LARGE_FILE_BYTES", 0)
+    path, cache = write(tmp_path / "train.jsonl", "jsonl", rows()), tmp_path / "cache"
+    data = dict(train_file=str(path), validation_file=str(path), cache_dir=str(cache))
+    run = quiet_task("clm", tiny_gpt2, **data, num_workers=2)
+    raw = run.load_raw()
+    config = tmp_path / "prepare.yaml"
+    config.write_text(json.dumps({"task": "clm", "model": tiny_gpt2, "data": data}))
+    proc = run_cli("prepare", str(config))  # (a process of its own: forked, so the file is read mapped there too)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "removed the memory-mapped copies" not in proc.stderr
+    assert len(run.tokenize(raw, run.load_tokenizer(), log=lambda m: None)["train"]) > 0
+    # the run's own prepare, later, removes the copy it alone reads
+    assert mapped.drop_raw_copies([path], str(cache)) > 0
+    assert not list((cache / "raw").iterdir())
 
 
 # ---- chat rows (--task sft): a large JSON-lines file read a line at a time ------------------------------------

@@ -7,14 +7,17 @@ than the machine's memory stays within a few hundred MiB (benchmarks/README.md, 
 
 Smaller files, compressed files, CSV/TSV and JSON arrays are read in memory as before (`sources.read_table`): this
 path is only the bounded one. `drop_raw_copies` removes the Arrow copy of a file once `tuneforge prepare` has
-written its prepared shards.
+written its prepared shards, unless another process reads it: a process that read a copy holds a shared lock on a
+file in it until the process ends (its tokenizing workers open the copy again by its path).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +25,7 @@ from tuneforge.errors import DataError, UserError
 
 LARGE_FILE_BYTES = 64 * 2**20  # from this size on a file is read memory-mapped (and JSON lines by Arrow's reader)
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+_READING: dict[Path, int] = {}  # raw folder -> this process's open KEY.lock, shared-locked while the process lives
 
 
 def raw_root(cache_dir: str | None) -> Path:
@@ -84,6 +88,7 @@ def read_mapped(path: str | Path, cache_dir: str | None):
     )
     if len(ds) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
+    hold(folder)
     return ds
 
 
@@ -95,7 +100,7 @@ def rows_mapped(path: str | Path, cache_dir: str | None, tag: str, generator, fe
 
     p = Path(path)
     folder = raw_folder(p, cache_dir) / tag
-    return _built(
+    ds = _built(
         p,
         folder,
         "rows",
@@ -103,6 +108,22 @@ def rows_mapped(path: str | Path, cache_dir: str | None, tag: str, generator, fe
             generator, features=features, gen_kwargs={"path": str(p.resolve()), **options}, cache_dir=str(folder)
         ),
     )
+    hold(folder.parent)
+    return ds
+
+
+def _lock_file(folder: Path) -> Path:
+    return folder / ".reading.lock"
+
+
+def hold(folder: Path) -> None:
+    """Mark the raw folder as read by this process while it lives: a shared POSIX lock (per process, so forked
+    workers need none of their own) on its lock file, which another process's `drop_raw_copies` respects."""
+    if folder in _READING:
+        return
+    fd = os.open(_lock_file(folder), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.lockf(fd, fcntl.LOCK_SH)
+    _READING[folder] = fd
 
 
 def _built(p: Path, folder: Path, kind: str, build):
@@ -149,13 +170,29 @@ def _reason(err: BaseException) -> str:
 
 
 def drop_raw_copies(paths, cache_dir: str | None) -> int:
-    """Remove the Arrow copies made of `paths` (bytes freed); nothing else under the cache folder."""
+    """Remove the Arrow copies made of `paths` (bytes freed); nothing else under the cache folder, and no copy
+    another process reads (a run, another prepare)."""
     freed = 0
     for path in paths:
         if not Path(path).is_file():
             continue
         folder = raw_folder(path, cache_dir)
         if folder.is_dir():
-            freed += sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-            shutil.rmtree(folder)
+            freed += _drop_unless_read(folder)
     return freed
+
+
+def _drop_unless_read(folder: Path) -> int:
+    """Remove `folder` (bytes freed), where no other process holds its lock (0: kept)."""
+    fd = _READING.pop(folder, None)
+    fd = os.open(_lock_file(folder), os.O_RDWR | os.O_CREAT, 0o644) if fd is None else fd
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (this process's own shared lock is converted)
+        except OSError:  # another process reads the copy
+            return 0
+        freed = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        shutil.rmtree(folder)
+        return freed
+    finally:
+        os.close(fd)
