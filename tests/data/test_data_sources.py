@@ -4,6 +4,7 @@ in every supported format (labels as strings or integers, one or two text column
 import json
 import time
 
+import datasets
 import pandas as pd
 import pytest
 
@@ -152,6 +153,20 @@ def test_local_file_formats(tmp_path, fmt, int_labels):
     assert task.label_names == (["0", "1"] if int_labels else ["neg", "pos"])
     assert raw["train"]["labels"] == [1, 0, 1, 0]
     assert raw["validation"]["labels"] == [1, 0, 1]
+
+
+@pytest.mark.parametrize("indent", [None, 1], ids=["one-line", "pretty"])
+def test_a_jsonl_file_holding_a_json_array_is_read_as_its_rows(tmp_path, indent):
+    """As `datasets`' json reader reads it (a file that starts with '[' is one array of rows, whatever its suffix):
+    it was one row of 4 columns named 0..3 ('too few to hold out'), or not JSON lines at all."""
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps([{"review": text, "stars": label} for text, label in ROWS], indent=indent))
+    reference = datasets.load_dataset("json", data_files=str(train), split="train", cache_dir=str(tmp_path / "hf"))
+    data = {"train_file": str(train), "validation_file": str(train), "text_columns": ["review"]}
+    data["label_column"] = "stars"
+    raw = examples(ClassificationTask(build_config(task="classification", data=data)))
+    assert raw["train"]["review"] == reference["review"] == [r[0] for r in ROWS]
+    assert raw["train"]["labels"] == [1, 0, 1, 0]
 
 
 def test_two_text_columns_make_pairs(tmp_path):

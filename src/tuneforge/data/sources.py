@@ -179,9 +179,9 @@ def read_table(
                 engine="python" if quoting_off else "c",
             )
         elif kind in ("json", "jsonl"):
-            # .json: a JSON array of records, or JSON lines (as `datasets` writes them)
+            # a JSON array of records, else JSON lines, whatever the suffix (as `datasets`' json reader decides)
             starts = text.lstrip().startswith("[") if packed is not None else _starts_with(p, "[")
-            lines = kind == "jsonl" or not starts
+            lines = not starts
             if lines and packed is None and p.stat().st_size >= LARGE_FILE_BYTES and not _has_bom(p):
                 df = _read_large_jsonl(p)
             else:
