@@ -205,6 +205,16 @@ def test_bad_mixtures_are_one_error_line_naming_the_source(
     assert not (tmp_path / "run" / "model").exists()
 
 
+def test_a_source_without_a_name_is_named_after_its_file_whatever_the_file_is_called():
+    """The name made of a file's stem is one the name rule takes: '_web.jsonl' was refused as a bad 'name' the
+    config never gave ("got '_web'")."""
+    from tuneforge.configure import build_config
+
+    paths = ["data/_web.jsonl", "über.jsonl", "-.jsonl", "books.v2.jsonl"]
+    config = build_config(task="clm", data={"sources": [{"path": p, "weight": 1} for p in paths]})
+    assert [s.name for s in config.data.sources] == ["web", "ber", "source", "books"]
+
+
 def test_sources_with_a_train_file_are_refused(capfd, tmp_path, tiny_gpt2, cache_dir, sources):
     config = mixture_config(tmp_path, tiny_gpt2, cache_dir, sources)
     proc = in_process(capfd, "train", config, "--train-file", sources[0]["path"])

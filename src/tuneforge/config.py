@@ -103,7 +103,8 @@ class SourceConfig(Options):
             raise ValueError("give a source either path (a file or folder) or hub (a hub dataset), one of them")
         if self.name is None:
             stem = Path(self.path).name.split(".")[0] if self.path else self.hub.rsplit("/", 1)[-1]
-            self.name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:64] or "source"
+            # (the name rule's first character is a letter or digit: '_web.jsonl' is 'web')
+            self.name = re.sub(r"[^A-Za-z0-9_.-]", "_", stem).lstrip("_.-")[:64] or "source"
         return self
 
 
