@@ -205,6 +205,25 @@ def test_bad_mixtures_are_one_error_line_naming_the_source(
     assert not (tmp_path / "run" / "model").exists()
 
 
+def test_max_eval_samples_takes_each_sources_share_of_the_validation_rows(tmp_path, tiny_gpt2, cache_dir, sources):
+    """The run's evaluation on the sources together, cut to N examples, holds rows of each source (their shares of
+    the 12 + 5 + 2 held-out rows): it was the first N of them laid end to end, the first source's alone, so the run's
+    loss was web/loss and the best checkpoint was chosen on one source."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+    from tuneforge.training_data import load_mixture
+
+    config = build_config(yaml.safe_load(mixture_config(tmp_path, tiny_gpt2, cache_dir, sources).read_text()))
+    config.data.max_eval_samples = 10
+    task = get_task(config)
+    task.log = lambda line: None
+    tokenizer = task.load_tokenizer()
+    data = load_mixture(task, config, tokenizer, log=lambda line: None)
+    firsts = [tokenizer.decode(ids).split()[0] for ids in data.evals["input_ids"]]
+    assert len(firsts) == 10 and {name: firsts.count(name) for name in set(firsts)} == {"web": 5, "books": 3, "code": 2}
+    assert {name: len(part) for name, part in data.eval_parts.items()} == {"web": 10, "books": 5, "code": 2}
+
+
 def test_a_source_without_a_name_is_named_after_its_file_whatever_the_file_is_called():
     """The name made of a file's stem is one the name rule takes: '_web.jsonl' was refused as a bad 'name' the
     config never gave ("got '_web'")."""

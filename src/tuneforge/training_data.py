@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tuneforge.data.fingerprint import fingerprints
-from tuneforge.data.mixture import Mixture
+from tuneforge.data.mixture import Mixture, share_out
 from tuneforge.data.prepared import is_prepared, load_prepared, read_folder, release_pages, save_prepared
 from tuneforge.data.samplers import compact_lengths, lengths_of
 from tuneforge.errors import DataError, UserError
@@ -116,12 +116,21 @@ def load_mixture(task, config, tokenizer, log, save: bool = False) -> TrainingDa
     if config.data.validation_file:  # every source was read with the run's validation file: one copy of it
         evals, parts = feats[0].get("validation"), {}
     else:
-        evals = _concatenate([f["validation"] for f in feats], sources)
+        evals = _concatenate(_eval_shares([f["validation"] for f in feats], config.data.max_eval_samples), sources)
         parts = {s.name: f["validation"] for s, f in zip(sources, feats)} if len(sources) > 1 else {}
     evals = task.select_examples("validation", evals)
     parts = {name: task.select_examples("validation", part) for name, part in parts.items()}
     maps = [m for prepared, _, _ in read if prepared for m in prepared.maps]
     return TrainingData(train, evals, mixture, parts, fingerprints(config), lengths, maps)
+
+
+def _eval_shares(parts: list, limit: int | None) -> list:
+    """--max-eval-samples over the sources' validation rows together: each source's first rows, in proportion to
+    its rows (the first N of them laid end to end would be the first source's alone)."""
+    if not limit or sum(len(part) for part in parts) <= limit:
+        return parts
+    counts = share_out(limit, [len(part) for part in parts])
+    return [part.select(range(min(count, len(part)))) for part, count in zip(parts, counts)]
 
 
 def _features(source, sub, prepared, raw, own, labels, tokenizer, config, save: bool) -> dict:
