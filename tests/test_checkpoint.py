@@ -346,7 +346,9 @@ def test_export_cli_writes_hf_folder_with_the_trained_logits(trained, tmp_path, 
 
 
 def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
-    """GPT-2's lm_head is its embedding matrix, stored once in model.safetensors; the export restores the tie."""
+    """GPT-2's lm_head is its embedding matrix, stored once in model.safetensors (the run's model folder too, as
+    save_pretrained writes it); the export restores the tie."""
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     from conftest import parallel_pairs
@@ -376,6 +378,10 @@ def test_export_of_a_model_with_tied_weights(tiny_gpt2, tmp_path, cache_dir):
             AutoModelForCausalLM.from_pretrained(p).eval()(input_ids=ids).logits for p in (exported, out / "model")
         )
     assert torch.equal(got, want)
+    for folder in (exported, out / "model"):
+        with safe_open(folder / "model.safetensors", "pt") as weights:
+            names = set(weights.keys())
+        assert "transformer.wte.weight" in names and "lm_head.weight" not in names, folder
 
 
 def test_atomic_replace_keeps_the_old_content_when_a_write_fails(tmp_path):

@@ -42,6 +42,7 @@ from tuneforge.backends import layouts
 from tuneforge.backends.precision import Precision, cpu_has_native_bf16, resolve_precision
 from tuneforge.errors import ConfigError
 from tuneforge.options import BackendOptions
+from tuneforge.weights import share_tied
 
 __all__ = ["Backend", "MakeOptimizer", "NonFiniteStep", "cpu_has_native_bf16", "detect_device", "resolve_precision"]
 
@@ -292,7 +293,11 @@ class Backend:
         if not self.is_main:
             return None
         # a copy even on CPU (`.cpu()` would alias the live parameters): the best-model snapshot must not move
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
+        module = self.unwrap(model)
+        copies = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+        # each name was copied on its own: tied weights (lm_head = embeddings) share one tensor again, so
+        # save_pretrained writes them once, as it does for the model itself
+        return share_tied(copies, module)
 
     def save(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Write model + optimizer (+ scaler) state into the checkpoint folder `path` (its layout's files)."""
