@@ -195,6 +195,18 @@ def reference(tmp_path_factory, lora_base, parity_data, cache_dir) -> Path:
     return made / "run"
 
 
+def peft_logits(folder: Path) -> torch.Tensor:
+    """The logits of an adapter folder loaded as a peft user loads one: AutoPeftModel, which imports the model
+    class its adapter_config.json names and loads the base it names."""
+    from peft import AutoPeftModel
+    from transformers import AutoTokenizer
+
+    texts = ["a wonderful film", "a dull mess"]
+    batch = AutoTokenizer.from_pretrained(folder)(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        return AutoPeftModel.from_pretrained(folder).eval()(**batch).logits
+
+
 @pytest.mark.parametrize("backend", sorted(PARALLEL))
 def test_every_backend_trains_lora_as_one_process(backend, reference, lora_base, parity_data, cache_dir, tmp_path):
     out = lora_run(lora_base, parity_data, cache_dir, tmp_path / backend, "--lora-dropout", "0", *PARALLEL[backend])
@@ -205,6 +217,8 @@ def test_every_backend_trains_lora_as_one_process(backend, reference, lora_base,
     a, b = adapter_weights(reference), adapter_weights(out)
     assert a.keys() == b.keys()
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-4
+    want, got = (peft_logits(run / "model") for run in (reference, out))  # the class adapter_config.json names
+    assert (want - got).abs().max() < 1e-4
     if "--save-steps" in PARALLEL[backend]:  # a sharded checkpoint of the adapters alone resumes exactly
         resumed = lora_run(
             lora_base,

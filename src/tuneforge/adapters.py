@@ -285,6 +285,7 @@ def write_adapter_folder(
     peft_state = {PEFT_PREFIX + k: v for k, v in state_dict.items()} if state_dict is not None else None
     with replacing(out) as tmp:
         adapter.peft_model.save_pretrained(tmp, state_dict=peft_state)
+        name_unsharded_class(tmp, adapter.peft_model.base_model.model)
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card template, with nothing filled in
         model_config.save_pretrained(tmp)  # labels, and the class that trained (the base may be a bare BertModel)
         if quantized_config(model_config):  # QLoRA: the adapter belongs to the full-precision base, as peft's does
@@ -295,6 +296,18 @@ def write_adapter_folder(
             tokenizer.save_pretrained(tmp)
         write_model_info(tmp, {**info, "adapter": adapter.info()})
     return out
+
+
+def name_unsharded_class(folder: Path, model: torch.nn.Module) -> None:
+    """peft's adapter_config.json names the class of the model it wraps (`auto_mapping`, which AutoPeftModel
+    imports); FSDP2 swaps that class in place for one of its own (FSDPLlamaForCausalLM, made inside torch),
+    which no loader can import: the file names the model's own class again."""
+    own = next(c for c in type(model).__mro__ if not c.__module__.startswith("torch.distributed."))
+    path = folder / ADAPTER_CONFIG
+    saved = json.loads(path.read_text())
+    if saved.get("auto_mapping") and own is not type(model):
+        saved["auto_mapping"] = {"base_model_class": own.__name__, "parent_library": own.__module__}
+        path.write_text(json.dumps(saved, indent=2, sort_keys=True))
 
 
 def _adapter_info(folder: Path) -> dict:
