@@ -63,10 +63,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tuneforge.artifacts import write_model_info
+from tuneforge.artifacts import first_error_line, write_model_info
 from tuneforge.backends.layouts import full_weights as full_weights
 from tuneforge.backends.layouts import has_full_weights as has_full_weights
-from tuneforge.backends.layouts import holds_unsharded_weights
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
 from tuneforge.paths import (
@@ -389,8 +388,7 @@ class Checkpointer:
             raise
         except Exception as err:  # safetensors/pickle/JSON errors on damaged files
             raise CheckpointError(
-                f"checkpoint {str(path)!r} is corrupt or truncated ({type(err).__name__}: "
-                f"{str(err).splitlines()[0][:200]}); "
+                f"checkpoint {str(path)!r} is corrupt or truncated ({type(err).__name__}: {first_error_line(err)}); "
                 "resume from an earlier checkpoint-STEP folder"
             ) from None
         if rank is not None:
@@ -470,6 +468,7 @@ def check_resumable(config) -> None:
     path = find_checkpoint(config.resume, config.output_dir)
     meta = read_meta(path)
     check_same_optimizer(path, config)
+    check_backend_reads(path, meta, config)
     now = {"task": config.task}
     model_config = Path(config.model or "") / "config.json"
     if config.model and model_config.is_file():
@@ -488,6 +487,18 @@ def check_resumable(config) -> None:
 
         saved = _read_state(path).get("data_fingerprints") or {}
         check_unchanged(saved, fingerprints(config) if saved else {}, str(path))
+
+
+def check_backend_reads(path: Path, meta: dict, config) -> None:
+    """The run's backend can resume the checkpoint's files (an fsdp checkpoint on ddp, a ZeRO-3 one on stage 2
+    cannot): one line here, in the launching process, not one per worker from each worker's load."""
+    from tuneforge.backends import get_backend
+    from tuneforge.launch import dist_env
+
+    backend = get_backend(config, dist_env())
+    refused = backend.layout.refusal(backend, path, meta.get("backend"))
+    if refused:
+        raise CheckpointError(refused)
 
 
 def check_same_optimizer(path: Path, config) -> None:
@@ -547,14 +558,9 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
             f"checkpoint {str(path)!r} trained {trained} weight tensors but this run trains {trains}: resume "
             "with the --freeze-layers and --freeze-embeddings it was saved with (its config.yaml has them)"
         )
-    if not backend.sharded and not holds_unsharded_weights(path):
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} holds sharded weights written by backend {saved.get('backend')!r}, which "
-            "backend "
-            f"{backend.name!r} cannot read; resume with --backend {saved.get('backend')}, or `tuneforge "
-            "export` it "
-            "and start a new run from the exported model"
-        )
+    refused = backend.layout.refusal(backend, path, saved.get("backend"))
+    if refused:
+        raise CheckpointError(refused)
 
 
 def _resumed_window(path: Path, rank: int, state: dict | None, same_world: bool) -> tuple[float, float]:

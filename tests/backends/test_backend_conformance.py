@@ -146,6 +146,31 @@ def test_resumes_from_a_single_process_checkpoint(backend_runs, backend):
     assert max_weight_diff(backend_runs["single"] / "model", out / "model") < 1e-4
 
 
+# run -> (its checkpoint's step, the flags of a run that cannot resume it, what the one line says)
+UNREADABLE = {
+    "fsdp": (10, "--backend ddp --nproc 2", ["written by backend 'fsdp'", "'ddp' cannot", "--backend fsdp"]),
+    "zero2": (5, "--backend deepspeed --nproc 2 --zero-stage 3", ["stage 1 or 2", "has stage 3", "stage 2"]),
+    "zero3": (20, "--backend deepspeed --nproc 2 --zero-stage 2", ["stage 3,", "has stage 2", "stage 3"]),
+    "zero3-on-fsdp": (20, "--backend fsdp --nproc 2", ["neither sharded weights", "backend 'fsdp'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(UNREADABLE))
+def test_a_checkpoint_the_backend_cannot_resume_is_one_line_before_launch(backend_runs, case, capfd, tmp_path):
+    """Another backend's files, or DeepSpeed's ZeRO-3 files on stage 1/2 (and back): refused in the launching
+    process, not by each worker (whose lines came with the launcher's traceback, and ZeRO's as an IndexError)."""
+    run = case.removesuffix("-on-fsdp")
+    step, flags, needles = UNREADABLE[case]
+    ckpt = backend_runs[run] / f"checkpoint-{step}"
+    args = backend_runs.args(BACKEND_RUNS[run][0], tmp_path / "out", *flags.split(), "--batch-size", "8")
+    args += ["--resume", str(ckpt)]
+    code, _, err = cli_main(capfd, *args)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), err[-3000:]
+    assert all(needle in lines[0] for needle in needles), lines[0]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("run", ["single", "ddp", "fsdp", "tp", "zero2", "zero3"])
 def test_export_checkpoint_offline(backend_runs, run, tmp_path, capsys):
     """`tuneforge export` of the last checkpoint: exactly the model folder the run wrote."""

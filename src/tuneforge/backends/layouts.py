@@ -15,9 +15,10 @@ checkpoint; `tuneforge export` reads weights through here):
                 number of processes, read offline with zero_to_fp32
 
 Each layout has `save(backend, path, model, optimizer)`, `load(backend, path, model, optimizer)` (a
-collective where the backend's state is) and `read_weights(path, backend_name)`: the full weights (CPU)
-without a process group. `layout_for(kind, adapter)` picks one; the backend names its kind
-(`Backend.checkpoint_layout`).
+collective where the backend's state is), `refusal(backend, path, written_by)`: why `backend` cannot resume
+a checkpoint (one line, or None; asked before any worker starts, as `load` asks it) and
+`read_weights(path, backend_name)`: the full weights (CPU) without a process group. `layout_for(kind,
+adapter)` picks one; the backend names its kind (`Backend.checkpoint_layout`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ class FullLayout:
         if backend.is_main:
             save_model(backend.unwrap(model), str(Path(path) / FULL_WEIGHTS))
             torch.save(optimizer.state_dict(), Path(path) / OPTIMIZER_FILE)
+
+    def refusal(self, backend, path: Path, written_by: str | None) -> str | None:
+        if holds_unsharded_weights(path):
+            return None
+        return (
+            f"checkpoint {str(path)!r} holds sharded weights written by backend {written_by!r}, which backend "
+            f"{backend.name!r} cannot read; resume with --backend {written_by}, or `tuneforge export` it and start "
+            "a new run from the exported model"
+        )
 
     def load(self, backend, path: Path, model: nn.Module, optimizer) -> None:
         from safetensors.torch import load_model
@@ -147,18 +157,23 @@ class DCPLayout:
         model_state, optim_state = get_state_dict(model, optimizer, options=self._state_options())
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=Path(path) / SHARDED_DIR)
 
+    def refusal(self, backend, path: Path, written_by: str | None) -> str | None:
+        if (Path(path) / SHARDED_DIR / ".metadata").exists() or has_full_weights(path):
+            return None
+        return (
+            f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor {FULL_WEIGHTS}; "
+            f"backend {backend.name!r} resumes from its own sharded checkpoints or a {FULL_WEIGHTS} one"
+        )
+
     def load(self, backend, path: Path, model: nn.Module, optimizer) -> None:
         path = Path(path)
+        refused = self.refusal(backend, path, None)
+        if refused:
+            raise CheckpointError(refused)
         if (path / SHARDED_DIR / ".metadata").exists():
             self._load_sharded(path / SHARDED_DIR, model, optimizer)
-        elif has_full_weights(path):
-            _load_full_into_sharded(path, model, optimizer)
         else:
-            raise CheckpointError(
-                f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor "
-                f"{FULL_WEIGHTS}; "
-                f"backend {backend.name!r} resumes from its own sharded checkpoints or a {FULL_WEIGHTS} one"
-            )
+            _load_full_into_sharded(path, model, optimizer)
 
     def _load_sharded(self, folder: Path, model: nn.Module, optimizer) -> None:
         import torch.distributed.checkpoint as dcp
@@ -243,14 +258,31 @@ class DeepSpeedLayout:
         # an adapter run: the weights that train only (the frozen base comes from its model folder)
         model.save_checkpoint(str(path), tag=DEEPSPEED_DIR, save_latest=False, exclude_frozen_parameters=self.adapter)
 
-    def load(self, backend, path: Path, model, optimizer) -> None:
+    def refusal(self, backend, path: Path, written_by: str | None) -> str | None:
         folder = Path(path) / DEEPSPEED_DIR
         if not folder.is_dir():
-            raise CheckpointError(
+            return (
                 f"checkpoint {str(path)!r} holds no DeepSpeed state ({DEEPSPEED_DIR}/); backend 'deepspeed' resumes "
                 "only its own checkpoints: resume with the backend that wrote it, or `tuneforge export` it and train "
                 "from the exported model"
             )
+        # ZeRO-3 partitions the weights: each rank writes zero_pp_rank_R_mp_rank_00_model_states.pt, where stages 1
+        # and 2 (which load each other's) write one mp_rank_00_model_states.pt
+        written_stage3 = any(folder.glob("zero_pp_rank_*_model_states.pt"))
+        stage = backend.options.zero_stage
+        if written_stage3 == (stage == 3):
+            return None
+        return (
+            f"DeepSpeed checkpoint {str(path)!r} was written with ZeRO stage {3 if written_stage3 else '1 or 2'}, "
+            f"this run has stage {stage}, and DeepSpeed loads a stage 3 checkpoint on stage 3 only; resume with "
+            f"--zero-stage {3 if written_stage3 else 2}, or `tuneforge export` it and train from the exported model"
+        )
+
+    def load(self, backend, path: Path, model, optimizer) -> None:
+        folder = Path(path) / DEEPSPEED_DIR
+        refused = self.refusal(backend, path, None)
+        if refused:
+            raise CheckpointError(refused)
         shards = len(list(folder.glob("*optim_states.pt")))
         if optimizer is not None and shards and shards != backend.dp_size:
             raise CheckpointError(
