@@ -18,6 +18,7 @@ tuneforge.json beside the weights tells `predict`/`generate`/`serve` what the mo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -59,6 +60,8 @@ def write_hf_folder(
     out = Path(out_dir)
     with replacing(out) as tmp:
         save_pretrained(model, tmp, state_dict=state_dict)
+        if state_dict is not None:
+            name_weights_dtype(tmp, state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if info is not None:
@@ -67,6 +70,17 @@ def write_hf_folder(
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_text(text, encoding="utf-8")
     return out
+
+
+def name_weights_dtype(folder: Path, state_dict: dict) -> None:
+    """config.json's `dtype` (the dtype from_pretrained loads in) names the weights written: save_pretrained names
+    the live module's, and a DeepSpeed bf16 module is bf16 where its weights handed in are the fp32 master copy."""
+    dtypes = {str(v.dtype).removeprefix("torch.") for v in state_dict.values() if v.is_floating_point()}
+    path = folder / "config.json"
+    saved = json.loads(path.read_text())
+    if len(dtypes) == 1 and saved.get("dtype") not in dtypes:
+        saved["dtype"] = dtypes.pop()
+        path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")  # as transformers writes it
 
 
 # ---- online: a live (possibly sharded) model ---------------------------------------------------

@@ -119,3 +119,28 @@ def test_deepspeed_zero3_load_best_model_at_end_finishes(tmp_path, tiny_bert, ca
     assert result["best_step"] == best["step"] and abs(result["loss"] - best["loss"]) < 1e-9
     weights = load_file(str(out / "model" / "model.safetensors"))
     assert weights and all(t.numel() > 0 for t in weights.values())  # gathered, never empty ZeRO-3 placeholders
+
+
+def test_a_bf16_run_exports_its_fp32_weights_as_fp32(tmp_path, tiny_bert, cache_dir):
+    """The model folder holds ZeRO's fp32 master weights, and its config.json says so: from_pretrained loads them in
+    fp32, as it loads the offline export of the same checkpoint (the bf16 engine's module once named bf16 there)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import classify_reviews
+
+    train = write_sentiment_csv(tmp_path / "train.csv", 32, seed=5)
+    out = tmp_path / "run"
+    flags = "--backend deepspeed --zero-stage 2 --nproc 2 --batch-size 8 --max-steps 2 --precision bf16 --save-steps 2"
+    proc = run_cli(
+        "train", "--train-file", str(train), "--model", tiny_bert, "--output-dir", str(out), "--cache-dir", cache_dir,
+        "--eval-strategy", "no", "--quiet", *flags.split(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_cli("export", str(out / "checkpoint-2"), str(tmp_path / "exported"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for folder in (out / "model", tmp_path / "exported"):
+        assert json.loads((folder / "config.json").read_text())["dtype"] == "float32"
+        assert AutoModelForSequenceClassification.from_pretrained(folder).dtype == torch.float32
+    (_, live), (_, offline) = classify_reviews(out / "model", tmp_path / "exported")
+    assert torch.equal(live, offline)
