@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import cli_main, last_json, made_once, sentiment_split, write_sentiment_csv
+from conftest import cli_main, last_json, made_once, sentiment_split, write_conll_dir, write_sentiment_csv
 
 STEPS = 4  # each compared run: 4 steps of 8 rows, the loss logged each step, evaluated every 2 steps
 
@@ -21,8 +21,8 @@ def write_scores_csv(path: Path, n: int) -> Path:
 
 
 def make_runs(root: Path, model: str) -> None:
-    """root/sweep/{lr-1e-3,lr-3e-3} (learning rate and seed differ) and root/regression (another task): each a real
-    tiny training, in this process."""
+    """root/sweep/{lr-1e-3,lr-3e-3} (learning rate and seed differ), root/regression and root/ner (other tasks): each
+    a real tiny training, in this process."""
     from tuneforge import cli
 
     (root / "data").mkdir()
@@ -37,6 +37,8 @@ def make_runs(root: Path, model: str) -> None:
         "sweep/lr-3e-3": [*files, *evals, "--max-steps", str(STEPS), "--lr", "3e-3", "--seed", "2"],
         "regression": ["--task", "regression", "--train-file", str(scores), "--validation-file", str(scores), *evals]
         + ["--max-steps", "2"],
+        "ner": ["--task", "ner", "--data-dir", str(write_conll_dir(root / "data" / "conll")), *evals]
+        + ["--max-steps", str(STEPS)],
     }
     for name, flags in runs.items():
         assert cli.main(["train", *common, *flags, "--output-dir", str(root / name)]) == 0, name
@@ -101,8 +103,9 @@ def test_the_table_shows_the_keys_that_differ_and_each_run_s_metrics(capsys, run
             "value": best["accuracy"],
             "step": best["step"],
             "greater_is_better": True,
-            "chosen_by": "default",
+            "chosen_by": "run",
         }
+        assert result["metric_for_best"] == "accuracy"
     assert "best eval of every run: by accuracy, higher is better" in out
     assert made["plot"] == str(tmp_path / "cmp.png")
 
@@ -164,9 +167,9 @@ def test_a_folder_of_runs_expands_to_the_runs_one_level_down(capsys, runs, tmp_p
         capsys, runs / "sweep" / "lr-1e-3", runs / "sweep" / "lr-3e-3", runs / "sweep", "--plot", tmp_path / "b.png"
     )
     assert swept["runs"] == named["runs"]
-    # the made runs' folder holds data/ (not a run), sweep/ (its runs two levels down: not taken) and one run
+    # the made runs' folder holds data/ (not a run), sweep/ (its runs two levels down: not taken) and two runs
     top, _ = compared(capsys, runs, "--plot", tmp_path / "c.png")
-    assert [r["name"] for r in top["runs"]] == ["regression"]
+    assert [r["name"] for r in top["runs"]] == ["ner", "regression"]
 
 
 def test_runs_of_the_same_name_are_told_apart_by_their_parent(capsys, runs, tmp_path):
@@ -191,6 +194,35 @@ def test_runs_of_different_tasks_show_each_task_s_metrics(capsys, runs, tmp_path
     assert "accuracy" in header and "pearson" in header
     assert row.split()[header.split().index("accuracy")] == "-"  # a metric the run does not compute
     assert "best eval of lr-1e-3: by accuracy" in out and "best eval of regression: by pearson" in out
+
+
+def test_a_run_s_best_is_by_the_metric_the_run_chose_its_best_model_by(capsys, runs, tmp_path):
+    # NER logs precision before f1, and picks its best model by f1: the run records that choice in result.json
+    run = runs / "ner"
+    result = result_of(run)
+    assert result["metric_for_best"] == "f1" and result["greater_is_better"] is True
+    made, out = compared(capsys, run, "--plot", tmp_path / "cmp.png")
+    evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "eval"]
+    assert list(evals[0])[3] == "precision"  # split, step, epoch, then the metrics: f1 is not the first
+    best = max(evals, key=lambda r: r["f1"])
+    assert made["runs"][0]["best"] == {
+        "metric": "f1",
+        "value": best["f1"],
+        "step": best["step"],
+        "greater_is_better": True,
+        "chosen_by": "run",
+    }
+    assert "best eval of every run: by f1, higher is better (the metric the run chose its best model by)" in out
+    assert "metric_for_best" not in made["runs"][0]["metrics"]  # a recorded choice is no metric
+
+
+def test_a_run_folder_that_records_no_choice_falls_back_to_the_first_metric_logged(capsys, runs, tmp_path):
+    run = copy_run(runs / "ner", tmp_path / "old")  # as an earlier version left it: no choice in result.json
+    result = {k: v for k, v in result_of(run).items() if k not in ("metric_for_best", "greater_is_better")}
+    (run / "result.json").write_text(json.dumps(result))
+    made, out = compared(capsys, run, "--plot", tmp_path / "cmp.png")
+    assert made["runs"][0]["best"]["metric"] == "precision" and made["runs"][0]["best"]["chosen_by"] == "default"
+    assert "by precision, higher is better (no metric_for_best set or recorded" in out
 
 
 def test_a_run_stopped_before_its_first_evaluation_has_no_best(capsys, runs, tmp_path):

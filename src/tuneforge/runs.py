@@ -50,7 +50,8 @@ class RunFolder:
 @dataclass(frozen=True)
 class Best:
     """The best evaluation of a run by `metric` (`value` at `step`; None where the run has no such evaluation),
-    and why that metric: `chosen_by` is "metric_for_best" (the run's config) or "default"."""
+    and why that metric: `chosen_by` is "metric_for_best" (the run's config), "run" (what result.json records the
+    run picked its best model by) or "default" (neither: the first metric its evaluations log)."""
 
     metric: str
     greater_is_better: bool
@@ -209,16 +210,23 @@ def differing_keys(runs: list[RunFolder]) -> tuple[list[str], int]:
 
 
 def best_eval(run: RunFolder) -> Best:
-    """The run's best evaluation by its config's metric_for_best; without one, by the first metric its evaluations
-    log that is not the loss (a task logs its own main metric first), else by the loss."""
+    """The run's best evaluation by its config's metric_for_best; without one, by the metric the run recorded in
+    result.json as the one it picked its best model by (the task's own: NER's f1, not the precision it logs
+    first); where it recorded none (unfinished, or of an earlier version), by the first metric its evaluations log
+    that is not the loss, else by the loss."""
     evals = [r for r in run.records if r.get("split") == "eval"]
-    chosen = run.config.get("metric_for_best")
+    chosen, recorded = run.config.get("metric_for_best"), (run.result or {}).get("metric_for_best")
+    greater = None
     if isinstance(chosen, str) and chosen:
         metric, chosen_by = chosen, "metric_for_best"
+    elif isinstance(recorded, str) and recorded:
+        metric, chosen_by = recorded, "run"
+        greater = run.result.get("greater_is_better")
     else:
         logged = [k for r in evals[:1] for k, v in r.items() if isinstance(v, float) and k not in NOT_METRICS]
         metric, chosen_by = next((k for k in logged if k != "loss"), "loss"), "default"
-    greater = not lower_is_better(metric)
+    if not isinstance(greater, bool):
+        greater = not lower_is_better(metric)
     scored = [(r[metric], r["step"]) for r in evals if _number(r.get(metric)) and math.isfinite(r[metric])]
     if not scored:
         return Best(metric, greater, chosen_by)
@@ -321,7 +329,9 @@ def notes(comparison: dict[str, Any]) -> list[str]:
         ways.setdefault((best["metric"], best["greater_is_better"], best["chosen_by"]), []).append(row["name"])
     why = {
         "metric_for_best": "its metric_for_best",
-        "default": "no metric_for_best set: the first metric its evaluations log, or the loss",
+        "run": "the metric the run chose its best model by",
+        "default": f"no metric_for_best set or recorded in {RESULT_FILE}: the first metric its evaluations log, or "
+        "the loss",
     }
     for (metric, greater, chosen_by), names in ways.items():
         which = "every run" if len(names) == len(runs) else ", ".join(names)

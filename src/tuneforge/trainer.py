@@ -492,6 +492,8 @@ class Trainer:
         result.update(train_loss=st.train_loss, steps=st.step, wall_s=round(time.perf_counter() - t0, 2))
         result["data_wait_s"] = round(run.data_wait, 3)  # (this rank's steps, waiting for their data)
         result.update(model_dir=str(model_dir), output_dir=str(cfg.output_dir))
+        if run.best is not None:  # what picked the best model (the task's default where no metric_for_best)
+            result.update(metric_for_best=run.best.metric, greater_is_better=run.best.greater_is_better)
         if st.best_step is not None:
             result["best_step"] = st.best_step
         if st.skipped_steps:
