@@ -429,3 +429,59 @@ def test_the_parse_check_takes_transformers_own_generation_tag():
 
     tagged = "{% for m in messages %}{% generation %}{{ m['content'] | tojson }}{% endgeneration %}{% endfor %}"
     check_template_parses(tagged, "tagged.jinja")  # valid for apply_chat_template: not refused
+
+
+# ---- a bad row is named by its row in the file, also where 10% of the file was held out (and shuffled) ----------
+def held_out_positions(rows: int, seed: int = 42) -> list[int]:
+    """The 0-based rows of a `rows`-row file that the default hold-out (10%, split_seed 42) takes for validation."""
+    import datasets
+
+    return datasets.Dataset.from_dict({"i": list(range(rows))}).train_test_split(test_size=0.1, seed=seed)["test"]["i"]
+
+
+def labelled_rows(n: int, bad_at: int, bad: dict) -> list[dict]:
+    """`n` sentiment rows, row `bad_at` (0-based) updated with `bad`."""
+    rows = [
+        {"text": f"good film {i}", "label": "pos"} if i % 2 else {"text": f"bad film {i}", "label": "neg"}
+        for i in range(n)
+    ]
+    rows[bad_at].update(bad)
+    return rows
+
+
+@pytest.mark.parametrize("part", ["train", "validation"])
+def test_an_empty_label_is_named_by_the_file_s_own_row_also_after_the_hold_out(tmp_path, tiny_bert, capsys, part):
+    held = held_out_positions(30)
+    bad_at = 3 if part == "train" else held[0]
+    assert (bad_at in held) == (part == "validation")
+    train = write(tmp_path / "t.jsonl", jsonl(*labelled_rows(30, bad_at, {"label": None})))
+    args = cli_flags(model=tiny_bert, train_file=train, output_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
+    line = refused(capsys, (tmp_path,), "train", *args, "--max-steps", "1", "--quiet", needles=("has an empty label",))
+    assert f"row {bad_at + 1} of " in line and str(train) in line
+
+
+def test_a_ragged_last_csv_row_is_named_by_its_row(tmp_path, tiny_bert, capsys):
+    lines = ["text,label", *(f"film {i},{'pos' if i % 2 else 'neg'}" for i in range(20)), "a row without its label"]
+    train = write(tmp_path / "t.csv", "\n".join(lines) + "\n")
+    args = cli_flags(model=tiny_bert, train_file=train, output_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
+    refused(capsys, (tmp_path,), "train", *args, "--quiet", needles=("row 21 of the train data", "empty label"))
+
+
+@pytest.mark.parametrize("part", ["train", "validation"])
+def test_a_regression_label_that_is_no_number_is_named_by_the_file_s_own_row(tmp_path, tiny_bert, capsys, part):
+    bad_at = 3 if part == "train" else held_out_positions(30)[0]
+    rows = [f"film {i},{i / 30:.3f}" if i != bad_at else f"film {i},abc" for i in range(30)]
+    train = write(tmp_path / "t.csv", "\n".join(["text,label", *rows]) + "\n")  # (jsonl: a mixed-type column)
+    args = cli_flags(
+        task="regression", model=tiny_bert, train_file=train, output_dir=tmp_path / "out", cache_dir=tmp_path / "c"
+    )
+    line = refused(capsys, (tmp_path,), "train", *args, "--quiet", needles=("'abc'", "is not a number"))
+    assert f"(row {bad_at + 1})" in line and str(train) in line
+
+
+def test_a_label_held_out_alone_is_named_by_the_file_s_own_row(tmp_path, tiny_bert, capsys):
+    bad_at = held_out_positions(30)[0]  # the file's only 'meh' row: validation holds it, training never sees it
+    train = write(tmp_path / "t.jsonl", jsonl(*labelled_rows(30, bad_at, {"label": "meh"})))
+    args = cli_flags(model=tiny_bert, train_file=train, output_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
+    line = refused(capsys, (tmp_path,), "train", *args, "--quiet", needles=("'meh'", "is not in the label set"))
+    assert f"(row {bad_at + 1})" in line and str(train) in line

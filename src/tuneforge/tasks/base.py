@@ -508,14 +508,29 @@ def mean_over_ranks(backend, loss_sum: torch.Tensor, count: torch.Tensor) -> flo
     return float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
 
 
+HELD_OUT = 0.1  # the share of a lone training file held out for validation
+
+
 def hold_out_validation(train, seed: int, what: str, fix: str) -> dict:
-    """{"train", "validation"}: 10% of `train` held out for validation, fixed by `seed`."""
+    """{"train", "validation"}: 10% of `train` held out for validation, fixed by `seed`; both parts shuffled
+    (held_out_rows: where each part's rows were in `train`)."""
     if len(train) < 2:
         raise DataError(
             f"the training data has only {len(train)} {what}: too few to hold out 10% for validation; {fix}"
         )
-    parts = train.train_test_split(test_size=0.1, seed=seed)
+    parts = train.train_test_split(test_size=HELD_OUT, seed=seed)
     return {"train": parts["train"], "validation": parts["test"]}
+
+
+def held_out_rows(size: int, seed: int) -> dict[str, list[int]]:
+    """{"train", "validation"}: the rows (1-based) of a table of `size` rows that hold_out_validation(table, seed)
+    puts in each part, in the part's order (the same split of row numbers alone): for an error that names a row
+    of the file."""
+    import datasets
+
+    numbered = datasets.Dataset.from_dict({"row": list(range(1, size + 1))})
+    parts = numbered.train_test_split(test_size=HELD_OUT, seed=seed)
+    return {"train": parts["train"]["row"], "validation": parts["test"]["row"]}
 
 
 def empty_check(ds, split: str) -> None:

@@ -21,6 +21,7 @@ from tuneforge.tasks.base import (
     ServingPrecision,
     Task,
     empty_check,
+    held_out_rows,
     hold_out_validation,
     open_predictor_folder,
     predict_max_length,
@@ -140,6 +141,7 @@ class ClassificationTask(Task):
             self.regression = name == "regression"
             self.metrics = ("pearson", "spearman") if self.regression else ("accuracy", "f1")
         self.num_labels = 1 if self.regression else None
+        self.held_out: tuple[int, int] | None = None  # (rows, split_seed) of a training file 10% was held out of
         self.best_metric = self.metrics[0]
         self.greater_is_better = True
         self._check_inputs()
@@ -205,6 +207,7 @@ class ClassificationTask(Task):
 
     def _load_files(self) -> datasets.DatasetDict:
         data = self.config.data
+        self.held_out = None
         if not data.train_file:
             if data.validation_file and self.label_names is not None:  # evaluating a fine-tuned model
                 return datasets.DatasetDict(validation=read_split(data.validation_file))
@@ -214,13 +217,21 @@ class ClassificationTask(Task):
             splits["validation"] = read_split(data.validation_file)
         else:  # hold out 10% of train, fixed by split_seed
             self.log("no --validation-file: holding out 10% of the training file for validation")
+            self.held_out = (len(splits["train"]), data.split_seed)
             splits = hold_out_validation(splits["train"], data.split_seed, "row", "add rows or pass --validation-file")
         return datasets.DatasetDict(splits)
 
     def _where(self, split: str) -> str:
         data = self.config.data
+        if split == "validation" and self.held_out is not None:
+            return f"the validation rows held out of the train data ({data.train_file})"
         path = data.train_file if split == "train" else data.validation_file
         return f"the {split} data ({path})" if path else f"the {split} data"
+
+    def _row(self, split: str, i: int) -> int:
+        """Row `i` of `split` as the file's own row (1-based, the header not counted), which a hold-out shuffled
+        (an error's path only: the split is made again, of row numbers alone)."""
+        return i + 1 if self.held_out is None else held_out_rows(*self.held_out)[split][i]
 
     def _resolve_columns(self, raw: datasets.DatasetDict) -> None:
         cols = next(iter(raw.values())).column_names
@@ -292,7 +303,8 @@ class ClassificationTask(Task):
             if v is None or not str(v).strip():
                 hint = misspelling_hint(self.label_column, columns)
                 raise DataError(
-                    f"row {i + 1} of {self._where(split)} has an empty label{hint}; fill it in or drop the row"
+                    f"row {self._row(split, i)} of {self._where(split)} has an empty label{hint}; fill it in or "
+                    "drop the row"
                 )
 
     def encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
@@ -309,8 +321,8 @@ class ClassificationTask(Task):
                             raise ValueError
                     except (TypeError, ValueError):
                         raise DataError(
-                            f"regression label {v!r} in {self._where(split)} (row {i + 1}) is not a number; "
-                            "fix that row (or drop --task regression for class labels)"
+                            f"regression label {v!r} in {self._where(split)} (row {self._row(split, i)}) is not a "
+                            "number; fix that row (or drop --task regression for class labels)"
                         ) from None
                     out.append(f)
                 return out
@@ -331,7 +343,8 @@ class ClassificationTask(Task):
                 key = str(v)
                 if v is None or not key.strip():
                     raise DataError(
-                        f"row {i + 1} of {self._where(split)} has an empty label; fill it in or drop the row"
+                        f"row {self._row(split, i)} of {self._where(split)} has an empty label; fill it in or drop "
+                        "the row"
                     )
                 if (
                     key not in index
@@ -342,15 +355,23 @@ class ClassificationTask(Task):
                     out.append(int(v))
                     continue
                 if key not in index:
-                    raise DataError(
-                        f"label {v!r} in {self._where(split)} (row {i + 1}) is not in the label set "
-                        f"[{', '.join(self.label_names)}]; fix the row or add that label to the training data"
-                    )
+                    raise self._not_in_label_set(v, split, i)
                 out.append(index[key])
             return out
 
         return datasets.DatasetDict(
             {s: ds.remove_columns(col).add_column("labels", to_ids(ds[col], s)) for s, ds in raw.items()}
+        )
+
+    def _not_in_label_set(self, value, split: str, i: int) -> DataError:
+        fix = (
+            "no training row is left with it: add rows with that label, or pass --validation-file"
+            if split == "validation" and self.held_out is not None  # the hold-out took every row of that label
+            else "fix the row or add that label to the training data"
+        )
+        return DataError(
+            f"label {value!r} in {self._where(split)} (row {self._row(split, i)}) is not in the label set "
+            f"[{', '.join(self.label_names)}]; {fix}"
         )
 
     def adopt_model_labels(self, model_config=None) -> None:
