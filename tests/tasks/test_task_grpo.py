@@ -361,3 +361,35 @@ def test_reward_functions_get_completion_ids_with_the_end_token_as_trl_does(tiny
     stopped, cut = Completion("ab", [5, 6], "stop", stop_token=2), Completion("c", [7], "length")
     batch = {"prompt": [json.dumps("hi")], "columns": [json.dumps({"answer": "1"})]}
     assert task._score([batch], [stopped, cut], 2)[:, 0].tolist() == [3.0, 1.0]
+
+
+def scoring_task(model: str, cache_dir: str, tmp_path: Path, reward: str, **options):
+    """A GRPO task with its tokenizer and rewards loaded, ready to `_score` a batch (no run)."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "hi", "answer": "1"}] * 2)
+    data = {"train_file": str(train), "validation_file": str(train), "cache_dir": cache_dir}
+    task = get_task(build_config(task="grpo", model=model, data=data, task_options={"reward": [reward], **options}))
+    task.load_tokenizer()
+    task.load_raw()  # (its rewards load with the data)
+    return task
+
+
+def test_completions_reach_reward_functions_in_their_prompts_form_as_trl_gives_them(tiny_llama, cache_dir, tmp_path):
+    """TRL gives plain text completions for a text prompt and [{"role": "assistant", ...}] for a prompt of messages,
+    whatever template renders it; a text prompt rendered as chat reached the functions as messages, so a ported
+    `len(completion)` counted one message."""
+    from tuneforge.serve.engine import Completion
+
+    (tmp_path / "forms.py").write_text(
+        "def form(prompts, completions, **kwargs):\n"
+        "    return [float(isinstance(p, str)) + 10 * isinstance(c, str) for p, c in zip(prompts, completions)]\n"
+    )
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}{{ m['content'] }}\n{% endfor %}")
+    chat = {"prompt_format": "chat", "chat_template": str(tmp_path / "t.jinja")}
+    task = scoring_task(tiny_llama, cache_dir, tmp_path, f"{tmp_path / 'forms.py'}:form", **chat)
+    text, messages = json.dumps("hi"), json.dumps([{"role": "user", "content": "hi"}])
+    batch = {"prompt": [text, messages], "columns": [json.dumps({})] * 2}
+    done = [Completion("ab", [5, 6], "stop", stop_token=2)] * 2
+    assert task._score([batch], done, 1)[:, 0].tolist() == [11.0, 0.0]

@@ -507,10 +507,10 @@ class GRPOTask(CausalLMTask):
         """[completions, functions] rewards (nan: not applicable) of `g` completions per prompt of `batches`."""
         prompts = [json.loads(p) for b in batches for p in b["prompt"] for _ in range(g)]
         columns_rows = [json.loads(c) for b in batches for c in b["columns"] for _ in range(g)]
-        texts = [c.text for c in completions]
-        if self.as_chat:  # TRL's conversational form
-            prompts = [[{"role": "user", "content": p}] if isinstance(p, str) else p for p in prompts]
-            texts = [[{"role": "assistant", "content": t}] for t in texts]
+        # TRL's rule: a prompt of messages gets its completion as one assistant message, a text prompt as text
+        # (also where the chat template renders it)
+        as_message = lambda text: [{"role": "assistant", "content": text}]  # noqa: E731
+        texts = [c.text if isinstance(p, str) else as_message(c.text) for p, c in zip(prompts, completions)]
         names = sorted({k for row in columns_rows for k in row})
         columns = {k: [row.get(k) for row in columns_rows] for k in names}
         columns["completion_ids"] = [self._completion_ids(c) for c in completions]  # with the EOS, as TRL's
