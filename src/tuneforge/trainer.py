@@ -407,6 +407,7 @@ class Trainer:
             epoch=st.epoch,
             seed=run.config.seed,
             device=run.backend.device,
+            max_steps=run.plan.total_steps,
         )
 
     # ---- evaluation ------------------------------------------------------------------------
@@ -424,6 +425,9 @@ class Trainer:
             generate=functools.partial(b.generate, model),
             tokenizer=run.tokenizer,
             complete=self.complete,
+            step=self.state.step,
+            max_steps=run.plan.total_steps if run.plan is not None else 0,
+            epoch=self.state.epoch,
         )
         bs = run.config.eval_batch_size or run.config.batch_size * 2
         for idx in eval_batches(lengths_of(data), batch_size=bs, dp_rank=b.dp_rank, dp_size=b.dp_size):

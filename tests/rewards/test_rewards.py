@@ -434,3 +434,15 @@ def test_the_same_file_function_twice(user_file, monkeypatch):
     assert f"--reward './my_rewards.py:three' is given twice (as '{user_file}:three')" in one_line(error)
     # two functions of one file are two rewards
     assert len(load_rewards(["my_rewards.py:three", "my_rewards.py:text"], RewardSettings())) == 2
+
+
+def test_trainer_state_reaches_every_function_and_no_column_may_take_its_name(user_file):
+    """TRL passes `trainer_state=` to every reward function; a data column of that name would have clashed with it
+    (a TypeError blamed on the function), as one named `prompts` would."""
+    source = "def step(completions, trainer_state, **kwargs):\n    return [trainer_state] * 2\n"
+    write(user_file.parent, "state.py", source)
+    function = reward(f"{user_file.parent / 'state.py'}:step")
+    assert function.columns == ()  # scoring gives it, not the data
+    assert score([function], ["p", "q"], ["a", "b"], {}, trainer_state=3).tolist() == [[3.0], [3.0]]
+    with pytest.raises(DataError, match="a data column is named 'trainer_state'"):
+        score([function], ["p", "q"], ["a", "b"], {"trainer_state": [1, 2]}, trainer_state=3)

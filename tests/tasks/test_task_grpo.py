@@ -393,3 +393,24 @@ def test_completions_reach_reward_functions_in_their_prompts_form_as_trl_gives_t
     batch = {"prompt": [text, messages], "columns": [json.dumps({})] * 2}
     done = [Completion("ab", [5, 6], "stop", stop_token=2)] * 2
     assert task._score([batch], done, 1)[:, 0].tolist() == [11.0, 0.0]
+
+
+def test_a_reward_function_that_names_trainer_state_gets_the_runs_progress_as_trl_gives_it(
+    tiny_llama, data, cache_dir, tmp_path
+):
+    """TRL passes `trainer_state=` (transformers' TrainerState: global_step, max_steps, epoch) for rewards that change
+    with training; a function naming it was refused ("no column 'trainer_state'"), one reading it from **kwargs got
+    nothing. Generation for step k sees k - 1 steps done, as TRL's; evaluation sees the steps done."""
+    (tmp_path / "staged.py").write_text(
+        "from transformers import TrainerState\n\n\n"
+        "def staged(completions, trainer_state, **kwargs):\n"
+        "    assert isinstance(trainer_state, TrainerState)\n"
+        "    return [trainer_state.global_step + 10.0 * trainer_state.max_steps + 100 * trainer_state.epoch] * len("
+        "completions)\n"
+    )
+    args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "run", "--max-steps", "2", "--batch-size", "2")
+    args[args.index(f"{data[2] / 'rewards.py'}:variety")] = f"{tmp_path / 'staged.py'}:staged"
+    out = grpo_run(*args, "--logging-steps", "1")
+    assert {s["step"]: s["rewards"]["staged"] for s in read_jsonl(out / "completions.jsonl")} == {1: 20.0, 2: 21.0}
+    final = read_jsonl(out / "metrics.jsonl")[-1]
+    assert final["split"] == "eval" and final["reward_staged"] == 22.0

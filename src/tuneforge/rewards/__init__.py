@@ -13,8 +13,9 @@ A spec is one of:
   gives its scoring function, with the same signature.
 
 Scoring calls each function once on the whole batch, as TRL's GRPOTrainer does: `fn(prompts=..., completions=...,
-**columns)` (an `async def` one awaited), where `columns` holds every data column of the batch's rows and
-`completion_ids`. It returns one float per completion, or None where it does not apply (NaN in the table; the
+trainer_state=..., **columns)` (an `async def` one awaited), where `columns` holds every data column of the batch's
+rows and `completion_ids`, and `trainer_state` the run's progress (transformers' TrainerState: global_step,
+max_steps, epoch). It returns one float per completion, or None where it does not apply (NaN in the table; the
 task's weighted sum skips it, as TRL's nansum does). A function that raises, returns something other than a list
 (or tuple) of one value per completion, or a value that is not a finite number or None stops the run with one
 DataError line naming it; to name the row behind an exception, the function is called again on each row alone (not
@@ -149,34 +150,37 @@ def _load(spec: str, settings: RewardSettings) -> RewardFunction:
     return RewardFunction(spec, builtin.length_reward(settings.target_length))
 
 
-def score(functions: list[RewardFunction], prompts: list, completions: list, columns: dict[str, list]):
+def score(
+    functions: list[RewardFunction], prompts: list, completions: list, columns: dict[str, list], trainer_state=None
+):
     """A float64 tensor [completions, functions] of the rewards, NaN where a function said None; DataError (one
-    line naming the function, and the row where it can be known) for a function that fails."""
+    line naming the function, and the row where it can be known) for a function that fails. `trainer_state` is
+    passed to every function as it is (TRL's TrainerState)."""
     import torch
 
     count = len(completions)
     if len(prompts) != count:
         raise ValueError(f"{len(prompts)} prompts for {count} completions")
     for name, values in columns.items():
-        if name in ("prompts", "completions"):
+        if name in ("prompts", "completions", "trainer_state"):
             raise DataError(f"a data column is named {name!r}, which reward functions receive already; rename it")
         if len(values) != count:
             raise ValueError(f"column {name!r} has {len(values)} values for {count} completions")
     table = torch.full((count, len(functions)), math.nan, dtype=torch.float64)
     for index, function in enumerate(functions):
         try:
-            returned = _called(function, prompts, completions, columns)
+            returned = _called(function, prompts, completions, columns, trainer_state)
         except UserError as error:  # tuneforge's own line (a reward model that cannot load): no row is at fault
             raise type(error)(f"reward {function.name!r}: {error}") from error
         except Exception as error:
-            raise DataError(_raised(function, error, prompts, completions, columns)) from error
+            raise DataError(_raised(function, error, prompts, completions, columns, trainer_state)) from error
         table[:, index] = torch.tensor(_values(function, returned, count), dtype=torch.float64)
     return table
 
 
-def _called(function: RewardFunction, prompts: list, completions: list, columns: dict):
+def _called(function: RewardFunction, prompts: list, completions: list, columns: dict, trainer_state):
     """What the function returns; an `async def` one's result awaited (TRL 1.x takes those too)."""
-    returned = function.fn(prompts=prompts, completions=completions, **columns)
+    returned = function.fn(prompts=prompts, completions=completions, trainer_state=trainer_state, **columns)
     return asyncio.run(returned) if inspect.iscoroutine(returned) else returned
 
 
@@ -215,10 +219,10 @@ def _as_float(value) -> float | None:
     return None
 
 
-def _raised(function: RewardFunction, error: Exception, prompts: list, completions: list, columns: dict) -> str:
+def _raised(function: RewardFunction, error: Exception, prompts: list, completions: list, columns: dict, state) -> str:
     """The line for a function that raised: its exception and the first row that alone makes it raise, or, when
     none does, the batch's first prompt."""
-    found = (0, error) if len(completions) == 1 else _failing_row(function, prompts, completions, columns)
+    found = (0, error) if len(completions) == 1 else _failing_row(function, prompts, completions, columns, state)
     if found is None:
         where = f"on the batch of {len(completions)} completions whose first prompt is {_prompt(prompts[0])}"
     else:
@@ -228,11 +232,11 @@ def _raised(function: RewardFunction, error: Exception, prompts: list, completio
     return f"reward {function.name!r} raised {type(error).__name__}{': ' if message else ''}{message} {where}"
 
 
-def _failing_row(function: RewardFunction, prompts: list, completions: list, columns: dict):
+def _failing_row(function: RewardFunction, prompts: list, completions: list, columns: dict, trainer_state):
     for row in range(len(completions)):
         alone = {name: [values[row]] for name, values in columns.items()}
         try:
-            _called(function, [prompts[row]], [completions[row]], alone)
+            _called(function, [prompts[row]], [completions[row]], alone, trainer_state)
         except Exception as error:
             return row, error
     return None

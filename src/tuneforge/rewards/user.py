@@ -5,8 +5,8 @@ The path is relative to the current folder, or absolute. The file is imported as
 unique name (registered in sys.modules, so dataclasses and pickling work in it), with its own folder first on
 sys.path while it imports so that it can import modules beside it, as `python file.py` would. The function must
 have TRL's signature, `fn(prompts, completions, **kwargs) -> list[float | None]`: it is called with every data
-column and `completion_ids` by name, so it takes **kwargs; its other named parameters without a default are
-data columns it needs (the task checks every row has them). Every bad spec is one ConfigError line.
+column, `completion_ids` and `trainer_state` by name, so it takes **kwargs; its other named parameters without a
+default are data columns it needs (the task checks every row has them). Every bad spec is one ConfigError line.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tuneforge.errors import ConfigError
 
 _MODULE_NUMBERS = itertools.count()
 SIGNATURE = "fn(prompts, completions, **kwargs) -> list[float | None]"
-PASSED = ("prompts", "completions", "completion_ids")  # what scoring gives besides the data's columns
+PASSED = ("prompts", "completions", "completion_ids", "trainer_state")  # scoring's own, beside the columns
 
 
 def check_user_spec(spec: str, path: str, name: str) -> Path:
@@ -124,5 +124,5 @@ def _check_signature(spec: str, function: Callable) -> None:
         return
     raise ConfigError(
         f"--reward {spec!r}: the function's signature is {inspect.signature(function)}; a reward function takes "
-        f"TRL's {SIGNATURE} (it is given every data column and completion_ids by name)"
+        f"TRL's {SIGNATURE} (it is given every data column, completion_ids and trainer_state by name)"
     )

@@ -134,6 +134,11 @@ class EvalTools:
     # complete(prompts, params) -> engine Completions: the continuous-batching engine on the live model
     # (serve/engine.py `GenerationEngine.generate`), for tasks that generate while they train (StepTools)
     complete: Callable[..., list] | None = None
+    # where the run stands (a task may pass it on, as GRPO gives reward functions TRL's trainer_state): the optimizer
+    # steps taken, the run's total (0 outside training: `tuneforge evaluate`) and the epochs completed
+    step: int = 0
+    max_steps: int = 0
+    epoch: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ class StepTools:
     live model, in eval mode, under the run's autocast; model: the unwrapped live model (for no-grad forwards);
     autocast(): the run's autocast context; reduce_sum / gather_objects: the backend's collectives over the
     data-parallel ranks; step: the optimizer step about to be taken (1-based); epoch; seed: the run's seed; device:
-    where the step's tensors go."""
+    where the step's tensors go; max_steps: the run's total optimizer steps."""
 
     complete: Callable[..., list]
     model: Any
@@ -156,6 +161,7 @@ class StepTools:
     epoch: int
     seed: int
     device: torch.device
+    max_steps: int = 0
 
 
 class MetricStream:

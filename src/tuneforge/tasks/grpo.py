@@ -176,6 +176,14 @@ def sample_seed(seed: int, epoch: int, row: int, k: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
+def trainer_state(global_step: int, max_steps: int, epoch: int):
+    """What TRL passes reward functions as `trainer_state`: transformers' TrainerState, with the optimizer steps
+    done, the run's total and the epochs completed (its other fields at their defaults)."""
+    from transformers import TrainerState
+
+    return TrainerState(global_step=global_step, max_steps=max_steps, epoch=float(epoch))
+
+
 def checked(completions: list) -> list:
     """The completions, or one line when the engine failed any (the engine logged why): training on an empty
     completion would teach the model nothing true."""
@@ -483,7 +491,8 @@ class GRPOTask(CausalLMTask):
         settings = [{**sampling, "seed": sample_seed(tools.seed, tools.epoch, r, k)} for r in rows for k in range(g)]
         completions = checked(tools.complete([p for p in prompts for _ in range(g)], settings))
         self.window.gen_s += time.perf_counter() - started
-        per_function = self._score(batches, completions, g)
+        state = trainer_state(tools.step - 1, tools.max_steps, tools.epoch)  # TRL: the steps done before this one
+        per_function = self._score(batches, completions, g, state)
         rewards = grpo_loss.total_rewards(per_function, self.weights)
         batch_std = self._batch_std(rewards, tools) if o.scale_rewards == "batch" else None
         advantages, flat = grpo_loss.group_advantages(rewards, g, o.scale_rewards, batch_std)
@@ -503,8 +512,9 @@ class GRPOTask(CausalLMTask):
         ids = list(completion.token_ids)
         return ids + [completion.stop_token] if completion.stop_token is not None else ids
 
-    def _score(self, batches: list[dict], completions, g: int) -> torch.Tensor:
-        """[completions, functions] rewards (nan: not applicable) of `g` completions per prompt of `batches`."""
+    def _score(self, batches: list[dict], completions, g: int, state=None) -> torch.Tensor:
+        """[completions, functions] rewards (nan: not applicable) of `g` completions per prompt of `batches`; `state`
+        is the `trainer_state` the functions get."""
         prompts = [json.loads(p) for b in batches for p in b["prompt"] for _ in range(g)]
         columns_rows = [json.loads(c) for b in batches for c in b["columns"] for _ in range(g)]
         # TRL's rule: a prompt of messages gets its completion as one assistant message, a text prompt as text
@@ -514,7 +524,7 @@ class GRPOTask(CausalLMTask):
         names = sorted({k for row in columns_rows for k in row})
         columns = {k: [row.get(k) for row in columns_rows] for k in names}
         columns["completion_ids"] = [self._completion_ids(c) for c in completions]  # with the EOS, as TRL's
-        return score(self.rewards, prompts, texts, columns)
+        return score(self.rewards, prompts, texts, columns, state)
 
     @staticmethod
     def _batch_std(rewards: torch.Tensor, tools: StepTools) -> torch.Tensor:
@@ -658,7 +668,7 @@ class GRPOTask(CausalLMTask):
             raise ConfigError("--task grpo evaluates with the generation engine; evaluate through the Trainer")
         params = {"max_tokens": self.options.max_completion_length, "temperature": 0.0}
         completions = checked(tools.complete(batch["prompt_ids"], [params] * len(batch["prompt_ids"])))
-        per_function = self._score([batch], completions, 1)
+        per_function = self._score([batch], completions, 1, trainer_state(tools.step, tools.max_steps, tools.epoch))
         stream.update((per_function, grpo_loss.total_rewards(per_function, self.weights)), batch, valid)
 
     def metric_stream(self):
