@@ -414,3 +414,22 @@ def test_a_reward_function_that_names_trainer_state_gets_the_runs_progress_as_tr
     assert {s["step"]: s["rewards"]["staged"] for s in read_jsonl(out / "completions.jsonl")} == {1: 20.0, 2: 21.0}
     final = read_jsonl(out / "metrics.jsonl")[-1]
     assert final["split"] == "eval" and final["reward_staged"] == 22.0
+
+
+def test_no_reward_logs_under_another_ones_key():
+    """A function named `accuracy_std` logged its mean as `reward_accuracy_std`, overwriting the accuracy reward's
+    std on every train line; a function of yours named `accuracy` logged its evaluation mean as `accuracy`, the
+    built-in accuracy reward's key; a built-in after a function of its name lost its name."""
+    from tuneforge.tasks.grpo import StepWindow, eval_keys, metric_names
+
+    for specs in (["accuracy", "r.py:accuracy_std"], ["r.py:accuracy_std", "accuracy"], ["a.py:f_std", "b.py:f"]):
+        names = metric_names(specs)
+        window = StepWindow(2)
+        window.values.update(completions=2.0, groups=1.0)
+        logs = window.logs(names, with_kl=False)
+        assert len([k for k in logs if k.startswith("reward_")]) == 2 * 2 + 1, (specs, names)  # + reward_std
+    assert metric_names(["r.py:accuracy", "accuracy"]) == ["accuracy_1", "accuracy"]
+    specs = ["r.py:accuracy", "format"]
+    assert eval_keys(specs, metric_names(specs)) == ["reward_accuracy", "reward_format"]
+    specs = ["accuracy", "r.py:accuracy"]
+    assert eval_keys(specs, metric_names(specs)) == ["accuracy", "reward_accuracy_1"]

@@ -15,7 +15,8 @@ completion's number), so a resumed run, also on another world size, samples what
 Logged per logging interval: each reward function's mean and std, the total reward, completion length (mean,
 max, share truncated), clip ratios, KL (beta > 0), the share of groups with equal rewards (no signal), generation
 and training tokens/s; a few completions with their rewards go to OUTPUT_DIR/completions.jsonl. Evaluation:
-greedy completions of the validation prompts, each reward function's mean (`accuracy` for the accuracy reward).
+greedy completions of the validation prompts, each reward function's mean (`accuracy` for the built-in accuracy
+reward).
 """
 
 from __future__ import annotations
@@ -197,25 +198,37 @@ def checked(completions: list) -> list:
 
 
 def metric_names(specs: list[str]) -> list[str]:
-    """A short name per reward for logs: accuracy, format, length, the function's name, `model`; numbered where
-    another reward (or the total's `reward_std`) has it."""
-    names: list[str] = []
-    for spec in specs:
+    """A short name per reward for logs, in the order of `specs`: accuracy, format, length, the function's name,
+    `model`; numbered where another reward has it (the built-ins keep theirs), or where its log keys would be
+    another's: `reward_NAME_std` is NAME's std, `reward_std` the total's."""
+    taken: dict[int, str] = {}
+    for index in sorted(range(len(specs)), key=lambda i: ":" in specs[i]):  # the built-ins first
+        spec = specs[index]
         name = "model" if spec.startswith("model:") else spec.rsplit(":", 1)[-1] if ":" in spec else spec
-        unique, number = name, len(names)
-        while unique in names or unique == "std":  # reward_std is the total's
+        unique, number = name, len(taken)
+        while _clashes(unique, list(taken.values())):
             unique, number = f"{name}_{number}", number + 1
-        names.append(unique)
-    return names
+        taken[index] = unique
+    return [taken[i] for i in range(len(specs))]
+
+
+def _clashes(name: str, names: list[str]) -> bool:
+    return name == "std" or any(name in (other, f"{other}_std") or other == f"{name}_std" for other in names)
+
+
+def eval_keys(specs: list[str], names: list[str]) -> list[str]:
+    """Each reward's key in evaluation records: `accuracy` for the built-in accuracy reward (a metric by its
+    usual name), `reward_NAME` for the others (a function of yours named accuracy too)."""
+    return ["accuracy" if spec == "accuracy" else f"reward_{name}" for spec, name in zip(specs, names)]
 
 
 class RewardStream(MetricStream):
     """Evaluation: each reward function's mean over the prompts it applies to and the total reward's, over every
     rank (sums of value and count)."""
 
-    def __init__(self, names: list[str]) -> None:
-        self.names = names
-        self.sums = torch.zeros(2 * len(names) + 2, dtype=torch.float64)
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys  # eval_keys: each reward's
+        self.sums = torch.zeros(2 * len(keys) + 2, dtype=torch.float64)
 
     def update(self, outputs, batch, valid) -> None:
         per_function, total = outputs
@@ -234,11 +247,11 @@ class RewardStream(MetricStream):
 
     def compute(self, backend) -> dict[str, float]:
         totals = backend.reduce_sum(self.sums.to(backend.device)).cpu()
-        f = len(self.names)
+        f = len(self.keys)
         mean = lambda s, n: float(s / n) if n else float("nan")  # noqa: E731
         out = {"reward": mean(totals[-2], totals[-1])}
-        for i, name in enumerate(self.names):
-            out[name if name == "accuracy" else f"reward_{name}"] = mean(totals[i], totals[f + i])
+        for i, key in enumerate(self.keys):
+            out[key] = mean(totals[i], totals[f + i])
         return {**out, "num_prompts": int(totals[-1])}
 
 
@@ -672,7 +685,7 @@ class GRPOTask(CausalLMTask):
         stream.update((per_function, grpo_loss.total_rewards(per_function, self.weights)), batch, valid)
 
     def metric_stream(self):
-        return RewardStream(self.reward_names)
+        return RewardStream(eval_keys(self.options.reward, self.reward_names))
 
     def export_info(self) -> dict:
         return {"task": self.config.task, "block_size": self.block_size, **self.capabilities()}
