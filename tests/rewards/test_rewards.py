@@ -229,6 +229,24 @@ USER_REWARDS = """
         return [np.bool_(True), np.array(0.5), np.float32(0.25), np.int64(2)]
 
 
+    def as_array(prompts, completions, **kwargs):
+        import numpy as np
+
+        return np.array([0.5] * len(completions))
+
+
+    def as_tensor(prompts, completions, **kwargs):
+        import torch
+
+        return torch.arange(len(completions)) / 2
+
+
+    def matrix(prompts, completions, **kwargs):
+        import numpy as np
+
+        return np.zeros((len(completions), 2))
+
+
     async def judged(prompts, completions, **kwargs):
         import asyncio
 
@@ -277,6 +295,16 @@ def test_numpy_values_count_as_numbers(user_file):
     prompts, completions, columns = batch()
     table = score([reward(f"{user_file}:numpy_values")], prompts, completions, columns)
     assert table[:, 0].tolist() == [1.0, 0.5, 0.25, 2.0]
+
+
+def test_a_numpy_array_or_tensor_of_values_is_taken_as_trl_takes_it(user_file):
+    """TRL reads a function's result value by value, so a 1-d numpy array or tensor works there; here it was 'returned
+    a ndarray, not a list'."""
+    prompts, completions, columns = batch()
+    table = score([reward(f"{user_file}:as_array"), reward(f"{user_file}:as_tensor")], prompts, completions, columns)
+    assert table.tolist() == [[0.5, 0.0], [0.5, 0.5], [0.5, 1.0], [0.5, 1.5]]
+    with pytest.raises(DataError, match="matrix' returned a ndarray of shape \\(4, 2\\), not a list of 4 values"):
+        score([reward(f"{user_file}:matrix")], prompts, completions, columns)
 
 
 def test_an_async_function_is_awaited(user_file):

@@ -16,11 +16,11 @@ Scoring calls each function once on the whole batch, as TRL's GRPOTrainer does: 
 trainer_state=..., **columns)` (an `async def` one awaited), where `columns` holds every data column of the batch's
 rows and `completion_ids`, and `trainer_state` the run's progress (transformers' TrainerState: global_step,
 max_steps, epoch). It returns one float per completion, or None where it does not apply (NaN in the table; the
-task's weighted sum skips it, as TRL's nansum does). A function that raises, returns something other than a list
-(or tuple) of one value per completion, or a value that is not a finite number or None stops the run with one
-DataError line naming it; to name the row behind an exception, the function is called again on each row alone (not
-for tuneforge's own errors, such as a reward model's folder that fails to load at the first call: those keep their
-line, with the reward's name).
+task's weighted sum skips it, as TRL's nansum does). A function that raises, returns something other than a list (or
+tuple, or 1-d numpy array or tensor, as TRL reads them) of one value per completion, or a value that is not a finite
+number or None stops the run with one DataError line naming it; to name the row behind an exception, the function is
+called again on each row alone (not for tuneforge's own errors, such as a reward model's folder that fails to load
+at the first call: those keep their line, with the reward's name).
 """
 
 from __future__ import annotations
@@ -186,9 +186,13 @@ def _called(function: RewardFunction, prompts: list, completions: list, columns:
 
 def _values(function: RewardFunction, returned, count: int) -> list[float]:
     """The floats a function returned, None as NaN; DataError for anything but one finite number or None each."""
+    shape = getattr(returned, "shape", None)  # numpy or torch: TRL reads a 1-d one value by value, as a list
+    if shape is not None and callable(getattr(returned, "tolist", None)) and len(shape) == 1:
+        returned = returned.tolist()
     if not isinstance(returned, (list, tuple)):
+        shown = f" of shape {tuple(shape)}" if shape is not None else ""
         raise DataError(
-            f"reward {function.name!r} returned a {type(returned).__name__}, not a list of {count} values "
+            f"reward {function.name!r} returned a {type(returned).__name__}{shown}, not a list of {count} values "
             "(a number, or None where it does not apply, per completion)"
         )
     if len(returned) != count:
