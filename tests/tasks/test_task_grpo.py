@@ -433,3 +433,21 @@ def test_no_reward_logs_under_another_ones_key():
     assert eval_keys(specs, metric_names(specs)) == ["reward_accuracy", "reward_format"]
     specs = ["accuracy", "r.py:accuracy"]
     assert eval_keys(specs, metric_names(specs)) == ["accuracy", "reward_accuracy_1"]
+
+
+def test_a_completion_no_reward_applies_to_is_warned_of_as_trl_does(tiny_llama, cache_dir, tmp_path, caplog):
+    """Every function returned None for a completion: it is unscorable (reward nan, advantage 0: it trains nothing,
+    as in TRL 1.x), and TRL warns with the row; it passed in silence. One warning a run, not one a step."""
+    from tuneforge.serve.engine import Completion
+
+    (tmp_path / "none.py").write_text(
+        "def first_only(prompts, completions, **kwargs):\n    return [1.0] + [None] * (len(completions) - 1)\n"
+    )
+    task = scoring_task(tiny_llama, cache_dir, tmp_path, f"{tmp_path / 'none.py'}:first_only", prompt_format="text")
+    batch = {"prompt": [json.dumps("hi there")], "columns": [json.dumps({"answer": "1"})]}
+    done = [Completion("ab", [5, 6], "stop", stop_token=2)] * 3
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            assert task._score([batch], done, 3)[:, 0].tolist()[0] == 1.0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "2 of 3 completions" in warned[0] and "'hi there'" in warned[0], warned

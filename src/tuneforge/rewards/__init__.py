@@ -1,10 +1,10 @@
 """Reward functions for online RL (`--task grpo`): the `--reward` specs, their checking and loading, and the
 scoring of a batch of completions with them.
 
-Owns: the settings the built-ins read (RewardSettings), a loaded reward (RewardFunction), the registry of
-built-in names (BUILTIN), check_reward_spec (cheap, at config validation: imports neither torch nor the user's
-file), load_rewards and score. The built-ins are in builtin.py, user files are loaded by user.py, reward models
-by model.py (imported only when a spec names one).
+Owns: the settings the built-ins read (RewardSettings), a loaded reward (RewardFunction), the registry of built-in
+names (BUILTIN), check_reward_spec (cheap, at config validation: imports neither torch nor the user's file),
+load_rewards, score and quoted_prompt (a prompt as messages quote it). The built-ins are in builtin.py, user files
+are loaded by user.py, reward models by model.py (imported only when a spec names one).
 
 A spec is one of:
 - a built-in: `accuracy`, `format`, `length` (see builtin.py);
@@ -228,10 +228,10 @@ def _raised(function: RewardFunction, error: Exception, prompts: list, completio
     none does, the batch's first prompt."""
     found = (0, error) if len(completions) == 1 else _failing_row(function, prompts, completions, columns, state)
     if found is None:
-        where = f"on the batch of {len(completions)} completions whose first prompt is {_prompt(prompts[0])}"
+        where = f"on the batch of {len(completions)} completions whose first prompt is {quoted_prompt(prompts[0])}"
     else:
         row, error = found
-        where = f"on row {row} of the batch (prompt {_prompt(prompts[row])})"
+        where = f"on row {row} of the batch (prompt {quoted_prompt(prompts[row])})"
     message = " ".join(str(error).split())
     return f"reward {function.name!r} raised {type(error).__name__}{': ' if message else ''}{message} {where}"
 
@@ -246,7 +246,8 @@ def _failing_row(function: RewardFunction, prompts: list, completions: list, col
     return None
 
 
-def _prompt(prompt) -> str:
+def quoted_prompt(prompt) -> str:
+    """A prompt (text or messages) as an error or warning quotes it: its text, shortened, in quotes."""
     try:
         text = builtin.text_of(prompt, role=None)
     except (TypeError, ValueError):

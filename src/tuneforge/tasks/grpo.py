@@ -25,6 +25,7 @@ import copy
 import hashlib
 import inspect
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +39,13 @@ from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data import chat
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions, comma_list, one_or_list
-from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, score
+from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, quoted_prompt, score
 from tuneforge.tasks import grpo_loss
 from tuneforge.tasks.base import MetricStream, StepTools
 from tuneforge.tasks.clm import CausalLMTask
 
 SAMPLES_FILE = "completions.jsonl"
+log = logging.getLogger(__name__)
 
 
 def _names_of(spec) -> list:
@@ -288,6 +290,7 @@ class GRPOTask(CausalLMTask):
         self._keeps_logits: bool | None = None
         self._pad_id = 0  # the tokenizer's pad token (tokenize sets it)
         self._rollout: Rollout | None = None  # num_iterations > 1: the generated batch the next steps reuse
+        self._warned_unscorable = False
         self._check_reuse(config)
 
     @property
@@ -537,7 +540,25 @@ class GRPOTask(CausalLMTask):
         names = sorted({k for row in columns_rows for k in row})
         columns = {k: [row.get(k) for row in columns_rows] for k in names}
         columns["completion_ids"] = [self._completion_ids(c) for c in completions]  # with the EOS, as TRL's
-        return score(self.rewards, prompts, texts, columns, state)
+        table = score(self.rewards, prompts, texts, columns, state)
+        self._warn_unscorable(table, prompts)
+        return table
+
+    def _warn_unscorable(self, table: torch.Tensor, prompts: list) -> None:
+        """TRL's warning for completions that every reward function returned None for (they train nothing), once a
+        run."""
+        unscorable = torch.isnan(table).all(dim=1)
+        if self._warned_unscorable or not unscorable.any():
+            return
+        self._warned_unscorable = True
+        first = int(unscorable.nonzero()[0])
+        log.warning(
+            "every reward function returned None for %d of %d completions (the first of prompt %s): they have no "
+            "reward and train nothing; make at least one reward apply to each (warned once a run)",
+            int(unscorable.sum()),
+            len(prompts),
+            quoted_prompt(prompts[first]),
+        )
 
     @staticmethod
     def _batch_std(rewards: torch.Tensor, tools: StepTools) -> torch.Tensor:
