@@ -241,6 +241,14 @@ USER_REWARDS = """
         return torch.arange(len(completions)) / 2
 
 
+    def lazily(prompts, completions, **kwargs):
+        return (float(c == "good") for c in completions)
+
+
+    def mapped(prompts, completions, **kwargs):
+        return map(len, completions)
+
+
     def matrix(prompts, completions, **kwargs):
         import numpy as np
 
@@ -305,6 +313,14 @@ def test_a_numpy_array_or_tensor_of_values_is_taken_as_trl_takes_it(user_file):
     assert table.tolist() == [[0.5, 0.0], [0.5, 0.5], [0.5, 1.0], [0.5, 1.5]]
     with pytest.raises(DataError, match="matrix' returned a ndarray of shape \\(4, 2\\), not a list of 4 values"):
         score([reward(f"{user_file}:matrix")], prompts, completions, columns)
+
+
+def test_a_generator_or_map_of_values_is_taken_as_trl_takes_it(user_file):
+    """TRL reads a function's result value by value: `return (score(c) for c in completions)` or `map(...)` works
+    there; here it was 'returned a generator, not a list'."""
+    prompts, completions, columns = batch()
+    table = score([reward(f"{user_file}:lazily"), reward(f"{user_file}:mapped")], prompts, completions, columns)
+    assert table.tolist() == [[0.0, 2.0], [0.0, 1.0], [0.0, 3.0], [1.0, 4.0]]
 
 
 def test_an_async_function_is_awaited(user_file):

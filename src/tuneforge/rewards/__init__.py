@@ -17,10 +17,10 @@ trainer_state=..., **columns)` (an `async def` one awaited), where `columns` hol
 rows and `completion_ids`, and `trainer_state` the run's progress (transformers' TrainerState: global_step,
 max_steps, epoch). It returns one float per completion, or None where it does not apply (NaN in the table; the
 task's weighted sum skips it, as TRL's nansum does). A function that raises, returns something other than a list (or
-tuple, or 1-d numpy array or tensor, as TRL reads them) of one value per completion, or a value that is not a finite
-number or None stops the run with one DataError line naming it; to name the row behind an exception, the function is
-called again on each row alone (not for tuneforge's own errors, such as a reward model's folder that fails to load
-at the first call: those keep their line, with the reward's name).
+tuple, generator, or 1-d numpy array or tensor, as TRL reads them) of one value per completion, or a value that is
+not a finite number or None stops the run with one DataError line naming it; to name the row behind an exception,
+the function is called again on each row alone (not for tuneforge's own errors, such as a reward model's folder that
+fails to load at the first call: those keep their line, with the reward's name).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import inspect
 import math
 import numbers
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -179,9 +179,11 @@ def score(
 
 
 def _called(function: RewardFunction, prompts: list, completions: list, columns: dict, trainer_state):
-    """What the function returns; an `async def` one's result awaited (TRL 1.x takes those too)."""
+    """What the function returns; an `async def` one's result awaited (TRL 1.x takes those too), a generator's or
+    other iterator's values read (TRL reads them one by one; here, so that what they raise is the function's)."""
     returned = function.fn(prompts=prompts, completions=completions, trainer_state=trainer_state, **columns)
-    return asyncio.run(returned) if inspect.iscoroutine(returned) else returned
+    returned = asyncio.run(returned) if inspect.iscoroutine(returned) else returned
+    return list(returned) if isinstance(returned, Iterator) else returned
 
 
 def _values(function: RewardFunction, returned, count: int) -> list[float]:
