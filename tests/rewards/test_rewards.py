@@ -265,6 +265,21 @@ USER_REWARDS = """
         return await asyncio.gather(*(judge(c) for c in completions))
 
 
+    async def limited(prompts, completions, **kwargs):
+        import asyncio
+
+        global LIMIT
+        LIMIT = LIMIT or asyncio.Semaphore(2)  # at most 2 judge calls at once, for the whole run
+
+        async def judge(completion):
+            async with LIMIT:
+                await asyncio.sleep(0.01)
+                return float(completion == "good")
+
+        return await asyncio.gather(*(judge(c) for c in completions))
+
+
+    LIMIT = None
     THRESHOLD = 0.5
 """
 
@@ -332,6 +347,24 @@ def test_an_async_function_is_awaited(user_file):
     with pytest.raises(DataError) as error:
         score([function], prompts, completions, columns)
     assert "raised ZeroDivisionError: division by zero on row 2" in one_line(error)
+
+
+def test_async_functions_run_on_one_event_loop_for_the_run(user_file):
+    """TRL awaits async reward functions on one event loop kept for the run: what a function keeps between calls
+    (an API client, a semaphore bounding its calls) stays bound to that loop. Each call here had a loop of its own,
+    so the second step failed: 'Semaphore ... is bound to a different event loop'; and scoring called inside a
+    running loop (a notebook's) failed: 'asyncio.run() cannot be called from a running event loop'."""
+    import asyncio
+
+    function = reward(f"{user_file}:limited")
+    prompts, completions, columns = batch()
+    for _ in range(2):
+        assert score([function], prompts, completions, columns)[:, 0].tolist() == [0.0, 0.0, 0.0, 1.0]
+
+    async def in_a_notebook():
+        return score([function], prompts, completions, columns)[:, 0].tolist()
+
+    assert asyncio.run(in_a_notebook()) == [0.0, 0.0, 0.0, 1.0]
 
 
 def test_relative_path_from_the_current_folder(user_file, monkeypatch):

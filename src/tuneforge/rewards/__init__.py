@@ -13,14 +13,15 @@ A spec is one of:
   gives its scoring function, with the same signature.
 
 Scoring calls each function once on the whole batch, as TRL's GRPOTrainer does: `fn(prompts=..., completions=...,
-trainer_state=..., **columns)` (an `async def` one awaited), where `columns` holds every data column of the batch's
-rows and `completion_ids`, and `trainer_state` the run's progress (transformers' TrainerState: global_step,
-max_steps, epoch). It returns one float per completion, or None where it does not apply (NaN in the table; the
-task's weighted sum skips it, as TRL's nansum does). A function that raises, returns something other than a list (or
-tuple, generator, or 1-d numpy array or tensor, as TRL reads them) of one value per completion, or a value that is
-not a finite number or None stops the run with one DataError line naming it; to name the row behind an exception,
-the function is called again on each row alone (not for tuneforge's own errors, such as a reward model's folder that
-fails to load at the first call: those keep their line, with the reward's name).
+trainer_state=..., **columns)` (an `async def` one awaited on one event loop kept for the run, as TRL does), where
+`columns` holds every data column of the batch's rows and `completion_ids`, and `trainer_state` the run's progress
+(transformers' TrainerState: global_step, max_steps, epoch). It returns one float per completion, or None where it
+does not apply (NaN in the table; the task's weighted sum skips it, as TRL's nansum does). A function that raises,
+returns something other than a list (or tuple, generator, or 1-d numpy array or tensor, as TRL reads them) of one
+value per completion, or a value that is not a finite number or None stops the run with one DataError line naming
+it; to name the row behind an exception, the function is called again on each row alone (not for tuneforge's own
+errors, such as a reward model's folder that fails to load at the first call: those keep their line, with the
+reward's name).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import difflib
 import inspect
 import math
 import numbers
+import os
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -182,8 +185,28 @@ def _called(function: RewardFunction, prompts: list, completions: list, columns:
     """What the function returns; an `async def` one's result awaited (TRL 1.x takes those too), a generator's or
     other iterator's values read (TRL reads them one by one; here, so that what they raise is the function's)."""
     returned = function.fn(prompts=prompts, completions=completions, trainer_state=trainer_state, **columns)
-    returned = asyncio.run(returned) if inspect.iscoroutine(returned) else returned
+    returned = _awaited(returned) if inspect.iscoroutine(returned) else returned
     return list(returned) if isinstance(returned, Iterator) else returned
+
+
+_async_loop: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = (
+    None  # (its process, the loop, its thread)
+)
+_async_loop_made = threading.Lock()
+
+
+def _awaited(coroutine):
+    """The coroutine's result, run on one event loop kept for the process on a daemon thread, as TRL's GRPOTrainer
+    keeps one: what an async function keeps between calls (an API client, a semaphore) stays bound to a live loop,
+    and a caller inside a running loop (a notebook) is not refused. A forked child makes its own."""
+    global _async_loop
+    with _async_loop_made:
+        if _async_loop is None or _async_loop[0] != os.getpid() or not _async_loop[2].is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="tuneforge-async-rewards", daemon=True)
+            thread.start()
+            _async_loop = (os.getpid(), loop, thread)
+    return asyncio.run_coroutine_threadsafe(coroutine, _async_loop[1]).result()
 
 
 def _values(function: RewardFunction, returned, count: int) -> list[float]:
