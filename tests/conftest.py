@@ -456,6 +456,23 @@ def bpe_tokenizer(out: Path):
     return tok
 
 
+def metaspace_tokenizer(out: Path):
+    """A Llama-style SentencePiece tokenizer (BPE on a Metaspace pre-tokenizer, byte fallback, <s> prepended; its
+    decoder strips the leading space of a text's first token), saved to `out`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaTokenizerFast
+
+    spm = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    spm.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=True)
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    spm.decoder = decoders.Sequence(steps)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    spm.train_from_iterator(_corpus(), trainer)
+    tok = LlamaTokenizerFast(tokenizer_object=spm, bos_token="<s>", eos_token="</s>", unk_token="<unk>", legacy=False)
+    tok.save_pretrained(out)
+    return tok
+
+
 def t5_tokenizer(out: Path):
     """A T5 tokenizer from a SentencePiece unigram model (pad 0, </s> 1, <unk> 2), saved to `out`."""
     import io
@@ -516,6 +533,19 @@ def tiny_llama(tmp_path_factory) -> str:
     heads = dict(num_attention_heads=4, num_key_value_heads=2)
     sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64, **heads)
     return save_tiny_causal_lm(tmp_path_factory.mktemp("tiny-llama"), LlamaForCausalLM, LlamaConfig, **sizes)
+
+
+@pytest.fixture(scope="session")
+def metaspace_llama(tmp_path_factory) -> str:
+    """tiny_llama's sizes with a Llama-style SentencePiece (Metaspace) tokenizer instead of byte-level BPE."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("metaspace-llama")
+    tok = metaspace_tokenizer(out)
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64, **heads)
+    ends = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    return save_random(out, LlamaForCausalLM, LlamaConfig(vocab_size=len(tok), **sizes, **ends))
 
 
 @pytest.fixture(scope="session")

@@ -554,8 +554,9 @@ class GenerationEngine:
         return True
 
     def _update_text(self, seq: Sequence) -> None:
-        if seq.detokenizer is None:
-            seq.detokenizer = IncrementalText(self.tokenizer)
+        if seq.detokenizer is None:  # a continued prompt's last tokens are its context (a first token's space)
+            context = seq.prompt_ids if self.generator.kind.continues_prompt else ()
+            seq.detokenizer = IncrementalText(self.tokenizer, context)
         known = len(seq.text.rstrip("\ufffd"))  # the text before this token, that it cannot change
         seq.text = seq.detokenizer.add(seq.token_ids[-1])  # a window decoded, not the whole answer again
         stops = seq.params.stop
