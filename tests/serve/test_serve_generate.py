@@ -173,6 +173,27 @@ def test_health_is_open_and_every_other_route_needs_the_key(server, client):
         openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0).models.list()
 
 
+def test_models_retrieve_gives_the_served_models_card_and_404_for_another_name(server, client):
+    card = client.models.retrieve(NAME)
+    assert card == client.models.list().data[0] and (card.id, card.object) == (NAME, "model")
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found" and missing.value.param == "model"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server}/v1", api_key="wrong", max_retries=0).models.retrieve(NAME)
+    page = httpx.get(f"{server}/metrics", headers=AUTH, timeout=10).text
+    assert metric(page, 'tuneforge_requests_total{route="/v1/models/{model}",status="200"}') >= 1
+
+
+def test_models_retrieve_of_a_served_name_with_slashes(chat_model):
+    """The client sends the name's "/" as %2F: the route still reads the whole name."""
+    with app_server(chat_model, served_model_name="org/tiny-chat") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        assert client.models.retrieve("org/tiny-chat").id == "org/tiny-chat"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("org")
+
+
 def test_completions_equal_transformers_greedy_and_count_usage(client, ref):
     for prompt in PROMPTS[:2]:
         out = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=0)

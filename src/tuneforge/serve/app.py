@@ -11,6 +11,7 @@ names the routes that do).
     POST /predict               classifiers, taggers, qa, multiple choice (dynamic batching, serve/batching.py)
     POST /v1/embeddings         sentence encoders (dynamic batching)
     GET  /v1/models             the served model's name
+    GET  /v1/models/{model}     its card (404 for another name)
     POST /v1/completions        generative models (continuous batching, serve/engine.py)
     POST /v1/chat/completions   generative models with a chat template
 

@@ -30,6 +30,14 @@ OPEN_ROUTES = ("/health",)  # answered without the API key
 RETRY_AFTER_S = 1  # what a 503 (busy, loading, shutting down) asks the client to wait
 
 
+def route_label(path: str) -> str:
+    """The route a request's metrics count under: its path, a model card's route, or "other" (any path a client
+    sends would otherwise be a label of its own)."""
+    if path in ROUTES:
+        return path
+    return "/v1/models/{model}" if path.startswith("/v1/models/") else "other"
+
+
 def error_response(err: oa.ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
     """The OpenAI error body every refusal shares; a 503 asks the client to retry after RETRY_AFTER_S."""
     if err.status == 503:
@@ -69,7 +77,7 @@ class Gate:
         def finished() -> None:
             done[0] = True
             seconds = time.perf_counter() - start
-            self.state.metrics.observe_request(path if path in ROUTES else "other", status[0], seconds)
+            self.state.metrics.observe_request(route_label(path), status[0], seconds)
             gen = scope.get("state", {}).get("generation")  # set by a generation route (serve/generation.py)
             tokens = (gen.prompt_tokens, gen.completion_tokens) if gen is not None else (None, None)
             error = _error_message(refusal_body[0]) if status[0] >= 400 else None

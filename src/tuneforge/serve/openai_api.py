@@ -82,6 +82,17 @@ class ApiError(Exception):
         return error_body(self.message, self.kind, self.param, self.code)
 
 
+def model_not_found(asked: str, served: str) -> ApiError:
+    """The 404 of a request (or a model card) naming a model this server does not serve."""
+    return ApiError(
+        404,
+        f"model {asked!r} is not served here; this server serves {served!r}",
+        "model",
+        kind="not_found_error",
+        code="model_not_found",
+    )
+
+
 def error_body(message: str, kind: str, param: str | None = None, code=None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -486,8 +497,12 @@ def usage_chunk(rid: str, model: str, created: int, obj: str, use: dict) -> dict
     return {"id": rid, "object": obj, "created": created, "model": model, "choices": [], "usage": use}
 
 
+def model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "tuneforge"}
+
+
 def models_body(name: str, created: int) -> dict:
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "tuneforge"}]}
+    return {"object": "list", "data": [model_card(name, created)]}
 
 
 def now() -> int:

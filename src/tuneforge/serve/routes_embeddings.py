@@ -62,13 +62,7 @@ def sentence_encoder(request: Request, body: EmbeddingRequest):
     oa.refuse_unencodable(body)  # before the model's name is compared (and echoed)
     name = state.options.served_model_name
     if body.model != name:
-        raise oa.ApiError(
-            404,
-            f"model {body.model!r} is not served here; this server serves {name!r}",
-            "model",
-            kind="not_found_error",
-            code="model_not_found",
-        )
+        raise oa.model_not_found(body.model, name)
     if unknown := sorted(set(body.model_extra or {}) - set(oa.METADATA)):
         named = ", ".join(ascii(field)[:40] for field in unknown[:10]) + (" and more" if len(unknown) > 10 else "")
         log.warning("%s: ignored the fields this server does not know: %s", request.url.path, named)

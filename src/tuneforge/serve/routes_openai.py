@@ -1,6 +1,7 @@
-"""The OpenAI-compatible routes: GET /v1/models, POST /v1/completions and /v1/chat/completions. Each turns its
-request into prompts and hands them to the server's GenerationService (serve/generation.py). No
-`from __future__ import annotations`: FastAPI reads the request models from the evaluated annotations."""
+"""The OpenAI-compatible routes: GET /v1/models and /v1/models/{model} (the served model's card), POST
+/v1/completions and /v1/chat/completions. Each turns its request into prompts and hands them to the server's
+GenerationService (serve/generation.py). No `from __future__ import annotations`: FastAPI reads the request models
+from the evaluated annotations."""
 
 import dataclasses
 import logging
@@ -25,13 +26,7 @@ def generation_service(request: Request, body: oa.SamplingRequest) -> Generation
         raise oa.ApiError(400, state.use_instead())
     oa.refuse_unencodable(body)  # before the model's name is compared (and echoed)
     if body.model != service.name:
-        raise oa.ApiError(
-            404,
-            f"model {body.model!r} is not served here; this server serves {service.name!r}",
-            "model",
-            kind="not_found_error",
-            code="model_not_found",
-        )
+        raise oa.model_not_found(body.model, service.name)
     body.refuse_unsupported()
     if unknown := body.unknown_fields():  # named as ascii, the first ten, cut short: a client's text in our log
         named = ", ".join(ascii(name)[:40] for name in unknown[:10]) + (" and more" if len(unknown) > 10 else "")
@@ -43,6 +38,15 @@ def generation_service(request: Request, body: oa.SamplingRequest) -> Generation
 async def models(request: Request):
     state = request.app.state.server
     return oa.models_body(state.options.served_model_name, state.created)
+
+
+@router.get("/v1/models/{model:path}")  # a path: a served name may hold "/" (the client sends it as %2F)
+async def model_card(model: str, request: Request):
+    """The served model's card (the client's `models.retrieve`); 404 model_not_found for any other name."""
+    state = request.app.state.server
+    if model != state.options.served_model_name:
+        raise oa.model_not_found(model, state.options.served_model_name)
+    return oa.model_card(model, state.created)
 
 
 def prompt_list(body: oa.CompletionRequest) -> list:
