@@ -161,9 +161,10 @@ def test_health_is_open_and_every_other_route_needs_the_key(server, client):
     health = httpx.get(f"{server}/health", timeout=10)
     assert health.status_code == 200
     assert health.json()["kind"] == "generate" and health.json()["chat"] is True and health.json()["context"] == 64
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
+    for headers, code in (({}, None), ({"Authorization": "Bearer wrong"}, "invalid_api_key")):  # as OpenAI's
         r = httpx.get(f"{server}/v1/models", headers=headers, timeout=10)
-        assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+        assert r.status_code == 401 and r.json()["error"]["type"] == "invalid_request_error"
+        assert r.json()["error"]["code"] == code
         assert r.headers["WWW-Authenticate"].startswith("Basic")
     assert httpx.get(f"{server}/metrics", timeout=10).status_code == 401
     assert [m.id for m in client.models.list().data] == [NAME]

@@ -111,14 +111,13 @@ class Gate:
         options = self.state.options
         if options.api_key and path not in OPEN_ROUTES:
             headers = dict(scope["headers"])
-            if not hmac.compare_digest(_given_key(headers).encode(), options.api_key.encode()):
+            given = _given_key(headers)
+            if not hmac.compare_digest(given.encode(), options.api_key.encode()):
                 extra = {"WWW-Authenticate": 'Basic realm="tuneforge"'}  # a browser asks for it (the key as password)
-                return error_response(
-                    oa.ApiError(
-                        401, "missing or wrong API key: send Authorization: Bearer KEY", kind="authentication_error"
-                    ),
-                    extra,
-                )
+                # OpenAI's own 401s: invalid_request_error, with code invalid_api_key for a key that is wrong
+                said = "wrong API key" if given else "no API key"
+                message = f"{said}: send Authorization: Bearer KEY"
+                return error_response(oa.ApiError(401, message, code="invalid_api_key" if given else None), extra)
         if self.state.draining and path not in OPEN_ROUTES:
             return error_response(oa.ApiError(503, "the server is shutting down", kind="server_busy"))
         return None
