@@ -322,6 +322,25 @@ BAD = [
     # vLLM's sampling fields and OpenAI's that this server does not honour: refused, never silently ignored
     ("beam search", "/v1/completions", completion(use_beam_search=True), 400, "use_beam_search"),
     ("guided decoding", "/v1/completions", completion(guided_regex="[0-9]+"), 400, "guided_regex"),
+    ("special tokens kept", "/v1/completions", completion(skip_special_tokens=False), 400, "skip_special_tokens"),
+    ("no bos token", "/v1/completions", completion(add_special_tokens=False), 400, "add_special_tokens"),
+    (
+        "template variables",
+        "/v1/chat/completions",
+        chat(chat_template_kwargs={"enable_thinking": False}),
+        400,
+        "chat_template_kwargs",
+    ),
+    ("no generation prompt", "/v1/chat/completions", chat(add_generation_prompt=False), 400, "add_generation_prompt"),
+    (
+        "continue the last message",
+        "/v1/chat/completions",
+        chat(continue_final_message=True),
+        400,
+        "continue_final_message",
+    ),
+    ("a template of its own", "/v1/chat/completions", chat(chat_template="{{ 'x' }}"), 400, "chat_template"),
+    ("chat echo", "/v1/chat/completions", chat(echo=True), 400, "echo"),
     # the sampling fields it honours, outside their bounds
     ("top_k below -1", "/v1/completions", completion(top_k=-2), 400, "top_k"),
     ("top_k of True", "/v1/completions", completion(top_k=True), 400, "top_k"),  # strict: a bool is no number
@@ -392,6 +411,7 @@ def test_bad_requests_get_an_openai_error_naming_the_field(server, what, path, b
 
 
 NEUTRAL = dict(top_k=-1, min_p=0, repetition_penalty=1, min_tokens=0, ignore_eos=False, echo=False, best_of=1)
+NEUTRAL.update(skip_special_tokens=True, spaces_between_special_tokens=True, add_special_tokens=True)  # vLLM's
 
 
 def test_neutral_values_and_metadata_are_accepted_and_unknown_fields_named_in_one_log_line(chat_model, caplog):

@@ -5,11 +5,11 @@ string is refused, as OpenAI does), response and stream-chunk bodies, and the er
 The sampling fields of OpenAI (presence and frequency penalties, logit_bias, best_of) and vLLM (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos) are honoured (serve/logit_rules.py), and so are log-probs (completions'
 `logprobs` and `echo`, token-id prompts; chat's `logprobs` and `top_logprobs`: serve/logprobs.py). Known fields
-this server does not honour (NOT_HONOURED: beam search, vLLM's guided decoding fields, audio, ...) are refused with
-a 400 naming the field when set to anything but their neutral value, and so are inconsistent ones
-(stream_options without stream, tool_choice without tools), as vLLM refuses them. Harmless metadata (user,
-metadata, store, service_tier, ...) is accepted; any other field is ignored and named in one warning line of
-the server's log (`unknown_fields`). Every number has finite, stated bounds (no NaN or infinity, which
+this server does not honour (NOT_HONOURED: beam search, vLLM's guided decoding, tokenizer and chat-template fields,
+audio, ...) are refused with a 400 naming the field when set to anything but their neutral value, and so are
+inconsistent ones (stream_options without stream, tool_choice without tools), as vLLM refuses them. Harmless
+metadata (user, metadata, store, service_tier, ...) is accepted; any other field is ignored and named in one
+warning line of the server's log (`unknown_fields`). Every number has finite, stated bounds (no NaN or infinity, which
 Python's JSON reader accepts), and `unencodable_field` finds text the tokenizer cannot take (lone surrogates,
 which JSON's escapes and pydantic accept but UTF-8 cannot carry).
 """
@@ -47,6 +47,13 @@ NOT_HONOURED = {
     "guided_choice": (None,),
     "guided_grammar": (None,),
     "structured_outputs": (None,),
+    # vLLM's tokenizer and detokenizer extras: the text is decoded with special tokens skipped, as vLLM's default
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "return_tokens_as_token_ids": (None, False),
 }
 NOT_HONOURED_CHAT = {
     "best_of": (None, 1),  # a completions field (OpenAI's chat has none)
@@ -58,8 +65,16 @@ NOT_HONOURED_CHAT = {
     "reasoning_effort": (None,),
     "web_search_options": (None,),
     "verbosity": (None,),
+    # vLLM's chat-template extras: the prompt is the model's own template with the generation prompt, as by default
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "documents": (None, []),
+    "add_special_tokens": (None, False),
+    "echo": (None, False),
 }
-NOT_HONOURED_COMPLETION = {"suffix": (None, "")}
+NOT_HONOURED_COMPLETION = {"suffix": (None, ""), "add_special_tokens": (None, True)}
 # accepted and without effect here (what they ask for is bookkeeping on OpenAI's side)
 METADATA = ("user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "parallel_tool_calls")
 
