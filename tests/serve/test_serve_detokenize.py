@@ -92,3 +92,21 @@ def test_chat_replies_are_the_text_the_rendered_prompt_continues_with(client, mo
     assert client.chat.completions.create(**asked).choices[0].message.content == expected
     streamed = client.chat.completions.create(**asked, stream=True)
     assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed) == expected
+
+
+def test_in_process_generation_decodes_the_generated_tokens_alone_as_trl_does(metaspace_llama):
+    """engine.generate (GRPO's rollouts) gives the text TRL's rewards read: batch_decode of the completion ids."""
+    from tuneforge.serve.engine import GenerationEngine, SamplingParams
+
+    engine = GenerationEngine.from_model(*load(metaspace_llama))
+    prompts = [engine.tokenizer(p)["input_ids"] for p in PROMPTS]
+    completions = engine.generate(prompts, SamplingParams(max_tokens=8, temperature=0))
+    texts = engine.tokenizer.batch_decode([c.token_ids for c in completions], skip_special_tokens=True)
+    assert [c.text for c in completions] == texts
+    assert any(continuation(engine.tokenizer, p, c.token_ids) != c.text for p, c in zip(prompts, completions))
+
+
+def load(model_dir: str):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)

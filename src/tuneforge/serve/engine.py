@@ -31,7 +31,9 @@ Text is decoded incrementally (serve/detokenize.py): a few tokens' window per to
 **Generation callable from training.** `GenerationEngine.from_model(model, tokenizer)` runs on a live model (the
 very object: a training step's new weights are what the next call uses) and `engine.generate(prompts, params)`
 returns the completions synchronously, running the loop in the caller's thread (or waiting for the engine's
-thread once `start`ed). The batch type (which rows may join a running batch) is the generator's family's.
+thread once `start`ed). The batch type (which rows may join a running batch) is the generator's family's. Its
+texts are the generated tokens decoded alone, as TRL decodes the completions its rewards read; a served text is what
+the prompt continues with, as vLLM's (with a SentencePiece tokenizer the first token keeps its leading space).
 
 **A request fails alone.** Sampling runs row by row: a row whose sampling fails finishes with "error" and the
 others go on. A prefill that fails for a group is retried with its first sequence alone (the others go back to
@@ -131,6 +133,9 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob] | None = None  # params.prompt_logprobs: one per prompt token
     constraint: Any = None  # response_format's grammar (serve/constrained.py Constraint): which tokens may come next
     stop_token: int | None = None  # the end-of-sequence token sampled last, when one ended it
+    # the text is what a continued prompt continues with (its last tokens decoded as context, as vLLM's), not the
+    # tokens decoded alone: with a SentencePiece tokenizer the first token keeps its leading space
+    text_after_prompt: bool = True
 
     def cancel(self) -> None:
         """Called from any thread: the engine drops the row at its next step."""
@@ -327,9 +332,9 @@ class GenerationEngine:
         eval mode for the while (no dropout) and given back in the mode it was in."""
         each = params if isinstance(params, list) else [params] * len(prompts)
         done = threading.Semaphore(0)
-        seqs = [
-            Sequence(list(p), sp, lambda text, reason: reason is None or done.release()) for p, sp in zip(prompts, each)
-        ]
+        release = lambda text, reason: reason is None or done.release()  # noqa: E731
+        # the generated tokens' text decoded alone, as TRL decodes the completions its rewards read
+        seqs = [Sequence(list(p), sp, release, text_after_prompt=False) for p, sp in zip(prompts, each)]
         training = self.model.training
         self.model.eval()
         try:
@@ -554,8 +559,9 @@ class GenerationEngine:
         return True
 
     def _update_text(self, seq: Sequence) -> None:
-        if seq.detokenizer is None:  # a continued prompt's last tokens are its context (a first token's space)
-            context = seq.prompt_ids if self.generator.kind.continues_prompt else ()
+        if seq.detokenizer is None:
+            continued = seq.text_after_prompt and self.generator.kind.continues_prompt
+            context = seq.prompt_ids if continued else ()
             seq.detokenizer = IncrementalText(self.tokenizer, context)
         known = len(seq.text.rstrip("\ufffd"))  # the text before this token, that it cannot change
         seq.text = seq.detokenizer.add(seq.token_ids[-1])  # a window decoded, not the whole answer again
