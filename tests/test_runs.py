@@ -196,6 +196,28 @@ def test_runs_of_different_tasks_show_each_task_s_metrics(capsys, runs, tmp_path
     assert "best eval of lr-1e-3: by accuracy" in out and "best eval of regression: by pearson" in out
 
 
+def test_an_undefined_metric_written_as_null_is_a_metric_without_a_value(capsys, runs, tmp_path):
+    """A run writes an undefined metric (a correlation of constant predictions) as null: the table shows it as nan,
+    the JSON as null, and an unfinished run whose first evaluation logs it null is still ranked by it."""
+    run = copy_run(runs / "regression", tmp_path / "done")
+    (run / "result.json").write_text(json.dumps({**result_of(run), "pearson": None}))
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    first_eval = next(i for i, line in enumerate(lines) if json.loads(line)["split"] == "eval")
+    lines[first_eval] = json.dumps({**json.loads(lines[first_eval]), "pearson": None})
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    made, out = compared(capsys, run, "--plot", tmp_path / "cmp.png")
+    assert made["runs"][0]["metrics"]["pearson"] is None
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("run "))
+    row = next(line for line in out.splitlines() if line.lstrip().startswith("done "))
+    assert row.split()[header.split().index("pearson")] == "nan"
+
+    (run / "result.json").unlink()  # unfinished: the best by the first metric logged, null or not
+    made, out = compared(capsys, run, "--plot", tmp_path / "cmp.png", "--overwrite")
+    best = made["runs"][0]["best"]
+    assert (best["metric"], best["chosen_by"], best["value"]) == ("pearson", "default", None)  # not spearman
+    assert "- (no pearson)" in out
+
+
 def test_a_run_s_best_is_by_the_metric_the_run_chose_its_best_model_by(capsys, runs, tmp_path):
     # NER logs precision before f1, and picks its best model by f1: the run records that choice in result.json
     run = runs / "ner"

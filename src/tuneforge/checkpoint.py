@@ -67,7 +67,7 @@ from tuneforge.artifacts import first_error_line, write_model_info
 from tuneforge.backends.layouts import full_weights as full_weights
 from tuneforge.backends.layouts import has_full_weights as has_full_weights
 from tuneforge.errors import CheckpointError, ConfigError
-from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, write_text
+from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, json_text, write_text
 from tuneforge.paths import (
     CHECKPOINT_NAME,
     check_inputs_outside_run,
@@ -337,8 +337,8 @@ class Checkpointer:
         if b.is_main:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             _pause_hook("mid-write", step)
-            (tmp / "trainer_state.json").write_text(json.dumps(progress.shared_dict(), indent=2))
-            (tmp / "meta.json").write_text(json.dumps(self.meta, indent=2))
+            (tmp / "trainer_state.json").write_text(json_text(progress.shared_dict(), indent=2))
+            (tmp / "meta.json").write_text(json_text(self.meta, indent=2))
             if self.run_config is not None:
                 self.run_config.save(tmp / "config.yaml")
             b.unwrap(model).config.save_pretrained(tmp)  # config.json: `tuneforge export` rebuilds the model

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import json
 import re
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from typing import Any
 
 from tuneforge import launch
 from tuneforge.errors import ConfigError, UserError
+from tuneforge.files import json_text
 from tuneforge.flags import model_flags
 from tuneforge.reporting import hide_deepspeed_cpu_notice
 
@@ -134,7 +134,7 @@ def _emit(result: dict, as_json: bool, headline: str | None = None) -> None:
     if headline:
         print(headline, flush=True)
     if as_json:
-        print(json.dumps(result), flush=True)
+        print(json_text(result), flush=True)
 
 
 # ---- commands ------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def cmd_env(ns: argparse.Namespace) -> int:
     from tuneforge.environment import collect_env, format_env
 
     info = collect_env()
-    print(json.dumps(info, indent=2) if ns.json else format_env(info), flush=True)
+    print(json_text(info, indent=2) if ns.json else format_env(info), flush=True)
     return 0
 
 

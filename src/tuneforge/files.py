@@ -1,17 +1,25 @@
-"""Atomic writes: a file or folder appears whole under its name, or not at all.
+"""Atomic writes: a file or folder appears whole under its name, or not at all; and the strict JSON text of every
+JSON file and line tuneforge writes.
 
 Everything is written under a temporary sibling name (`.tmp-NAME.PID`) and renamed into place
 with one `os.replace`; a crash leaves at most a temporary, which is never read as the real thing.
+
+JSON has no nan or infinity: Python's `json.dumps` writes them as bare `NaN`/`Infinity` tokens, which jq,
+JavaScript's JSON.parse and Go refuse. `json_text` writes each as null (an undefined metric, such as a correlation
+of constant predictions, is no value), as pandas' to_json does; tuneforge's readers take null as "no value".
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 TMP_PREFIX = ".tmp-"
 
@@ -81,3 +89,19 @@ def write_text(path: str | os.PathLike, text: str, durable: bool = True) -> None
     """Replace a text file in one rename."""
     with replacing(path, durable=durable) as tmp:
         tmp.write_text(text)
+
+
+def finite_or_null(value: Any) -> Any:
+    """`value` with each nan or infinite float in it (in dicts, lists and tuples, at any depth) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
+def json_text(value: Any, **how: Any) -> str:
+    """`value` as standard JSON (`how`: json.dumps's indent, ensure_ascii, ...), a nan or infinity as null."""
+    return json.dumps(finite_or_null(value), allow_nan=False, **how)

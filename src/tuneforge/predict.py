@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.artifacts import check_model_path, from_pretrained, generation_family, read_model_info
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.files import replacing
+from tuneforge.files import json_text, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 
@@ -253,7 +253,7 @@ def predict_file(
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
         for i, p in enumerate(preds):
-            fh.write(json.dumps({"index": i, **p}) + "\n")
+            fh.write(json_text({"index": i, **p}) + "\n")
     return len(preds)
 
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tuneforge.files import write_text
+from tuneforge.files import json_text, write_text
 from tuneforge.tracking import Resumption, Trackers, describe_run, points_of
 
 METRICS_FILE = "metrics.jsonl"
@@ -94,7 +94,7 @@ class Reporter:
             return
         record = {**record, "time_s": round(time.perf_counter() - self._t0, 3)}
         if self._metrics_file:
-            self._metrics_file.write(json.dumps(record) + "\n")
+            self._metrics_file.write(json_text(record) + "\n")
             self._metrics_file.flush()
         if self.trackers is not None:
             self.trackers.log(record)
@@ -170,7 +170,7 @@ class Reporter:
             self._metrics_file.close()
             self._metrics_file = None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "result.json").write_text(json.dumps(result, indent=2))
+        (self.run_dir / "result.json").write_text(json_text(result, indent=2))
         try:
             plot_run(self.run_dir)
         except Exception as err:  # a plot must never fail a finished run

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, UserError
-from tuneforge.files import replacing
+from tuneforge.files import json_text, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.reporting import METRICS_FILE, NOT_METRICS
 
@@ -223,7 +223,7 @@ def best_eval(run: RunFolder) -> Best:
         metric, chosen_by = recorded, "run"
         greater = run.result.get("greater_is_better")
     else:
-        logged = [k for r in evals[:1] for k, v in r.items() if isinstance(v, float) and k not in NOT_METRICS]
+        logged = [k for r in evals[:1] for k, v in r.items() if _metric_value(v) and k not in NOT_METRICS]
         metric, chosen_by = next((k for k in logged if k != "loss"), "loss"), "default"
     if not isinstance(greater, bool):
         greater = not lower_is_better(metric)
@@ -234,9 +234,14 @@ def best_eval(run: RunFolder) -> Best:
     return Best(metric, greater, chosen_by, float(value), step)
 
 
-def final_metrics(result: dict | None) -> dict[str, float]:
-    """result.json's metrics (its float values but the timings), as `tuneforge train` prints them."""
-    return {k: v for k, v in (result or {}).items() if isinstance(v, float) and k not in TIMINGS}
+def _metric_value(value: Any) -> bool:
+    """A metric's value as run files hold it: a float, or null for one that is undefined (a nan when computed)."""
+    return isinstance(value, float) or value is None
+
+
+def final_metrics(result: dict | None) -> dict[str, float | None]:
+    """result.json's metrics (its float values but the timings; null: undefined), as `tuneforge train` prints them."""
+    return {k: v for k, v in (result or {}).items() if _metric_value(v) and k not in TIMINGS}
 
 
 def progress(run: RunFolder) -> tuple[int | None, float | None]:
@@ -291,6 +296,14 @@ def _cell(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else "..." + text[-(width - 3) :]
 
 
+def _metric_cell(metrics: dict[str, float | None], key: str) -> str:
+    """A final metric as the table shows it: "-" where the run has none, nan where it is undefined (null)."""
+    if key not in metrics:
+        return "-"
+    value = metrics[key]
+    return "nan" if value is None else f"{value:.4f}"
+
+
 def _best_cell(best: dict) -> str:
     if best["value"] is None:
         return f"- (no {best['metric']})"
@@ -305,7 +318,7 @@ def table(comparison: dict[str, Any]) -> str:
     rows = []
     for row in comparison["runs"]:
         config = {k: _cell(row["config"][k]) if k in row["config"] else "-" for k in comparison["differing_keys"]}
-        final = {k: f"{row['metrics'][k]:.4f}" if k in row["metrics"] else "-" for k in metrics}
+        final = {k: _metric_cell(row["metrics"], k) for k in metrics}
         speed = "-" if row["steps_per_s"] is None else f"{row['steps_per_s']:.2f}"
         wall = "-" if row["wall_s"] is None else f"{row['wall_s']:.1f}"
         rows.append(
@@ -339,17 +352,6 @@ def notes(comparison: dict[str, Any]) -> list[str]:
             f"best eval of {which}: by {metric}, {'higher' if greater else 'lower'} is better ({why[chosen_by]})"
         )
     return lines
-
-
-def _json_safe(value: Any) -> Any:
-    """Strict JSON: a nan or inf (a diverged run's loss) is null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 # ---- the plot ----------------------------------------------------------------------------------
@@ -474,7 +476,7 @@ def cmd_runs(ns: argparse.Namespace) -> int:
     comparison["plot"] = str(plot_runs(runs, out))
     print(f"plot written to {comparison['plot']}", flush=True)
     if options.print_json:
-        print(json.dumps(_json_safe(comparison)), flush=True)
+        print(json_text(comparison), flush=True)
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ from tuneforge.artifacts import (
     read_model_info,
 )
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.files import TMP_PREFIX, write_text
+from tuneforge.files import TMP_PREFIX, finite_or_null, write_text
 from tuneforge.harness.options import EVAL_SPELLING, HarnessSettings, Spelling
 from tuneforge.harness.tasks import build_tasks, task_manager, task_specs
 from tuneforge.paths import check_output_dir
@@ -156,15 +155,8 @@ def json_safe(value: Any) -> Any:
     numbers, functions) as it does, and nan or infinity (a standard error of one row) as null."""
     from lm_eval.utils import handle_non_serializable
 
-    def finite(v: Any) -> Any:
-        if isinstance(v, float) and not math.isfinite(v):
-            return None
-        if isinstance(v, dict):
-            return {k: finite(x) for k, x in v.items()}
-        return [finite(x) for x in v] if isinstance(v, list) else v
-
     text = json.dumps(value, default=handle_non_serializable, ensure_ascii=False)
-    return finite(json.loads(text))
+    return finite_or_null(json.loads(text))
 
 
 def results_table(results: dict) -> str:
