@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,26 @@ def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp
 def test_without_patience_the_run_goes_on_and_the_best_is_still_tracked(tmp_path, tiny_bert, cache_dir):
     result = StandStill(run_config(tmp_path, tiny_bert, cache_dir, max_steps=4)).fit()
     assert result["steps"] == 4 and result["best_step"] == 1
+
+
+class UndefinedFirst(StandStill):
+    """Its first evaluation's accuracy is undefined (nan, as a correlation of constant predictions is); the weights
+    never move, so every later evaluation is equal."""
+
+    def evaluate(self, eval_dataset=None):
+        metrics = super().evaluate(eval_dataset)
+        first = self.state.step == 1 and eval_dataset is None
+        return {**metrics, "accuracy": math.nan} if first else metrics
+
+
+def test_an_undefined_metric_is_never_the_best_and_any_value_beats_it(tmp_path, tiny_bert, cache_dir):
+    """A nan first evaluation once stayed the best (nothing compares greater than nan): the export was step 1's
+    and early stopping counted every later evaluation as no improvement. A resumed run reads it as null."""
+    config = run_config(tmp_path, tiny_bert, cache_dir, max_steps=3, load_best_model_at_end=True, save_steps=1)
+    result = UndefinedFirst(config).fit()
+    assert result["best_step"] == 2 and result["accuracy"] >= 0  # the first defined value; step 3 only equals it
+    saved = json.loads((tmp_path / "run" / "checkpoint-1" / "trainer_state.json").read_text())
+    assert saved["best_metric"] is None and saved["best_step"] is None and saved["bad_evals"] == 1
 
 
 def test_a_best_metric_the_task_does_not_compute_is_one_error_at_the_first_evaluation(tmp_path, tiny_bert, cache_dir):

@@ -9,6 +9,7 @@ saves a checkpoint that holds that evaluation.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
@@ -30,7 +31,9 @@ class BestModel(Callback):
     """The best of the run's scheduled evaluations by `metric`: `state.best_metric`, `best_step`, and
     `bad_evals` (evaluations since the best). `keep_weights` (load_best_model_at_end): its weights in
     `weights` (main rank; `restored` from the best checkpoint on a resume) and its metrics in
-    `state.best_eval` (every rank: the final model is chosen on it)."""
+    `state.best_eval` (every rank: the final model is chosen on it). A nan or infinite value (an undefined
+    correlation) is no value: never the best, and any value beats none (a checkpoint's trainer_state.json holds it
+    as null, so a resumed run ranks as the run it continues)."""
 
     def __init__(self, metric: str, greater_is_better: bool, keep_weights: bool, restored: dict | None = None):
         self.metric, self.greater_is_better, self.keep_weights = metric, greater_is_better, keep_weights
@@ -42,8 +45,11 @@ class BestModel(Callback):
             raise ConfigError(
                 f"metric_for_best {self.metric!r} is not computed by this task; choose one of: {', '.join(metrics)}"
             )
-        value = metrics[self.metric]
-        if st.best_metric is None or (value > st.best_metric if self.greater_is_better else value < st.best_metric):
+        value, best = metrics[self.metric], st.best_metric
+        if best is not None and not math.isfinite(best):  # a checkpoint of before: nan written as NaN
+            best = None
+        defined = value is not None and math.isfinite(value)
+        if defined and (best is None or (value > best if self.greater_is_better else value < best)):
             st.best_metric, st.best_step, st.bad_evals = value, st.step, 0
             if self.keep_weights:
                 self.weights = trainer.backend.full_state_dict(trainer.model)
