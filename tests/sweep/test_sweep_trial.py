@@ -3,6 +3,7 @@ its own, stopped as a pruned trial is (SIGTERM to the group), then resumed from 
 trial is; and what the sweep reads of a trial's folder."""
 
 import json
+import math
 import os
 import signal
 import time
@@ -96,6 +97,25 @@ def test_what_the_sweep_reads_of_a_trial(tmp_path):
     )
     assert trials.read_result(folder, "loss") == (None, "its loss is nan")
     assert trials.read_result(folder, "accuracy") == (0.5, "")
+
+
+def test_an_undefined_metric_a_trial_writes_as_null_is_nan_to_the_sweep(tmp_path):
+    """A run writes an undefined metric (pearson of constant predictions) as null: the sweep reads it as the nan it
+    was, never as a metric the trial lacks (a wrong "pass --metric"), and reports it to the pruner as nan."""
+    folder = tmp_path / "trial-0000"
+    folder.mkdir()
+    lines = [{"split": "eval", "step": 2, "loss": 0.7, "pearson": None}, {"split": "eval", "step": 4, "pearson": 0.1}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (step, first), later = trials.evaluations(folder, "pearson")
+    assert step == 2 and math.isnan(first) and later == (4, 0.1)
+    assert trials.unlogged_metric(folder, "pearson") is None
+    assert trials.unlogged_metric(folder, "spearman") == "its evaluations log loss, pearson"
+    (folder / "result.json").write_text(json.dumps({"pearson": None, "loss": 0.7, "model_dir": "m"}))
+    assert trials.read_result(folder, "pearson") == (None, "its pearson is nan")
+    assert trials.read_result(folder, "f1") == (
+        None,
+        "result.json has no metric 'f1' (it has: pearson, loss); pass --metric",
+    )
 
 
 def test_trials_save_a_checkpoint_at_each_evaluation_unless_the_config_says(tmp_path):

@@ -16,7 +16,6 @@ folder: checks, record, lock, --overwrite), outputs.py (table, best.yaml, plots,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneforge.errors import ConfigError
+from tuneforge.files import json_text
 from tuneforge.flags import add_model_flags, parse_options
 from tuneforge.sweep.options import SweepOptions
 
@@ -189,7 +189,7 @@ def _report(sweep: Sweep, study) -> int:
     if sweep.options.json_output:
         summary = {"best_trial": trial.number, "value": trial.value, "params": trial.params, "metric": metric}
         summary.update(direction=sweep.goal.direction, sweep_dir=str(out), best_config=str(out / outputs.BEST))
-        print(json.dumps(summary), flush=True)
+        print(json_text(summary), flush=True)
     return 0
 
 

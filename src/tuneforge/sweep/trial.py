@@ -249,18 +249,24 @@ def metrics_size(folder: Path) -> int:
     return path.stat().st_size if path.exists() else -1
 
 
+def metric_value(value: object) -> bool:
+    """A metric's value as a run's files hold it: a number, or null for one that is undefined (a nan computed)."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
 def evaluations(folder: Path, metric: str) -> list[tuple[int, float]]:
-    """(step, value of `metric`) of each evaluation in the trial's metrics.jsonl so far, in order. A resumed run cuts
-    the file back to its checkpoint's records first, so this is always the run's own history."""
+    """(step, value of `metric`) of each evaluation in the trial's metrics.jsonl so far, in order; an undefined
+    value (null) as nan, which the pruners prune, as they did when runs wrote it as NaN. A resumed run cuts the file
+    back to its checkpoint's records first, so this is always the run's own history."""
     out = []
     for line in read_metrics_lines(folder):  # none before the run writes the file
         try:
             record = json.loads(line)
         except ValueError:  # a line being written
             continue
-        value = record.get(metric) if record.get("split") == "eval" else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and isinstance(record.get("step"), int):
-            out.append((record["step"], float(value)))
+        logged = record.get("split") == "eval" and metric in record and metric_value(record[metric])
+        if logged and isinstance(record.get("step"), int):
+            out.append((record["step"], math.nan if record[metric] is None else float(record[metric])))
     return out
 
 
@@ -280,7 +286,7 @@ def unlogged_metric(folder: Path, metric: str) -> str | None:
         if record.get("split") == "eval":
             if metric in record:
                 return None
-            logged = [k for k, v in record.items() if isinstance(v, float) and k not in NOT_METRICS]
+            logged = [k for k, v in record.items() if (isinstance(v, float) or v is None) and k not in NOT_METRICS]
             return f"its evaluations log {', '.join(logged) or 'no metric'}"
     return None
 
@@ -292,10 +298,13 @@ def read_result(folder: Path, metric: str) -> tuple[float | None, str]:
         result = json.loads(path.read_text())
     except (OSError, ValueError):
         return None, f"no readable {RESULT_FILE}"
-    value = result.get(metric) if isinstance(result, dict) else None
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        shown = ", ".join(k for k, v in result.items() if isinstance(v, float)) if isinstance(result, dict) else ""
+    result = result if isinstance(result, dict) else {}
+    value = result.get(metric)
+    if metric not in result or not metric_value(value):
+        shown = ", ".join(k for k, v in result.items() if isinstance(v, float) or v is None)
         return None, f"{RESULT_FILE} has no metric {metric!r} (it has: {shown or 'none'}); pass --metric"
+    if value is None:  # undefined: a run writes a nan as null
+        return None, f"its {metric} is nan"
     if not math.isfinite(value):
         return None, f"its {metric} is {value}"
     return float(value), ""
