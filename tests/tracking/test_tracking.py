@@ -7,6 +7,7 @@ named). A checkpoint of before trackers still loads.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import run_forked, sentiment_split, train_command
 from tuneforge.configure import config_from_sources
+from tuneforge.files import json_text
 from tuneforge.progress import Progress
 from tuneforge.tracking import tracker_names, trackers_that
 
@@ -133,3 +135,16 @@ def test_flags_of_the_trackers_are_in_train_help():
     for flag in ("--report-to NAME", "--log-model", "--tracking-uri", "--experiment-name", "--run-name"):
         assert flag in text
     assert "MLFLOW_TRACKING_URI" in text
+
+
+def test_a_record_read_back_with_a_null_metric_is_the_nan_point_the_run_logged():
+    """metrics.jsonl writes an undefined metric (pearson of constant predictions) as null; a resume reads the records
+    back for the trackers (a tracker new on the resume gets them all): the point is the one the run logged live."""
+    from tuneforge.reporting import parsed
+    from tuneforge.tracking.base import point_of
+
+    live = {"split": "eval", "step": 2, "epoch": 0, "pearson": math.nan, "loss": 0.5}
+    (read,) = parsed([json_text(live)])
+    logged, again = point_of(live), point_of(read)
+    assert again.step == logged.step == 2 and set(again.metrics) == set(logged.metrics)
+    assert math.isnan(again.metrics["eval/pearson"]) and again.metrics["eval/loss"] == 0.5

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -30,12 +31,14 @@ NOT_METRICS = ("step", "split", "time_s")
 
 
 def point_of(record: Mapping[str, Any]) -> Point | None:
-    """The record's numeric values (not NOT_METRICS; booleans and text left out) as a Point; None when it has none."""
+    """The record's numeric values (not NOT_METRICS; booleans and text left out) as a Point; None when it has none.
+    A null is the nan it was logged as (metrics.jsonl writes an undefined metric as null), so that a resume re-logs
+    the same points the run logged."""
     split = record.get("split", "train")
     metrics = {
-        f"{split}/{key}": float(value)
+        f"{split}/{key}": math.nan if value is None else float(value)
         for key, value in record.items()
-        if key not in NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key not in NOT_METRICS and (value is None or isinstance(value, (int, float)) and not isinstance(value, bool))
     }
     return Point(int(record.get("step", 0)), metrics) if metrics else None
 
