@@ -4,11 +4,12 @@ order) as loading the saved folder with plain transformers and taking the argmax
 import csv
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import cli_flags, last_json, read_jsonl, run_cli, save_tiny_bert, save_tiny_classifier
+from conftest import cli_flags, cli_main, last_json, read_jsonl, run_cli, save_tiny_bert, save_tiny_classifier
 from tuneforge.predict import Predictor, predict_file
 
 TEXTS = [
@@ -106,6 +107,41 @@ def test_predictor_regression_returns_the_score(tmp_path, minilm_dir):
     ref = reference(tmp_path / "reg", TEXTS[:8])
     assert [p["score"] for p in preds] == pytest.approx([r[2][0] for r in ref], abs=1e-4)
     assert all(set(p) == {"score"} for p in preds)
+
+
+def overflowing_regressor(folder: Path, minilm_dir: str) -> str:
+    """A tiny regression model whose scores (about 70,000, a price) are past fp16's largest number (65,504)."""
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(1)
+    regression = dict(num_labels=1, problem_type="regression")
+    save_tiny_bert(folder, minilm_dir, BertForSequenceClassification, num_hidden_layers=1, **regression)
+    model = BertForSequenceClassification.from_pretrained(folder)
+    with torch.no_grad():
+        model.classifier.bias.fill_(70_000.0)
+    model.save_pretrained(folder)
+    return str(folder)
+
+
+def test_a_score_that_is_no_finite_number_is_written_as_null(tmp_path, minilm_dir, capsys):
+    """fp16 forwards of a model scoring past fp16's range give inf: the output is standard JSON (null, not a bare
+    Infinity that jq, JSON.parse and Go refuse)."""
+    model = overflowing_regressor(tmp_path / "reg", minilm_dir)
+    (tmp_path / "in.csv").write_text("text\nhello world\na house by the sea\n")
+    out = tmp_path / "out.jsonl"
+    code, _, err = cli_main(capsys, "predict", model, "--input", str(tmp_path / "in.csv"), "--output", str(out))
+    assert code == 0, err
+    assert [json.loads(line)["score"] for line in out.read_text().splitlines()] == pytest.approx([70_000.0] * 2)
+    half = tmp_path / "half.jsonl"
+    args = ("--input", str(tmp_path / "in.csv"), "--output", str(half), "--precision", "fp16")
+    code, _, err = cli_main(capsys, "predict", model, *args)
+    assert code == 0, err
+    strict = [json.loads(line, parse_constant=no_constant) for line in half.read_text().splitlines()]
+    assert strict == [{"index": 0, "score": None}, {"index": 1, "score": None}]
+
+
+def no_constant(token: str):
+    raise ValueError(f"{token} is not standard JSON")
 
 
 def test_a_multi_label_classifier_scores_each_label_as_transformers_pipeline_does(tmp_path, minilm_dir):
