@@ -166,3 +166,15 @@ def test_serve_refuses_a_busy_port(classifier, tmp_path):
         proc = run_cli("serve", classifier, "--port", str(port), timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot listen on 127.0.0.1:{port}")
+
+
+def test_a_score_that_is_no_finite_number_is_null_not_a_500(tmp_path, minilm_dir):
+    """fp16 forwards of a regression scoring past fp16's range give inf, which Starlette's JSON refuses: the request
+    was a 500 with a traceback in the log. It is answered, the score null (as `predict` writes it)."""
+    from test_predict import overflowing_regressor
+
+    model = overflowing_regressor(tmp_path / "reg", minilm_dir)
+    with serving(model, precision="fp16") as url:
+        answer = post(url, {"texts": ["hello world", "a house by the sea"]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"predictions": [{"score": None}, {"score": None}]}

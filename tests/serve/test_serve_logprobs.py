@@ -5,6 +5,7 @@ chat's `logprobs`/`top_logprobs`, and `best_of`, each checked against a direct f
 from __future__ import annotations
 
 import json
+import math
 
 import openai
 import pytest
@@ -276,3 +277,28 @@ def test_echo_is_refused_for_a_model_that_reads_its_prompt(tiny_t5):
         r = raw(url, dict(prompt="translate: a dog", echo=True, max_tokens=2))
     assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
     assert json.loads(r.text)["error"]["message"].startswith("echo needs a model that continues its prompt")
+
+
+def test_a_log_prob_of_minus_infinity_is_shown_as_vllm_shows_it_and_nan_as_null(ref):
+    """A token the model rules out has a log-prob of -inf, and fp16 logits that overflowed give nan: neither has a
+    JSON spelling (a bare -Infinity or NaN breaks JSON.parse, and Starlette refuses it: a 500). -inf is -9999.0, as
+    vLLM's OpenAI server clamps it; nan is null."""
+    from fastapi.responses import JSONResponse
+
+    from tuneforge.serve import openai_api as oa
+    from tuneforge.serve.logprobs import TokenLogprob
+
+    texts = TokenTexts(ref.tokenizer)
+    a, b = ref.ids("dog")[-1], ref.ids("boat")[-1]
+    entries = [
+        TokenLogprob(a, None, ()),
+        TokenLogprob(b, -math.inf, ((a, -0.1), (b, -math.inf))),
+        TokenLogprob(a, math.nan, ((a, math.nan),)),
+    ]
+    completion = oa.completion_logprobs(entries, texts)
+    assert completion["token_logprobs"] == [None, -9999.0, None]
+    assert completion["top_logprobs"][1:] == [{name(ref, a): -0.1, name(ref, b): -9999.0}, {name(ref, a): None}]
+    chat = oa.chat_logprobs(entries[1:], texts, 2)["content"]
+    assert [c["logprob"] for c in chat] == [-9999.0, None]
+    assert [t["logprob"] for t in chat[0]["top_logprobs"]] == [-0.1, -9999.0]
+    JSONResponse({"completion": completion, "chat": chat})  # renders: Starlette's JSON refuses nan and infinity

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import time
 from dataclasses import dataclass
 
@@ -23,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from tuneforge import tool_calls
+from tuneforge.files import json_text
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, SamplingParams, Sequence
 from tuneforge.serve.logprobs import TokenTexts, mean_logprob
@@ -141,7 +141,7 @@ async def events(gen: Generation, request: Request | None, deadline: float):
 
 
 def sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    return f"data: {json_text(body, ensure_ascii=False)}\n\n"
 
 
 class GenerationService:

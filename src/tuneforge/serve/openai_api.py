@@ -16,6 +16,7 @@ which JSON's escapes and pydantic accept but UTF-8 cannot carry).
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, ClassVar, Literal
@@ -27,6 +28,7 @@ from tuneforge.serve.engine import SAMPLING_EPS  # a temperature below it is gre
 from tuneforge.serve.logprobs import MAX_LOGPROBS, TokenLogprob, character_starts
 
 MAX_CHOICES = 16  # n
+LOWEST_LOGPROB = -9999.0  # a log-prob of -inf (a token the model rules out), as vLLM's OpenAI server shows it
 MAX_STOPS = 4  # stop strings, as OpenAI allows
 MAX_TOKENS = 1 << 20  # max_tokens' bound before the model's own context (checked per model) lowers it
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a torch.long, as vLLM bounds it (torch.Generator takes it)
@@ -467,6 +469,14 @@ def tool_call_delta(content: str | None, calls: list[tool_calls.ToolCall]) -> di
     return delta
 
 
+def shown_logprob(value: float | None) -> float | None:
+    """A log-prob as an answer shows it (JSON has no infinity or nan): -inf as LOWEST_LOGPROB, as vLLM clamps it; a
+    nan (logits that overflowed, as fp16 forwards of large ones do) as null, no value."""
+    if value is None or math.isnan(value):
+        return None
+    return max(value, LOWEST_LOGPROB)
+
+
 def completion_logprobs(entries: list[TokenLogprob], texts, offset: int = 0) -> dict:
     """OpenAI's completions `logprobs` of these tokens (an echoed prompt's first has none); `texts`: a
     serve/logprobs.py TokenTexts; `offset`: where the first token's text starts in the choice's text. A token's
@@ -475,8 +485,10 @@ def completion_logprobs(entries: list[TokenLogprob], texts, offset: int = 0) -> 
     tokens, token_logprobs, top_logprobs = [], [], []
     for entry in entries:
         tokens.append(texts.text(entry.token_id))
-        token_logprobs.append(entry.logprob)
-        top_logprobs.append(None if entry.logprob is None else {texts.text(t): lp for t, lp in entry.top})
+        token_logprobs.append(shown_logprob(entry.logprob))
+        top_logprobs.append(
+            None if entry.logprob is None else {texts.text(t): shown_logprob(lp) for t, lp in entry.top}
+        )
     starts = character_starts([bytes(texts.bytes(entry.token_id)) for entry in entries])
     text_offset = [offset + start for start in starts]
     return {
@@ -492,7 +504,7 @@ def chat_logprobs(entries: list[TokenLogprob], texts, top: int) -> dict:
     serve/logprobs.py TokenTexts."""
 
     def one(token_id: int, logprob: float) -> dict:
-        return {"token": texts.text(token_id), "logprob": logprob, "bytes": texts.bytes(token_id)}
+        return {"token": texts.text(token_id), "logprob": shown_logprob(logprob), "bytes": texts.bytes(token_id)}
 
     content = [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top[:top]]} for e in entries]
     return {"content": content, "refusal": None}

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.errors import UserError
+from tuneforge.files import finite_or_null
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.engine import QueueFull
 
@@ -46,7 +47,7 @@ async def answer_predict(state, request: PredictRequest) -> dict:
     items = _predict_items(request, tuple(state.served.accepts), state.options.max_request_items)
     kind = next(k for k in ("texts", "pairs", "inputs") if getattr(request, k) is not None)
     try:
-        return {"predictions": await state.batcher.submit(items)}
+        return {"predictions": finite_or_null(await state.batcher.submit(items))}  # a score of inf (fp16) as null
     except QueueFull as err:
         raise oa.ApiError(503, f"the server is busy ({err}); retry later", kind="server_busy") from None
     except UserError as err:  # the predictor's own checks: this request's inputs
