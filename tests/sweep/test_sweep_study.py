@@ -218,6 +218,9 @@ def test_a_killed_sweep_resumes_to_the_same_trials(setup, reference, tmp_path):
     assert f"resumed from {out / 'trial-0000' / 'checkpoint-2'} at step 2" in log
     assert table(out) == table(reference[0])  # values, states, params and every reported evaluation
     assert (out / "trials.csv").read_text().count("\n") == 4
+    finished = run_cli(*setup.args(out, "--resume"))  # nothing left to run: said, not silent
+    assert finished.returncode == 0 and "the study holds 3 trials already" in finished.stderr, finished.stderr
+    assert table(out) == table(reference[0])
 
 
 def test_the_trials_of_a_moved_folder_or_another_host_are_continued_where_the_study_is_the_folder_s(tmp_path):

@@ -164,6 +164,14 @@ def _run(sweep: Sweep, study) -> None:
         file=sys.stderr,
         flush=True,
     )
+    held = len(study.get_trials(deepcopy=False))
+    if held >= options.trials:  # --resume of a sweep that has its trials: say why none runs
+        print(
+            f"note: the study holds {held} trials already and --trials {options.trials} counts them: no new trial "
+            f"runs (an unfinished one is continued); pass --trials {held + 1} or more to run more",
+            file=sys.stderr,
+            flush=True,
+        )
     warm_up(config)
     run_trials(study, plan)
     after_trial(study)  # also where no trial ran (a finished sweep resumed)
