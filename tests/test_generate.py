@@ -78,6 +78,45 @@ def test_seq2seq_puts_the_trained_prefix_first_and_uses_beams(tiny_t5, tmp_path)
     assert text == tokenizer.decode(out[0], skip_special_tokens=True)
 
 
+def test_seq2seq_decodes_as_its_evaluation_did_unless_a_flag_says(tiny_t5, tmp_path, capsys):
+    import shutil
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from tuneforge.generate import Generator
+
+    model_dir = tmp_path / "t5"
+    shutil.copytree(tiny_t5, model_dir)
+    prefix, source = "summarize: ", "A man is riding a red bike."
+    trained = {"source_prefix": prefix, "max_length": 64, "num_beams": 3, "generation_max_length": 9}
+    (model_dir / "tuneforge.json").write_text(json.dumps({"task": "seq2seq", **trained}))
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    ids = AutoTokenizer.from_pretrained(model_dir)(prefix + source, return_tensors="pt")
+
+    def transformers_text(**options) -> str:
+        with torch.no_grad():
+            out = model.generate(**ids, do_sample=False, **options)
+        return AutoTokenizer.from_pretrained(model_dir).decode(out[0], skip_special_tokens=True)
+
+    # what `eval` scored: beam search of num_beams, up to generation_max_length new tokens (was greedy, 50 tokens)
+    evaluated = transformers_text(num_beams=3, max_new_tokens=9)
+    assert Generator(model_dir).generate([source]) == [evaluated]
+    capsys.readouterr()  # the loads' progress bars
+    code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", source)
+    assert code == 0 and out.strip() == evaluated, err
+    assert err.strip() == (
+        "settings the model was trained with (its tuneforge.json; a flag overrides): source_prefix 'summarize: ', "
+        "max_length 64, num_beams 3, generation_max_length 9"
+    )
+    code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", source, *cli_flags(num_beams=1))
+    assert code == 0 and out.strip() == transformers_text(num_beams=1, max_new_tokens=9), err
+    assert err.strip().endswith("source_prefix 'summarize: ', max_length 64, generation_max_length 9")
+    sampled = cli_flags(do_sample=True, top_k=1, max_new_tokens=4)  # sampling: beams only where --num-beams says
+    code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", source, *sampled)
+    assert code == 0 and out.strip() == transformers_text(num_beams=1, max_new_tokens=4), err
+    assert err.strip().endswith("source_prefix 'summarize: ', max_length 64")
+
+
 def test_cli_prints_prompt_and_continuation(tiny_gpt2, capsys):
     prompts = cli_flags(prompt=["A man is", "The dog"], max_new_tokens=4)
     code, out, err = cli_main(capsys, "generate", tiny_gpt2, *prompts)

@@ -6,7 +6,8 @@ through this module, which imports nothing of tuneforge but errors.py, so any of
 - tuneforge.json (`read_model_info`/`write_model_info`, its one reader and writer): beside a model's weights (an
   exported model, an adapter folder, a checkpoint), what the model was trained for: task, text columns,
   max_length, source prefix, an adapter's base, and its declared capabilities (`capability_info`: whether it
-  generates text and its generation family).
+  generates text and its generation family); `trained_settings_line`, the line saying which of its settings a
+  command takes.
 - the folder itself: `check_model_path` (an HF model folder, not a checkpoint or a run's output dir),
   `load_tokenizer`, `from_pretrained` (a config, tokenizer or plain model, one error line), `save_pretrained`
   (a model's folder written without importing DeepSpeed), `bundled_minilm` (where the default model folder is).
@@ -68,6 +69,15 @@ def read_model_info(model_dir: str | os.PathLike) -> dict:
             "delete that file"
         )
     return info
+
+
+def trained_settings_line(taken: dict) -> str:
+    """The one line `eval`, `generate` and `predict` say the settings of a model's training they take from its
+    tuneforge.json in (`taken`: {name: value}), a flag overriding each."""
+    said = ", ".join(
+        f"{name} {value!r}" if isinstance(value, str) else f"{name} {value}" for name, value in taken.items()
+    )
+    return f"settings the model was trained with (its tuneforge.json; a flag overrides): {said}"
 
 
 @dataclass(frozen=True)

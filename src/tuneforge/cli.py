@@ -237,7 +237,7 @@ def _trained_settings(model_dir: str, given: dict[str, Any]) -> dict[str, Any]:
     """The eval settings a folder's tuneforge.json records of its training (max_length, QA's doc_stride, a
     seq2seq model's source_prefix and num_beams, a causal LM's block_size, ...) as config keys, so that `eval`
     reads the data as the run that trained it did (as predict and generate do); said in one line."""
-    from tuneforge.artifacts import read_model_info
+    from tuneforge.artifacts import read_model_info, trained_settings_line
     from tuneforge.tasks import task_class
 
     info = read_model_info(model_dir)
@@ -253,9 +253,7 @@ def _trained_settings(model_dir: str, given: dict[str, Any]) -> dict[str, Any]:
         if name in keys and name not in INPUT_NAMING and keys[name] not in given and value is not None
     }
     if taken and not given.get("quiet"):
-        shown = {key.rpartition(".")[2]: repr(v) if isinstance(v, str) else v for key, v in taken.items()}
-        said = ", ".join(f"{name} {value}" for name, value in shown.items())
-        print(f"settings the model was trained with (its tuneforge.json; a flag overrides): {said}", flush=True)
+        print(trained_settings_line({key.rpartition(".")[2]: v for key, v in taken.items()}), flush=True)
     return taken
 
 

@@ -5,8 +5,10 @@
 
 Greedy by default; sampling with temperature / top-k / top-p; beam search with --num-beams (`Sampling`: the
 decoding settings and their bounds, shared with `tuneforge chat`; `GenerateOptions`: the command's arguments).
-A causal LM returns the continuation of each prompt; a seq2seq model its output for each input
-(the source prefix it was trained with, from tuneforge.json, is put in front).
+A causal LM returns the continuation of each prompt; a seq2seq model its output for each input, decoded with the
+settings it was trained and evaluated with (its tuneforge.json: the source prefix put in front, inputs truncated to
+max_length, beam search of num_beams, up to generation_max_length new tokens: the outputs `eval` scored), each
+said in one line on stderr; a flag overrides (--do-sample leaves beam search to --num-beams).
 
 Generation never runs past the model's context (its position embeddings): a prompt that fills it is refused
 in one line, and a continuation that would run past it stops there, with a `note:` line on stderr saying so.
@@ -36,6 +38,7 @@ from tuneforge.artifacts import (
     inference_device,
     load_tokenizer,
     read_model_info,
+    trained_settings_line,
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
@@ -119,10 +122,6 @@ class GenerateOptions(Sampling):
         json_schema_extra={"flag": "--json"},
     )
 
-    def sampling(self) -> dict:
-        """The decoding settings, as `Generator.generate` takes them."""
-        return self.model_dump(include=set(Sampling.model_fields))
-
 
 def model_family(model_dir: str, model_config, info: dict) -> str:
     """FAMILY_CAUSAL or FAMILY_SEQ2SEQ for a model that generates text (`artifacts.generation_family`: what its
@@ -169,6 +168,9 @@ class CausalFamily:
     def max_prompt_tokens(self, info: dict) -> int | None:
         return None
 
+    def trained_settings(self, info: dict) -> dict:
+        return {}
+
     def positions_used(self, prompt_tokens: int, generated: int) -> int:
         return prompt_tokens + generated
 
@@ -197,6 +199,12 @@ class Seq2SeqFamily:
     def max_prompt_tokens(self, info: dict) -> int | None:
         return info.get("max_length")
 
+    def trained_settings(self, info: dict) -> dict:
+        """How the run that trained it read and decoded inputs in evaluation: {name in tuneforge.json: value}."""
+        settings = {"source_prefix": info.get("source_prefix") or None, "max_length": info.get("max_length")}
+        settings.update({name: info.get(name) for name in SEQ2SEQ_DECODING.values()})
+        return {name: value for name, value in settings.items() if value is not None}
+
     def positions_used(self, prompt_tokens: int, generated: int) -> int:
         return generated
 
@@ -205,6 +213,8 @@ class Seq2SeqFamily:
 
 
 FAMILIES = {f.name: f for f in (CausalFamily(), Seq2SeqFamily())}
+# a Sampling setting -> the seq2seq tuneforge.json key of the value evaluation decoded with (tasks/seq2seq.py)
+SEQ2SEQ_DECODING = {"num_beams": "num_beams", "max_new_tokens": "generation_max_length"}
 
 
 class Generator:
@@ -295,6 +305,26 @@ class Generator:
                 )
         return enc
 
+    def trained_sampling(self, given: dict) -> dict:
+        """The Sampling settings the model was evaluated with ({} for a causal LM): a seq2seq model's beams (unless
+        `given` asks to sample) and new tokens, from its tuneforge.json, as `eval` generated its scored outputs."""
+        trained = self.kind.trained_settings(self.info)
+        settings = {key: trained[name] for key, name in SEQ2SEQ_DECODING.items() if is_count(trained.get(name))}
+        if given.get("do_sample"):  # sampling asked for: beam search only where --num-beams says
+            settings.pop("num_beams", None)
+        return settings
+
+    def trained_settings_line(self, given: dict) -> str | None:
+        """The one line saying which settings of the model's training its generation takes (as `eval` says them),
+        those a flag in `given` overrides left out; None when it takes none."""
+        taken = dict(self.kind.trained_settings(self.info))
+        for key, name in SEQ2SEQ_DECODING.items():
+            if key not in self.trained_sampling(given) or given.get(key) is not None:
+                taken.pop(name, None)
+        if not taken:
+            return None
+        return trained_settings_line(taken)
+
     def make_batch(self, pad_id: int):
         """The engine's running batch for this model's family."""
         return self.kind.batch(self.model, pad_id)
@@ -312,12 +342,14 @@ class Generator:
         seed: int | None = None,
         add_special_tokens: bool = True,
     ) -> list[str]:
-        """The generated text for each prompt (without the prompt itself). A setting left out (None): Sampling's
-        default (greedy, 50 new tokens). `add_special_tokens=False` for prompts that carry their own (a chat
-        template's rendering)."""
+        """The generated text for each prompt (without the prompt itself). A setting left out (None): the one the
+        model was evaluated with (`trained_sampling`: a seq2seq model's num_beams and generation_max_length), else
+        Sampling's default (greedy, 50 new tokens). `add_special_tokens=False` for prompts that carry their own (a
+        chat template's rendering)."""
         if isinstance(prompts, str):  # a str is a sequence too: each character would be a prompt
             raise TypeError(f"prompts is a list of texts, not one text: generate([{prompts[:40]!r}])")
         given = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "num_beams": num_beams, "seed": seed}
+        given.update({k: v for k, v in self.trained_sampling(given).items() if given[k] is None})
         settings = parse_options(Sampling, {**given, "temperature": temperature, "top_k": top_k, "top_p": top_p})
         if not prompts:
             return []
@@ -336,6 +368,11 @@ class Generator:
         if self.kind.continues_prompt:  # the prompt (left-padded to one width) comes first: drop it
             out = out[:, enc["input_ids"].shape[1] :]
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+
+def is_count(value) -> bool:
+    """`value` is a positive int (a hand-edited tuneforge.json may hold anything)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def context_room(
@@ -369,7 +406,11 @@ def context_room(
 def cmd_generate(ns: argparse.Namespace) -> int:
     options = parse_options(GenerateOptions, ns)  # every flag checked before the model loads
     generator = Generator(options.model_dir)
-    outputs = generator.generate(options.prompt, **options.sampling())
+    given = {key: getattr(ns, key, None) for key in Sampling.model_fields}  # None: the flag was left out
+    line = generator.trained_settings_line(given)
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    outputs = generator.generate(options.prompt, **given)
     if options.print_json:
         generations = [{"prompt": p, "generated": t} for p, t in zip(options.prompt, outputs)]
         print(json.dumps({"generations": generations}), flush=True)
