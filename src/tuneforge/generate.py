@@ -221,7 +221,9 @@ class Generator:
     """A model and its tokenizer ready to generate: loaded from a folder, or (`from_model`) a live model, e.g. the
     one being trained, used as it is (no copy of its weights)."""
 
-    def __init__(self, model_dir: str | Path, device: str | None = None) -> None:
+    def __init__(self, model_dir: str | Path, device: str | None = None, max_length: int | None = None) -> None:
+        """`max_length`: a seq2seq model's inputs are truncated to it, not to the training max_length (serve's
+        --max-length); a causal LM's prompt is never cut, so it is refused for one."""
         import transformers
 
         model_dir = str(model_dir)
@@ -229,6 +231,14 @@ class Generator:
         info = read_model_info(model_dir)
         model_config = from_pretrained(transformers.AutoConfig, model_dir, "the model config")
         family = FAMILIES[model_family(model_dir, model_config, info)]
+        if max_length is not None:
+            if family.continues_prompt:
+                raise ConfigError(
+                    f"--max-length {max_length}: model {model_dir!r} is a causal LM, whose prompt is never cut (one "
+                    "longer than its context is refused); --max-length truncates the inputs of other models: leave "
+                    "it out"
+                )
+            info = {**info, "max_length": max_length}
         tokenizer = load_tokenizer(model_dir)
         model = load_pretrained_model(getattr(transformers, family.auto_class), model_dir, "the model").eval()
         model.to(inference_device(device))
@@ -316,11 +326,14 @@ class Generator:
 
     def trained_settings_line(self, given: dict) -> str | None:
         """The one line saying which settings of the model's training its generation takes (as `eval` says them),
-        those a flag in `given` overrides left out; None when it takes none."""
+        those a flag in `given` overrides left out (a `max_length` given: the one of `given`, not its training's);
+        None when it takes none."""
         taken = dict(self.kind.trained_settings(self.info))
         for key, name in SEQ2SEQ_DECODING.items():
             if key not in self.trained_sampling(given) or given.get(key) is not None:
                 taken.pop(name, None)
+        if given.get("max_length") is not None:
+            taken.pop("max_length", None)
         if not taken:
             return None
         return trained_settings_line(taken)

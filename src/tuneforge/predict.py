@@ -104,7 +104,7 @@ def load_servable(model_dir: str | Path, max_length: int | None = None):
     plain HF folder: a Generator when its architecture generates text, else a classifier's predictor."""
     cls = _task_class_of(model_dir)
     if cls is not None:
-        generator = cls.make_generator(str(model_dir))
+        generator = cls.make_generator(str(model_dir), max_length=max_length)
         return generator if generator is not None else cls.make_predictor(str(model_dir), max_length=max_length)
     from transformers import AutoConfig
 
@@ -112,7 +112,7 @@ def load_servable(model_dir: str | Path, max_length: int | None = None):
 
     model_config = from_pretrained(AutoConfig, str(model_dir), "the model config")
     if generation_family(model_config, read_model_info(str(model_dir))) is not None:
-        return Generator(model_dir)
+        return Generator(model_dir, max_length=max_length)
     return Predictor(model_dir, max_length=max_length)
 
 

@@ -766,6 +766,35 @@ def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
         assert choice.text == tokenizer.decode(want[0], skip_special_tokens=True)
 
 
+def test_max_length_truncates_a_seq2seq_models_inputs_and_is_refused_for_a_causal_lm(
+    tiny_t5, tiny_gpt2, tmp_path, capsys
+):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from tuneforge.predict import load_servable
+
+    model_dir = tmp_path / "t5"
+    shutil.copytree(tiny_t5, model_dir)
+    (model_dir / "tuneforge.json").write_text(json.dumps({"task": "seq2seq", "source_prefix": "", "max_length": 64}))
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    source = "A man is riding a red bike down the long and winding road."
+    # `serve --max-length 5`: the encoder reads the first 5 tokens (was the training max_length's 64, the flag dropped)
+    with app_server(str(model_dir), load=lambda: load_servable(model_dir, max_length=5), max_length=5) as url:
+        wait_ready(url)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model=NAME, prompt=source, max_tokens=7, temperature=0)
+    ids = tokenizer(source, return_tensors="pt", truncation=True, max_length=5)
+    with torch.no_grad():
+        want = model.generate(**ids, max_new_tokens=7, do_sample=False)
+    assert out.choices[0].text == tokenizer.decode(want[0], skip_special_tokens=True)
+    assert out.usage.prompt_tokens == 5
+
+    code, _, err = cli_main(capsys, "serve", tiny_gpt2, "--port", "0", "--max-length", "8")  # never cut: refused
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: --max-length 8: model ")
+    assert "is a causal LM, whose prompt is never cut" in err
+
+
 # ---- the process: flags, SIGTERM ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "flags, message",

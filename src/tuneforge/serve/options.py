@@ -46,7 +46,7 @@ class ServeOptions(BaseModel):
         None,
         ge=1,
         le=MAX_LENGTH,
-        description="truncate inputs (default: the training max_length)",
+        description="truncate inputs (default: the training max_length); a causal LM's prompt is never cut",
         json_schema_extra={"refusal": BETWEEN},
     )
     api_key: str | None = Field(

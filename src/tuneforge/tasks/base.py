@@ -482,9 +482,10 @@ class Task:
         return False
 
     @staticmethod
-    def make_generator(model_dir: str):
+    def make_generator(model_dir: str, max_length: int | None = None):
         """What `serve` runs for a model this task exported when the model generates text (the OpenAI routes):
-        a `tuneforge.generate.Generator`; None for a task whose models do not generate (`make_predictor`'s)."""
+        a `tuneforge.generate.Generator` (inputs truncated to `max_length` where given); None for a task whose
+        models do not generate (`make_predictor`'s)."""
         return None
 
     @staticmethod

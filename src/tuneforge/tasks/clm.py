@@ -118,12 +118,12 @@ def _convert_gguf(package_dir: Path, gguf_name: str, out: Path, source: dict) ->
         (tmp / "tuneforge-source.json").write_text(json.dumps(source))
 
 
-def text_generator(model_dir: str):
+def text_generator(model_dir: str, max_length: int | None = None):
     """The `tuneforge.generate.Generator` of an exported model (the `make_generator` of the tasks whose
-    models generate text: clm and its kin, seq2seq)."""
+    models generate text: clm and its kin, seq2seq); `max_length`: serve's --max-length."""
     from tuneforge.generate import Generator
 
-    return Generator(model_dir)
+    return Generator(model_dir, max_length=max_length)
 
 
 # ---- metrics -----------------------------------------------------------------------------
