@@ -25,6 +25,7 @@ from conftest import (
     query_weights,
     quiet_task,
     run_cli,
+    save_tiny_bert,
     serving,
     train_losses,
     trained_once,
@@ -117,6 +118,31 @@ def test_a_null_or_non_text_question_or_choice_in_a_file_is_named(tmp_path, chan
     path = write_jsonl(tmp_path / "q.jsonl", rows)
     with pytest.raises(DataError, match=re.escape(f"{path}, {says}")):
         read_choices(path, need_labels=need_labels)
+
+
+def test_a_prefix_column_of_question_and_choices_rows_starts_every_ending(tmp_path, minilm_dir, capsys):
+    """A jsonl row {"question", "prefix", "choices"} (serve's /predict input) was read without its prefix by
+    `tuneforge predict` (and training): each choice was scored as (question, ending), not (question, prefix ending)."""
+    import transformers
+
+    from tuneforge.data.choices import read_choices
+    from tuneforge.predict import load_predictor
+
+    rows = [{**r, "prefix": "It is"} for r in choice_rows(3, seed=5, width=3)]
+    rows[1]["prefix"] = None  # a row without one
+    path = write_jsonl(tmp_path / "q.jsonl", rows)
+    assert read_choices(path, need_labels=False)["prefix"] == ["It is", "", "It is"]
+
+    model = save_tiny_bert(tmp_path / "model", minilm_dir, transformers.BertForMultipleChoice, initializer_range=0.3)
+    (tmp_path / "model" / "tuneforge.json").write_text(json.dumps({"task": "multiple-choice", "max_length": 64}))
+    served = load_predictor(model).predict([{k: r[k] or "" for k in ("question", "prefix", "choices")} for r in rows])
+    code, _, err = cli_main(capsys, "predict", model, "--input", str(path), "--output", str(tmp_path / "p.jsonl"))
+    assert code == 0, err
+    predicted = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    for got, want in zip(predicted, served, strict=True):
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-5)
+    unprefixed = load_predictor(model).predict([{"question": r["question"], "choices": r["choices"]} for r in rows])
+    assert predicted[0]["scores"] != pytest.approx(unprefixed[0]["scores"], abs=1e-5)
 
 
 def test_a_null_swag_ending_is_an_absent_one(tmp_path):

@@ -1,7 +1,8 @@
 """Multiple-choice rows: SWAG's csv layout, question + choices tables, CODAH's headerless TSV.
 
 Every reader returns a `datasets.Dataset` with `context` (the question or first sentence),
-`prefix` (the start shared by every ending, SWAG's sent2; "" where there is none), `choices`
+`prefix` (the start shared by every ending: SWAG's sent2, a question + choices row's `prefix`; "" where there is
+none), `choices`
 (the endings, as many in every row), `label` (the index of the right choice) and `row` (the row
 number in the file, for errors).
 """
@@ -66,7 +67,7 @@ def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
     cols = list(map(str, df.columns))
     endings = sorted((int(m.group(1)), c) for c in cols if (m := ENDING.match(c)))
     if {"sent1", "ending0"} <= set(cols):  # SWAG: sent1, sent2, ending0..ending3, label
-        prefix = ["" if _null(v) else v for v in df["sent2"]] if "sent2" in cols else [""] * len(df)
+        prefix = _prefixes(df, "sent2", p)
         choices = [
             [str(e) for e in r if not _null(e) and str(e).strip()] for r in df[[c for _, c in endings]].values.tolist()
         ]
@@ -79,7 +80,11 @@ def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
                 f"file {str(p)!r}, row {bad}: 'choices' must be a list of texts (jsonl/json/parquet), got "
                 f"{type(df['choices'][bad - 1]).__name__}"
             )
-        rows = {"context": df["question"].tolist(), "prefix": [""] * len(df), "choices": df["choices"].tolist()}
+        rows = {
+            "context": df["question"].tolist(),
+            "prefix": _prefixes(df, "prefix", p),
+            "choices": df["choices"].tolist(),
+        }
     else:
         codah = (
             "for CODAH's TSV pass --data-format codah"
@@ -97,6 +102,18 @@ def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
     else:
         labels = [-1] * len(df)
     return rows, labels
+
+
+def _prefixes(df, column: str, p: Path) -> list:
+    """Each row's prefix (SWAG's sent2, a question + choices row's `prefix`: the start shared by its endings), ""
+    where the row or the file has none; DataError naming the row for one that is not a text."""
+    if column not in df.columns:
+        return [""] * len(df)
+    values = ["" if _null(v) else v for v in df[column]]
+    for row, value in enumerate(values, 1):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise DataError(f"{p}, row {row}: {column} holds {value!r}, not a text; give it as a string")
+    return values
 
 
 def _null(value) -> bool:

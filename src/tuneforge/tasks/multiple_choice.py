@@ -62,6 +62,18 @@ def given_choice_rows(ds, where: str) -> tuple[list[str], list[list[str]]]:
     return [str(q) for q in questions], [[str(c) for c in given] for given in choices]
 
 
+def given_prefixes(ds, where: str) -> list[str]:
+    """Each row's `prefix` of a dataset given to fit / validate (the start its endings share; "" where it has none),
+    checked as a question is."""
+    if "prefix" not in ds.column_names:
+        return [""] * len(ds)
+    prefixes = ["" if p is None else p for p in ds["prefix"]]
+    for row, prefix in enumerate(prefixes, 1):
+        if isinstance(prefix, bool) or not isinstance(prefix, (str, int, float)):
+            raise DataError(f"{where}, row {row}: prefix holds {prefix!r}, not a text; give it as a string")
+    return [str(p) for p in prefixes]
+
+
 class ChoiceStream(MetricStream):
     def __init__(self, task: MultipleChoiceTask) -> None:
         self.task = task
@@ -171,7 +183,7 @@ class MultipleChoiceTask(Task):
             raw[split] = datasets.Dataset.from_dict(
                 {
                     "context": questions,
-                    "prefix": [""] * n,
+                    "prefix": given_prefixes(ds, where),
                     "choices": choices,
                     "label": labels,
                     "row": list(range(1, n + 1)),
