@@ -361,12 +361,37 @@ class TokenClassificationTask(Task):
         return EntityPredictor(model_dir, **kwargs)
 
 
+WINDOW_OVERLAP = 0.25  # of a window's tokens, the part the next window of a long text reads again
+
+
+def word_windows(sizes: list[int], room: int, overlap: int) -> list[tuple[int, int]]:
+    """(first word, end word) of each window over words of `sizes` tokens: as many whole words as `room` tokens
+    hold (a longer word alone), each window after the first taking back the last words of the one before that fit
+    in `overlap` tokens (always moving on by a word at least)."""
+    out: list[tuple[int, int]] = []
+    first = 0
+    while first < len(sizes):
+        end, used = first, 0
+        while end < len(sizes) and (end == first or used + sizes[end] <= room):
+            used, end = used + sizes[end], end + 1
+        out.append((first, end))
+        if end == len(sizes):
+            break
+        back, first_next = 0, end
+        while first_next - 1 > first and back + sizes[first_next - 1] <= overlap:
+            first_next -= 1
+            back += sizes[first_next]
+        first = first_next
+    return out
+
+
 class EntityPredictor:
     """`EntityPredictor("runs/ner/model").predict(["Peter lives in Berlin."])` -> per text, its entities:
     {"entity": type, "text", "start", "end" (character offsets), "score" (mean of its words' tag
     probabilities)}. Words are split as CoNLL splits them (a combining mark stays in its word); each word's tag is
     read at its first sub-token (a word with none, such as a zero-width space, is in no entity). A text of more tokens
-    than max_length is tagged in windows of whole words, one after the other, so every word has its tag."""
+    than max_length is tagged in overlapping windows of whole words, so every word has its tag, read in the window
+    where it has the most words around it."""
 
     regression = False
     accepts = ("texts",)  # what `tuneforge serve` takes for it
@@ -396,44 +421,46 @@ class EntityPredictor:
             raise DataError("NER predicts on plain texts (strings), one per input")
         spans = [[(m.group(), m.start(), m.end()) for m in WORD.finditer(t)] for t in texts]
         windows, tokens = self._windows(spans)
-        tagged: list[list[tuple]] = [[] for _ in windows]  # per window: (word span, tag, score) of its tagged words
+        tagged: list[list[tuple]] = [[] for _ in windows]  # per window: (word index, tag, score) of its tagged words
         for run in length_batches(tokens, batch_size, on_cpu=self.device.type == "cpu"):
             for r, words in zip(run, self._tag([windows[r] for r in run], spans)):
                 tagged[r] = words
-        per_text: list[list[tuple]] = [[] for _ in texts]
-        for (i, _, _), words in zip(windows, tagged):  # a text's windows follow each other in word order
-            per_text[i] += words
-        return [
-            {"entities": self._entities(text, *map(list, zip(*words))) if words else []}
-            for text, words in zip(texts, per_text)
-        ]
+        # a word in two windows takes its tag from the one where it has more words on its shorter side (the
+        # "max context" rule of transformers' QA windows): its neighbours then inform its tag as in a whole text
+        best: list[dict[int, tuple]] = [{} for _ in texts]
+        for (i, first, end), words in zip(windows, tagged):
+            for w, tag, score in words:
+                context = min(w - first, end - 1 - w)
+                if w not in best[i] or context > best[i][w][0]:
+                    best[i][w] = (context, tag, score)
+        results = []
+        for text, words, chosen in zip(texts, spans, best):
+            order = sorted(chosen)
+            tags, scores = [chosen[w][1] for w in order], [chosen[w][2] for w in order]
+            results.append({"entities": self._entities(text, [words[w] for w in order], tags, scores)})
+        return results
 
     def _windows(self, spans: list[list[tuple]]) -> tuple[list[tuple[int, int, int]], list[int]]:
         """Each text's words cut into windows whose tokens fit max_length, so that every word is tagged (a text
-        longer than a sentence: a page): ([(text, first word, end word)], the tokens of each window)."""
+        longer than a sentence: a page), each window after the first starting WINDOW_OVERLAP of the room back in
+        the one before (as transformers' TokenClassificationPipeline's `stride`), so that no word is tagged at a
+        window's edge without the words around it: ([(text, first word, end word)], the tokens of each window)."""
         words = [w for text in spans for w, _, _ in text]
         room = max(1, self.max_length - self.tokenizer.num_special_tokens_to_add())
         # each word's tokens, up to one more than a window holds (a longer word is a window of its own)
         enc = self.tokenizer(words, add_special_tokens=False, truncation=True, max_length=room + 1) if words else None
-        counts = iter([len(ids) for ids in enc["input_ids"]] if enc else [])
-        windows, tokens = [], []
+        counts = [len(ids) for ids in enc["input_ids"]] if enc else []
+        windows, tokens, offset = [], [], 0
         for i, text in enumerate(spans):
-            first, used = 0, 0
-            for w in range(len(text)):
-                n = next(counts)
-                if used + n > room and w > first:
-                    windows.append((i, first, w))
-                    tokens.append(used)
-                    first, used = w, 0
-                used += n
-            if text:
-                windows.append((i, first, len(text)))
-                tokens.append(used)
+            sizes, offset = counts[offset : offset + len(text)], offset + len(text)
+            for first, end in word_windows(sizes, room, int(room * WINDOW_OVERLAP)):
+                windows.append((i, first, end))
+                tokens.append(sum(sizes[first:end]))
         return windows, tokens
 
     def _tag(self, windows: list[tuple[int, int, int]], spans: list[list[tuple]]) -> list[list[tuple]]:
-        """Per window, (word span, tag, score) of each of its words that has a token: a word the tokenizer drops (a
-        zero-width space, a control character) has none, and must not take the next word's."""
+        """Per window, (word index in its text, tag, score) of each of its words that has a token: a word the
+        tokenizer drops (a zero-width space, a control character) has none, and must not take the next word's."""
         enc = self.tokenizer(
             [[w for w, _, _ in spans[i][first:end]] for i, first, end in windows],
             is_split_into_words=True,
@@ -446,12 +473,12 @@ class EntityPredictor:
             logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
         probs = logits.float().softmax(-1).cpu()
         out = []
-        for j, (i, first, _) in enumerate(windows):
+        for j, (_, first, _) in enumerate(windows):
             words, previous = [], None
             for pos, word in enumerate(enc.word_ids(j)):
                 if word is not None and word != previous:
                     p = probs[j, pos]
-                    words.append((spans[i][first + word], self.labels[int(p.argmax())], float(p.max())))
+                    words.append((first + word, self.labels[int(p.argmax())], float(p.max())))
                 previous = word
             out.append(words)
         return out
