@@ -131,6 +131,27 @@ def test_cli_prints_prompt_and_continuation(tiny_gpt2, capsys):
     assert generation["prompt"] == "A man is" and isinstance(generation["generated"], str)
 
 
+def test_the_printed_text_is_the_prompt_and_what_continues_it_with_a_sentencepiece_tokenizer(metaspace_llama, capsys):
+    """A SentencePiece tokenizer decodes a text's first token without its leading space: the new tokens decoded
+    alone glued "A woman" + " k..." into "A womank..."; the text is the whole row's past the prompt's, as
+    transformers' text-generation pipeline cuts it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer, model = (
+        AutoTokenizer.from_pretrained(metaspace_llama),
+        AutoModelForCausalLM.from_pretrained(metaspace_llama),
+    )
+    ids = tokenizer("A woman", return_tensors="pt")["input_ids"]
+    row = model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.eos_token_id)[0]
+    expected = tokenizer.decode(row, skip_special_tokens=True)[
+        len(tokenizer.decode(ids[0], skip_special_tokens=True)) :
+    ]
+    assert expected.startswith(" ")  # this case needs the space: the first new token begins a word
+    code, out, err = cli_main(capsys, "generate", metaspace_llama, "--prompt", "A woman", "--max-new-tokens", "6")
+    assert code == 0, err
+    assert out.splitlines()[0] == "A woman" + expected
+
+
 def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, capsys):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

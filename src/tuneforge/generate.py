@@ -378,9 +378,21 @@ class Generator:
         if settings.do_sample:  # only sampling reads these; greedy/beam would warn about them
             options.update(settings.model_dump(include={"temperature", "top_k", "top_p"}, exclude_none=True))
         out = self.model.generate(**enc, **options)
-        if self.kind.continues_prompt:  # the prompt (left-padded to one width) comes first: drop it
-            out = out[:, enc["input_ids"].shape[1] :]
+        if self.kind.continues_prompt:  # the prompt (left-padded to one width) comes first
+            return self._continuations(enc["input_ids"], out)
         return self.tokenizer.batch_decode(out, skip_special_tokens=True)
+
+    def _continuations(self, prompt_ids: torch.Tensor, out: torch.Tensor) -> list[str]:
+        """What each prompt is continued with: the whole row's text past the prompt's text, as transformers'
+        text-generation pipeline cuts it (a SentencePiece tokenizer drops the leading space of a text's first token,
+        so the new tokens decoded alone would glue " Paris" to the prompt as "Paris")."""
+        texts = []
+        for prompt, row in zip(prompt_ids, out):
+            start = self.tokenizer.decode(prompt, skip_special_tokens=True)
+            whole = self.tokenizer.decode(row, skip_special_tokens=True)
+            alone = self.tokenizer.decode(row[len(prompt) :], skip_special_tokens=True)
+            texts.append(whole[len(start) :] if whole.startswith(start) else alone)  # (a prompt decoding apart)
+        return texts
 
 
 def is_count(value) -> bool:
