@@ -225,6 +225,19 @@ def test_export_overwrite_replaces_an_earlier_export(run_with_checkpoint, tmp_pa
     assert (dest / "model.safetensors").exists()
 
 
+def test_export_overwrite_never_replaces_a_model_folder_tuneforge_did_not_write(run_with_checkpoint, tmp_path, capsys):
+    """A downloaded HF model holds only model files, as an export does; without the tuneforge.json every export
+    writes it is the user's, and --overwrite would have replaced it whole."""
+    run, _ = run_with_checkpoint
+    theirs = tmp_path / "downloaded"
+    shutil.copytree(run / "model", theirs)
+    (theirs / "tuneforge.json").unlink()
+    before = {p.name: p.read_bytes() for p in theirs.iterdir()}
+    code, _, err = cli_main(capsys, "export", str(run / "checkpoint-1"), str(theirs), "--overwrite")
+    assert code == 2 and "holds a model tuneforge did not write" in err, err
+    assert {p.name: p.read_bytes() for p in theirs.iterdir()} == before
+
+
 # ---- predict --output -----------------------------------------------------------------------------------
 def predict_case(case: str, run: Path, data: Path, tmp: Path) -> tuple[list[str], tuple[str, ...]]:
     model = str(run / "model")

@@ -226,6 +226,11 @@ def check_export_folder(out: Path, overwrite: bool, inputs: dict[str, str | None
             f"export folder {str(out)!r} holds files an export does not write ({shown}); --overwrite replaces "
             "the whole folder, so move them out or choose another folder"
         )
+    if held and MODEL_INFO not in held:  # every export writes it: a model folder without it is someone else's
+        raise CheckpointError(
+            f"export folder {str(out)!r} holds a model tuneforge did not write (no {MODEL_INFO}: a downloaded or "
+            "saved model of yours); --overwrite replaces only an earlier export, so choose another folder"
+        )
 
 
 def export_checkpoint(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> Path:
