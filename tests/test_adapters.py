@@ -146,6 +146,42 @@ def test_predict_and_serve_take_the_adapter_folder(single, tmp_path):
     assert answer["predictions"][0]["label"] in ("pos", "neg")
 
 
+def test_qlora_keeps_a_head_that_ends_in_a_bias_in_full_precision_and_trains_it(tiny_bert, tmp_path, cache_dir):
+    """transformers keeps the module of a model's last *parameter* out of 4-bit: BERT's classifier ends in a bias,
+    so its head was quantized and the run failed at its first step (an AssertionError deep in bitsandbytes). The
+    head trains whole, so it stays in full precision; the run trains, and its adapter folder predicts."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    pytest.importorskip("bitsandbytes")
+    train, val = sentiment_split(tmp_path, 32, 8)
+    out = tmp_path / "q"
+    flags = [
+        "--adapter",
+        "lora",
+        "--quantize",
+        "4bit",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--eval-strategy",
+        "no",
+    ]
+    files = ["--train-file", str(train), "--validation-file", str(val), "--model", tiny_bert]
+    proc = run_cli("train", *files, *flags, "--output-dir", str(out), "--cache-dir", cache_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = write_sentiment_csv(tmp_path / "in.csv", 4, seed=5)
+    proc = run_cli("predict", str(out / "model"), "--input", str(texts), "--output", str(tmp_path / "p.jsonl"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len((tmp_path / "p.jsonl").read_text().splitlines()) == 4
+    kept = {}  # the heads of other tasks that end in a bias too
+    for task, name in (("classification", "classifier"), ("ner", "classifier"), ("qa", "qa_outputs")):
+        config = build_config({"task": task, "model": tiny_bert, "adapter": "lora", "quantize": "4bit"})
+        kept[task] = get_task(config).unquantized_modules()
+        assert name in kept[task], (task, kept[task])
+
+
 def test_a_minilm_classifier_learns_with_lora(minilm_dir, tmp_path, cache_dir):
     """The bundled MiniLM with adapters on query/value and a trained head: the run log says how much trains."""
     train, val = sentiment_split(tmp_path, 96, 32)

@@ -253,10 +253,36 @@ class Task:
         return load_tokenizer(self.model_path())
 
     def pretrained_kwargs(self) -> dict:
-        """Extra `from_pretrained` arguments of the model to train: the 4-bit base of --quantize (QLoRA)."""
+        """Extra `from_pretrained` arguments of the model to train: the 4-bit base of --quantize (QLoRA), its task
+        head kept in full precision (`unquantized_modules`)."""
         from tuneforge import adapters
 
-        return adapters.quantization_kwargs(self.config)
+        kwargs = adapters.quantization_kwargs(self.config)
+        if kwargs:
+            kwargs["quantization_config"].llm_int8_skip_modules = self.unquantized_modules()
+        return kwargs
+
+    def unquantized_modules(self) -> list[str] | None:
+        """The modules a 4-bit base keeps in full precision: transformers' own choice (the output layer, tied
+        weights, the last parameter's module) and this task's head, which trains whole; None (transformers' choice
+        alone) where the model's class is not known here. transformers takes the last *parameter*, so a head that
+        ends in a bias (BERT's `classifier.bias`) was quantized, and its 4-bit copy could not train."""
+        import torch
+        import transformers
+        from transformers.models.auto import modeling_auto
+        from transformers.quantizers.base import get_keys_to_not_convert
+
+        from tuneforge.adapters import head_modules
+
+        model_config = self.peek_model_config()
+        names = getattr(modeling_auto, self.model_classes, {}) if self.model_classes else {}
+        name = names.get(getattr(model_config, "model_type", None))
+        model_class = getattr(transformers, name if isinstance(name, str) else (name or [""])[0], None)
+        if model_class is None:
+            return None
+        with torch.device("meta"):  # the module tree only: no weights are made
+            model = model_class(model_config)
+        return sorted(set(get_keys_to_not_convert(model)) | set(head_modules(model)))
 
     def load_model(self, tokenizer):
         raise NotImplementedError
