@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from tracked import (
+    as_params,
     crash_and_resume,
     expected_histories,
     flattened,
@@ -127,7 +128,7 @@ def test_the_run_holds_the_config_the_tags_and_the_model(mlflow_server, resumed_
     out, _ = resumed_job
     client = MlflowClient(mlflow_server)
     (run,) = runs_of(client, "resumed")
-    config = flattened(yaml.safe_load((out / "config.yaml").read_text()))  # the resumed attempt's
+    config = as_params(flattened(yaml.safe_load((out / "config.yaml").read_text())))  # the resumed attempt's
     assert config["resume"] == "latest" and run.data.params["resume"] == "null"  # the params of the first start
     assert config["lora_targets"] == LONG and run.data.params["lora_targets"] == LONG[:497] + "..."
     assert run.data.params == {**config, "resume": "null", "lora_targets": LONG[:497] + "..."}

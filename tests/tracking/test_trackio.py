@@ -53,10 +53,11 @@ def test_the_runs_hold_the_config_and_tags(job):
     with sqlite3.connect(job / "trackio" / "tuneforge.db") as db:
         resumed, continued = [json.loads(row[0]) for row in db.execute("SELECT config FROM configs ORDER BY id")]
     config = flattened(yaml.safe_load((job / "run" / "config.yaml").read_text()))  # the continued attempt's
-    assert config["resume"] == "latest" and config["max_steps"] == "6"
+    assert config["resume"] == "latest" and config["max_steps"] == 6 and config["optim.lr"] == 8e-5
     assert {k: v for k, v in continued.items() if not k.startswith(("_", "tuneforge."))} == config
     assert {k: v for k, v in resumed.items() if not k.startswith(("_", "tuneforge."))} == {
         **config,
-        "max_steps": "null",
+        "max_steps": None,
     }
+    assert resumed["batch_size"] == 8 and resumed["quiet"] is True  # numbers and booleans as such
     assert resumed["tuneforge.task"] == "classification" and resumed["tuneforge.world_size"] == "1"

@@ -80,15 +80,20 @@ def expected_histories(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return found
 
 
-def flattened(values: dict, prefix: str = "") -> dict[str, str]:
-    """A config's nested values as {dotted key: text}: text as is, anything else as JSON (the trackers' params)."""
+def flattened(values: dict, prefix: str = "") -> dict:
+    """A config's nested values as {dotted key: value}, each as the YAML holds it (W&B's and trackio's config)."""
     out = {}
     for key, value in values.items():
         if isinstance(value, dict) and value:
             out.update(flattened(value, f"{prefix}{key}."))
         else:
-            out[prefix + key] = value if isinstance(value, str) else json.dumps(value)
+            out[prefix + key] = value
     return out
+
+
+def as_params(flat: dict) -> dict[str, str]:
+    """Flattened config values as MLflow's params hold them: text as is, anything else as JSON."""
+    return {key: value if isinstance(value, str) else json.dumps(value) for key, value in flat.items()}
 
 
 # ---- W&B's offline files -----------------------------------------------------------------------

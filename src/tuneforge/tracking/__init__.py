@@ -27,7 +27,6 @@ import functools
 import importlib
 import importlib.metadata
 import importlib.util
-import json
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -142,14 +141,15 @@ def check_trackers(config) -> None:
 
 
 # ---- a run's description -------------------------------------------------------------------------
-def flat_params(values: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested config values as {dotted key: text} (text as is; anything else as JSON)."""
-    out: dict[str, str] = {}
+def flat_config(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config values as {dotted key: value}, each value as config.yaml holds it (a number stays a number, as
+    transformers' WandbCallback and TrackioCallback send theirs: W&B sorts and filters them as numbers)."""
+    out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Mapping) and value:
-            out.update(flat_params(value, f"{prefix}{key}."))
+            out.update(flat_config(value, f"{prefix}{key}."))
         else:
-            out[f"{prefix}{key}"] = value if isinstance(value, str) else json.dumps(value)
+            out[f"{prefix}{key}"] = value
     return out
 
 
@@ -176,7 +176,7 @@ def describe_run(config, backend, device: str) -> RunDescription:
         experiment=config.experiment_name,
         name=config.run_name or out.resolve().name,
         tracking_uri=config.tracking_uri,
-        params=flat_params(config.to_dict()),
+        params=flat_config(config.to_dict()),
         tags=tags,
         quiet=config.quiet,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import sys
 from collections.abc import Iterable, Mapping
@@ -60,7 +61,7 @@ class RunDescription:
     experiment: str | None  # --experiment-name (each tracker has its default)
     name: str  # --run-name, else the output dir's name
     tracking_uri: str | None  # --tracking-uri (the trackers with a `uri_variable`)
-    params: dict[str, str]  # the resolved config, nested keys flattened with dots
+    params: dict[str, Any]  # the resolved config, nested keys flattened with dots, values as config.yaml holds them
     tags: dict[str, str]  # tuneforge.version, .task, .backend, .device, .world_size
     quiet: bool
 
@@ -126,6 +127,11 @@ class Tracker:
 
     def abandon(self) -> None:
         """Let go of what it holds after it failed (no more calls to its store than needed)."""
+
+
+def param_text(value: Any) -> str:
+    """A param's value as text, for a tracker whose params are text (MLflow): text as is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def first_line(err: BaseException) -> str:

@@ -8,11 +8,12 @@ few seconds (MLflow's own settings, set through its API for this process unless 
 goes away mid-run costs seconds before the tracker is dropped with a warning.
 
 Experiment: --experiment-name, else MLFLOW_EXPERIMENT_NAME, else "tuneforge"; run name: --run-name, else the output
-dir's name. Params: the resolved config flattened with dots, values cut to 500 characters (older MLflow servers'
-limit; 3.x takes 6000), in batches of 100 (MLflow's limit), set when the run is created (a resume keeps them:
-MLflow refuses a changed value, and the resumed config differs in `resume`). Tags: tuneforge.version, .task,
-.backend, .device, .world_size (set again on a resume, whose world may differ). Metrics: each record's numeric
-values at its step, in batches of at most 1000; characters MLflow refuses in a key become `_`.
+dir's name. Params: the resolved config flattened with dots, values as text (MLflow's params are text: anything but
+text as JSON), cut to 500 characters (older MLflow servers' limit; 3.x takes 6000), in batches of 100 (MLflow's
+limit), set when the run is created (a resume keeps them: MLflow refuses a changed value, and the resumed config
+differs in `resume`). Tags: tuneforge.version, .task, .backend, .device, .world_size (set again on a resume, whose
+world may differ). Metrics: each record's numeric values at its step, in batches of at most 1000; characters MLflow
+refuses in a key become `_`.
 
 Resume: the run whose id the checkpoint holds continues (status back to RUNNING). The server keeps what the
 interrupted attempt logged, after the checkpoint too, so the last step of each of the run's metrics is asked for,
@@ -51,7 +52,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
-from tuneforge.tracking.base import Continued, Point, RunDescription, Tracker, library_notes, unlogged
+from tuneforge.tracking.base import Continued, Point, RunDescription, Tracker, library_notes, param_text, unlogged
 
 DEFAULT_EXPERIMENT = "tuneforge"
 URI_VARIABLE = "MLFLOW_TRACKING_URI"
@@ -193,7 +194,7 @@ class MlflowTracker(Tracker):
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         self.run_id = self.client.create_run(experiment_id, run_name=run.name, tags=run.tags).info.run_id
-        self._log_batch(params={clean_key(k): cut(v) for k, v in run.params.items()})
+        self._log_batch(params={clean_key(k): cut(param_text(v)) for k, v in run.params.items()})
 
     def _last_steps(self) -> dict[str, int]:
         """The last step logged of each of the run's metrics."""

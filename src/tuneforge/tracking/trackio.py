@@ -4,11 +4,11 @@ server (TRACKIO_SPACE_ID, TRACKIO_SERVER_URL).
 
 Project: --experiment-name, else "tuneforge"; run name: --run-name, else the output dir's name, with -2, -3, ...
 where the project's local store holds a run of that name (trackio resumes the latest run of a name, so the checkpoint
-keeps the name, and two jobs must not share one). Config: the resolved config flattened with dots and the tags
-(tuneforge.version, .task, .backend, .device, .world_size), sent by each attempt (a resume that sent none would leave
-the run with an empty one: trackio replaces it). Metrics: each record's
-numeric values at its step. trackio prints its notes on stdout: they go to stderr (stdout stays for --json), or
-nowhere under --quiet.
+keeps the name, and two jobs must not share one). Config: the resolved config flattened with dots (numbers and
+booleans as such, as transformers' TrackioCallback sends them) and the tags (tuneforge.version, .task, .backend,
+.device, .world_size), sent by each attempt (a resume that sent none would leave the run with an empty one: trackio
+replaces it). Metrics: each record's numeric values at its step. trackio prints its notes on stdout: they go to
+stderr (stdout stays for --json), or nowhere under --quiet.
 
 Resume: `trackio.init(name=..., resume="must")` continues the run (the latest of that name in the project). trackio
 stores whatever it is sent, a step logged twice included, so the last step of each of the run's metrics is read from

@@ -2,7 +2,8 @@
 (WANDB_MODE=offline writes a folder that `wandb sync` uploads later; WANDB_ENTITY, WANDB_DIR, WANDB_API_KEY).
 
 Project: --experiment-name, else WANDB_PROJECT, else "tuneforge"; run name: --run-name, else the output dir's name.
-Config: the resolved config flattened with dots (sent again by a resume, whose `resume` differs: a killed attempt's
+Config: the resolved config flattened with dots, its numbers and booleans as such (as transformers' WandbCallback
+sends them: W&B sorts and filters them as numbers), sent again by a resume (whose `resume` differs: a killed attempt's
 offline folder may not hold it). Tags:
 `version=...`, `task=...`, `backend=...`, `device=...`, `world_size=...` (each at most W&B's 64 characters; set again
 on a resume). Metrics: each record's numeric values at its step (W&B's step is the training step; a step's train and
