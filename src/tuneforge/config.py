@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_va
 from pydantic_core import PydanticCustomError
 
 from tuneforge.errors import ConfigError
+from tuneforge.files import write_text
 from tuneforge.flags import allowed_range, shown_value
 from tuneforge.harness.options import HarnessSettings
 from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list, one_or_list
@@ -543,7 +544,7 @@ class TrainConfig(Options):
         return self.model_dump(mode="json")
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))  # whole: a kill leaves the one before
 
 
 def _check_adapter(config: TrainConfig) -> None:

@@ -170,7 +170,7 @@ class Reporter:
             self._metrics_file.close()
             self._metrics_file = None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "result.json").write_text(json_text(result, indent=2))
+        write_text(self.run_dir / "result.json", json_text(result, indent=2))  # whole: `runs` and sweeps read it
         try:
             plot_run(self.run_dir)
         except Exception as err:  # a plot must never fail a finished run
