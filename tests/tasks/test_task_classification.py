@@ -26,6 +26,24 @@ def test_metrics_by_name():
     assert multi["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)  # macro over 3 classes
 
 
+def test_an_undefined_metric_is_nan_or_sklearns_zero_without_a_library_warning():
+    """A correlation of constant predictions (or labels) is undefined: nan (written as null), with no scipy
+    ConstantInputWarning on stderr, which --quiet promises to keep to errors; MCC of one label only is sklearn's
+    0.0, with no sklearn warning either."""
+    import warnings
+
+    constant, gold = np.array([0.5, 0.5, 0.5]), np.array([0.0, 1.0, 2.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for preds, labels in ((constant, gold), (gold, constant), (constant, constant)):
+            r = classification_metrics(preds, labels, ("pearson", "spearman"), num_labels=1)
+            assert np.isnan(r["pearson"]) and np.isnan(r["spearman"])
+        overflowed = classification_metrics(np.array([np.inf, 1.0, 2.0]), gold, ("pearson",), num_labels=1)
+        assert np.isnan(overflowed["pearson"])  # an fp16 forward's score past its range
+        one_label = classification_metrics(np.zeros(4, int), np.zeros(4, int), ("accuracy", "mcc"), num_labels=2)
+    assert one_label == {"accuracy": 1.0, "mcc": 0.0}
+
+
 def glue_config(tmp_path, name, folder, tiny_bert, cache_dir, **extra):
     return TrainConfig(
         task=f"glue/{name}",

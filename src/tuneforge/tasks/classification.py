@@ -4,6 +4,7 @@ the predictor of the models it exports."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,9 +49,9 @@ def classification_metrics(
     out: dict[str, float] = {}
     if num_labels == 1:
         if "pearson" in names:
-            out["pearson"] = float(pearsonr(preds, labels)[0]) if len(preds) > 1 else float("nan")
+            out["pearson"] = correlation(pearsonr, preds, labels)
         if "spearman" in names:
-            out["spearman"] = float(spearmanr(preds, labels)[0]) if len(preds) > 1 else float("nan")
+            out["spearman"] = correlation(spearmanr, preds, labels)
         return out
     if "accuracy" in names:
         out["accuracy"] = float(accuracy_score(labels, preds))
@@ -58,8 +59,21 @@ def classification_metrics(
         average = "binary" if num_labels == 2 else "macro"
         out["f1"] = float(f1_score(labels, preds, average=average, zero_division=0))
     if "mcc" in names:
-        out["mcc"] = float(matthews_corrcoef(labels, preds))
+        with warnings.catch_warnings():  # one label in both: sklearn's defined 0.0, with a note meant for its users
+            warnings.filterwarnings("ignore", message="A single label was found", category=UserWarning)
+            out["mcc"] = float(matthews_corrcoef(labels, preds))
     return out
+
+
+def correlation(scipy_correlation, preds: np.ndarray, labels: np.ndarray) -> float:
+    """scipy's pearsonr or spearmanr of the two; nan where undefined (fewer than 2 rows, a side constant, an infinite
+    score of an fp16 forward), without scipy's warnings of it (the metric is written as null; --quiet keeps stderr to
+    errors; embedding_eval.sts_metrics does the same)."""
+    if len(preds) < 2 or np.ptp(preds) == 0 or np.ptp(labels) == 0:
+        return float("nan")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(scipy_correlation(preds, labels)[0])
 
 
 class ClassificationStream(MetricStream):
