@@ -149,11 +149,14 @@ def machine() -> str:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from tuneforge.configure import config_from_sources
+    from tuneforge.tracking import check_tracker_flags
     from tuneforge.trainer import Trainer
 
     yaml_path, overrides = _split_positionals(ns.config)
+    flags = _flags(ns, train_flags())
     # no --task: the config infers it from the data files (config._task_from_files)
-    config = config_from_sources(yaml_path, overrides, _flags(ns, train_flags()))
+    config = config_from_sources(yaml_path, overrides, flags)
+    check_tracker_flags(config.report_to, flags)  # a flag given now that would do nothing (a config file's may)
     if config.resume:  # a checkpoint of another task or model, or none: one line before any work
         from tuneforge.checkpoint import check_resumable
 

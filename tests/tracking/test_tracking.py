@@ -83,6 +83,20 @@ FILE_STORE_WAYS_OUT = "use a database such as sqlite:///mlflow.db, or set MLFLOW
         (["--report-to", "none", "--report-to", "wandb"], ["'none' means no tracker at all"]),
         (["--log-model"], ["--log-model", "(mlflow, wandb)", "--report-to jsonl has none"]),
         (["--report-to", "tensorboard,trackio", "--log-model"], ["--report-to tensorboard,trackio has none"]),
+        # a tracker flag given now that no tracker of the run reads: it would do nothing
+        (
+            ["--report-to", "tensorboard", "--tracking-uri", "http://127.0.0.1:5000"],
+            ["--tracking-uri is the tracking server or store for mlflow", "--report-to tensorboard has none"],
+        ),
+        (["--report-to", "wandb", "--tracking-uri", "sqlite:///m.db"], ["--report-to wandb has none"]),
+        (["--report-to", "none", "--tracking-uri", "sqlite:///m.db"], ["--report-to none has none"]),
+        (["--experiment-name", "mrpc"], ["--experiment-name is", "(e.g. --report-to mlflow)", "jsonl has none"]),
+        (
+            ["--report-to", "tensorboard", "--run-name", "lr-8e-5"],
+            ["--run-name is the tracker run's name for mlflow or trackio or wandb", "tensorboard has none"],
+        ),
+        (["--report-to", "mlflow", "--run-name", ""], ["--run-name '' is blank", "drop it for the default"]),
+        (["--report-to", "wandb", "--experiment-name", " "], ["--experiment-name ' ' is blank"]),
         (["--report-to", "mlflow", "--tracking-uri", "http://127.0.0.1:1"], ["http://127.0.0.1:1 does not answer"]),
         (["--report-to", "mlflow", "--tracking-uri", "https://user:secret@127.0.0.1:1/x"], ["127.0.0.1:1/x"]),
         (
@@ -111,6 +125,20 @@ def test_bad_tracker_settings_are_one_line_before_any_work(flags, needles, run_a
     assert time.monotonic() - started < 20  # an unreachable server: one probe, not MLflow's retries
     assert all(needle in line for needle in needles), line
     assert "secret" not in line
+
+
+def test_a_config_file_keeps_its_tracker_settings_whatever_its_report_to(run_args, tmp_path):
+    """A saved config.yaml holds tracking_uri, experiment_name and run_name whatever its report_to: it re-runs with
+    them and --report-to none (only a flag given this time that would do nothing is refused)."""
+    from tuneforge.tracking import check_tracker_flags
+
+    settings = {"tracking_uri": "http://127.0.0.1:1", "experiment_name": "mrpc", "run_name": ""}
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("".join(f"{key}: {value!r}\n" for key, value in settings.items()))
+    config = config_from_sources(str(config_file), [], {"report_to": ["none"]})
+    assert (config.tracking_uri, config.experiment_name, config.run_name) == tuple(settings.values())
+    check_tracker_flags(config.report_to, {"report_to": ["none"]})  # nothing given now: nothing refused
+    check_tracker_flags(["mlflow"], {"tracking_uri": "sqlite:///m.db", "run_name": "a", "experiment_name": "b"})
 
 
 @pytest.mark.parametrize("tracker", ["mlflow", "wandb", "trackio"])

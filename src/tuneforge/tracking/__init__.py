@@ -5,8 +5,9 @@ adding a file, and nothing outside this folder names one (the config's allowed n
 tracker's library is an optional extra (`pip install 'tuneforge[mlflow]'`), imported only when its run opens.
 
 The interface (`Tracker`) and what a tracker is given are in base.py. This module owns the registry, the
-checks made before any work (`check_report_to`, `check_log_model`: config validation; `check_trackers`: packages
-installed, a tracking server that answers) and `Trackers`, the open trackers of one run as the Reporter drives
+checks made before any work (`check_report_to`, `check_log_model`: config validation; `check_tracker_flags`: a
+tracker's flag given this time that no tracker of the run reads; `check_trackers`: packages installed, a tracking
+server that answers) and `Trackers`, the open trackers of one run as the Reporter drives
 them: every call guarded, and a tracker that fails mid-run is warned about once on stderr and dropped (the run goes
 on; metrics.jsonl is its record).
 
@@ -54,6 +55,7 @@ __all__ = [
     "Trackers",
     "check_log_model",
     "check_report_to",
+    "check_tracker_flags",
     "check_trackers",
     "describe_run",
     "points_of",
@@ -122,6 +124,33 @@ def check_log_model(report_to: Iterable[str]) -> None:
             f"--log-model uploads OUTPUT_DIR/model to a tracker that keeps models ({', '.join(able)}), and "
             f"--report-to {given} has none; add one (e.g. --report-to {able[0]}) or drop --log-model"
         )
+
+
+# a tracker flag -> (what it gives, the capability of the trackers that read it)
+TRACKER_FLAGS = {
+    "tracking_uri": ("the tracking server or store", "uri_variable"),
+    "experiment_name": ("the experiment or project the tracker run goes to", "names_runs"),
+    "run_name": ("the tracker run's name", "names_runs"),
+}
+
+
+def check_tracker_flags(report_to: Iterable[str], given: Mapping[str, Any]) -> None:
+    """The tracker flags the user gave this time (`given`: the command line's, not a config file's: a saved
+    config.yaml keeps them whatever its report_to) each read by a tracker of `report_to`, and not blank (which would
+    fall back to the default name). ConfigError where not."""
+    for key, (what, capability) in TRACKER_FLAGS.items():
+        if given.get(key) is None:
+            continue
+        flag, value = f"--{key.replace('_', '-')}", given[key]
+        if not str(value).strip():
+            raise ConfigError(f"{flag} {value!r} is blank; give {what}, or drop it for the default")
+        readers = trackers_that(capability)
+        if not any(name in readers for name in active_names(report_to)):
+            shown = ",".join(report_to) or NONE
+            raise ConfigError(
+                f"{flag} is {what} for {' or '.join(readers)}, and --report-to {shown} has none, so it would do "
+                f"nothing; add one (e.g. --report-to {readers[0]}) or drop {flag}"
+            )
 
 
 def install(cls: type[Tracker]) -> str:

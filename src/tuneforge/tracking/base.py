@@ -101,6 +101,7 @@ class Tracker:
     extra: ClassVar[str] = ""  # pip install 'tuneforge[EXTRA]'
     logs_model: ClassVar[bool] = False  # --log-model: it keeps OUTPUT_DIR/model as the run's artifact
     uri_variable: ClassVar[str | None] = None  # it takes --tracking-uri; the environment variable that is its default
+    names_runs: ClassVar[bool] = False  # it takes --experiment-name and --run-name
 
     run_id: str | None = None  # what the checkpoint keeps to continue this run
 

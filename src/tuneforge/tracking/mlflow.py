@@ -132,6 +132,7 @@ class MlflowTracker(Tracker):
     name = "mlflow"
     package = "mlflow"
     extra = "mlflow"
+    names_runs = True
     logs_model = True
     uri_variable = URI_VARIABLE
 

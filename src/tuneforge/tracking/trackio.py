@@ -34,6 +34,7 @@ class TrackioTracker(Tracker):
     name = "trackio"
     package = "trackio"
     extra = "trackio"
+    names_runs = True
 
     def __init__(self, run: RunDescription, continued: Continued | None) -> None:
         import trackio

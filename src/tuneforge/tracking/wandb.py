@@ -47,6 +47,7 @@ class WandbTracker(Tracker):
     name = "wandb"
     package = "wandb"
     extra = "wandb"
+    names_runs = True
     logs_model = True
 
     def __init__(self, run: RunDescription, continued: Continued | None) -> None:
