@@ -211,6 +211,24 @@ def test_a_causal_lm_gets_lora_on_gpt2_conv1d_and_generates(tiny_gpt2, tmp_path,
     assert proc.stdout.strip()
 
 
+def test_lora_on_gpt2_conv1d_is_set_up_transposed_without_a_peft_warning(tiny_gpt2):
+    """GPT-2's Conv1D layers hold their weights transposed: LoraConfig's fan_in_fan_out, as peft asks for GPT-2. Left
+    False, peft set it itself with a UserWarning on stderr, --quiet or not."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from tuneforge.adapters import add_lora
+    from tuneforge.configure import build_config
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2)
+    config = build_config(task="clm", model=tiny_gpt2, adapter="lora")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        adapter = add_lora(model, config, tiny_gpt2, log=lambda line: None)
+    assert adapter.peft_model.peft_config["default"].fan_in_fan_out is True
+
+
 # ---- every backend -----------------------------------------------------------------------------
 PARALLEL = {
     "ddp": ("--backend", "ddp", "--nproc", "2", "--batch-size", "8"),

@@ -86,6 +86,13 @@ def _is_linear(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"  # GPT-2's linear
 
 
+def all_transposed(model: torch.nn.Module, targets: list[str]) -> bool:
+    """Every layer `targets` names is a Conv1D (GPT-2's linear, its weight stored transposed): peft's fan_in_fan_out,
+    which peft's docs ask for GPT-2 (left False, peft sets it itself per layer, with a warning on stderr)."""
+    named = [m for name, m in model.named_modules() if name.rpartition(".")[2] in targets]
+    return bool(named) and all(type(m).__name__ == "Conv1D" for m in named)
+
+
 def head_modules(model: torch.nn.Module) -> list[str]:
     """The task head that trains whole: a model that predicts no tokens (classifier, tagger, QA, multiple
     choice) has its base model (`base_model_prefix`) and a head beside it; a generating model's head is
@@ -232,6 +239,7 @@ def add_lora(model: torch.nn.Module, config, base_model: str, log: Callable[[str
         lora_dropout=config.lora_dropout,
         target_modules=targets,
         modules_to_save=heads or None,
+        fan_in_fan_out=all_transposed(model, targets),
     )
     with warnings.catch_warnings():  # peft asks transformers a deprecated question about checkpointing
         warnings.filterwarnings("ignore", category=FutureWarning)
