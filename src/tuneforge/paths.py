@@ -98,6 +98,20 @@ def check_inputs_outside_run(out: str | os.PathLike, inputs: dict[str, str | Non
             )
 
 
+def check_cache_outside_inputs(cache: str | os.PathLike, flag: str, inputs: dict[str, str | None]) -> None:
+    """The cache folder `cache` (given with `flag`) is not inside a folder the run reads (flag -> path): what the
+    cache writes would count as that folder's content, in the resume's check of the data and in the key of its
+    prepared data."""
+    root = Path(cache).expanduser().resolve()
+    for input_flag, given in inputs.items():
+        if given and Path(given).expanduser().is_dir() and _inside(root, Path(given).expanduser().resolve()):
+            raise ConfigError(
+                f"cache dir {str(cache)!r} is inside {input_flag} {given!r}, so what the cache writes would count "
+                "as that input's content (a resume would find the data changed, prepared data would not be found "
+                f"again); choose a {flag} outside it"
+            )
+
+
 def check_no_clashes(out: str | os.PathLike) -> None:
     """No entry of output dir `out` has a name the run writes but another kind (a file `model`, a folder
     `config.yaml`): the run would replace it, and it is not a run's, so it is the user's."""

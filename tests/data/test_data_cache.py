@@ -105,3 +105,28 @@ def test_key_covers_the_data(raw_and_task, minilm_dir):
     edited = raw["train"].map(lambda ex: {"text": ex["text"] + "!"})
     _, line = tokenize(task, {"train": edited}, tok)
     assert "tokenizing 30 examples" in line
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_a_cache_folder_inside_a_data_folder_is_refused(capsys, tmp_path, tiny_bert):
+    """The cache inside --data-dir: what it writes counted as the data's content, so a resume found the data
+    changed (and was refused) after another run tokenized, and each prepare wrote its shards under a new key."""
+    from conftest import cli_main
+
+    data = tmp_path / "sst2"
+    data.mkdir()
+    for name, n in (("train.tsv", 24), ("dev.tsv", 8)):
+        rows = [f"{'a fine film' if i % 2 else 'a dull film'} {i}\t{i % 2}" for i in range(n)]
+        (data / name).write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    cache = data / ".cache"
+    flags = cli_flags(max_steps=1, batch_size=8, output_dir=tmp_path / "out", cache_dir=cache, data_dir=data)
+    code, _, err = cli_main(capsys, "train", "--task", "glue/sst2", "--model", tiny_bert, *flags)
+    assert code == 2
+    line = error_line(err)
+    assert f"{str(cache)!r} is inside --data-dir {str(data)!r}" in line and "choose a --cache-dir outside" in line
+    assert not cache.exists() and not (tmp_path / "out").exists()

@@ -24,8 +24,9 @@ from tuneforge.artifacts import (
 )
 from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, DataError, UserError
+from tuneforge.launch import env_flag
 from tuneforge.options import TaskOptions
-from tuneforge.paths import check_output_dir
+from tuneforge.paths import check_cache_outside_inputs, check_output_dir
 
 
 def set_dropout(model_config, p: float | None):
@@ -232,6 +233,10 @@ class Task:
             check_model_path(config.model)
         if config.data.cache_dir:
             check_output_dir(config.data.cache_dir, "--cache-dir", "cache dir")
+        cache = config.data.cache_dir or env_flag("TUNEFORGE_CACHE")  # (the folder the cache writes in)
+        if cache:
+            flag = "--cache-dir" if config.data.cache_dir else "TUNEFORGE_CACHE"
+            check_cache_outside_inputs(cache, flag, config.inputs())
 
     # --- model --------------------------------------------------------------------------
     def default_model(self) -> str:
