@@ -113,6 +113,47 @@ def error_line(err: str) -> str:
     return lines[0]
 
 
+def test_a_cache_folder_from_the_environment_that_is_a_file_is_one_line(monkeypatch, capsys, tmp_path, tiny_bert):
+    """TUNEFORGE_CACHE naming a file (or a place that cannot be written): --cache-dir is checked before any work,
+    the environment's folder was an internal error (NotADirectoryError) once the tokenization began."""
+    from conftest import cli_main
+
+    train = write_sentiment_csv(tmp_path / "train.csv", 20, seed=1)
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file\n")
+    monkeypatch.setenv("TUNEFORGE_CACHE", str(not_a_folder))
+    flags = cli_flags(max_steps=1, batch_size=8, output_dir=tmp_path / "out")
+    code, _, err = cli_main(capsys, *train_command((train, train), tiny_bert), *flags)
+    assert code == 2
+    line = error_line(err)
+    assert line.startswith("error: tokenization cache") and f"{str(not_a_folder)!r} is a file" in line, line
+    assert "TUNEFORGE_CACHE" in line and not_a_folder.read_text() == "a file\n"
+
+
+def test_a_cache_folder_without_room_is_one_line(tmp_path, tiny_bert):
+    """Writing the tokenization cache failed for want of room (a full disk, a quota; here a file size limit, which
+    fails the write the same way): one line naming the folder, where it was an internal error."""
+    import resource
+
+    from conftest import run_forked
+    from tuneforge.cli import main
+
+    train = write_sentiment_csv(tmp_path / "train.csv", 3000, seed=1)
+    cache = tmp_path / "cache"
+    args = [*train_command((train, train), tiny_bert), *cli_flags(max_steps=1, output_dir=tmp_path / "out")]
+    args += ["--cache-dir", str(cache)]
+
+    def limited() -> int:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+        return main(args)
+
+    proc = run_forked(limited, ["tuneforge", *args], timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: tokenize train: the tokenization cache") and "--cache-dir" in line, line
+    assert f"{str(cache)!r} has no room for the features (File too large)" in line, line
+
+
 def test_a_cache_folder_inside_a_data_folder_is_refused(capsys, tmp_path, tiny_bert):
     """The cache inside --data-dir: what it writes counted as the data's content, so a resume found the data
     changed (and was refused) after another run tokenized, and each prepare wrote its shards under a new key."""

@@ -8,6 +8,7 @@ second identical run reuses the cache and any other tokenizer or setting never d
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -19,7 +20,10 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
+from tuneforge.errors import ConfigError
+
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 
 
 def default_cache_dir() -> Path:
@@ -90,6 +94,10 @@ def cached_map(
     )
     key = hashlib.sha256(key_src.encode()).hexdigest()[:KEY_CHARS]
     folder = Path(cache_dir) if cache_dir else default_cache_dir()
+    if not cache_dir:  # (--cache-dir is checked with the other flags, before any work)
+        from tuneforge.paths import check_output_dir
+
+        check_output_dir(str(folder), "TUNEFORGE_CACHE (or --cache-dir)", "tokenization cache")
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.arrow"
@@ -109,8 +117,13 @@ def cached_map(
             desc=desc,
             num_proc=num_proc if num_proc > 1 and len(ds) >= 2 * num_proc else None,
         )
-    except BaseException:  # a row the map function refused: leave no cache folder this call made
+    except BaseException as err:  # a row the map function refused: leave no cache folder this call made
         for made in created:  # innermost first; a folder something else wrote into stays
             with contextlib.suppress(OSError):
                 made.rmdir()
+        if isinstance(err, OSError) and err.errno in NO_ROOM:
+            raise ConfigError(
+                f"{desc}: the tokenization cache {str(folder)!r} has no room for the features ({err.strerror}); "
+                "free space there or choose another --cache-dir"
+            ) from None
         raise
