@@ -107,6 +107,22 @@ def test_key_covers_the_data(raw_and_task, minilm_dir):
     assert "tokenizing 30 examples" in line
 
 
+def test_a_second_run_with_several_workers_says_it_reuses_the_cache(tmp_path, raw_and_task, minilm_dir):
+    """A map with N workers caches N shard files (KEY_0000i_of_0000N.arrow), never KEY.arrow: an identical
+    second run read them back, but said it was tokenizing again."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    task, raw = raw_and_task()
+    task.config.data.num_workers = 2
+    first, line = tokenize(task, raw, tok)
+    assert "tokenizing 30 examples" in line
+    assert len(list((tmp_path / "cache").glob("*_of_00002.arrow"))) == 2
+    again, line = tokenize(task, raw, tok)
+    assert "reusing tokenized cache" in line and "tokenizing" not in line
+    assert ids(again) == ids(first)
+
+
 def error_line(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err

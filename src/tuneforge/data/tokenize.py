@@ -13,6 +13,8 @@ import hashlib
 import io
 import json
 import os
+import re
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ import pyarrow as pa
 from tuneforge.errors import ConfigError
 
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
+SHARD_SUFFIX = re.compile(r"_(\d{5})_of_(\d{5})\.arrow")  # datasets' name of a shard a map with workers writes
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 
 
@@ -101,8 +104,8 @@ def cached_map(
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.arrow"
-    if path.exists():
-        log(f"{desc}: reusing tokenized cache {path}")
+    if is_cached(folder, key):
+        log(f"{desc}: reusing tokenized cache {path if path.exists() else folder / f'{key}_*.arrow'}")
     else:
         log(f"{desc}: tokenizing {len(ds)} examples (cached at {path})")
     try:
@@ -127,3 +130,13 @@ def cached_map(
                 "free space there or choose another --cache-dir"
             ) from None
         raise
+
+
+def is_cached(folder: Path, key: str) -> bool:
+    """Whether the features of `key` are in the cache folder whole: its file, or each shard of a map with workers
+    (datasets reads those back whatever the number of workers asked now)."""
+    if (folder / f"{key}.arrow").exists():
+        return True
+    shards = [SHARD_SUFFIX.fullmatch(f.name[len(key) :]) for f in folder.glob(f"{key}_*_of_*.arrow")]
+    counts = Counter(match.group(2) for match in shards if match)
+    return any(int(total) == found for total, found in counts.items())
