@@ -3,7 +3,8 @@ Arrow shards (data/prepared.py) that every later run of that config, and each of
 parsing or tokenizing the raw files again. A mixture's sources are prepared one by one; `--num-workers N` tokenizes
 with N processes. The command does no model work: it needs the tokenizer only. The tokenization cache files the
 prepared shards were copied from, and the memory-mapped copies of large raw files (data/mapped.py), are removed
-after, so the data is on disk once besides the raw files.
+after, so the data is on disk once besides the raw files; those another process reads (a run of the same data) are
+kept, and said so.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 
 from tuneforge.data.mapped import drop_raw_copies
-from tuneforge.data.tokenize import KEY_CHARS, default_cache_dir
+from tuneforge.data.tokenize import KEY_CHARS, default_cache_dir, drop_key
 from tuneforge.tasks import get_task
 from tuneforge.training_data import load_mixture, load_single
 
@@ -35,9 +36,14 @@ def prepare(config, log=print) -> dict:
     }
     if data.mixture is not None:
         result["sources"] = dict(zip(data.mixture.names, data.mixture.sizes))
-    freed = drop_tokenized_copies(data, config.data.cache_dir)
+    freed, kept = drop_tokenized_copies(data, config.data.cache_dir)
     if freed:
         log(f"removed the tokenization cache of these features ({freed / 1e9:.2f} GB): the prepared shards hold them")
+    if kept:
+        log(
+            "kept the tokenization cache of these features: another process reads it (a run of the same data); "
+            f"remove {', '.join(kept)} when it has ended"
+        )
     freed = drop_raw_copies(given_files(config.data), config.data.cache_dir)
     if freed:
         log(f"removed the memory-mapped copies of the raw files ({freed / 1e9:.2f} GB): the prepared shards suffice")
@@ -56,21 +62,22 @@ def given_files(data) -> list[Path]:
     return files
 
 
-def drop_tokenized_copies(data, cache_dir: str | None) -> int:
-    """Remove the tokenization cache files that `data`'s features were read from (bytes freed), with the files of
-    the same cache key (the shards of a map with several workers, the unpacked features of packed blocks). Only
-    files right in tuneforge's tokenization cache folder: never prepared shards (a folder below it) nor anything
-    else."""
+def drop_tokenized_copies(data, cache_dir: str | None) -> tuple[int, list[str]]:
+    """Remove the tokenization cache files that `data`'s features were read from, with the files of the same
+    cache key (the shards of a map with several workers, the unpacked features of packed blocks), unless another
+    process reads them: (bytes freed, the files kept, as KEY*.arrow patterns). Only files right in tuneforge's
+    tokenization cache folder: never prepared shards (a folder below it) nor anything else."""
     folder = (Path(cache_dir) if cache_dir else default_cache_dir()).resolve()
     features = [data.train, data.evals, *data.eval_parts.values()]
     files = {Path(c["filename"]).resolve() for ds in features if ds is not None for c in ds.cache_files}
     keys = {f.name[:KEY_CHARS] for f in files if f.parent == folder and _is_key(f.name[:KEY_CHARS])}
-    freed = 0
-    for f in (f for key in sorted(keys) for f in folder.glob(f"{key}*.arrow")):
-        if f.is_file():
-            freed += f.stat().st_size
-            f.unlink()
-    return freed
+    freed, kept = 0, []
+    for key in sorted(keys):
+        dropped = drop_key(folder, key)
+        if dropped is None:
+            kept.append(str(folder / f"{key}*.arrow"))
+        freed += dropped or 0
+    return freed, kept
 
 
 def _is_key(text: str) -> bool:

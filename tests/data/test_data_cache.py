@@ -1,6 +1,8 @@
 """Tokenization cache: an identical second run reuses it (and says so); another tokenizer,
 max_length, column choice or data never does."""
 
+import json
+
 import pytest
 
 from conftest import cli_flags, run_cli, train_command, write_sentiment_csv
@@ -187,3 +189,39 @@ def test_a_cache_folder_inside_a_data_folder_is_refused(capsys, tmp_path, tiny_b
     line = error_line(err)
     assert f"{str(cache)!r} is inside --data-dir {str(data)!r}" in line and "choose a --cache-dir outside" in line
     assert not cache.exists() and not (tmp_path / "out").exists()
+
+
+def test_prepare_keeps_the_tokenization_cache_another_process_reads(tmp_path, tiny_bert):
+    """A run reading the tokenization cache of the same data as a prepare that ends: the prepare keeps the files
+    and says so (it removed them under the run: one opening them at that moment, as a second rank does after the
+    first tokenized, failed with FileNotFoundError, and on a network file system a reader of a file removed by
+    another machine fails). The run's own prepare, later, removes them."""
+    from conftest import quiet_task
+    from tuneforge.prepare import drop_tokenized_copies
+    from tuneforge.training_data import TrainingData
+
+    train = write_sentiment_csv(tmp_path / "train.csv", 30, seed=3)
+    cache = tmp_path / "cache"
+    data = dict(train_file=str(train), validation_file=str(train), cache_dir=str(cache))
+
+    def features(log) -> dict:
+        task = quiet_task("classification", tiny_bert, **data)
+        raw = task.load_raw()
+        task.use_labels(task.label_set(raw))
+        return task.tokenize(task.encode_labels(raw), task.load_tokenizer(), log=log)
+
+    feats = features(lambda m: None)
+    files = sorted(cache.glob("*.arrow"))
+    config = tmp_path / "prepare.yaml"
+    config.write_text(json.dumps({"task": "classification", "model": tiny_bert, "data": data}))
+    proc = run_cli("prepare", str(config))  # (forked: a process of its own)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "removed the tokenization cache" not in proc.stderr
+    assert "kept the tokenization cache of these features: another process reads it" in proc.stderr
+    assert sorted(cache.glob("*.arrow")) == files and len(files) == 1  # (train and validation: the same rows)
+    lines = []
+    features(lines.append)  # as the run's second rank
+    assert all("reusing tokenized cache" in line for line in lines), lines
+    freed, kept = drop_tokenized_copies(TrainingData(feats["train"], feats["validation"]), str(cache))
+    assert freed > 0 and not kept
+    assert not list(cache.glob("*.arrow")) and not list(cache.glob(".*.lock"))

@@ -3,12 +3,17 @@
 The cache key covers the raw data's content, the tokenizer's content (vocabulary, merges,
 normalisation, special tokens) and the task's settings (max_length, truncation, columns), so a
 second identical run reuses the cache and any other tokenizer or setting never does.
+
+A process that reads a key's files holds a shared lock on the key's lock file (`.KEY.lock`) until it ends, as
+data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the files it copied into prepared shards
+(`drop_key`) only where no other process holds them (a run of the same data, a second rank about to open them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -27,6 +32,9 @@ from tuneforge.errors import ConfigError
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
 SHARD_SUFFIX = re.compile(r"_(\d{5})_of_(\d{5})\.arrow")  # datasets' name of a shard a map with workers writes
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
+_READING: dict[Path, int] = {}  # a key's lock file -> this process's open descriptor, shared-locked while it lives
+HELD_KEYS = 256  # the newest keys a process holds (one descriptor each: a notebook training many models stays far
+# from the usual limit of 1,024 open files; a key let go is only unprotected from a prepare ending on it)
 
 
 def default_cache_dir() -> Path:
@@ -103,6 +111,7 @@ def cached_map(
         check_output_dir(str(folder), "TUNEFORGE_CACHE (or --cache-dir)", "tokenization cache")
     created = [p for p in (folder, *folder.parents) if not p.exists()]
     folder.mkdir(parents=True, exist_ok=True)
+    hold(folder, key)  # (before the files are looked for: a prepare ending now keeps them)
     path = folder / f"{key}.arrow"
     if is_cached(folder, key):
         log(f"{desc}: reusing tokenized cache {path if path.exists() else folder / f'{key}_*.arrow'}")
@@ -121,6 +130,7 @@ def cached_map(
             num_proc=num_proc if num_proc > 1 and len(ds) >= 2 * num_proc else None,
         )
     except BaseException as err:  # a row the map function refused: leave no cache folder this call made
+        _let_go(folder, key)
         for made in created:  # innermost first; a folder something else wrote into stays
             with contextlib.suppress(OSError):
                 made.rmdir()
@@ -140,3 +150,60 @@ def is_cached(folder: Path, key: str) -> bool:
     shards = [SHARD_SUFFIX.fullmatch(f.name[len(key) :]) for f in folder.glob(f"{key}_*_of_*.arrow")]
     counts = Counter(match.group(2) for match in shards if match)
     return any(int(total) == found for total, found in counts.items())
+
+
+def _lock_file(folder: Path, key: str) -> Path:
+    return folder.resolve() / f".{key}.lock"
+
+
+def hold(folder: Path, key: str) -> None:
+    """Mark the files of `key` as read by this process while it lives: a shared POSIX lock (per process, so forked
+    workers need none of their own) on the key's lock file, which another process's `drop_key` respects."""
+    lock = _lock_file(folder, key)
+    while lock not in _READING:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.lockf(fd, fcntl.LOCK_SH)
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                _READING[lock] = fd
+                if len(_READING) > HELD_KEYS:  # (closing the descriptor releases its lock)
+                    os.close(_READING.pop(next(iter(_READING))))
+                return
+        os.close(fd)  # (a prepare removed the lock file while this process waited: lock the one there now)
+
+
+def _let_go(folder: Path, key: str) -> None:
+    """This process's hold on `key` given up (its map failed), and the lock file removed where no other process
+    holds it and no file of the key is there."""
+    fd = _READING.pop(_lock_file(folder, key), None)
+    if fd is None:
+        return
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not any(folder.glob(f"{key}*.arrow")):
+            _lock_file(folder, key).unlink()
+    except OSError:  # another process holds it
+        pass
+    finally:
+        os.close(fd)
+
+
+def drop_key(folder: Path, key: str) -> int | None:
+    """Remove the cache files of `key` in `folder` (bytes freed: its file, the shards of a map with workers, the
+    blocks cut from them) and its lock file; None where another process holds them (all kept)."""
+    lock = _lock_file(folder, key)
+    fd = _READING.pop(lock, None)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644) if fd is None else fd
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (this process's own shared lock is converted)
+        except OSError:  # another process reads the files
+            return None
+        freed = 0
+        for f in (f for f in folder.glob(f"{key}*.arrow") if f.is_file()):
+            freed += f.stat().st_size
+            f.unlink()
+        lock.unlink()
+        return freed
+    finally:
+        os.close(fd)
