@@ -156,6 +156,17 @@ def test_chat_template_inside_the_old_model_folder_is_refused(tmp_path, tiny_lla
     )
 
 
+def test_an_output_dir_inside_the_data_folder_is_refused(tmp_path, tiny_bert, capsys):
+    """A run inside its --data-dir made the folder's content fingerprint count the run's own files: a resume
+    found the data changed, and its tokenized and prepared data were never found again."""
+    data = tmp_path / "sst"
+    data.mkdir()
+    (data / "train.tsv").write_text("sentence\tlabel\n" + "a fine film\t1\nawful\t0\n" * 8)
+    (data / "dev.tsv").write_text("sentence\tlabel\n" + "a fine film\t1\nawful\t0\n" * 2)
+    args = cli_flags(task="glue/sst2", data_dir=data, model=tiny_bert, output_dir=data / "runs" / "a", max_steps=1)
+    refused(capsys, (tmp_path,), "train", *args, needles=("output dir", "is inside --data-dir", "--output-dir"))
+
+
 # ---- export ------------------------------------------------------------------------------------------
 def export_case(case: str, run: Path, tmp: Path) -> tuple[list[str], tuple[str, ...]]:
     """(export arguments, needles) of one bad export."""

@@ -28,6 +28,8 @@ def test_a_lock_is_held_once_and_a_folder_it_made_goes_when_left_empty(tmp_path)
     assert (out / "config.yaml").exists()
     run_lock.take(out).release()  # released: free again, and a folder it did not make stays
     assert out.is_dir()
+    run_lock.take(tmp_path / "new" / "parents" / "run").release()  # the parents it made for the folder go too
+    assert not (tmp_path / "new").exists()
 
 
 def snapshot(folder):

@@ -73,6 +73,7 @@ from tuneforge.paths import (
     check_inputs_outside_run,
     check_no_clashes,
     check_output_dir,
+    check_outside_inputs,
     run_entries,
 )
 from tuneforge.progress import Progress
@@ -100,6 +101,8 @@ def prepare_output_dir(config) -> None:
     out = Path(config.output_dir)
     check_output_dir(config.output_dir)  # empty, a file, or unwritable: one line, before any work
     check_inputs_outside_run(out, config.inputs())
+    data = {flag: path for flag, path in config.inputs().items() if flag not in ("--model", "--resume")}
+    check_outside_inputs(out, "output dir", "--output-dir", data)  # (the model's folder is read, not fingerprinted)
     check_no_clashes(out)
     if holds_run(out):
         if not config.overwrite:

@@ -102,11 +102,18 @@ def check_cache_outside_inputs(cache: str | os.PathLike, flag: str, inputs: dict
     """The cache folder `cache` (given with `flag`) is not inside a folder the run reads (flag -> path): what the
     cache writes would count as that folder's content, in the resume's check of the data and in the key of its
     prepared data."""
-    root = Path(cache).expanduser().resolve()
+    check_outside_inputs(cache, "cache dir", flag, inputs)
+
+
+def check_outside_inputs(folder: str | os.PathLike, what: str, flag: str, inputs: dict[str, str | None]) -> None:
+    """The folder a run writes (`what`, given with `flag`: its cache, its output dir) is not inside a folder the run
+    reads (flag -> path), whose content fingerprint would then count what the run writes: a resume would find the
+    data changed, its tokenized and prepared data would never be found again."""
+    root = Path(folder).expanduser().resolve()
     for input_flag, given in inputs.items():
         if given and Path(given).expanduser().is_dir() and _inside(root, Path(given).expanduser().resolve()):
             raise ConfigError(
-                f"cache dir {str(cache)!r} is inside {input_flag} {given!r}, so what the cache writes would count "
+                f"{what} {str(folder)!r} is inside {input_flag} {given!r}, so what the run writes there would count "
                 "as that input's content (a resume would find the data changed, prepared data would not be found "
                 f"again); choose a {flag} outside it"
             )

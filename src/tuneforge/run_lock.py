@@ -18,26 +18,27 @@ from tuneforge.paths import check_output_dir
 
 
 class RunLock:
-    """The held lock of one output dir; `release` ends it, and removes the folder where taking the lock created
-    it and the run left it empty (a run that failed before writing anything leaves no folder behind)."""
+    """The held lock of one output dir; `release` ends it, and removes the folders taking the lock created (the
+    output dir and any parent made for it) where the run left them empty: a run that failed before writing anything
+    leaves no folder behind."""
 
-    def __init__(self, folder: Path, fd: int | None, created: bool):
+    def __init__(self, folder: Path, fd: int | None, created: list[Path]):
         self.folder, self.fd, self.created = folder, fd, created
 
     def release(self) -> None:
         if self.fd is not None:
             os.close(self.fd)  # closing the last descriptor of the open file drops its flock
             self.fd = None
-        if self.created:
-            self.created = False
+        for made in self.created:  # innermost first
             with suppress(OSError):  # not empty (the run wrote its files), or gone: left as it is
-                self.folder.rmdir()
+                made.rmdir()
+        self.created = []
 
 
 def take(output_dir: str | os.PathLike) -> RunLock:
     """Lock `output_dir` (created if missing) for this process's run, or a ConfigError when another run holds it."""
     folder = Path(output_dir).expanduser()
-    created = not folder.exists()
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
     check_output_dir(str(output_dir))  # a path that cannot be a folder: one line, before making it
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
