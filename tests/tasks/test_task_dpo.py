@@ -87,6 +87,21 @@ def test_hh_rlhf_dialogues_split_after_their_last_shared_assistant_turn():
     ]
 
 
+def test_a_null_prompt_is_no_prompt_so_hh_rlhf_rows_mix_with_prompted_ones():
+    """A dataset of hh-rlhf rows and prompt/chosen/rejected rows (concatenated, or read from a jsonl holding both)
+    gives the hh-rlhf rows `prompt: None`: they split as rows without the field do."""
+    from datasets import Dataset
+
+    from tuneforge.data.preference import given_splits, to_pair
+
+    shared = "\n\nHuman: where is the cat?\n\nAssistant:"
+    hh = {"chosen": shared + " on the mat", "rejected": shared + " no idea"}
+    assert to_pair({"prompt": None, **hh}, "row 1") == to_pair(hh, "row 1")
+    mixed = Dataset.from_list([{"prompt": "where? ", "chosen": "here", "rejected": "there"}, hh])
+    raw = given_splits({"train": mixed}, drop_identical=False)["train"]
+    assert json.loads(raw["prompt"][1]) == shared and json.loads(raw["chosen"][1]) == " on the mat"
+
+
 def test_the_shared_hh_rlhf_files_read(shared_data):
     from tuneforge.data.preference import ASSISTANT_TURN, read_pairs
     from tuneforge.errors import DataError

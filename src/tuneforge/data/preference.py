@@ -93,19 +93,21 @@ def to_pair(row: dict, where: str, replies: bool = False) -> dict:
             "needs `chosen` and `rejected` (with `prompt`, or hh-rlhf dialogues that share their prompt)"
         )
     chosen, rejected = row["chosen"], row["rejected"]
-    for key, value in (("chosen", chosen), ("rejected", rejected), ("prompt", row.get("prompt", ""))):
+    given_prompt = row.get("prompt")  # None: hh-rlhf dialogues (a dataset mixing both forms fills null)
+    checked = (("chosen", chosen), ("rejected", rejected), ("prompt", "" if given_prompt is None else given_prompt))
+    for key, value in checked:
         if not isinstance(value, (str, list)):
             raise DataError(f"{where}: `{key}` is a {type(value).__name__}; give text or a list of messages")
-    if row.get("prompt") is None:
+    if given_prompt is None:
         prompt, chosen, rejected = split_dialogues(chosen, rejected, where)
     else:
-        prompt = row["prompt"]
+        prompt = given_prompt
     if is_conversation(prompt) or is_conversation(chosen) or is_conversation(rejected):
         prompt = _messages(prompt, "user", f"{where}, `prompt`")
         chosen = _messages(chosen, "assistant", f"{where}, `chosen`")
         rejected = _messages(rejected, "assistant", f"{where}, `rejected`")
         if replies:
-            _check_replies(chosen, rejected, row.get("prompt") is not None, where)
+            _check_replies(chosen, rejected, given_prompt is not None, where)
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
