@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from conftest import quiet_task, run_cli, train_losses
+from conftest import quiet_task, read_jsonl, run_cli, train_losses
 from test_bad_input import assert_refused, in_process
 
 SUBJECTS = ["the cat", "a dog", "my bird", "the fox"]
@@ -270,6 +270,25 @@ def test_full_dpo_learns_the_preference_and_resumes_exactly(tiny_llama, data, ca
     assert final["split"] == "eval" and final["num_pairs"] == 12
     assert final["reward_accuracy"] > 0.9 and final["reward_margin"] > 0.1
     assert final["chosen_reward"] - final["rejected_reward"] == pytest.approx(final["reward_margin"], abs=1e-9)
+    assert_eval_matches_the_final_evaluation(full, data)
+
+
+def assert_eval_matches_the_final_evaluation(run: Path, data: tuple[Path, Path]) -> None:
+    """`tuneforge eval` of a DPO run's export compares it with the model that run trained from (its reference), as
+    the run's own last evaluation did: the same metrics, not rewards of 0 against itself."""
+    final = [r for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"][-1]
+    proc = run_cli("eval", str(run / "model"), "--validation-file", str(data[1]), "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    again = json.loads(proc.stdout.splitlines()[-1])
+    for name in ("loss", "reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward"):
+        assert again[name] == pytest.approx(final[name], abs=1e-5), name
+
+
+def test_eval_of_a_lora_export_compares_it_with_its_base(tiny_llama, data, cache_dir, tmp_path):
+    flags = ("--max-steps", "3", "--batch-size", "16", "--adapter", "lora", "--lr", "2e-2")
+    run = dpo_run(*dpo_args(tiny_llama, data, cache_dir, tmp_path / "lora", *flags))
+    assert [r for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"][-1]["reward_margin"] > 0.01
+    assert_eval_matches_the_final_evaluation(run, data)
 
 
 def test_qlora_trains_on_a_4bit_base_resumes_exactly_and_merges(tiny_llama, data, cache_dir, tmp_path):

@@ -10,7 +10,9 @@ The reference is the model as training found it:
 - without, a frozen copy made before the backend wraps the model (on a sharded backend it is whole
   on every rank: use LoRA there for large models).
 Its log-probabilities come from a forward without gradients in the same step, so a resumed run needs
-nothing beyond its checkpoint.
+nothing beyond its checkpoint. The export's tuneforge.json records the model training started from
+(`reference_model`), so evaluating the export (`tuneforge eval`) compares it with that model, as the run's own
+evaluations did (loaded beside it; a model that records none is its own reference: rewards of 0).
 
 Loss, per pair: -log sigmoid(beta * ((log pi(chosen) - log ref(chosen)) - (log pi(rejected) - log
 ref(rejected)))), where log pi(y) sums the completion's token log-probabilities. The Trainer
@@ -25,12 +27,15 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import datasets
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from tuneforge.adapters import load_pretrained_model
+from tuneforge.artifacts import read_model_info
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
 from tuneforge.errors import DataError, UserError
@@ -125,6 +130,7 @@ class DPOTask(CausalLMTask):
         super().__init__(config)
         self.adapter = None  # the LoRA adapter whose switching off gives the reference
         self.reference_model = None  # without an adapter: the frozen copy
+        self.looked_up_reference = False  # evaluation outside training: the export's recorded reference read
 
     @property
     def pads_batches(self) -> bool:
@@ -238,12 +244,29 @@ class DPOTask(CausalLMTask):
         if self.adapter is not None:
             with self.adapter.disabled():
                 return sequence_logps(model(**inputs).logits, labels)
-        if self.reference_model is None:  # evaluation outside training: the model is its own reference
+        if not self.looked_up_reference and self.reference_model is None:  # evaluation outside training
+            self.reference_model = self._recorded_reference(model)
+            self.looked_up_reference = True
+        if self.reference_model is None:  # none recorded: the model is its own reference
             return sequence_logps(model(**inputs).logits, labels)
         device = inputs["input_ids"].device
         if next(self.reference_model.parameters()).device != device:
             self.reference_model.to(device)
         return sequence_logps(self.reference_model(**inputs).logits, labels)
+
+    def _recorded_reference(self, model):
+        """The frozen model that the evaluated export trained from (its tuneforge.json's `reference_model`, loaded
+        in the model's dtype), or None where it records none."""
+        from transformers import AutoModelForCausalLM
+
+        reference = (read_model_info(self.model_path()) or {}).get("reference_model")
+        if reference is None:
+            return None
+        loaded = load_pretrained_model(AutoModelForCausalLM, reference, "the DPO reference model")
+        vocabulary = model.get_input_embeddings().num_embeddings  # grown for the tokenizer's pad token, as in training
+        if loaded.get_input_embeddings().num_embeddings < vocabulary:
+            loaded.resize_token_embeddings(vocabulary)
+        return loaded.to(next(model.parameters()).dtype).requires_grad_(False).eval()
 
     def forward(self, model, batch):
         inputs = self.model_inputs(batch)
@@ -267,5 +290,7 @@ class DPOTask(CausalLMTask):
             "task": self.config.task,
             "block_size": self.block_size,
             "dpo_beta": self.options.dpo_beta,
+            # a folder by its whole path: evaluation may run elsewhere (a hub id as it is)
+            "reference_model": str(Path(path).resolve()) if Path(path := self.model_path()).exists() else path,
             **self.capabilities(),
         }
