@@ -170,6 +170,42 @@ def test_the_loss_is_bradley_terry_and_equals_trl_reward_trainer(tiny_llama, cac
     assert trl.train_dataset["chosen_ids"] == [encode_scored(tokenizer, p["prompt"], p["chosen"]) for p in chats]
 
 
+def test_a_margin_column_shifts_the_loss_as_trl_reward_trainer_does(scorer, cache_dir, tmp_path):
+    """TRL's RewardTrainer reads a `margin` column: -log sigmoid(r(chosen) - r(rejected) - margin), training and
+    evaluating; the accuracy and the margin metric stay those of the scores."""
+    rows = [{**row, "margin": m} for row, m in zip(pairs(4, seed=5), (0.0, 1.5, -2, 3.25))]
+    train = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    task = quiet_task("reward", scorer, train_file=str(train), validation_file=str(train), cache_dir=cache_dir)
+    tokenizer = task.load_tokenizer()
+    feats = task.tokenize(task.load_raw(), tokenizer, log=lambda _: None)["train"]
+    model = task.load_model(tokenizer).eval()
+    batch = task.collate(feats[:], tokenizer)
+    with torch.no_grad():
+        outputs = task.forward(model, batch)
+        loss_sum, count = task.compute_loss(outputs, batch)
+    chosen, rejected = hand_scores(scorer, train)
+    margins = torch.tensor([r["margin"] for r in rows], dtype=torch.float64)
+    by_hand = -F.logsigmoid(chosen - rejected - margins).mean().item()
+    assert (loss_sum / count).item() == pytest.approx(by_hand, abs=1e-5)
+    stream = task.metric_stream()
+    stream.update(outputs, batch, torch.ones(4))
+    out = stream.compute(SimpleNamespace(reduce_sum=lambda t: t, device="cpu"))
+    assert out["loss"] == pytest.approx(by_hand, abs=1e-5)
+    assert out["margin"] == pytest.approx((chosen - rejected).mean().item(), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "rows, needles",
+    [
+        ([{"margin": "big"}, {}], ("row 1 of", "`margin` is 'big'", "a number")),
+        ([{"margin": 1.0}, {}], ("row 2 of", "no `margin`", "row 1 has one")),
+    ],
+)
+def test_bad_margins_are_refused(capfd, tmp_path, scorer, rows, needles):
+    train = write_jsonl(tmp_path / "train.jsonl", [{**p, **r} for p, r in zip(pairs(2), rows)])
+    assert_refused(in_process(capfd, *bad_args(tmp_path, scorer, train)), tmp_path, *needles)
+
+
 # ---- training through the CLI --------------------------------------------------------------------------
 def test_the_first_step_loss_is_the_formula_and_pairs_normalise_under_accumulation(
     run, scorer, data, cache_dir, tmp_path

@@ -9,6 +9,8 @@ Row forms, told apart by their keys:
   `\\n\\nAssistant:` they have in common; the completions are the rest, each a whole reply. (TRL splits
   at the first differing character instead, which can put the replies' shared first word in the
   prompt.) Message lists in this form share their leading messages.
+A reward model's rows may add `margin` (TRL RewardTrainer's column): a number the chosen side's score should
+exceed the rejected side's by; a file gives it on every row or on none.
 For DPO a message completion must start with the assistant's turn (it is scored after the prompt's generation
 prompt): one that starts with another role is refused in one line naming the row.
 
@@ -25,6 +27,7 @@ completions are cut. Both counts are logged per split.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from tuneforge.data import chat
@@ -82,10 +85,10 @@ def _check_replies(chosen: list[dict], rejected: list[dict], prompted: bool, whe
             )
 
 
-def to_pair(row: dict, where: str, replies: bool = False) -> dict:
+def to_pair(row: dict, where: str, replies: bool = False, margins: bool = False) -> dict:
     """{"prompt", "chosen", "rejected"} of one row, checked: both completions given, text or messages; `replies`
     (DPO, which scores each completion after the prompt's generation prompt): message completions start with the
-    assistant's."""
+    assistant's; `margins` (a reward model): with the row's `margin`, where it has one."""
     missing = [k for k in ("chosen", "rejected") if row.get(k) is None]
     if missing:
         raise DataError(
@@ -108,7 +111,30 @@ def to_pair(row: dict, where: str, replies: bool = False) -> dict:
         rejected = _messages(rejected, "assistant", f"{where}, `rejected`")
         if replies:
             _check_replies(chosen, rejected, given_prompt is not None, where)
-    return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    pair = {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    if margins and row.get("margin") is not None:
+        pair["margin"] = _margin(row["margin"], where)
+    return pair
+
+
+def _margin(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(
+            f"{where}: `margin` is {value!r}; give a number (how far the chosen side's score should exceed the "
+            "rejected side's, as TRL's RewardTrainer reads it)"
+        )
+    return float(value)
+
+
+def check_margins(pairs: list[dict], where: str) -> None:
+    """DataError unless every pair has a margin or none has: a pair without one would train as margin 0 unseen."""
+    given = [p for p in pairs if "margin" in p]
+    if given and len(given) < len(pairs):
+        lacking = next(p for p in pairs if "margin" not in p)
+        raise DataError(
+            f"row {lacking['row']} of {where} has no `margin`, and row {given[0]['row']} has one; give every pair a "
+            "margin (0 for none) or drop the column"
+        )
 
 
 def distinct(pairs: list[dict], where: str, drop: bool, log=print) -> list[dict]:
@@ -130,8 +156,9 @@ def read_pairs(path: str | Path, drop_identical: bool = False, log=print, reader
     """The checked pairs of a preference file (`reader`: the task reading it, for messages; DPO's completions are
     replies)."""
     rows = chat.read_rows(path, what="preference data", reader=reader)
-    replies = reader == "--task dpo"
-    pairs = [{**to_pair(row, f"row {i} of {str(path)!r}", replies), "row": i} for i, row in enumerate(rows, 1)]
+    replies, margins = reader == "--task dpo", reader == "--task reward"
+    pairs = [{**to_pair(row, f"row {i} of {str(path)!r}", replies, margins), "row": i} for i, row in enumerate(rows, 1)]
+    check_margins(pairs, repr(str(path)))
     return distinct(pairs, repr(str(path)), drop_identical, log)
 
 
@@ -141,6 +168,8 @@ def pairs_dataset(pairs: list[dict]):
     import datasets
 
     columns = {k: [dumps(p[k]) for p in pairs] for k in ("prompt", "chosen", "rejected")}
+    if pairs and "margin" in pairs[0]:  # (check_margins: every pair has one)
+        columns["margin"] = [p["margin"] for p in pairs]
     return datasets.Dataset.from_dict({**columns, "row": [p["row"] for p in pairs]})
 
 
@@ -150,9 +179,9 @@ def row_of(ds, prompt: str, chosen: str, rejected: str) -> int:
     return next(n for n, *pair in cells if pair == [prompt, chosen, rejected])
 
 
-def given_splits(splits: dict, drop_identical: bool, log=print, replies: bool = False) -> dict:
+def given_splits(splits: dict, drop_identical: bool, log=print, replies: bool = False, margins: bool = False) -> dict:
     """{split: raw split} of datasets of pair rows given through the Python API, each row checked as a file's
-    (`replies`: as to_pair's)."""
+    (`replies`, `margins`: as to_pair's)."""
     raw = {}
     for split, ds in splits.items():
         if ds is None:
@@ -161,7 +190,8 @@ def given_splits(splits: dict, drop_identical: bool, log=print, replies: bool = 
         if not rows:
             raise DataError(f"the {split} split has no pairs; give at least one")
         where = f"the {split} dataset"
-        pairs = [{**to_pair(row, f"{where}, row {i}", replies), "row": i} for i, row in enumerate(rows, 1)]
+        pairs = [{**to_pair(row, f"{where}, row {i}", replies, margins), "row": i} for i, row in enumerate(rows, 1)]
+        check_margins(pairs, where)
         raw[split] = pairs_dataset(distinct(pairs, where, drop_identical, log))
     return raw
 

@@ -11,7 +11,8 @@ the tokenizer's own). A conversation for a tokenizer without a template is joine
 `--max-length` tokens is dropped and counted, as TRL does (cutting it would cut the completions, where the two
 sides differ).
 
-Loss, per pair (Bradley-Terry, TRL RewardTrainer's): -log sigmoid(r(chosen) - r(rejected)). The Trainer
+Loss, per pair (Bradley-Terry, TRL RewardTrainer's): -log sigmoid(r(chosen) - r(rejected) - margin), the margin
+a row's `margin` (TRL's column; none: 0). The Trainer
 normalises the summed loss by the global number of pairs, so accumulation and data parallelism equal one large
 batch. Evaluation reports that loss, the pairwise accuracy (chosen scored above rejected), the mean margin
 r(chosen) - r(rejected) and the mean chosen and rejected scores, each over every pair across ranks.
@@ -27,7 +28,6 @@ from pathlib import Path
 
 import datasets
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
@@ -108,6 +108,14 @@ def pair_scores(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.chunk(logits.float().squeeze(-1), 2)
 
 
+def margined_scores(logits: torch.Tensor, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen scores less the pair's margin, rejected scores): the loss's terms, -log sigmoid(r(chosen) -
+    r(rejected) - margin) as TRL's RewardTrainer takes a `margin` column (none: 0)."""
+    chosen, rejected = pair_scores(logits)
+    margin = batch.get("margin")
+    return (chosen, rejected) if margin is None else (chosen - margin.to(chosen.device), rejected)
+
+
 class ScoreStream(PreferenceStream):
     """Sums over pairs (loss, correct, margin, chosen and rejected scores), totalled across ranks."""
 
@@ -117,7 +125,8 @@ class ScoreStream(PreferenceStream):
         chosen, rejected = pair_scores(outputs.logits)
         keep = valid.bool().to(chosen.device)
         c, r = chosen[keep].double(), rejected[keep].double()
-        row = torch.stack([-F.logsigmoid(c - r).sum(), (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum()])
+        loss = pairwise_loss(*(side[keep].double() for side in margined_scores(outputs.logits, batch)))
+        row = torch.stack([loss, (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum()])
         self.sums = self.sums.to(row.device) + torch.cat([row, keep.sum().double()[None]])
 
 
@@ -196,7 +205,8 @@ class RewardModelTask(Task):
         return preference.read_pairs(path, self.options.drop_identical_pairs, self.log, reader="--task reward")
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
-        return datasets.DatasetDict(preference.given_splits(splits, self.options.drop_identical_pairs, self.log))
+        pairs = preference.given_splits(splits, self.options.drop_identical_pairs, self.log, margins=True)
+        return datasets.DatasetDict(pairs)
 
     # ---- features ----------------------------------------------------------------------------
     def _encoder(self, tokenizer, ds, split: str):
@@ -215,6 +225,8 @@ class RewardModelTask(Task):
                 except Exception as err:  # the template's raise_exception, or an error in its own code (1 / 0)
                     row = preference.row_of(ds, p, c, r)
                     raise chat.template_error(err, chat.template_name(self.config), row, where) from None
+            if "margin" in batch:
+                out["margin"] = batch["margin"]
             return out
 
         return fn
@@ -224,7 +236,8 @@ class RewardModelTask(Task):
         out = {}
         for split, ds in raw.items():
             fn = self._encoder(tokenizer, ds, split)
-            feats = self.tokenize_split(split, ds, ["prompt", "chosen", "rejected"], fn, tokenizer, settings, log)
+            columns = ["prompt", "chosen", "rejected"] + (["margin"] if "margin" in ds.column_names else [])
+            feats = self.tokenize_split(split, ds, columns, fn, tokenizer, settings, log)
             out[split] = self._fit(split, feats, self.config.data.max_length, log)
         return datasets.DatasetDict(out)
 
@@ -255,12 +268,15 @@ class RewardModelTask(Task):
     def collate(self, rows, tokenizer):
         """2n rows, right-padded: each pair's chosen side, then each pair's rejected side (TRL's layout)."""
         input_ids, attention = pad_rows(list(rows["chosen_ids"]) + list(rows["rejected_ids"]), tokenizer.pad_token_id)
-        return {"input_ids": input_ids, "attention_mask": attention}
+        batch = {"input_ids": input_ids, "attention_mask": attention}
+        if "margin" in rows:  # one a pair
+            batch["margin"] = torch.tensor(list(rows["margin"]), dtype=torch.float32)
+        return batch
 
     # ---- loss and metrics --------------------------------------------------------------------
     def compute_loss(self, outputs, batch, row_mask=None):
         """(sum of the pairs' Bradley-Terry losses, number of pairs)."""
-        return pairwise_loss(*pair_scores(outputs.logits), row_mask), self.count(batch)
+        return pairwise_loss(*margined_scores(outputs.logits, batch), row_mask), self.count(batch)
 
     def count(self, batch) -> torch.Tensor:
         return torch.tensor(float(batch["input_ids"].shape[0] // 2))
