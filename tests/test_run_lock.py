@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import Forked, cli_flags, sentiment_split, train_command
+from conftest import Forked, cli_flags, cli_main, sentiment_split, train_command
 from tuneforge import run_lock
 from tuneforge.cli import main
 from tuneforge.errors import ConfigError
@@ -38,9 +38,8 @@ def snapshot(folder):
 
 def run_here(capsys, *args):
     """`tuneforge ARGS` in this process: (exit code, last stderr line)."""
-    capsys.readouterr()
-    code = main(list(args))
-    err = capsys.readouterr().err
+    capsys.readouterr()  # what the test printed before
+    code, _, err = cli_main(capsys, *args)
     assert "Traceback" not in err
     return code, (err.strip().splitlines() or [""])[-1]
 
