@@ -140,3 +140,26 @@ def test_a_folder_another_prepare_wrote_meanwhile_is_kept_and_ours_dropped(tmp_p
     assert prepared.move_into_place(ours, theirs) is False
     assert not ours.exists() and json.loads((theirs / "meta.json").read_text()) == {"by": "key"}
     assert prepared.move_into_place(theirs, tmp_path / "new") is True and (tmp_path / "new" / "meta.json").is_file()
+
+
+def test_a_temporary_folder_of_another_machine_with_our_process_id_is_left_alone(tmp_path, tiny_bert):
+    """Two containers (or two nodes) sharing one cache can run prepares under the same process id, small numbers
+    in containers; a temporary folder named by the id alone was removed as a leftover of our own under the other's
+    write. Ours has a name no other process takes."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from conftest import write_sentiment_csv
+    from tuneforge.configure import build_config
+
+    train = write_sentiment_csv(tmp_path / "train.csv", 8)
+    config = build_config({"model": tiny_bert, "data": {"train_file": str(train), "cache_dir": str(tmp_path / "c")}})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    key = prepared.prepared_key(config, tokenizer)
+    theirs = prepared.prepared_root(config.data.cache_dir) / f".{key}.{os.getpid()}.tmp"
+    (theirs / "train").mkdir(parents=True)
+    (theirs / "train" / "part-0.arrow").write_text("another machine's write in progress")
+    folder = prepared.save_prepared(config, tokenizer, {"train": features(5)}, None, None, log=lambda line: None)
+    assert (folder / "meta.json").is_file()
+    assert (theirs / "train" / "part-0.arrow").read_text() == "another machine's write in progress"

@@ -26,6 +26,7 @@ import hashlib
 import json
 import mmap
 import os
+import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,8 +202,9 @@ def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) ->
     if (folder / "meta.json").exists():
         log(f"prepared data already at {folder}")
         return folder
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # (our own leftover of a killed prepare of this pid)
+    # a name no other process takes: containers or nodes sharing the cache may run prepares under one process id
+    # (made by write_split as any folder, so the umask decides who may read it, not mkdtemp's owner-only mode)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
         shards = {split: write_split(ds, tmp / split) for split, ds in features.items()}
         meta = {

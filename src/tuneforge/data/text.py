@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import secrets
 from pathlib import Path
 
 import datasets
@@ -103,11 +104,16 @@ def batches_dataset(parts, schema: pa.Schema, into: Path | None) -> datasets.Dat
     if into is None:
         return datasets.Dataset(pa.Table.from_batches(list(parts), schema=schema))
     if not into.exists():  # (ranks packing at once each write their own file; the same bytes replace it)
-        tmp = into.with_name(f".{into.name}.{os.getpid()}.tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-            for part in parts:
-                writer.write_batch(part)
-        tmp.replace(into)
+        # a name no other process takes (containers or nodes sharing the cache may have the same process id)
+        tmp = into.with_name(f".{into.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        try:
+            with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+                for part in parts:
+                    writer.write_batch(part)
+            tmp.replace(into)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
     return datasets.Dataset.from_file(str(into))
 
 
