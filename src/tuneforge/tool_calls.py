@@ -178,9 +178,10 @@ def check_tool_choice(choice: Any, tools: list[dict] | None, field: str = "tool_
     return {"type": "function", "function": {"name": function["name"]}}
 
 
-def forced_schema(tools: list[dict], choice: str | dict) -> dict:
+def forced_schema(tools: list[dict], choice: str | dict, parallel: bool = True) -> dict:
     """The JSON Schema a reply is constrained to when tool_choice forces a call, as vLLM constrains it: for
-    "required", a non-empty array of {"name": a tool's name, "parameters": its arguments}; for a named function,
+    "required", a non-empty array of {"name": a tool's name, "parameters": its arguments} (of one call only
+    without `parallel`: parallel_tool_calls false, so the reply ends after its first call); for a named function,
     that function's arguments. `forced_calls` reads such a reply back."""
     if isinstance(choice, dict):
         tool = next(t for t in tools if t["function"]["name"] == choice["function"]["name"])
@@ -196,7 +197,8 @@ def forced_schema(tools: list[dict], choice: str | dict) -> dict:
         }
         for t in tools
     ]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": any_of}}
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": any_of}}
+    return schema if parallel else {**schema, "maxItems": 1}
 
 
 def forced_calls(text: str, choice: str | dict, family: str = "hermes") -> list[ToolCall]:
@@ -398,10 +400,15 @@ def parse_tool_calls(text: str, family: str = "hermes") -> tuple[str | None, lis
     return PARSERS[family](text)
 
 
-def read_reply(text: str, family: str, forced: str | dict | None = None) -> tuple[str | None, list[ToolCall]]:
+def read_reply(
+    text: str, family: str, forced: str | dict | None = None, parallel: bool = True
+) -> tuple[str | None, list[ToolCall]]:
     """A reply's content and calls: a forced call's JSON (`forced`: tool_choice "required" or a named function,
-    `forced_calls`), else the calls the template family's parser finds in its text."""
+    `forced_calls`), else the calls the template family's parser finds in its text. Without `parallel`
+    (parallel_tool_calls false: "zero or one tool is called", OpenAI's function-calling guide) only the first
+    call is kept, as vLLM's maybe_filter_parallel_tool_calls keeps it."""
     if forced is not None:
-        calls = forced_calls(text, forced, family)
-        return (None if calls else text), calls
-    return parse_tool_calls(text, family)
+        content, calls = (None, found) if (found := forced_calls(text, forced, family)) else (text, [])
+    else:
+        content, calls = parse_tool_calls(text, family)
+    return content, calls if parallel else calls[:1]

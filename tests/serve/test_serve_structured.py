@@ -158,6 +158,22 @@ def test_tool_choice_required_and_named_make_a_call_that_validates(tool_model, c
     ]
 
 
+def test_parallel_tool_calls_false_ends_a_required_reply_after_its_first_call(client):
+    """OpenAI: parallel_tool_calls false "ensures exactly zero or one tool is called". Greedy, the random model
+    would add call after call until max_tokens cut the array (no call at all); here the array holds one."""
+    request = dict(model=NAME, messages=ASK, max_tokens=120, temperature=0, tools=[MODE, FAN], tool_choice="required")
+    one = client.chat.completions.create(**request, parallel_tool_calls=False)
+    choice = one.choices[0]
+    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+    assert one.usage.completion_tokens < 120
+    [call] = choice.message.tool_calls
+    if call.function.name == "set_mode":
+        jsonschema.validate(json.loads(call.function.arguments), MODE["function"]["parameters"])
+    streamed = client.chat.completions.create(**request, parallel_tool_calls=False, stream=True)
+    calls = [t for c in streamed if c.choices and c.choices[0].delta.tool_calls for t in c.choices[0].delta.tool_calls]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [(call.function.name, call.function.arguments)]
+
+
 BAD = [
     ("not an object", "json", "response_format"),
     ("unknown type", {"type": "yaml"}, "response_format"),

@@ -127,6 +127,19 @@ def test_a_reply_with_calls_becomes_tool_calls_in_the_chat_body():
     assert second.message.content == "no call <tool_call>{oops"  # malformed: the text as the model wrote it
 
 
+def test_parallel_tool_calls_false_keeps_a_replys_first_call_only():
+    """OpenAI: "exactly zero or one tool is called"; vLLM keeps the first of the calls the model wrote."""
+    from tuneforge.serve import openai_api as oa
+
+    second = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    body = oa.chat_body("chatcmpl-1", NAME, 0, [(REPLY + second, "stop")], oa.usage(10, 5))
+    parsed = ChatCompletion.model_validate(oa.with_tool_calls(body, "hermes", parallel=False))
+    [call] = parsed.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": "Paris"} and parsed.choices[0].finish_reason == "tool_calls"
+    request = oa.ChatRequest.model_validate({"model": NAME, "messages": QUESTION, "parallel_tool_calls": False})
+    assert request.parallel_calls() is False and oa.ChatRequest(model=NAME, messages=[]).parallel_calls() is True
+
+
 def run_stream(tool_model: str, pieces: list[str], take: int | None = None) -> tuple[list[str], list[bool]]:
     """The server's own stream (GenerationService.stream) of a 2-choice chat with tools, fed the events the engine
     sends (choice i % 2 writes pieces[i], then both stop); the events it wrote, and whether each sequence was

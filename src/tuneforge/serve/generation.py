@@ -36,13 +36,15 @@ class Shape:
     """What a request's answer shows beyond text: `logprobs` alternatives per token (None: no log-probs; chat's
     top_logprobs), `echo` (per prompt, its text before each of its choices' own), `tool_family` (chat with tools:
     each reply read for tool calls with that template family's parser, tuneforge/tool_calls.py), `forced` (a
-    tool_choice that forces a call: the reply is the call's JSON, constrained by the tools' schema)."""
+    tool_choice that forces a call: the reply is the call's JSON, constrained by the tools' schema), `parallel`
+    (False: parallel_tool_calls false, a reply's first call only)."""
 
     chat: bool
     logprobs: int | None = None
     echo: list[str] | None = None
     tool_family: str | None = None
     forced: str | dict | None = None
+    parallel: bool = True
 
 
 class Generation:
@@ -291,7 +293,7 @@ class GenerationService:
         if shape.logprobs is not None:
             for choice, k in zip(body["choices"], answers):
                 choice["logprobs"] = self._logprobs(gen.seqs[k], shape)
-        return oa.with_tool_calls(body, shape.tool_family, shape.forced) if shape.tool_family else body
+        return oa.with_tool_calls(body, shape.tool_family, shape.forced, shape.parallel) if shape.tool_family else body
 
     def _logprobs(self, seq: Sequence, shape: Shape) -> dict:
         """A whole choice's log-probs: an echoed prompt's first, then the generated tokens'."""
@@ -348,7 +350,7 @@ class GenerationService:
         piece as its parser recognises them; a whole call per delta is what OpenAI's clients accumulate all the
         same."""
         texts, entries = held
-        content, calls = tool_calls.read_reply("".join(texts), shape.tool_family, shape.forced)
+        content, calls = tool_calls.read_reply("".join(texts), shape.tool_family, shape.forced, shape.parallel)
         chunks = []
         if content or calls:
             chunk = oa.chat_chunk(rid, self.name, created, index, oa.tool_call_delta(content, calls), None)

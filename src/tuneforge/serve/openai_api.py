@@ -274,6 +274,7 @@ class ChatRequest(SamplingRequest):
     tools: Any = None
     tool_choice: Any = None
     response_format: Any = None
+    parallel_tool_calls: bool | None = None  # false: one call at most (`parallel_calls`)
     # tool_specs' outcome, once checked: (the checked tools, None) or (None, the ToolSpecError)
     _checked_tools: tuple[list[dict] | None, tool_calls.ToolSpecError | None] | None = PrivateAttr(None)
 
@@ -328,8 +329,13 @@ class ChatRequest(SamplingRequest):
         forced = self.forced_tool_choice()
         if forced is None:
             return self.response_format
-        schema = tool_calls.forced_schema(self.tool_specs(), forced)
+        schema = tool_calls.forced_schema(self.tool_specs(), forced, self.parallel_calls())
         return {"type": "json_schema", "json_schema": {"name": "tool_call", "schema": schema, "strict": True}}
+
+    def parallel_calls(self) -> bool:
+        """Whether a reply may make several calls: unless parallel_tool_calls is false (OpenAI: "exactly zero or
+        one tool is called"; vLLM keeps the first call)."""
+        return self.parallel_tool_calls is not False
 
     def parses_tool_calls(self) -> bool:
         """Whether the reply is read for tool calls: tools given and tool_choice not "none" (as vLLM's "auto")."""
@@ -449,12 +455,12 @@ def chat_message(content: str | None, calls: list[tool_calls.ToolCall] | None = 
     return message
 
 
-def with_tool_calls(body: dict, family: str, forced: str | dict | None = None) -> dict:
-    """A chat body with each choice's text read for tool calls (tool_calls.parse_tool_calls of the template's
-    `family`): a choice that made calls gets them in its message, the text around them as content (None when
-    there is none) and finish_reason "tool_calls", as OpenAI and vLLM answer."""
+def with_tool_calls(body: dict, family: str, forced: str | dict | None = None, parallel: bool = True) -> dict:
+    """A chat body with each choice's text read for tool calls (tool_calls.read_reply of the template's `family`;
+    the first call only without `parallel`): a choice that made calls gets them in its message, the text around
+    them as content (None when there is none) and finish_reason "tool_calls", as OpenAI and vLLM answer."""
     for choice in body["choices"]:
-        content, calls = tool_calls.read_reply(choice["message"]["content"] or "", family, forced)
+        content, calls = tool_calls.read_reply(choice["message"]["content"] or "", family, forced, parallel)
         if calls:
             choice["message"] = chat_message(content, calls)
             choice["finish_reason"] = "tool_calls"

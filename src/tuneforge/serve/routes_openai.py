@@ -180,5 +180,6 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     constraint = await reply_constraint(service, body)
     gen = Generation([prompt], [params], body.n or 1, eos_logprob=False, constraint=constraint)
     family = service.tool_family if body.parses_tool_calls() else None
-    shape = Shape(chat=True, logprobs=top, tool_family=family, forced=body.forced_tool_choice())
+    forced, parallel = body.forced_tool_choice(), body.parallel_calls()
+    shape = Shape(chat=True, logprobs=top, tool_family=family, forced=forced, parallel=parallel)
     return await service.run(body, request, gen, shape)
