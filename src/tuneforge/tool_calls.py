@@ -412,3 +412,10 @@ def read_reply(
     else:
         content, calls = parse_tool_calls(text, family)
     return content, calls if parallel else calls[:1]
+
+
+def finish_reason(reason: str, calls: list[ToolCall], forced: str | dict | None = None) -> str:
+    """A reply's finish_reason once read for calls: "tool_calls" where it made some, except a call forced by
+    naming its function, which keeps the engine's own ("stop"), as OpenAI answers it (vLLM PR #25054 lists
+    OpenAI's answers; its resolve_finish_reason does the same)."""
+    return "tool_calls" if calls and not isinstance(forced, dict) else reason

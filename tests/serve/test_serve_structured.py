@@ -149,13 +149,15 @@ def test_tool_choice_required_and_named_make_a_call_that_validates(tool_model, c
     )
     named = client.chat.completions.create(**forced)
     [call] = named.choices[0].message.tool_calls
-    assert named.choices[0].finish_reason == "tool_calls" and call.function.name == "set_mode"
+    # "stop", not "tool_calls", for a named function, as OpenAI answers it (streamed or not; vLLM PR #25054)
+    assert named.choices[0].finish_reason == "stop" and call.function.name == "set_mode"
     jsonschema.validate(json.loads(call.function.arguments), MODE["function"]["parameters"])
-    streamed = client.chat.completions.create(**forced, stream=True)
-    calls = [t for c in streamed if c.choices and c.choices[0].delta.tool_calls for t in c.choices[0].delta.tool_calls]
+    chunks = [c for c in client.chat.completions.create(**forced, stream=True) if c.choices]
+    calls = [t for c in chunks if c.choices[0].delta.tool_calls for t in c.choices[0].delta.tool_calls]
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("set_mode", json.loads(call.function.arguments))
     ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
 
 
 def test_parallel_tool_calls_false_ends_a_required_reply_after_its_first_call(client):

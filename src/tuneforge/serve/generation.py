@@ -346,9 +346,8 @@ class GenerationService:
 
     def _tool_call_chunks(self, shape: Shape, rid: str, created: int, index: int, held, reason: str) -> list[dict]:
         """A finished chat choice's held-back text read for tool calls: one delta with its content and whole calls
-        (its log-probs too), then its finish ("tool_calls" where it made some). vLLM streams the calls piece by
-        piece as its parser recognises them; a whole call per delta is what OpenAI's clients accumulate all the
-        same."""
+        (its log-probs too), then its finish (tool_calls.finish_reason). vLLM streams the calls piece by piece as
+        its parser recognises them; a whole call per delta is what OpenAI's clients accumulate all the same."""
         texts, entries = held
         content, calls = tool_calls.read_reply("".join(texts), shape.tool_family, shape.forced, shape.parallel)
         chunks = []
@@ -357,7 +356,8 @@ class GenerationService:
             if shape.logprobs is not None:
                 chunk["choices"][0]["logprobs"] = self._chunk_logprobs(entries, shape, 0)
             chunks.append(chunk)
-        chunks.append(oa.chat_chunk(rid, self.name, created, index, {}, "tool_calls" if calls else reason))
+        finish = tool_calls.finish_reason(reason, calls, shape.forced)
+        chunks.append(oa.chat_chunk(rid, self.name, created, index, {}, finish))
         return chunks
 
     def _echo_chunk(self, gen: Generation, index: int, shape: Shape, rid: str, created: int) -> dict:
