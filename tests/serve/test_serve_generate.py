@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -193,6 +194,25 @@ def test_models_retrieve_of_a_served_name_with_slashes(chat_model):
         assert client.models.retrieve("org/tiny-chat").id == "org/tiny-chat"
         with pytest.raises(openai.NotFoundError):
             client.models.retrieve("org")
+
+
+def test_every_answer_has_its_own_x_request_id_as_openais(server, client):
+    """OpenAI sends x-request-id (the client's `_request_id`, an error's `request_id`); one a client sends is
+    echoed back, as vLLM's --enable-request-id-headers does."""
+    ask = dict(model=NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    ids = [
+        client.chat.completions.create(**ask)._request_id,
+        client.completions.create(model=NAME, prompt="hi", max_tokens=2)._request_id,
+        client.models.retrieve(NAME)._request_id,
+        client.chat.completions.create(**ask, stream=True).response.headers["x-request-id"],
+    ]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(**{**ask, "max_tokens": 0})
+    ids.append(refused.value.request_id)
+    ids.append(httpx.get(f"{server}/v1/models", timeout=10).headers["x-request-id"])  # a 401 of the gate
+    assert all(re.fullmatch(r"req_[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == len(ids), ids
+    mine = client.chat.completions.create(**ask, extra_headers={"X-Request-Id": "trace-7"})
+    assert mine._request_id == "trace-7"
 
 
 def test_completions_equal_transformers_greedy_and_count_usage(client, ref):
@@ -589,7 +609,8 @@ def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_ref
     with app_server(chat_model, log_format=log_format) as url:
         wait_ready(url)
         capfd.readouterr()
-        ok = send(url, "/v1/completions", completion(temperature=0)).json()
+        answered = send(url, "/v1/completions", completion(temperature=0))
+        ok = answered.json()
         # (greedy: a sampled answer may end early at the end-of-turn token, and the count below is of 4)
         streamed = httpx.post(f"{url}/v1/chat/completions", json=chat(stream=True, temperature=0), timeout=60)
         assert streamed.status_code == 200
@@ -605,6 +626,7 @@ def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_ref
             ("POST", "/v1/completions", 400),
             ("GET", "/no/such/route", 404),
         ]
+        assert records[0]["request_id"] == answered.headers["x-request-id"]  # the line of the answer a client quotes
         assert records[0]["prompt_tokens"] == ok["usage"]["prompt_tokens"]
         assert records[0]["completion_tokens"] == ok["usage"]["completion_tokens"] == 4
         assert records[1]["completion_tokens"] == 4 and "error" not in records[1]  # the stream's, counted at its end

@@ -21,6 +21,7 @@ class Access:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     error: str | None = None
+    request_id: str | None = None  # its x-request-id (the JSON format's lines carry it)
 
 
 class AccessLog:

@@ -1,5 +1,5 @@
 """The gate every HTTP request passes first (pure ASGI middleware): the metrics and access-log line of every
-response (serve/access_log.py), the API key,
+response (serve/access_log.py), its `x-request-id` header (as OpenAI sends one), the API key,
 draining, and the body size limit (413 from the Content-Length header or while the body arrives, before anything
 parses it)."""
 
@@ -10,6 +10,7 @@ import binascii
 import hmac
 import json
 import time
+import uuid
 
 from fastapi.responses import JSONResponse
 
@@ -27,6 +28,7 @@ ROUTES = (
     "/v1/embeddings",
 )
 OPEN_ROUTES = ("/health",)  # answered without the API key
+MAX_CLIENT_REQUEST_ID = 128  # bytes of a client's own X-Request-Id echoed back (a longer one gets a fresh id)
 RETRY_AFTER_S = 1  # what a 503 (busy, loading, shutting down) asks the client to wait
 
 
@@ -43,6 +45,13 @@ def error_response(err: oa.ApiError, headers: dict[str, str] | None = None) -> J
     if err.status == 503:
         headers = {"Retry-After": str(RETRY_AFTER_S), **(headers or {})}
     return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+def request_id(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The id an answer carries in `x-request-id`: the client's own X-Request-Id, echoed as vLLM's
+    --enable-request-id-headers echoes it, else a fresh `req_` + 32 hex digits, as OpenAI's ids look."""
+    given = next((value for name, value in headers if name == b"x-request-id"), b"")
+    return given if 0 < len(given) <= MAX_CLIENT_REQUEST_ID else f"req_{uuid.uuid4().hex}".encode()
 
 
 def _given_key(headers: dict[bytes, bytes]) -> str:
@@ -71,7 +80,7 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
+        path, rid = scope["path"], request_id(scope["headers"])
         start, status, done, refusal_body = time.perf_counter(), [500], [False], [b""]
 
         def finished() -> None:
@@ -82,11 +91,13 @@ class Gate:
             tokens = (gen.prompt_tokens, gen.completion_tokens) if gen is not None else (None, None)
             error = _error_message(refusal_body[0]) if status[0] >= 400 else None
             ms = round(seconds * 1000, 1)
-            self.state.access_log.request(Access(scope["method"], path, status[0], ms, *tokens, error))
+            access = Access(scope["method"], path, status[0], ms, *tokens, error, rid.decode("latin-1"))
+            self.state.access_log.request(access)
 
         async def send_observed(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid)]}
             elif status[0] >= 400 and message["type"] == "http.response.body" and len(refusal_body[0]) < 4096:
                 refusal_body[0] += message.get("body", b"")  # an error body (small): its message is logged
             if message["type"] == "http.response.body" and not message.get("more_body") and not done[0]:
