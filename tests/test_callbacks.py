@@ -201,3 +201,30 @@ def test_the_end_evaluation_comes_before_the_last_checkpoint(tmp_path, tiny_bert
     as_written_before_last_eval_step(tmp_path / "epoch" / "run" / "checkpoint-6")
     Trainer(run_config(tmp_path / "epoch", tiny_bert, cache_dir, **cut, resume="latest")).fit()
     assert eval_steps(tmp_path / "epoch" / "run") == [6, 8]
+
+
+class CountSteps(Callback):
+    steps = 0
+
+    def on_step_end(self, trainer):
+        type(self).steps += 1
+
+
+def test_a_callback_given_as_a_class_is_instantiated_as_transformers_does(tmp_path, tiny_bert, cache_dir):
+    """transformers' Trainer(callbacks=[MyCallback]) makes one instance of a class; here the class's hooks were
+    called unbound: 'Callback.on_train_begin() missing 1 required positional argument', after the model loaded."""
+    trainer = Trainer(run_config(tmp_path, tiny_bert, cache_dir, max_steps=2), callbacks=[CountSteps])
+    assert isinstance(trainer.callbacks[0], CountSteps)
+    trainer.fit()
+    assert CountSteps.steps == 2
+
+
+def test_a_transformers_callback_is_refused_in_one_line_before_the_run(tmp_path, tiny_bert, cache_dir):
+    """A TrainerCallback's hooks take (args, state, control): it failed at the run's first event with 'missing 2
+    required positional arguments', after the model loaded and config.yaml was written."""
+    from transformers import EarlyStoppingCallback
+
+    config = run_config(tmp_path, tiny_bert, cache_dir)
+    with pytest.raises(TypeError, match=r"^callbacks\[1\] is a transformers TrainerCallback \(EarlyStoppingCallback\)"):
+        Trainer(config, callbacks=[Events(), EarlyStoppingCallback(2)])
+    assert not (tmp_path / "run").exists()

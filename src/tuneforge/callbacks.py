@@ -4,7 +4,8 @@ best-model tracking and early stopping.
 Each hook gets the trainer (`.state`, `.model`, `.backend`, `.config`, ...). A run's callbacks hear an event
 in this order: the user's, then the built-ins (`BestModel`, `EarlyStopping`, `EvaluationCadence`,
 `EndEvaluation`, `SaveCadence`), so at a step's or an epoch's end the run evaluates, tracks the best, and then
-saves a checkpoint that holds that evaluation.
+saves a checkpoint that holds that evaluation. The user's are taken as given (`user_callbacks`): a class is
+instantiated, a transformers TrainerCallback refused.
 """
 
 from __future__ import annotations
@@ -25,6 +26,23 @@ class Callback:
     def on_save(self, trainer, path: Path) -> None: ...
     def on_epoch_end(self, trainer) -> None: ...
     def on_train_end(self, trainer, result: dict) -> None: ...
+
+
+def user_callbacks(given) -> list:
+    """The user's callbacks as instances: a class is instantiated, as transformers' Trainer does; a transformers
+    TrainerCallback (its hooks take args, state and control) is refused here, not at the run's first event."""
+    found = []
+    for i, callback in enumerate(given or []):
+        kind = callback if isinstance(callback, type) else type(callback)
+        if any(c.__name__ == "TrainerCallback" and c.__module__.startswith("transformers.") for c in kind.__mro__):
+            raise TypeError(
+                f"callbacks[{i}] is a transformers TrainerCallback ({kind.__name__}), whose hooks take (args, state, "
+                "control); a tuneforge callback's hooks take the trainer (trainer.state, trainer.model, "
+                "trainer.config): subclass tuneforge.Callback, and set trainer.state.stop = True where transformers "
+                "sets control.should_training_stop (early stopping: early_stopping_patience)"
+            )
+        found.append(callback() if isinstance(callback, type) else callback)
+    return found
 
 
 class BestModel(Callback):

@@ -27,7 +27,7 @@ from tuneforge import checkpoint, export, launch, run_lock
 from tuneforge.artifacts import import_model_code
 from tuneforge.backends import backend_classes, check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
-from tuneforge.callbacks import Callback, exported_weights_unevaluated, exports_best
+from tuneforge.callbacks import Callback, exported_weights_unevaluated, exports_best, user_callbacks
 from tuneforge.config import TrainConfig
 from tuneforge.configure import build_config, resolve
 from tuneforge.data.prefetch import Prefetch
@@ -95,7 +95,7 @@ class Trainer:
     def __init__(
         self,
         config: TrainConfig | dict | None = None,
-        callbacks: list[Callback] | None = None,
+        callbacks: list[Callback | type[Callback]] | None = None,
         *,
         fork_workers: bool = False,
         **overrides: Any,
@@ -110,7 +110,7 @@ class Trainer:
         else:
             config = build_config(config or {}, **overrides)
         self.config = config
-        self.callbacks = list(callbacks or [])
+        self.callbacks = user_callbacks(callbacks)  # a class given: its instance
         self.fork_workers = fork_workers
         self.task = get_task(config)
         self.state = Progress()
