@@ -278,3 +278,45 @@ def test_a_given_transformers_model_of_another_kind_is_refused_by_name(tmp_path,
         Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1)).fit(
             model=bare, tokenizer=tokenizer, train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4)
         )
+
+
+class NoOptimizer(Trainer):
+    def make_optimizer(self, model):
+        return None  # (forgot the return of the optimizer it built)
+
+
+class NoSchedule(Trainer):
+    def make_scheduler(self, optimizer, total_steps, start_step=0):
+        return None
+
+
+@pytest.mark.parametrize(
+    "trainer_class, says",
+    [
+        (NoOptimizer, r"^make_optimizer returns a torch\.optim\.Optimizer .*, not NoneType$"),
+        (NoSchedule, r"^make_scheduler returns an LR scheduler of the optimizer .*, not NoneType"),
+    ],
+)
+def test_an_override_returning_no_optimizer_or_schedule_is_one_error_before_training(
+    tmp_path, tiny_bert, cache_dir, trainer_class, says
+):
+    """Was an AttributeError ('NoneType' object has no attribute 'param_groups'; for the schedule, after the first
+    step trained: "has no attribute 'step'")."""
+    trainer = trainer_class(make_config(tmp_path, tiny_bert, cache_dir, max_steps=2))
+    with pytest.raises(TypeError, match=says):
+        trainer.fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+    assert trainer.state.step == 0
+
+
+def test_an_optimizer_over_some_of_the_parameters_trains_those_alone(tmp_path, tiny_bert, cache_dir):
+    class HeadOnly(Trainer):
+        def make_optimizer(self, model):
+            return torch.optim.SGD(model.classifier.parameters(), lr=0.1)
+
+    model, tokenizer = load_user_model(tiny_bert)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    HeadOnly(make_config(tmp_path, tiny_bert, cache_dir, max_steps=2)).fit(
+        model=model, tokenizer=tokenizer, train_dataset=raw_dataset(16), eval_dataset=raw_dataset(4)
+    )
+    moved = {k for k, v in model.state_dict().items() if not torch.equal(before[k], v)}
+    assert moved == {"classifier.weight", "classifier.bias"}

@@ -124,10 +124,40 @@ def set_up_evaluation(config, task, backend, given: Given, callbacks: list[Callb
     return Run(config, backend, report, tokenizer, data.train, data.evals, model, callbacks=list(callbacks), data=data)
 
 
+SCHEDULER_METHODS = ("step", "get_last_lr", "state_dict", "load_state_dict")  # what the loop and checkpoints call
+
+
+def checked_overrides(make_optimizer, make_scheduler: MakeScheduler):
+    """`make_optimizer` and `make_scheduler` (a subclass may override them) whose results are checked as they are
+    made: one line naming the override, not an AttributeError at its first use (mid-step for a schedule)."""
+
+    def optimizer_of(model):
+        optimizer = make_optimizer(model)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "make_optimizer returns a torch.optim.Optimizer over the parameters to train (some or all of the "
+                f"model's), not {type(optimizer).__name__}"
+            )
+        return optimizer
+
+    def scheduler_of(optimizer, *args, **kwargs):
+        scheduler = make_scheduler(optimizer, *args, **kwargs)
+        if not all(callable(getattr(scheduler, name, None)) for name in SCHEDULER_METHODS):
+            raise TypeError(
+                f"make_scheduler returns an LR scheduler of the optimizer (with {', '.join(SCHEDULER_METHODS)}; "
+                "a constant rate: torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)), "
+                f"not {type(scheduler).__name__}"
+            )
+        return scheduler
+
+    return optimizer_of, scheduler_of
+
+
 def set_up_training(
     config, task, backend, given: Given, callbacks: list[Callback], make_optimizer, make_scheduler: MakeScheduler
 ) -> tuple[Run, Progress]:
     """The run and the Progress it starts at (a resume's, or step 0)."""
+    make_optimizer, make_scheduler = checked_overrides(make_optimizer, make_scheduler)
     report = Reporter(config, is_main=backend.is_main)
     model, tokenizer, data, adapter = _load(config, task, backend, report, given, training=True)
     enable_gradient_checkpointing(model, config, backend)
