@@ -63,6 +63,9 @@ def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp
     assert [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r["split"] == "eval"] == [1, 2, 3]
     saved = json.loads((run / "checkpoint-3" / "trainer_state.json").read_text())  # holds step 3's evaluation
     assert saved["stop"] is True and saved["bad_evals"] == 2 and saved["best_step"] == 1
+    again = StandStill(config.model_copy(update={"resume": "latest"})).fit()  # a resume of it trains nothing: said
+    assert again["steps"] == 3
+    assert "note: nothing more trains from step 3: the run had stopped there" in capsys.readouterr().err
 
 
 def test_without_patience_the_run_goes_on_and_the_best_is_still_tracked(tmp_path, tiny_bert, cache_dir):

@@ -392,7 +392,23 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
             f"finish {cfg.epochs:g} epochs"
         )
     run.plan = plan
+    _say_nothing_left(st, plan.total_steps, report.print)
     return st, best_weights
+
+
+def _say_nothing_left(st: Progress, total_steps: int, say) -> None:
+    """A resume that trains nothing more says why, rather than re-evaluating and exporting the same weights without
+    a word: the run had stopped (early stopping, a callback's state.stop, which an elastic restart must keep), or
+    the checkpoint is at the run's last step (a --max-steps at or below it)."""
+    why = (
+        "the run had stopped there (early stopping, or a callback set state.stop)"
+        if st.stop
+        else f"the run's {total_steps} steps are done"
+        if st.step >= total_steps
+        else None
+    )
+    if why:
+        say(f"note: nothing more trains from step {st.step}: {why}; the run ends there and writes that step's model")
 
 
 def _check_same_order(path: Path, st: Progress, run: Run) -> None:
