@@ -14,18 +14,17 @@ file in it until the process ends (its tokenizing workers open the copy again by
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
 import shutil
 from pathlib import Path
 
+from tuneforge.data import reading
 from tuneforge.errors import DataError, UserError
 
 LARGE_FILE_BYTES = 64 * 2**20  # from this size on a file is read memory-mapped (and JSON lines by Arrow's reader)
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
-_READING: dict[Path, int] = {}  # raw folder -> this process's open KEY.lock, shared-locked while the process lives
 
 
 def raw_root(cache_dir: str | None) -> Path:
@@ -117,13 +116,9 @@ def _lock_file(folder: Path) -> Path:
 
 
 def hold(folder: Path) -> None:
-    """Mark the raw folder as read by this process while it lives: a shared POSIX lock (per process, so forked
-    workers need none of their own) on its lock file, which another process's `drop_raw_copies` respects."""
-    if folder in _READING:
-        return
-    fd = os.open(_lock_file(folder), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.lockf(fd, fcntl.LOCK_SH)
-    _READING[folder] = fd
+    """Mark the raw folder as read by this process while it lives (data/reading.py), which another process's
+    `drop_raw_copies` respects."""
+    reading.hold(_lock_file(folder))
 
 
 def _built(p: Path, folder: Path, kind: str, build):
@@ -184,13 +179,10 @@ def drop_raw_copies(paths, cache_dir: str | None) -> int:
 
 def _drop_unless_read(folder: Path) -> int:
     """Remove `folder` (bytes freed), where no other process holds its lock (0: kept)."""
-    fd = _READING.pop(folder, None)
-    fd = os.open(_lock_file(folder), os.O_RDWR | os.O_CREAT, 0o644) if fd is None else fd
+    fd = reading.exclusive(_lock_file(folder))
+    if fd is None:  # another process reads the copy
+        return 0
     try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (this process's own shared lock is converted)
-        except OSError:  # another process reads the copy
-            return 0
         freed = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         shutil.rmtree(folder)
         return freed

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import io
 import json
@@ -27,14 +26,12 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
+from tuneforge.data import reading
 from tuneforge.errors import ConfigError
 
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
 SHARD_SUFFIX = re.compile(r"_(\d{5})_of_(\d{5})\.arrow")  # datasets' name of a shard a map with workers writes
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
-_READING: dict[Path, int] = {}  # a key's lock file -> this process's open descriptor, shared-locked while it lives
-HELD_KEYS = 256  # the newest keys a process holds (one descriptor each: a notebook training many models stays far
-# from the usual limit of 1,024 open files; a key let go is only unprotected from a prepare ending on it)
 
 
 def default_cache_dir() -> Path:
@@ -157,33 +154,21 @@ def _lock_file(folder: Path, key: str) -> Path:
 
 
 def hold(folder: Path, key: str) -> None:
-    """Mark the files of `key` as read by this process while it lives: a shared POSIX lock (per process, so forked
-    workers need none of their own) on the key's lock file, which another process's `drop_key` respects."""
-    lock = _lock_file(folder, key)
-    while lock not in _READING:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.lockf(fd, fcntl.LOCK_SH)
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                _READING[lock] = fd
-                if len(_READING) > HELD_KEYS:  # (closing the descriptor releases its lock)
-                    os.close(_READING.pop(next(iter(_READING))))
-                return
-        os.close(fd)  # (a prepare removed the lock file while this process waited: lock the one there now)
+    """Mark the files of `key` as read by this process while it lives (data/reading.py), which another process's
+    `drop_key` respects."""
+    reading.hold(_lock_file(folder, key))
 
 
 def _let_go(folder: Path, key: str) -> None:
     """This process's hold on `key` given up (its map failed), and the lock file removed where no other process
     holds it and no file of the key is there."""
-    fd = _READING.pop(_lock_file(folder, key), None)
+    lock = _lock_file(folder, key)
+    fd = reading.exclusive(lock) if reading.held(lock) else None
     if fd is None:
         return
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         if not any(folder.glob(f"{key}*.arrow")):
-            _lock_file(folder, key).unlink()
-    except OSError:  # another process holds it
-        pass
+            lock.unlink()
     finally:
         os.close(fd)
 
@@ -192,13 +177,10 @@ def drop_key(folder: Path, key: str) -> int | None:
     """Remove the cache files of `key` in `folder` (bytes freed: its file, the shards of a map with workers, the
     blocks cut from them) and its lock file; None where another process holds them (all kept)."""
     lock = _lock_file(folder, key)
-    fd = _READING.pop(lock, None)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644) if fd is None else fd
+    fd = reading.exclusive(lock)
+    if fd is None:  # another process reads the files
+        return None
     try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (this process's own shared lock is converted)
-        except OSError:  # another process reads the files
-            return None
         freed = 0
         for f in (f for f in folder.glob(f"{key}*.arrow") if f.is_file()):
             freed += f.stat().st_size
