@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 
@@ -24,6 +25,9 @@ def test_env_json_reports_versions_devices_launcher_and_backends():
     info = json.loads(proc.stdout)
     assert info["versions"]["torch"] == torch.__version__
     assert info["versions"]["tuneforge"] and info["versions"]["transformers"] != "not installed"
+    # a LoRA, harness, sweep or tracker bug report needs those versions too; the dev install has each of them
+    for extra in ("peft", "accelerate", "bitsandbytes", "lm_eval", "optuna", "mlflow", "sentence-transformers", "trl"):
+        assert info["versions"][extra] == importlib.metadata.version(extra), extra
     assert info["devices"]["cpu_cores"] == os.cpu_count()
     assert info["devices"]["cuda"] == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
     assert info["devices"]["auto_precision"] in ("fp32", "bf16", "fp16")

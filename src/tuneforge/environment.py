@@ -12,7 +12,20 @@ import platform
 import sys
 
 # distribution names, read from package metadata (importing deepspeed just for its version is slow and noisy)
-PACKAGES = ("tuneforge", "torch", "transformers", "datasets", "tokenizers", "safetensors", "deepspeed")
+PACKAGES = (
+    "tuneforge",
+    "torch",
+    "transformers",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "deepspeed",
+    "peft",
+    "accelerate",
+)
+# the optional extras a bug report about QLoRA, the harness, sweeps, trackers or embeddings needs (a missing one
+# reads "not installed")
+EXTRAS = ("bitsandbytes", "lm_eval", "optuna", "mlflow", "wandb", "trackio", "sentence-transformers", "trl")
 
 
 def _version(distribution: str) -> str:
@@ -79,7 +92,7 @@ def collect_env() -> dict:
     from tuneforge.launch import launch_environment
 
     return {
-        "versions": {"python": sys.version.split()[0], **{name: _version(name) for name in PACKAGES}},
+        "versions": {"python": sys.version.split()[0], **{name: _version(name) for name in PACKAGES + EXTRAS}},
         "platform": platform.platform(),
         "devices": device_info(),
         "process_groups": {
