@@ -348,3 +348,20 @@ def test_the_sentence_encoder_page_shows_the_cosine_similarity_of_two_texts(brow
     [(label, score, number, width)] = bar  # the last comparison's, as a bar of its own
     assert label == "cosine similarity" and score == shown_short[0] and number == f"{score:.4f}"
     assert width == pytest.approx(max(0.0, score), abs=0.01)
+
+
+def test_sampling_fields_left_empty_are_left_out_and_a_value_is_sent_as_typed(chat_page):
+    """An empty temperature was sent as 0 (greedy, where the server's default samples) and a top-p of 0 as 1 (the
+    whole distribution): each is now left out when empty and sent as typed, the server saying what it refuses."""
+    page = chat_page
+    sent = request_bodies(page, "/v1/chat/completions")
+    page.fill("#max-tokens", "3")
+    page.fill("#temperature", "")
+    page.fill("#top-p", "")
+    ask(page, "hello")
+    page.fill("#temperature", "0")
+    page.fill("#top-p", "0")
+    refused = ask(page, "hello again", replies=2)
+    assert "temperature" not in sent[0] and "top_p" not in sent[0], sent[0]
+    assert (sent[1]["temperature"], sent[1]["top_p"]) == (0, 0)
+    assert "top_p" in refused.query_selector(".error-text").inner_text()
