@@ -2,7 +2,8 @@
 package; the Makefile's `install-dev`, run by `make test`, puts it in place), against real servers of tiny models:
 a conversation streams with its system prompt, history, sampling fields and token count; the stop button ends a
 stream and the server cancels it; a model without a chat template is continued through /v1/completions; a
-classifier's scores are bars; a sentence encoder shows the cosine similarity of two texts. The Markdown renderer
+classifier's scores are bars; a sentence encoder shows the cosine similarity of two texts; behind a proxy's path
+prefix the page's requests go under it. The Markdown renderer
 is driven by crafted streams (page.route): a tiny random model cannot be asked for a code block or a hostile tag.
 Skipped, saying why, only where Chromium or Playwright is not installed."""
 
@@ -376,3 +377,27 @@ def test_sampling_fields_left_empty_are_left_out_and_a_value_is_sent_as_typed(ch
     assert "temperature" not in sent[0] and "top_p" not in sent[0], sent[0]
     assert (sent[1]["temperature"], sent[1]["top_p"]) == (0, 0)
     assert "top_p" in refused.query_selector(".error-text").inner_text()
+
+
+def test_the_page_works_under_a_reverse_proxys_path_prefix(browser, tiny_llama):
+    """Behind a proxy serving the server at /tf/ (nginx's `location /tf/ { proxy_pass http://server/; }`, here the
+    browser's own routing), the page's requests go under /tf/ too: they went to the proxy's /health, and the page
+    said 'loading the model...' forever."""
+    with app_server(tiny_llama) as url:
+        wait_ready(url)
+        page = browser.new_page()
+
+        def proxy(route):
+            path = route.request.url.removeprefix(url)
+            if not path.startswith("/tf/"):
+                return route.fulfill(status=404, body="not found")
+            route.fulfill(response=route.fetch(url=url + path.removeprefix("/tf")))
+
+        page.route(f"{url}/**", proxy)
+        sent = request_bodies(page, "/v1/completions")
+        page.goto(f"{url}/tf/")
+        page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)
+        page.fill("#max-tokens", "4")
+        stats = ask(page, "The dog").query_selector(".stats").inner_text()
+        page.close()
+    assert len(sent) == 1 and "4 tokens" in stats
