@@ -382,21 +382,28 @@ def test_sampling_fields_left_empty_are_left_out_and_a_value_is_sent_as_typed(ch
 def test_the_page_works_under_a_reverse_proxys_path_prefix(browser, tiny_llama):
     """Behind a proxy serving the server at /tf/ (nginx's `location /tf/ { proxy_pass http://server/; }`, here the
     browser's own routing), the page's requests go under /tf/ too: they went to the proxy's /health, and the page
-    said 'loading the model...' forever."""
+    said 'loading the model...' forever. The proxy's 502 page while the server is not up is shown and /health asked
+    again (it was read as JSON: an uncaught SyntaxError, and the page stayed at 'loading the model...')."""
     with app_server(tiny_llama) as url:
         wait_ready(url)
         page = browser.new_page()
+
+        health = []
 
         def proxy(route):
             path = route.request.url.removeprefix(url)
             if not path.startswith("/tf/"):
                 return route.fulfill(status=404, body="not found")
+            if path == "/tf/health" and len(health) < 2:  # the server not up yet (restarting): the proxy's own page
+                health.append(path)
+                return route.fulfill(status=502, content_type="text/html", body="<html>502 Bad Gateway</html>")
             route.fulfill(response=route.fetch(url=url + path.removeprefix("/tf")))
 
         page.route(f"{url}/**", proxy)
         sent = request_bodies(page, "/v1/completions")
         page.goto(f"{url}/tf/")
-        page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)
+        page.wait_for_function("() => document.getElementById('status').textContent.includes('502')")
+        page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)  # asked again until the server answered
         page.fill("#max-tokens", "4")
         stats = ask(page, "The dog").query_selector(".stats").inner_text()
         page.close()
