@@ -166,13 +166,13 @@ def sse(pieces: list[str]) -> str:
     return "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
 
 
-def crafted_reply(page, pieces: list[str]):
+def crafted_reply(page, pieces: list[str], message: str = "hello", replies: int = 1):
     """The page's next chat request answered with `pieces` (the server is not asked); returns the reply's node."""
     page.route(
         "**/v1/chat/completions",
         lambda route: route.fulfill(status=200, content_type="text/event-stream", body=sse(pieces)),
     )
-    return ask(page, "hello")
+    return ask(page, message, replies)
 
 
 HOSTILE = [
@@ -197,6 +197,27 @@ def test_model_output_never_runs_as_html_or_script_and_is_shown_as_written(chat_
     assert reply.query_selector("strong").inner_text() == "<img src=x onerror=\"window.pwned = 'bold'\">"
     assert reply.query_selector("a").inner_text() == "image: pic"  # a link, never loaded
     assert reply.query_selector("pre code").inner_text() == "<svg onload=\"window.pwned = 'code'\"></svg>"
+
+
+DIRECTIONS = """() => ['.user', '.assistant', '#prompt', '#system'].map(
+    (selector) => getComputedStyle(document.querySelectorAll(selector)[0]).direction)"""
+
+
+def test_right_to_left_messages_and_text_boxes_are_laid_out_right_to_left(chat_page):
+    """An Arabic message and reply were laid out left to right, their punctuation at the wrong end; each message and
+    text box takes the direction of its own text (dir=auto, as chat pages do), English staying left to right, and
+    code left to right wherever it is."""
+    page = chat_page
+    page.fill("#system", "أجب بإيجاز.")
+    reply = crafted_reply(page, ["مرحبا بك!\n\n```python\nprint('hi')\n```"], message="كيف حالك؟")
+    page.fill("#prompt", "شكرا")
+    arabic = page.evaluate(DIRECTIONS)
+    assert reply.eval_on_selector(".code", "(e) => getComputedStyle(e).direction") == "ltr"  # code reads left to right
+    page.click("#clear")
+    page.fill("#system", "Answer briefly.")
+    crafted_reply(page, ["Fine, thanks!"], message="how are you?")
+    page.fill("#prompt", "thanks")
+    assert (arabic, page.evaluate(DIRECTIONS)) == (["rtl"] * 4, ["ltr"] * 4)
 
 
 MARKDOWN = [
