@@ -220,6 +220,22 @@ def test_right_to_left_messages_and_text_boxes_are_laid_out_right_to_left(chat_p
     assert (arabic, page.evaluate(DIRECTIONS)) == (["rtl"] * 4, ["ltr"] * 4)
 
 
+def test_a_conversation_past_the_context_says_to_start_a_new_one(chat_page):
+    """Once the conversation, sent whole with each message, outgrew the context, every message was refused with the
+    server's 'the prompt has N tokens ...: shorten it', for a message of two words: the page says the conversation
+    is sent with each message and New conversation starts afresh, which then answers."""
+    page = chat_page
+    page.fill("#max-tokens", "3")
+    crafted_reply(page, ["word " * 5000])  # a long answer, kept in the conversation
+    page.unroute("**/v1/chat/completions")
+    refused = ask(page, "and now?", replies=2).query_selector(".error-text").inner_text()
+    page.click("#clear")
+    answered = ask(page, "and now?")
+    assert refused.startswith("the prompt has ") and "the model's context is 4096" in refused, refused
+    assert "the conversation so far is sent with each message: New conversation starts afresh" in refused
+    assert answered.get_attribute("class") == "msg assistant" and "3 tokens" in answered.inner_text()
+
+
 MARKDOWN = [
     "# Sorting\n\nUse **`sorted`**, not *my_own_sort*; ~~never~~ ",
     "see [the docs](https://docs.python.org/3/howto/sorting.html) or <https://example.org>.\n\n",
