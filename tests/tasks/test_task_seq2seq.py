@@ -214,3 +214,27 @@ def test_a_null_source_or_target(tiny_t5, tmp_path, capsys):
         f"error: the train data ({data}), row 2: the target is null (column 'target'); give it its text, or drop "
         "the row"
     )
+
+
+def test_targets_or_generation_past_the_decoders_positions(tiny_bart, parallel_files, tmp_path, capsys):
+    # tiny_bart's decoder has 128 positions: a longer target, or more new tokens than fit after its start token,
+    # failed inside the position embedding (IndexError: an internal error) after the data was tokenized
+    long_en, long_de = tmp_path / "long.en", tmp_path / "long.de"
+    long_en.write_text("A man is riding a red bike.\n" * 4)
+    long_de.write_text((" ".join(["ein rotes Fahrrad"] * 60) + "\n") * 4)
+    files = cli_flags(task="seq2seq", validation_source_file=long_en, validation_target_file=long_de)
+    code, out, err = cli_main(capsys, "eval", tiny_bart, *files, *cli_flags(max_target_length=200, output_dir=tmp_path))
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        "error: max_target_length 200 is above the model's decoder limit of 128 positions; use --max-target-length "
+        "128 or less"
+    )
+
+    validation = {key: value for key, value in parallel_files.items() if key.startswith("validation_")}
+    flags = cli_flags(task="seq2seq", **validation, generation_max_length=300, output_dir=tmp_path / "b")
+    code, out, err = cli_main(capsys, "eval", tiny_bart, *flags)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        "error: generation_max_length 300 is above the 127 new tokens the model's decoder has room for (128 "
+        "positions, one for its start token); use --generation-max-length 127 or less"
+    )

@@ -6,6 +6,7 @@ padding set to -100. Evaluation: the loss (summed over target tokens, exact acro
 sacreBLEU corpus BLEU of `generate` outputs (beam size `num_beams`, up to
 `generation_max_length` new tokens, so outputs are not cut at the HF default of 20), gathered
 from every rank. References are the decoded labels, as in the transformers translation recipe.
+`max_target_length` and `generation_max_length` past the decoder's positions are refused in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import Field
 from torch.nn.utils.rnn import pad_sequence
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import FAMILY_SEQ2SEQ, bundled_minilm, check_model_path, from_pretrained
+from tuneforge.artifacts import FAMILY_SEQ2SEQ, bundled_minilm, check_model_path, context_length, from_pretrained
 from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
@@ -285,6 +286,7 @@ class Seq2SeqTask(Task):
                 "such as T5, BART or Marian (or no --model for the MiniLM encoder-decoder)"
             )
         self.check_max_length(tokenizer, getattr(model_config, "encoder", model_config))
+        self.check_decoder_room(model_config)
         return load_pretrained_model(
             AutoModelForSeq2SeqLM,
             path,
@@ -292,6 +294,27 @@ class Seq2SeqTask(Task):
             config=set_dropout(model_config, self.config.dropout),
             **self.pretrained_kwargs(),
         )
+
+    def check_decoder_room(self, model_config) -> None:
+        """Targets and generated outputs within the decoder's positions (past them the position embedding fails
+        with an IndexError mid-run); a decoder without a fixed limit (T5's relative positions) takes any length."""
+        decoder = getattr(model_config, "decoder", model_config)
+        limit = getattr(decoder, "max_decoder_position_embeddings", None) or context_length(decoder)
+        if not limit:
+            return
+        opts = self.options
+        if opts.max_target_length > limit:
+            raise ConfigError(
+                f"max_target_length {opts.max_target_length} is above the model's decoder limit of {limit} positions; "
+                f"use --max-target-length {limit} or less"
+            )
+        room = limit - 1  # the decoder's start token takes a position (as `tuneforge generate` counts)
+        if opts.generation_max_length > room:
+            raise ConfigError(
+                f"generation_max_length {opts.generation_max_length} is above the {room} new tokens the model's "
+                f"decoder has room for ({limit} positions, one for its start token); use --generation-max-length "
+                f"{room} or less"
+            )
 
     def _minilm_encoder_decoder(self, tokenizer):
         """BERT-style encoder and decoder both warm-started from the bundled MiniLM."""
@@ -305,6 +328,7 @@ class Seq2SeqTask(Task):
             minilm, minilm, encoder_config=encoder_config, decoder_config=decoder_config
         )
         self.check_max_length(tokenizer, model.config.encoder)
+        self.check_decoder_room(model.config)
         ids = {
             "decoder_start_token_id": tokenizer.cls_token_id,
             "bos_token_id": tokenizer.cls_token_id,
