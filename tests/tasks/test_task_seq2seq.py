@@ -94,6 +94,28 @@ def test_table_columns_and_bert_style_targets_for_the_minilm_default(tmp_path, c
     assert feats[0]["input_ids"][0] == tokenizer.cls_token_id
 
 
+def test_sources_and_targets_cut_to_their_limits_are_counted(tiny_t5, parallel_files, cache_dir):
+    # they were cut without a word: the model learnt to end a target where the cut fell, and BLEU's references
+    # (the decoded labels) were the cut targets
+    task = seq2seq_task(tiny_t5, cache_dir, max_length=22, max_target_length=21, **parallel_files)
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()["validation"]
+    lines = []
+    feats = task.tokenize({"validation": raw}, tokenizer, log=lines.append)["validation"]
+    assert feats.column_names == ["input_ids", "attention_mask", "labels", "length"]
+    sources = [tokenizer(s, max_length=22, truncation=True)["input_ids"] for s in raw["source"]]
+    targets = [tokenizer(text_target=t, max_length=21, truncation=True)["input_ids"] for t in raw["target"]]
+    assert feats["input_ids"] == sources and feats["labels"] == targets  # cut as before, the end token kept
+    cut_sources = sum(len(tokenizer(s)["input_ids"]) > 22 for s in raw["source"])
+    cut_targets = sum(len(tokenizer(text_target=t)["input_ids"]) > 21 for t in raw["target"])
+    assert 0 < cut_sources < len(raw) and 0 < cut_targets < len(raw)  # some rows cut (at 22, 23 tokens...), not all
+    assert lines[-1] == (
+        f"validation: {cut_sources} source(s) longer than max_length 22 cut to their first 22 tokens, {cut_targets} "
+        "target(s) longer than max_target_length 21 cut to their first 21 (raise --max-length / --max-target-length "
+        "to keep them whole)"
+    )
+
+
 # ---- end to end ------------------------------------------------------------------------------
 def test_t5_trains_saves_resumes_evaluates_and_generates(tiny_t5, parallel_files, tmp_path, cache_dir, capsys):
     beams = dict(source_prefix=PREFIX, num_beams=2, generation_max_length=24, cache_dir=cache_dir, quiet=True)

@@ -6,7 +6,9 @@ padding set to -100. Evaluation: the loss (summed over target tokens, exact acro
 sacreBLEU corpus BLEU of `generate` outputs (beam size `num_beams`, up to
 `generation_max_length` new tokens, so outputs are not cut at the HF default of 20), gathered
 from every rank. References are the decoded labels, as in the transformers translation recipe.
-`max_target_length` and `generation_max_length` past the decoder's positions are refused in one line.
+Sources and targets longer than `max_length` / `max_target_length` are cut there (their end token kept), counted
+in one log line per split; `max_target_length` and `generation_max_length` past the decoder's positions are refused
+in one line.
 """
 
 from __future__ import annotations
@@ -42,6 +44,26 @@ def corpus_bleu(predictions: list[str], references: list[str]) -> float:
     if not predictions:
         return 0.0
     return float(sacrebleu.corpus_bleu(predictions, [references]).score)
+
+
+def encode_within(tokenizer, inputs: dict, limit: int | None) -> tuple[dict, list[bool]]:
+    """`tokenizer(**inputs)` truncated to `limit` tokens (its special tokens kept), and which rows were cut: encoded
+    to one token more first, so only the rows that reach it are encoded again. No `limit`: the tokenizer's own."""
+    if limit is None:
+        enc = tokenizer(**inputs, truncation=True)
+        return enc, [False] * len(enc["input_ids"])
+    text_key = "text_target" if "text_target" in inputs else "text"
+    enc = dict(tokenizer(**inputs, max_length=limit + 1, truncation=True))
+    cut = [len(ids) > limit for ids in enc["input_ids"]]
+    rows = [i for i, was_cut in enumerate(cut) if was_cut]
+    if rows:
+        again = tokenizer(
+            **{**inputs, text_key: [inputs[text_key][i] for i in rows]}, max_length=limit, truncation=True
+        )
+        for key, values in enc.items():
+            for i, value in zip(rows, again[key]):
+                values[i] = value
+    return enc, cut
 
 
 class GenerationStream(MetricStream):
@@ -216,15 +238,13 @@ class Seq2SeqTask(Task):
         start_id = self._decoder_start_token_id(tokenizer)
 
         def fn(batch):
-            enc = tokenizer(
-                [prefix + s for s in batch["source"]],
-                max_length=data.max_length,
-                truncation=True,
-                return_token_type_ids=False,
+            enc, source_cut = encode_within(
+                tokenizer,
+                {"text": [prefix + s for s in batch["source"]], "return_token_type_ids": False},
+                data.max_length,
             )
-            labels = tokenizer(text_target=batch["target"], max_length=opts.max_target_length, truncation=True)[
-                "input_ids"
-            ]
+            targets, target_cut = encode_within(tokenizer, {"text_target": batch["target"]}, opts.max_target_length)
+            labels = targets["input_ids"]
             if start_id is not None:
                 labels = [ids[1:] if ids and ids[0] == start_id else ids for ids in labels]
             return {
@@ -232,6 +252,8 @@ class Seq2SeqTask(Task):
                 "attention_mask": enc["attention_mask"],
                 "labels": labels,
                 "length": [len(x) for x in enc["input_ids"]],
+                "source_cut": source_cut,  # counted in the log line, then dropped
+                "target_cut": target_cut,
             }
 
         settings = {
@@ -240,14 +262,30 @@ class Seq2SeqTask(Task):
             "max_length": data.max_length,
             "max_target_length": opts.max_target_length,
             "strip_start": start_id,
+            "cut_flags": True,
         }
         out = {}
         for split, ds in raw.items():
             feats = self.tokenize_split(split, ds, ["source", "target"], fn, tokenizer, settings, log)
             if len(feats) == 0:
                 raise DataError(f"the {split} split has no sentence pairs; give files with at least one line")
-            out[split] = feats
+            self._log_cuts(split, feats, log)
+            out[split] = feats.remove_columns(["source_cut", "target_cut"])
         return datasets.DatasetDict(out)
+
+    def _log_cuts(self, split: str, feats, log) -> None:
+        """One line when sources or targets were cut to their limits (the model sees, and learns to end, the cut
+        text; evaluation's references are the cut targets)."""
+        import pyarrow.compute as pc
+
+        sources, targets = (int(pc.sum(feats.data.column(name)).as_py() or 0) for name in ("source_cut", "target_cut"))
+        if sources or targets:
+            limits = self.config.data.max_length, self.options.max_target_length
+            log(
+                f"{split}: {sources} source(s) longer than max_length {limits[0]} cut to their first {limits[0]} "
+                f"tokens, {targets} target(s) longer than max_target_length {limits[1]} cut to their first "
+                f"{limits[1]} (raise --max-length / --max-target-length to keep them whole)"
+            )
 
     def collate(self, rows, tokenizer):
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
