@@ -415,7 +415,8 @@ def read_reply(
 
 
 def finish_reason(reason: str, calls: list[ToolCall], forced: str | dict | None = None) -> str:
-    """A reply's finish_reason once read for calls: "tool_calls" where it made some, except a call forced by
-    naming its function, which keeps the engine's own ("stop"), as OpenAI answers it (vLLM PR #25054 lists
-    OpenAI's answers; its resolve_finish_reason does the same)."""
-    return "tool_calls" if calls and not isinstance(forced, dict) else reason
+    """A reply's finish_reason once read for calls: "tool_calls" where it made some and stopped, except a call
+    forced by naming its function, which keeps the engine's own ("stop"), as OpenAI answers it (vLLM PR #25054
+    lists OpenAI's answers; its resolve_finish_reason does the same). A reply max_tokens cut keeps "length", calls
+    or not, as OpenAI's and vLLM's unstreamed answer: the calls read may be the ones before a cut one."""
+    return "tool_calls" if calls and reason == "stop" and not isinstance(forced, dict) else reason

@@ -127,6 +127,24 @@ def test_a_reply_with_calls_becomes_tool_calls_in_the_chat_body():
     assert second.message.content == "no call <tool_call>{oops"  # malformed: the text as the model wrote it
 
 
+def test_a_reply_cut_by_max_tokens_keeps_finish_reason_length_with_its_calls():
+    """OpenAI answers "length" for a reply max_tokens cut, calls or not, and vLLM's non-streaming path relabels
+    only a reply that stopped: a client must not run a call list the cut may have left short."""
+    from tuneforge.serve import openai_api as oa
+
+    half = REPLY + '<tool_call>{"name": "get_weather", "argu'
+    unclosed = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    replies = [(half, "length"), (unclosed, "length"), ('[{"name": "get_weather", "parameters": {}}]', "length")]
+    body = oa.chat_body("chatcmpl-1", NAME, 0, replies[:2], oa.usage(10, 5))
+    cut, closed_by_cut = ChatCompletion.model_validate(oa.with_tool_calls(body, "hermes")).choices
+    assert cut.finish_reason == "length" and len(cut.message.tool_calls) == 1
+    assert cut.message.content.endswith('<tool_call>{"name": "get_weather", "argu')  # the cut call, as written
+    assert closed_by_cut.finish_reason == "length" and len(closed_by_cut.message.tool_calls) == 1
+    required = oa.chat_body("chatcmpl-1", NAME, 0, replies[2:], oa.usage(10, 5))
+    [choice] = ChatCompletion.model_validate(oa.with_tool_calls(required, "hermes", "required")).choices
+    assert choice.finish_reason == "length" and len(choice.message.tool_calls) == 1
+
+
 def test_parallel_tool_calls_false_keeps_a_replys_first_call_only():
     """OpenAI: "exactly zero or one tool is called"; vLLM keeps the first of the calls the model wrote."""
     from tuneforge.serve import openai_api as oa
@@ -140,10 +158,12 @@ def test_parallel_tool_calls_false_keeps_a_replys_first_call_only():
     assert request.parallel_calls() is False and oa.ChatRequest(model=NAME, messages=[]).parallel_calls() is True
 
 
-def run_stream(tool_model: str, pieces: list[str], take: int | None = None) -> tuple[list[str], list[bool]]:
+def run_stream(
+    tool_model: str, pieces: list[str], take: int | None = None, reason: str = "stop"
+) -> tuple[list[str], list[bool]]:
     """The server's own stream (GenerationService.stream) of a 2-choice chat with tools, fed the events the engine
-    sends (choice i % 2 writes pieces[i], then both stop); the events it wrote, and whether each sequence was
-    cancelled (a client gone: the stream is closed after `take` events)."""
+    sends (choice i % 2 writes pieces[i], then both end with `reason`); the events it wrote, and whether each
+    sequence was cancelled (a client gone: the stream is closed after `take` events)."""
     from tuneforge.predict import load_servable
     from tuneforge.serve.engine import SamplingParams
     from tuneforge.serve.generation import Generation, GenerationService, Shape
@@ -155,7 +175,7 @@ def run_stream(tool_model: str, pieces: list[str], take: int | None = None) -> t
         for i, piece in enumerate(pieces):
             gen.events.put_nowait((i % 2, piece, None, []))
         for i in (0, 1):
-            gen.events.put_nowait((i, "", "stop", []))
+            gen.events.put_nowait((i, "", reason, []))
         out, stream = (
             [],
             service.stream(gen, Shape(chat=True, tool_family="hermes"), "c", 0, time.monotonic() + 30, True),
@@ -188,6 +208,9 @@ def test_a_streamed_reply_with_calls_becomes_one_tool_calls_delta(tool_model):
     assert call.index == 0 and call.id.startswith("call_") and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert [d.content for d in deltas[1]] == ["", "plain plain ", None] and deltas[1][1].tool_calls is None
+    cut, _ = run_stream(tool_model, pieces, reason="length")  # max_tokens ended it: "length", as unstreamed
+    finishes = [json.loads(e[len("data: ") :])["choices"] for e in cut[:-1]]
+    assert [c[0]["finish_reason"] for c in finishes if c and c[0]["finish_reason"]] == ["length", "length"]
     assert chunks[-1].usage is not None  # the usage chunk follows
     # a client gone mid-stream: the generation's sequences are cancelled at once
     _, cancelled = run_stream(tool_model, pieces, take=1)

@@ -458,8 +458,8 @@ def chat_message(content: str | None, calls: list[tool_calls.ToolCall] | None = 
 def with_tool_calls(body: dict, family: str, forced: str | dict | None = None, parallel: bool = True) -> dict:
     """A chat body with each choice's text read for tool calls (tool_calls.read_reply of the template's `family`;
     the first call only without `parallel`): a choice that made calls gets them in its message, the text around
-    them as content (None when there is none) and finish_reason "tool_calls" ("stop" for a named tool_choice),
-    as OpenAI and vLLM answer."""
+    them as content (None when there is none) and finish_reason "tool_calls" ("stop" for a named tool_choice,
+    "length" where max_tokens cut it), as OpenAI and vLLM answer."""
     for choice in body["choices"]:
         content, calls = tool_calls.read_reply(choice["message"]["content"] or "", family, forced, parallel)
         if calls:
