@@ -320,3 +320,37 @@ def test_an_optimizer_over_some_of_the_parameters_trains_those_alone(tmp_path, t
     )
     moved = {k for k, v in model.state_dict().items() if not torch.equal(before[k], v)}
     assert moved == {"classifier.weight", "classifier.bias"}
+
+
+class RecordedPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """torch's ReduceLROnPlateau, its metrics kept (what transformers steps it with: the evaluation's metric)."""
+
+    def __init__(self, optimizer):
+        super().__init__(optimizer, mode="min", patience=0, factor=0.5)
+        self.heard = []
+
+    def step(self, metrics):
+        self.heard.append(metrics)
+        super().step(metrics)
+
+
+class OnPlateau(Trainer):
+    def make_scheduler(self, optimizer, total_steps, start_step=0):
+        return RecordedPlateau(optimizer)
+
+
+def test_a_reduce_lr_on_plateau_schedule_steps_on_each_scheduled_evaluations_metric(tmp_path, tiny_bert, cache_dir):
+    """As transformers' reduce_lr_on_plateau: stepped with metric_for_best after each scheduled evaluation, never
+    per optimizer step (was a TypeError, "step() missing 1 required positional argument: 'metrics'", after the
+    first step trained); without scheduled evaluations it would never move: one TypeError before training."""
+    recorder = Recorder()
+    config = make_config(tmp_path, tiny_bert, cache_dir, max_steps=3, eval_strategy="steps", eval_steps=1)
+    trainer = OnPlateau(config.model_copy(update={"metric_for_best": "loss"}), callbacks=[recorder])
+    trainer.fit(train_dataset=raw_dataset(16), eval_dataset=raw_dataset(8))
+    assert trainer.scheduler.heard == [metrics["loss"] for metrics in recorder.evals] and len(recorder.evals) == 3
+    assert {log["lr"] for log in recorder.logs} <= {2e-3 * 0.5**k for k in range(3)}  # as the plateau set them
+    assert trainer.optimizer.param_groups[0]["lr"] == trainer.scheduler.get_last_lr()[0]
+    unscheduled = OnPlateau(make_config(tmp_path / "no-eval", tiny_bert, cache_dir, max_steps=2, eval_strategy="no"))
+    with pytest.raises(TypeError, match=r"^make_scheduler returns a ReduceLROnPlateau, .*set eval_strategy"):
+        unscheduled.fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
+    assert unscheduled.state.step == 0

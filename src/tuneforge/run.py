@@ -153,6 +153,21 @@ def checked_overrides(make_optimizer, make_scheduler: MakeScheduler):
     return optimizer_of, scheduler_of
 
 
+def on_plateau(scheduler) -> bool:
+    """Whether the schedule moves on evaluations' metric (torch's ReduceLROnPlateau), not on optimizer steps."""
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+def check_plateau_schedule(scheduler, config) -> None:
+    """A ReduceLROnPlateau is stepped with each scheduled evaluation's metric_for_best (as transformers steps its
+    reduce_lr_on_plateau); without scheduled evaluations it would never move: one line before training."""
+    if on_plateau(scheduler) and config.eval_strategy == "no":
+        raise TypeError(
+            "make_scheduler returns a ReduceLROnPlateau, which moves on the metric of scheduled evaluations; "
+            "this run has none: set eval_strategy ('steps' with eval_steps, or 'epoch')"
+        )
+
+
 def set_up_training(
     config, task, backend, given: Given, callbacks: list[Callback], make_optimizer, make_scheduler: MakeScheduler
 ) -> tuple[Run, Progress]:
@@ -168,6 +183,7 @@ def set_up_training(
     run.data = data
     run.orders = OrderCache(config.output_dir, writes=backend.is_main, data_key=data.fingerprints)
     run.scheduler = make_scheduler(optimizer, plan.total_steps)
+    check_plateau_schedule(run.scheduler, config)
     run.checkpointer = make_checkpointer(run, task)
     # the epoch order is built in units of one optimizer step, so accumulation equals the large batch
     state = Progress(order_global_batch=plan.step_examples, data_fingerprints=run.data_fingerprints)

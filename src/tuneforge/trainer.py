@@ -35,7 +35,7 @@ from tuneforge.data.samplers import eval_batches, lengths_of
 from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
-from tuneforge.run import Given, Run, device_name, set_up_evaluation, set_up_training
+from tuneforge.run import Given, Run, device_name, on_plateau, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
 from tuneforge.tasks.base import EvalTools, StepTools
@@ -138,7 +138,9 @@ class Trainer:
         return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, fused=bool(fused))
 
     def make_scheduler(self, optimizer, total_steps: int, start_step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
-        """The LR schedule of `optimizer` over `total_steps`, at `start_step` (a resume that re-plans the run)."""
+        """The LR schedule of `optimizer` over `total_steps`, at `start_step` (a resume that re-plans the run),
+        stepped after each optimizer step; an override's torch ReduceLROnPlateau after each scheduled evaluation
+        instead, with its metric_for_best."""
         o = self.config.optim
         warmup = o.warmup_steps or int(o.warmup_ratio * total_steps)
         return lr_schedule(o.scheduler, optimizer, warmup, total_steps, start_step)
@@ -279,7 +281,8 @@ class Trainer:
             run.epoch_last_step = st.step + len(steps)
             for i, micro_batches in enumerate(steps):
                 loss_sum, count = self.train_step(micro_batches)
-                run.scheduler.step()
+                if not on_plateau(run.scheduler):  # that one moves on evaluations (evaluate_and_log)
+                    run.scheduler.step()
                 st.step += 1
                 if (i + 1) % plan.repeats == 0:  # the step's data had its last update (a resume starts at one)
                     st.consumed = min(order_size, st.consumed + plan.global_batch * len(micro_batches))
@@ -448,6 +451,8 @@ class Trainer:
         st.last_eval, st.last_eval_step = metrics, st.step
         self.report.log({"split": "eval", "step": st.step, "epoch": st.epoch, **metrics})
         self._fire("on_evaluate", metrics, callbacks=None if scheduled else self.callbacks)
+        if scheduled and on_plateau(self.run.scheduler):  # after the callbacks, as transformers' _evaluate
+            self.run.scheduler.step(metrics[self.run.best.metric])
         return metrics
 
     # ---- helpers ---------------------------------------------------------------------------
