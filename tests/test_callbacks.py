@@ -231,3 +231,14 @@ def test_a_transformers_callback_is_refused_in_one_line_before_the_run(tmp_path,
     with pytest.raises(TypeError, match=r"^callbacks\[1\] is a transformers TrainerCallback \(EarlyStoppingCallback\)"):
         Trainer(config, callbacks=[Events(), EarlyStoppingCallback(2)])
     assert not (tmp_path / "run").exists()
+
+
+def test_the_same_callback_object_given_twice_is_refused_in_one_line(tmp_path, tiny_bert, cache_dir):
+    """It heard every event twice (a counter counted each step twice, a stopping rule judged each evaluation
+    twice); transformers warns of a second callback of a class. Two objects of one class stay two callbacks."""
+    config = run_config(tmp_path, tiny_bert, cache_dir)
+    events = Events()
+    with pytest.raises(TypeError, match=r"^callbacks\[2\] is callbacks\[0\] again \(an Events\)"):
+        Trainer(config, callbacks=[events, Events(), events])
+    assert len(Trainer(config, callbacks=[Events(), Events(), CountSteps, CountSteps]).callbacks) == 4
+    assert not (tmp_path / "run").exists()

@@ -5,7 +5,7 @@ Each hook gets the trainer (`.state`, `.model`, `.backend`, `.config`, ...). A r
 in this order: the user's, then the built-ins (`BestModel`, `EarlyStopping`, `EvaluationCadence`,
 `EndEvaluation`, `SaveCadence`), so at a step's or an epoch's end the run evaluates, tracks the best, and then
 saves a checkpoint that holds that evaluation. The user's are taken as given (`user_callbacks`): a class is
-instantiated, a transformers TrainerCallback refused.
+instantiated, a transformers TrainerCallback or an object given twice refused.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ class Callback:
 
 def user_callbacks(given) -> list:
     """The user's callbacks as instances: a class is instantiated, as transformers' Trainer does; a transformers
-    TrainerCallback (its hooks take args, state and control) is refused here, not at the run's first event."""
+    TrainerCallback (its hooks take args, state and control) is refused here, not at the run's first event, and so
+    is an object given twice (it would hear each event twice; transformers warns of a class's second callback)."""
     found = []
     for i, callback in enumerate(given or []):
         kind = callback if isinstance(callback, type) else type(callback)
@@ -40,6 +41,12 @@ def user_callbacks(given) -> list:
                 "control); a tuneforge callback's hooks take the trainer (trainer.state, trainer.model, "
                 "trainer.config): subclass tuneforge.Callback, and set trainer.state.stop = True where transformers "
                 "sets control.should_training_stop (early stopping: early_stopping_patience)"
+            )
+        again = next((j for j, seen in enumerate(found) if seen is callback), None)
+        if again is not None:
+            raise TypeError(
+                f"callbacks[{i}] is callbacks[{again}] again (an {kind.__name__}): it would hear every event twice; "
+                "give it once (two objects of one class are two callbacks)"
             )
         found.append(callback() if isinstance(callback, type) else callback)
     return found
