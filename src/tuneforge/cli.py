@@ -148,6 +148,7 @@ def machine() -> str:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    from tuneforge.config import apply_overrides
     from tuneforge.configure import config_from_sources
     from tuneforge.tracking import check_tracker_flags
     from tuneforge.trainer import Trainer
@@ -156,7 +157,8 @@ def cmd_train(ns: argparse.Namespace) -> int:
     flags = _flags(ns, train_flags())
     # no --task: the config infers it from the data files (config._task_from_files)
     config = config_from_sources(yaml_path, overrides, flags)
-    check_tracker_flags(config.report_to, flags)  # a flag given now that would do nothing (a config file's may)
+    # a flag or override given now that would do nothing (a config file's may)
+    check_tracker_flags(config.report_to, flags, apply_overrides({}, overrides))
     if config.resume:  # a checkpoint of another task or model, or none: one line before any work
         from tuneforge.checkpoint import check_resumable
 

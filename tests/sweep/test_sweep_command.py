@@ -103,6 +103,15 @@ def test_a_tracking_server_that_does_not_answer_is_refused_before_any_trial(caps
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_tracker_override_no_tracker_of_the_trials_reads_is_refused_before_any_trial(capsys, tmp_path, base):
+    """As `tuneforge train` refuses it: every trial ran ignoring it."""
+    (tmp_path / "s.yaml").write_text("optim.lr: [0.1]\n")
+    args = ["tracking_uri=sqlite:///m.db", "--space", str(tmp_path / "s.yaml")]
+    code, _, err = cli_main(capsys, "sweep", base, *args, "--output-dir", str(tmp_path / "sweep"))
+    assert "tracking_uri=sqlite:///m.db is the tracking server or store for mlflow" in one_error(code, err)
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_metric_the_trials_do_not_log_stops_the_sweep_at_the_first_evaluation(capsys, tmp_path, base):
     """A misspelt --metric is found at the first trial's first evaluation, not after every trial trained for
     nothing: one line naming the metrics there are; the trial is told failed and no other starts."""

@@ -95,6 +95,13 @@ FILE_STORE_WAYS_OUT = "use a database such as sqlite:///mlflow.db, or set MLFLOW
             ["--report-to", "tensorboard", "--run-name", "lr-8e-5"],
             ["--run-name is the tracker run's name for mlflow or trackio or wandb", "tensorboard has none"],
         ),
+        # a key=value override is given this time too
+        (
+            ["tracking_uri=sqlite:///m.db", "--report-to", "none"],
+            ["tracking_uri=sqlite:///m.db is the tracking server or store for mlflow", "--report-to none has none"],
+        ),
+        (["experiment_name=mrpc"], ["experiment_name=mrpc is", "jsonl has none", "or drop experiment_name=mrpc"]),
+        (["run_name=' '", "--report-to", "mlflow"], ["run_name=' ' is blank", "drop it for the default"]),
         (["--report-to", "mlflow", "--run-name", ""], ["--run-name '' is blank", "drop it for the default"]),
         (["--report-to", "wandb", "--experiment-name", " "], ["--experiment-name ' ' is blank"]),
         (["--report-to", "mlflow", "--tracking-uri", "http://127.0.0.1:1"], ["http://127.0.0.1:1 does not answer"]),

@@ -134,23 +134,38 @@ TRACKER_FLAGS = {
 }
 
 
-def check_tracker_flags(report_to: Iterable[str], given: Mapping[str, Any]) -> None:
-    """The tracker flags the user gave this time (`given`: the command line's, not a config file's: a saved
-    config.yaml keeps them whatever its report_to) each read by a tracker of `report_to`, and not blank (which would
-    fall back to the default name). ConfigError where not."""
+def check_tracker_flags(
+    report_to: Iterable[str], given: Mapping[str, Any], overrides: Mapping[str, Any] | None = None
+) -> None:
+    """The tracker settings the user gave this time (`given`: the command line's flags; `overrides`: its key=value
+    overrides, parsed; not a config file's: a saved config.yaml keeps them whatever its report_to) each read by a
+    tracker of `report_to`, and not blank (which would fall back to the default name). ConfigError where not."""
     for key, (what, capability) in TRACKER_FLAGS.items():
-        if given.get(key) is None:
+        said = _given_now(key, given, overrides or {})
+        if said is None:
             continue
-        flag, value = f"--{key.replace('_', '-')}", given[key]
-        if not str(value).strip():
-            raise ConfigError(f"{flag} {value!r} is blank; give {what}, or drop it for the default")
+        named, blank = said
+        if blank:
+            raise ConfigError(f"{blank} is blank; give {what}, or drop it for the default")
         readers = trackers_that(capability)
         if not any(name in readers for name in active_names(report_to)):
             shown = ",".join(report_to) or NONE
             raise ConfigError(
-                f"{flag} is {what} for {' or '.join(readers)}, and --report-to {shown} has none, so it would do "
-                f"nothing; add one (e.g. --report-to {readers[0]}) or drop {flag}"
+                f"{named} is {what} for {' or '.join(readers)}, and --report-to {shown} has none, so it would do "
+                f"nothing; add one (e.g. --report-to {readers[0]}) or drop {named}"
             )
+
+
+def _given_now(key: str, flags: Mapping[str, Any], overrides: Mapping[str, Any]) -> tuple[str, str] | None:
+    """How a tracker setting was given this time (the flag wins, as it does over an override): (its name as the user
+    wrote it, that with its value where the value is blank, else ""); None where it was not."""
+    if flags.get(key) is not None:
+        flag, value = f"--{key.replace('_', '-')}", flags[key]
+        return flag, "" if str(value).strip() else f"{flag} {value!r}"
+    if overrides.get(key) is not None:
+        value = overrides[key]
+        return f"{key}={value}", "" if str(value).strip() else f"{key}={value!r}"
+    return None
 
 
 def install(cls: type[Tracker]) -> str:
