@@ -319,6 +319,23 @@ def test_freezing_flags_do_not_combine_with_an_adapter(capfd, tmp_path, tiny_ber
     assert_refused(proc, tmp_path, "--freeze-layers 2", "--adapter lora", "drop them")
 
 
+def test_lora_settings_given_without_an_adapter_are_refused_but_a_config_files_are_kept(
+    capfd, tmp_path, tiny_bert, files
+):
+    """--lora-r 8 without --adapter lora trained a full fine-tune without a word (the rank did nothing); given on
+    the command line, a flag or key=value override, it is one line. A saved LoRA run's config.yaml re-runs with
+    --adapter none: its lora keys are the file's, not given now."""
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--lora-r", "8", "--lora-targets", "query"))
+    assert_refused(proc, tmp_path, "--lora-r, --lora-targets", "--adapter none", "add --adapter lora or drop them")
+    given = train_args(tmp_path, tiny_bert, *files, "--adapter", "none", positional=["lora_alpha=64"])
+    assert_refused(in_process(capfd, *given), tmp_path, "lora_alpha=64 ", "--adapter none")
+    saved = tmp_path / "saved.yaml"
+    saved.write_text("adapter: lora\nlora_r: 8\nlora_alpha: 64\n")
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--adapter", "none", positional=[saved]))
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "out" / "model" / "adapter_config.json").exists()
+
+
 def test_merging_into_another_base_is_refused(capfd, single, tmp_path, minilm_dir):
     other = save_tiny_bert(
         tmp_path / "other", minilm_dir, dropout=0.0, initializer_range=0.3

@@ -148,6 +148,7 @@ def machine() -> str:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    from tuneforge.adapters import check_lora_given
     from tuneforge.config import apply_overrides
     from tuneforge.configure import config_from_sources
     from tuneforge.tracking import check_tracker_flags
@@ -158,7 +159,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     # no --task: the config infers it from the data files (config._task_from_files)
     config = config_from_sources(yaml_path, overrides, flags)
     # a flag or override given now that would do nothing (a config file's may)
-    check_tracker_flags(config.report_to, flags, apply_overrides({}, overrides))
+    given_overrides = apply_overrides({}, overrides)
+    check_tracker_flags(config.report_to, flags, given_overrides)
+    check_lora_given(config.adapter, flags, given_overrides)
     if config.resume:  # a checkpoint of another task or model, or none: one line before any work
         from tuneforge.checkpoint import check_resumable
 
