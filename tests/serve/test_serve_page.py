@@ -9,9 +9,12 @@ Skipped, saying why, only where Chromium or Playwright is not installed."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import re
 import shutil
+import threading
 import time
 
 import httpx
@@ -445,3 +448,44 @@ def test_the_page_works_under_a_reverse_proxys_path_prefix(browser, tiny_llama):
         stats = ask(page, "The dog").query_selector(".stats").inner_text()
         page.close()
     assert len(sent) == 1 and "4 tokens" in stats
+
+
+@contextlib.contextmanager
+def other_site(html: str):
+    """Another origin on this machine (a real server: Chromium keeps pages it cannot place on the network from
+    framing local ones), answering `html` to every GET."""
+    body = html.encode()
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_another_site_cannot_frame_the_page(browser, tiny_llama):
+    """The page's Content-Security-Policy was a <meta> tag only, which cannot say who may frame it: any site could
+    show the chat inside its own page (a click-jacking). The server's header refuses other origins' frames."""
+    with app_server(tiny_llama) as url, other_site(f'<iframe src="{url}/"></iframe>') as framing:
+        wait_ready(url)
+        page = browser.new_page()
+        page.goto(framing)
+        page.wait_for_timeout(1500)
+        frames = [frame.url for frame in page.frames]
+        shown = page.frames[1].evaluate("() => document.getElementById('status') !== null")
+        page.close()
+    assert frames[1] != f"{url}/" and shown is False, frames  # the browser did not show it

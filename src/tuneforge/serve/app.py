@@ -50,6 +50,9 @@ from tuneforge.serve.packed_linear import pack_linear_layers
 from tuneforge.tasks.base import ServingPrecision
 
 PAGE = Path(__file__).with_name("static") / "index.html"
+# the page's own Content-Security-Policy is a <meta> tag, which cannot say who may frame the page: another site
+# framing it (a click-jacking of the chat) is refused here, a page of the same origin may; no MIME sniffing
+PAGE_HEADERS = {"Content-Security-Policy": "frame-ancestors 'self'", "X-Content-Type-Options": "nosniff"}
 
 
 class ServerState:
@@ -131,7 +134,7 @@ server_routes = APIRouter()
 
 @server_routes.get("/", response_class=HTMLResponse)
 async def page():
-    return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+    return HTMLResponse(PAGE.read_text(encoding="utf-8"), headers=PAGE_HEADERS)
 
 
 @server_routes.get("/health")
