@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli_main
+from conftest import REPO, cli_main, save_tiny_bert
 
 
 @pytest.fixture(scope="module")
@@ -27,26 +27,39 @@ def tiny_distilbert(tmp_path_factory, minilm_dir) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("case", ["world", "heads", "architecture"])
-def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, tiny_bert, backend_runs, capfd):
+@pytest.fixture(scope="module")
+def odd_mlp_bert(tmp_path_factory, minilm_dir) -> str:
+    """tiny_bert with an MLP of 37 units: 2 ranks cannot split it evenly."""
+    return save_tiny_bert(tmp_path_factory.mktemp("odd-mlp-bert"), minilm_dir, intermediate_size=37)
+
+
+@pytest.mark.parametrize("case", ["world", "heads", "mlp", "architecture"])
+def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, backend_runs, capfd):
     model, flags, message = {
         "world": (
-            tiny_bert,
+            "tiny_bert",
             ["--nproc", "2", "--tp-size", "3"],
             "error: --tp-size 3 does not divide the world size 2 (all processes); use a tp size among [1, 2]",
         ),
         "heads": (
-            tiny_bert,
+            "tiny_bert",
             ["--nproc", "8", "--tp-size", "8"],
             "error: --tp-size 8 does not divide the model's 4 attention heads; use a tp size among [1, 2, 4]",
         ),
+        # the row-wise down-projection takes equal shards: a worker failed in its first forward with
+        # "a and b must have same reduction dim"
+        "mlp": (
+            "odd_mlp_bert",
+            ["--nproc", "2"],
+            "error: --tp-size 2 does not divide the model's 37 MLP units (intermediate size); use a tp size among [1]",
+        ),
         "architecture": (
-            None,
+            "tiny_distilbert",
             ["--nproc", "2"],
             "error: backend 'tp' has no tensor-parallel plan for model type 'distilbert'",
         ),
     }[case]
-    model = model or request.getfixturevalue("tiny_distilbert")
+    model = request.getfixturevalue(model)
     code, _, err = cli_main(capfd, *backend_runs.args("clip", tmp_path / "run", "--backend", "tp", *flags, model=model))
     assert code == 2
     # refused in the launching process (this one): one line, no worker started (no launcher output)

@@ -99,12 +99,22 @@ def plan_for(model_config) -> Plan:
     return PLANS[model_type]
 
 
-def check_heads(model_config, tp_size: int) -> None:
+def mlp_width(model_config) -> int | None:
+    """The MLP's inner size, which the column-wise up-projections split (GPT-2: n_inner, None meaning 4 x n_embd)."""
+    if getattr(model_config, "model_type", None) == "gpt2":
+        return model_config.n_inner or 4 * model_config.n_embd
+    return getattr(model_config, "intermediate_size", None)
+
+
+def check_split_sizes(model_config, tp_size: int) -> None:
+    """Every split size must divide evenly: a row-wise layer takes its input as equal shards."""
     heads = getattr(model_config, "num_attention_heads", None)
     kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
-    for count, what in ((heads, "attention heads"), (kv_heads, "key/value heads")):
+    width = mlp_width(model_config)
+    sizes = ((heads, "attention heads"), (kv_heads, "key/value heads"), (width, "MLP units (intermediate size)"))
+    for count, what in sizes:
         if count and count % tp_size:
-            fits = [d for d in range(1, count + 1) if heads % d == 0 and kv_heads % d == 0]
+            fits = [d for d in range(1, count + 1) if all(c % d == 0 for c, _ in sizes if c)]
             raise ConfigError(
                 f"--tp-size {tp_size} does not divide the model's {count} {what}; use a tp size among {fits}"
             )
@@ -145,7 +155,7 @@ class TPBackend(ShardedBackend):
             check_world(tp_size, world)
         if model_config is not None:
             plan_for(model_config)
-            check_heads(model_config, tp_size)
+            check_split_sizes(model_config, tp_size)
 
     def setup(self) -> None:
         from torch.distributed.device_mesh import init_device_mesh
@@ -179,7 +189,7 @@ class TPBackend(ShardedBackend):
         from torch.distributed.tensor.parallel import parallelize_module
 
         plan = plan_for(model.config)
-        check_heads(model.config, self.tp_size)
+        check_split_sizes(model.config, self.tp_size)
         model.to(self.device)
         tp_mesh = self.mesh["tp"]
         for block in transformer_blocks(model):
