@@ -328,6 +328,7 @@ def test_every_config_field_and_backend_option_has_a_flag():
     assert {name for name in TrainConfig.model_fields if name not in sections} <= keys
     for name, cls in backend_classes().items():
         assert {f"backend_options.{option}" for option in cls.Options.model_fields} <= keys, name
+        assert {f"backend_options.{option}" for option in cls.Options.model_fields} <= set(eval_keys()), name
     for name, cls in task_classes().items():
         assert {f"task_options.{option}" for option in cls.Options.model_fields} <= keys, name
         assert {f"task_options.{option}" for option in cls.Options.model_fields} <= set(eval_keys()), name

@@ -65,7 +65,9 @@ def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str
     eval_keys = tuple(
         key
         for key, _ in flags.values()
-        if key.startswith("task_options.") or _marked_eval(models.get(key.rpartition(".")[0]), key)
+        # a backend's options too: eval runs on the backend it names (--tp-size, --zero-stage)
+        if key.startswith(("task_options.", "backend_options."))
+        or _marked_eval(models.get(key.rpartition(".")[0]), key)
     )
     return flags, groups, eval_keys
 
@@ -81,7 +83,7 @@ def train_flags() -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def eval_keys() -> tuple[str, ...]:
-    """The config keys `tuneforge eval` takes: the fields marked EVAL (config.py) and every task's options."""
+    """The config keys `tuneforge eval` takes: the fields marked EVAL (config.py), each task's and backend's options."""
     return _train_flags()[2]
 
 

@@ -66,6 +66,17 @@ def test_tp_bad_input_is_one_line_before_launch(case, request, tmp_path, backend
     assert err.strip().startswith(message) and len(err.strip().splitlines()) == 1
 
 
+def test_tp_eval_takes_the_tp_size(tmp_path, tiny_llama, capfd):
+    """`eval --backend tp` runs on that backend, so it takes its options: --tp-size was an unrecognized argument, and
+    a model whose heads the world size does not divide (2 key/value heads, --nproc 4) could not be evaluated."""
+    args = ["eval", tiny_llama, "--task", "clm", "--backend", "tp", "--nproc", "2", "--tp-size", "3"]
+    code, _, err = cli_main(capfd, *args, "--output-dir", str(tmp_path / "eval"))
+    assert code == 2
+    assert err.strip() == (
+        "error: --tp-size 3 does not divide the world size 2 (all processes); use a tp size among [1, 2]"
+    )
+
+
 WORKER = '''
 """4 processes: a ("dp", "tp") = 2 x 2 mesh. Each causal LM: loss, gradients, grad norm, one
 AdamW step, the gathered weights and a DCP save/load round trip, all against one process; and
