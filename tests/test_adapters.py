@@ -346,6 +346,32 @@ def test_merging_into_another_base_is_refused(capfd, single, tmp_path, minilm_di
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("case", ["rank", "none", "base"])
+def test_a_resume_with_another_adapter_or_base_is_one_line(
+    case, capfd, single, lora_base, parity_data, cache_dir, tmp_path, minilm_dir
+):
+    """Each failed with "TypeError: unhashable type: 'dict'" (an internal error) instead of saying why."""
+    flags, said = {
+        "rank": (
+            [*LORA[:3], "8"],
+            "lora r=4 alpha=8 targets=query,value heads=classifier but this run has adapter lora r=8 alpha=32",
+        ),
+        "none": (
+            [],
+            "trained with adapter lora r=4 alpha=8 targets=query,value heads=classifier but this run has no adapter",
+        ),
+        "base": (LORA, "holds adapters trained on other base weights than this run's --model"),
+    }[case]
+    # "base": the same shapes, other weights
+    model = save_tiny_bert(tmp_path / "other", minilm_dir, initializer_range=0.3) if case == "base" else lora_base
+    args = backend_train_args(
+        model, parity_data, cache_dir, tmp_path / "out", *flags, "--no-group-by-length", lr="2e-2"
+    )
+    proc = in_process(capfd, *args, "--batch-size", "16", "--resume", single / "checkpoint-10")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert said in proc.stderr, proc.stderr
+
+
 def test_merge_needs_an_adapter_folder(capfd, tmp_path, tiny_bert):
     proc = in_process(capfd, "export", "--merge", tiny_bert, str(tmp_path / "out"))
     assert proc.returncode == 2 and "is not an adapter folder" in proc.stderr, proc.stderr

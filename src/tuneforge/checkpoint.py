@@ -547,14 +547,8 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
                 f"checkpoint {str(path)!r} does not match this run: {key} is {saved.get(key)!r} in the checkpoint "
                 f"but {now.get(key)!r} here; resume with the same task, labels and model, or start a new run"
             )
-    lora, lora_now = saved.get("adapter"), now.get("adapter")
-    if lora != lora_now:
-        said = {None: "no adapter"}
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} was trained with {said.get(lora, f'adapter {lora}')} but this run has "
-            f"{said.get(lora_now, f'adapter {lora_now}')}; resume with the --adapter and --lora-* flags of its "
-            "config.yaml"
-        )
+    if saved.get("adapter") != now.get("adapter"):
+        raise CheckpointError(_adapter_mismatch(path, saved.get("adapter"), now.get("adapter")))
     trained, trains = saved.get("trained_tensors"), now.get("trained_tensors")
     if trained is not None and trained != trains:  # checkpoints before this key: not checked
         raise CheckpointError(
@@ -564,6 +558,37 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
     refused = backend.layout.refusal(backend, path, saved.get("backend"))
     if refused:
         raise CheckpointError(refused)
+
+
+def _adapter_mismatch(path: Path, saved: dict | None, now: dict | None) -> str:
+    """Why a checkpoint's adapter (meta.json: Adapter.settings) is not this run's, in one line."""
+    if saved and now and _adapter_words(saved) == _adapter_words(now):  # the same adapter on other base weights
+        return (
+            f"checkpoint {str(path)!r} holds adapters trained on other base weights than this run's --model "
+            "(fingerprints differ); resume with the base model of its config.yaml"
+        )
+    return (
+        f"checkpoint {str(path)!r} was trained with {_adapter_words(saved)} but this run has "
+        f"{_adapter_words(now)}; resume with the --adapter and --lora-* flags of its config.yaml"
+    )
+
+
+def _adapter_words(adapter: dict | None) -> str:
+    """'adapter lora r=16 alpha=32 targets=q_proj,v_proj' (its base's fingerprint left out), or 'no adapter'."""
+    if not adapter:
+        return "no adapter"
+    settings = [
+        f"{key}={_setting_text(value)}"
+        for key, value in adapter.items()
+        if key not in ("type", "base_fingerprint") and value not in (None, [])
+    ]
+    return " ".join([f"adapter {adapter.get('type', '?')}", *settings])
+
+
+def _setting_text(value) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)  # --lora-alpha 8 is stored as 8.0
 
 
 def _resumed_window(path: Path, rank: int, state: dict | None, same_world: bool) -> tuple[float, float]:
