@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO, cli_main, save_tiny_bert
 
@@ -75,6 +76,33 @@ def test_tp_eval_takes_the_tp_size(tmp_path, tiny_llama, capfd):
     assert err.strip() == (
         "error: --tp-size 3 does not divide the world size 2 (all processes); use a tp size among [1, 2]"
     )
+
+
+def test_the_best_model_snapshot_does_not_follow_the_training(tiny_llama):
+    """load_best_model_at_end keeps full_state_dict's weights while training goes on: the replicated (plain)
+    parameters (embeddings, norms, head) were the live CPU tensors, so OUTPUT_DIR/model held the best step's
+    split weights with the last step's replicated ones (a model no step had, worse than the best)."""
+    from transformers import AutoModelForCausalLM
+
+    from tuneforge import launch
+    from tuneforge.backends.tp import BACKEND
+    from tuneforge.configure import build_config
+
+    backend = BACKEND(build_config(backend="tp", precision="fp32"), launch.dist_env())  # a world of one
+    backend.setup()
+    try:
+        model, optimizer = backend.wrap(
+            AutoModelForCausalLM.from_pretrained(tiny_llama), lambda m: torch.optim.SGD(m.parameters(), lr=0.1)
+        )
+        best = backend.full_state_dict(model)
+        kept = {name: weight.clone() for name, weight in best.items()}
+        ids = torch.arange(12).reshape(2, 6)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        assert not torch.equal(kept["model.norm.weight"], model.model.norm.weight.detach())  # a replicated weight moved
+        assert [name for name in kept if not torch.equal(best[name], kept[name])] == []
+    finally:
+        backend.teardown()
 
 
 WORKER = '''

@@ -52,6 +52,14 @@ class ShardedBackend(Backend):
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not self.is_main:
             return {}
+        # on CPU a replicated (plain) parameter, and any shard of a world of one, comes back as the live tensor
+        # itself: copied, so the best-model snapshot does not move with the training
+        live = {local_tensor(t).data_ptr() for t in (*model.parameters(), *model.buffers())}
+        copies = {k: v.detach().clone() if v.data_ptr() in live else v.detach() for k, v in full.items()}
         # each name was gathered on its own: tied weights (lm_head = embeddings) share one tensor
         # again, so save_pretrained writes them once, as it does for an unsharded model
-        return share_tied({k: v.detach() for k, v in full.items()}, model)
+        return share_tied(copies, model)
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's local shard

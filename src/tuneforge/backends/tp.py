@@ -22,7 +22,7 @@ import torch.distributed as dist
 from pydantic import Field
 from torch import nn
 
-from tuneforge.backends._sharded import ShardedBackend, transformer_blocks
+from tuneforge.backends._sharded import ShardedBackend, local_tensor, transformer_blocks
 from tuneforge.backends.base import MakeOptimizer
 from tuneforge.errors import ConfigError
 from tuneforge.options import BackendOptions
@@ -224,7 +224,7 @@ class TPBackend(ShardedBackend):
             self._average_grads_over_dp(model)
 
     def _average_grads_over_dp(self, model: nn.Module) -> None:
-        grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+        grads = [local_tensor(p.grad) for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])  # one all-reduce for all gradients
         dist.all_reduce(flat, group=self.dp_group)
         flat /= self.dp_size
@@ -242,7 +242,7 @@ class TPBackend(ShardedBackend):
             if p.grad is None:
                 continue
             is_shard = isinstance(p.grad, DTensor) and any(pl.is_shard() for pl in p.grad.placements)
-            (sharded if is_shard else replicated).append(_local(p.grad))
+            (sharded if is_shard else replicated).append(local_tensor(p.grad))
         zero = torch.zeros((), device=self.device)
         sharded_sq = sum((g.float().pow(2).sum() for g in sharded), zero)
         dist.all_reduce(sharded_sq, group=self.mesh.get_group("tp"))
@@ -260,10 +260,6 @@ def _step_one_by_one(optimizer: torch.optim.Optimizer) -> None:
         for flag in ("fused", "foreach"):
             if group.get(flag):
                 group[flag] = False
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's local shard
 
 
 BACKEND = TPBackend
