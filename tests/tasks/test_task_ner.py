@@ -113,6 +113,26 @@ def test_labels_sit_on_the_first_sub_token_of_each_word(minilm_dir, conll_dir, c
     assert int(task.count(batch)) == sum(len(w) for w, _ in tagged_sentences(4, seed=1))  # one per word
 
 
+def test_a_tokenizer_that_pads_on_the_left_keeps_each_label_on_its_token(minilm_dir, conll_dir, cache_dir):
+    """A token classifier's tokenizer may pad on the left (padding_side="left", as many causal LMs' do): the labels,
+    placed from each row's first position, sat on the padding and on the wrong words of every shorter row (training
+    and scoring the wrong tokens). transformers' DataCollatorForTokenClassification follows the side; here the
+    batch is padded on the right whatever the tokenizer's side, as qa's, so the labels stay where tokenized."""
+    task = quiet_task("ner", minilm_dir, data_dir=str(conll_dir), cache_dir=cache_dir)
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    task.use_labels(task.label_set(raw))
+    feats = task.tokenize(task.encode_labels(raw), tokenizer, log=lambda m: None)["train"]
+    rows = feats[:6]
+    assert len({len(ids) for ids in rows["input_ids"]}) > 1  # rows of several lengths: some are padded
+    right = task.collate(dict(rows), tokenizer)
+    tokenizer.padding_side = "left"
+    left = task.collate(dict(rows), tokenizer)
+    for key in ("input_ids", "attention_mask", "labels"):
+        assert torch.equal(left[key], right[key]), key
+    assert bool((left["attention_mask"][left["labels"] != -100] == 1).all())  # no label on a padding position
+
+
 def test_entity_scores_are_seqeval_and_truncated_words_are_misses(tiny_bert, tmp_path, cache_dir):
     from tuneforge.tasks.ner import entity_metrics
 

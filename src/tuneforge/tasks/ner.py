@@ -322,7 +322,8 @@ class TokenClassificationTask(Task):
         word_tags = rows.pop("word_tags", None)
         tagged_words = rows.pop("tagged_words", None)
         rows.pop("length", None)
-        batch = dict(tokenizer.pad(rows, return_tensors="pt"))
+        # padded on the right whatever the tokenizer's side: each row's labels start at its first token
+        batch = dict(tokenizer.pad(rows, return_tensors="pt", padding_side="right"))
         if labels is not None:
             width = batch["input_ids"].shape[1]
             padded = torch.full((len(labels), width), IGNORE, dtype=torch.long)
