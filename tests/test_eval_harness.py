@@ -315,6 +315,28 @@ def test_a_single_file_is_the_split_the_task_scores(long_llama, tmp_path, capsys
     assert results["results"]["piqa"]["acc,none"] == 0.5  # the same pair with both labels: one is right
 
 
+@pytest.mark.parametrize(
+    "task, shots, says",
+    [
+        ("gsm8k", [], "takes its 5 few-shot examples from its 'train' split"),
+        ("piqa", ["--harness-fewshot", "2"], "takes its 2 few-shot examples from its 'train' split"),
+    ],
+)
+def test_few_shot_examples_are_never_drawn_from_the_split_being_scored(
+    long_llama, shared_data, tmp_path, capsys, task, shots, says
+):
+    """Local data without the split a task takes its few-shot examples from (gsm8k's test file alone, PIQA's
+    validation split alone) would have the harness draw them from the scored rows, a row's own answer among them
+    (gsm8k's); one line instead, and 0-shot runs."""
+    scored = {"gsm8k": shared_data / "gsm8k" / "test.jsonl", "piqa": shared_data / "piqa"}[task]
+    args = harness_eval(long_llama, tmp_path / "out", f"{task}={scored}", harness_limit=1, harness_max_gen_toks=2)
+    line = refused(capsys, *args, *shots)
+    assert says in line and "--harness-fewshot 0" in line
+    assert not (tmp_path / "out").exists()
+    code, _, err = cli_main(capsys, *args, "--harness-fewshot", "0")
+    assert code == 0, err
+
+
 def test_a_destination_holding_other_files_is_refused_and_left_alone(tiny_llama, shared_data, tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()

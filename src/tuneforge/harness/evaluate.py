@@ -80,7 +80,7 @@ def prepare_tasks(settings: HarnessSettings, build: bool = True, spelling: Spell
     """The run's tasks: names checked against the harness's index, local data read and checked against each
     task's prompts; `build`: each task built (its hub data loaded) too."""
     manager = task_manager(tuple(settings.tasks))
-    specs = task_specs(settings.tasks, settings.data or {}, manager)
+    specs = task_specs(settings.tasks, settings.data or {}, manager, settings.fewshot, spelling)
     return PreparedTasks(build_tasks(specs, manager, spelling) if build else specs, manager)
 
 
@@ -226,7 +226,7 @@ def evaluate_model(
     task's hub data may take the hub's timeouts to fail). Returns {results, table, folder}."""
     check_model_path(model_dir)
     with harness_logs():
-        specs = prepare_tasks(settings, build=False)
+        specs = prepare_tasks(settings, build=False, spelling=spelling)
         check_destination(folder, flag)
         prepared = PreparedTasks(build_tasks(specs.tasks, specs.manager, spelling), specs.manager)
         lm = load_lm(model_dir, settings.batch_size)

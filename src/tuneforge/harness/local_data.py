@@ -169,10 +169,23 @@ class LocalRows:
         return f"local files: {self.path}"
 
 
-def local_task_config(config: dict, name: str, path: str) -> dict:
+def fewshot_source(config: dict) -> str | None:
+    """The split a task draws its few-shot examples from, as the harness picks it: its few-shot split, else its
+    train, validation or test split (TaskConfig's fewshot_config, Task.fewshot_docs); None for fixed examples."""
+    fewshot = config.get("fewshot_config") or {}
+    if fewshot.get("samples") and not fewshot.get("split"):
+        return None
+    keys = ("fewshot_split", "training_split", "validation_split", "test_split")
+    return fewshot.get("split") or next((config[k] for k in keys if config.get(k)), None)
+
+
+def local_task_config(
+    config: dict, name: str, path: str, shots: int | None = None, zero_shot: str = "--harness-fewshot 0"
+) -> dict:
     """The harness task `config` (its own YAML, loaded) with its data from `path` instead of the hub: each split it
     names taken from the local split of that kind, or dropped where `path` has none; the split it evaluates must
-    be there."""
+    be there, and so must the one it takes few-shot examples from when the run has any (`shots`, else the task's
+    own count; `zero_shot`: how the user asks for none)."""
     where = f"--harness-data {name}={path}"
     local = read_local(path, where)
     evaluated = "test_split" if config.get("test_split") else "validation_split"
@@ -200,6 +213,14 @@ def local_task_config(config: dict, name: str, path: str) -> dict:
         )
     if len(splits[config[evaluated]]) == 0:
         raise DataError(f"{where}: its {config[evaluated]!r} split has no rows")
+    source, scored = fewshot_source(config), config[evaluated]
+    shots = config.get("num_fewshot") if shots is None else shots
+    if shots and source != scored and fewshot_source(out) == scored:  # the harness would fall back to the scored rows
+        raise DataError(
+            f"{where}: the harness's {name} task takes its {shots} few-shot examples from its {source!r} split, and "
+            f"{path!r} has none, so they would be drawn from the {scored!r} rows it scores (a row's own answer among "
+            f"them); add a {canonical_split(source) or source} file, or pass {zero_shot}"
+        )
     check_fields(config, splits[config[evaluated]], name, where)
     out["custom_dataset"] = LocalRows(str(path), splits)
     out["dataset_kwargs"] = None

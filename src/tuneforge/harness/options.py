@@ -45,15 +45,18 @@ def _data_specs(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Spelling:
-    """How the user gives a task's local data and the generation length, for the ways out that errors name:
-    eval's flags, or a train run's --harness-after-train and harness_after_train keys."""
+    """How the user gives a task's local data, the generation length and a 0-shot run, for the ways out that
+    errors name: eval's flags, or a train run's --harness-after-train and harness_after_train keys."""
 
     data: str = "--harness-data {name}=PATH"
     max_gen_toks: str = "--harness-max-gen-toks N"
+    zero_shot: str = "--harness-fewshot 0"
 
 
 EVAL_SPELLING = Spelling()
-TRAIN_SPELLING = Spelling("--harness-after-train {name}=PATH", "harness_after_train.max_gen_toks=N")
+TRAIN_SPELLING = Spelling(
+    "--harness-after-train {name}=PATH", "harness_after_train.max_gen_toks=N", "harness_after_train.fewshot=0"
+)
 
 
 class HarnessSettings(BaseModel):

@@ -99,9 +99,15 @@ def _task_yaml_config(manager, name: str) -> dict:
         return load_yaml_config(str(path))
 
 
-def task_specs(names: list[str], data: dict[str, str], manager) -> list[str | dict]:
-    """What simple_evaluate loads for each task: its name (hub data), or its config with the local data."""
-    return [local_task_config(_task_yaml_config(manager, n), n, data[n]) if n in data else n for n in names]
+def task_specs(
+    names: list[str], data: dict[str, str], manager, shots: int | None = None, spelling: Spelling = EVAL_SPELLING
+) -> list[str | dict]:
+    """What simple_evaluate loads for each task: its name (hub data), or its config with the local data; `shots`:
+    the run's few-shot count where it sets one."""
+    return [
+        local_task_config(_task_yaml_config(manager, n), n, data[n], shots, spelling.zero_shot) if n in data else n
+        for n in names
+    ]
 
 
 def build_tasks(specs: list[str | dict], manager, spelling: Spelling = EVAL_SPELLING) -> list:
