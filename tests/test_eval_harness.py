@@ -337,6 +337,19 @@ def test_few_shot_examples_are_never_drawn_from_the_split_being_scored(
     assert code == 0, err
 
 
+def test_json_files_are_read_as_datasets_reads_them(long_llama, tmp_path, capsys):
+    """A .json file of JSON lines (as many hub data sets ship them) and a .jsonl file holding one JSON array are
+    rows, as `datasets`' json reader takes them, whatever the suffix."""
+    write_rows(tmp_path / "lines" / "validation.json", [{**ROW, "label": 0}, {**ROW, "label": 1}])
+    array = tmp_path / "array" / "valid.jsonl"
+    array.parent.mkdir()
+    array.write_text(json.dumps([{**ROW, "label": 1}] * 3), encoding="utf-8")
+    for folder, rows in ((tmp_path / "lines", 2), (array.parent, 3)):
+        code, _, err = cli_main(capsys, *harness_eval(long_llama, tmp_path / f"out-{folder.name}", f"piqa={folder}"))
+        assert code == 0, err
+        assert strict_json(tmp_path / f"out-{folder.name}" / "results.json")["n-samples"]["piqa"]["effective"] == rows
+
+
 def test_a_destination_holding_other_files_is_refused_and_left_alone(tiny_llama, shared_data, tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()

@@ -40,10 +40,8 @@ def _read_rows(path: Path, where: str) -> list[dict]:
     import pandas as pd
 
     try:
-        if path.suffix == ".jsonl":
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        elif path.suffix == ".json":
-            rows = json.loads(path.read_text(encoding="utf-8"))
+        if path.suffix in (".jsonl", ".json"):
+            rows = _json_rows(path.read_text(encoding="utf-8-sig"))
         elif path.suffix == ".parquet":
             rows = pd.read_parquet(path).to_dict("records")
         else:
@@ -56,6 +54,13 @@ def _read_rows(path: Path, where: str) -> list[dict]:
     if labels.is_file():
         rows = _with_labels(rows, labels, where)
     return rows
+
+
+def _json_rows(text: str) -> Any:
+    """A JSON array of rows, else JSON lines, whatever the suffix (as `datasets`' json reader takes a file)."""
+    if text.lstrip().startswith("["):
+        return json.loads(text)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def _with_labels(rows: list[dict], labels: Path, where: str) -> list[dict]:
