@@ -350,6 +350,17 @@ def test_json_files_are_read_as_datasets_reads_them(long_llama, tmp_path, capsys
         assert strict_json(tmp_path / f"out-{folder.name}" / "results.json")["n-samples"]["piqa"]["effective"] == rows
 
 
+def test_csv_text_that_pandas_would_read_as_missing_stays_text(long_llama, tmp_path, capsys):
+    """A solution written "None" or "NA" is text in a .csv split (as tuneforge's own tables read it), not a missing
+    value that leaves the rows unable to make a table."""
+    folder = tmp_path / "piqa"
+    folder.mkdir()
+    (folder / "valid.csv").write_text("goal,sol1,sol2,label\nOpen a jar.,Twist the lid.,None,0\nWait.,NA,Go.,1\n")
+    code, _, err = cli_main(capsys, *harness_eval(long_llama, tmp_path / "out", f"piqa={folder}"))
+    assert code == 0, err
+    assert strict_json(tmp_path / "out" / "results.json")["n-samples"]["piqa"]["effective"] == 2
+
+
 def test_a_destination_holding_other_files_is_refused_and_left_alone(tiny_llama, shared_data, tmp_path, capsys):
     out = tmp_path / "mine"
     out.mkdir()

@@ -45,7 +45,9 @@ def _read_rows(path: Path, where: str) -> list[dict]:
         elif path.suffix == ".parquet":
             rows = pd.read_parquet(path).to_dict("records")
         else:
-            rows = pd.read_csv(path, sep="\t" if path.suffix == ".tsv" else ",").to_dict("records")
+            # "None" or "NA" in a cell is text, as tuneforge's own tables read it, not a missing value
+            sep = "\t" if path.suffix == ".tsv" else ","
+            rows = pd.read_csv(path, sep=sep, keep_default_na=False).to_dict("records")
     except (OSError, ValueError, UnicodeDecodeError, ImportError) as err:
         raise DataError(f"{where}: {path.name} cannot be read ({str(err).splitlines()[0][:200]})") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
