@@ -318,8 +318,8 @@ def test_a_single_file_is_the_split_the_task_scores(long_llama, tmp_path, capsys
 @pytest.mark.parametrize(
     "task, shots, says",
     [
-        ("gsm8k", [], "takes its 5 few-shot examples from its 'train' split"),
-        ("piqa", ["--harness-fewshot", "2"], "takes its 2 few-shot examples from its 'train' split"),
+        ("gsm8k", [], "task takes its 5 few-shot examples from its 'train' split"),
+        ("piqa", ["--harness-fewshot", "2"], "task takes its 2 few-shot examples from its 'train' split"),
     ],
 )
 def test_few_shot_examples_are_never_drawn_from_the_split_being_scored(
@@ -335,6 +335,26 @@ def test_few_shot_examples_are_never_drawn_from_the_split_being_scored(
     assert not (tmp_path / "out").exists()
     code, _, err = cli_main(capsys, *args, "--harness-fewshot", "0")
     assert code == 0, err
+
+
+def test_a_few_shot_split_with_fewer_rows_than_a_prompt_takes_is_one_line(long_llama, shared_data, tmp_path, capsys):
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    for split, rows in (("train", 2), ("test", 3)):
+        lines = (shared_data / "gsm8k" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()[:rows]
+        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = harness_eval(long_llama, tmp_path / "out", f"gsm8k={folder}", harness_max_gen_toks=2)
+    line = refused(capsys, *args)
+    assert "its 'train' split has 2 rows, too few for 5 few-shot examples a prompt (the harness draws 5)" in line
+    assert not (tmp_path / "out").exists()
+    code, _, err = cli_main(capsys, *args, "--harness-fewshot", "2")
+    assert code == 0, err
+    # PIQA names no test split, and the harness then draws one example more, to leave out a row's own
+    piqa = tmp_path / "piqa"
+    write_rows(piqa / "train.jsonl", [{**ROW, "label": 0}] * 2)
+    write_rows(piqa / "valid.jsonl", [{**ROW, "label": 1}])
+    line = refused(capsys, *harness_eval(long_llama, tmp_path / "out", f"piqa={piqa}", harness_fewshot=2))
+    assert "its 'train' split has 2 rows, too few for 2 few-shot examples a prompt (the harness draws 3)" in line
 
 
 def test_json_files_are_read_as_datasets_reads_them(long_llama, tmp_path, capsys):

@@ -186,6 +186,29 @@ def fewshot_source(config: dict) -> str | None:
     return fewshot.get("split") or next((config[k] for k in keys if config.get(k)), None)
 
 
+def check_fewshot_rows(config: dict, local: dict, splits: dict, shots: int, what: str, zero_shot: str) -> None:
+    """A run's `shots` few-shot examples come from the split `config` names for them, kept in the `local` config
+    with enough rows in `splits`: never from the rows it scores because that split is missing (the harness would
+    fall back to them, a row's own answer among its examples), never fewer rows than a prompt takes (the harness's
+    sampler fails). `what`: the task, for the errors."""
+    scored = config["test_split"] or config["validation_split"]
+    source = fewshot_source(config)
+    if source != scored and fewshot_source(local) == scored:
+        raise DataError(
+            f"{what} takes its {shots} few-shot examples from its {source!r} split, and the local data has none, so "
+            f"they would be drawn from the {scored!r} rows it scores (a row's own answer among them); add a "
+            f"{canonical_split(source) or source} file, or pass {zero_shot}"
+        )
+    fewshot = local.get("fewshot_config") or {}
+    split = fewshot["split"] if "split" in fewshot else local.get("fewshot_split")  # as the harness's FewshotConfig
+    needed = shots + (split == local.get("test_split"))  # there it draws one more, to leave a row's own out
+    if source in splits and len(splits[source]) < needed:
+        raise DataError(
+            f"{what}: its {source!r} split has {len(splits[source])} rows, too few for {shots} few-shot examples a "
+            f"prompt (the harness draws {needed}); add rows, or ask for fewer ({zero_shot} for none)"
+        )
+
+
 def local_task_config(
     config: dict, name: str, path: str, shots: int | None = None, zero_shot: str = "--harness-fewshot 0"
 ) -> dict:
@@ -220,14 +243,9 @@ def local_task_config(
         )
     if len(splits[config[evaluated]]) == 0:
         raise DataError(f"{where}: its {config[evaluated]!r} split has no rows")
-    source, scored = fewshot_source(config), config[evaluated]
     shots = config.get("num_fewshot") if shots is None else shots
-    if shots and source != scored and fewshot_source(out) == scored:  # the harness would fall back to the scored rows
-        raise DataError(
-            f"{where}: the harness's {name} task takes its {shots} few-shot examples from its {source!r} split, and "
-            f"{path!r} has none, so they would be drawn from the {scored!r} rows it scores (a row's own answer among "
-            f"them); add a {canonical_split(source) or source} file, or pass {zero_shot}"
-        )
+    if shots:
+        check_fewshot_rows(config, out, splits, shots, f"{where}: the harness's {name} task", zero_shot)
     check_fields(config, splits[config[evaluated]], name, where)
     out["custom_dataset"] = LocalRows(str(path), splits)
     out["dataset_kwargs"] = None
