@@ -357,6 +357,17 @@ def test_a_few_shot_split_with_fewer_rows_than_a_prompt_takes_is_one_line(long_l
     assert "its 'train' split has 2 rows, too few for 2 few-shot examples a prompt (the harness draws 3)" in line
 
 
+def test_a_save_to_disk_folder_whose_splits_are_named_like_a_files_are_read(long_llama, tmp_path, capsys):
+    """A datasets.save_to_disk folder's 'valid' split is the validation split, as a valid.jsonl file is."""
+    import datasets
+
+    rows = datasets.Dataset.from_list([{**ROW, "label": 0}, {**ROW, "label": 1}])
+    datasets.DatasetDict({"train": rows, "valid": rows}).save_to_disk(str(tmp_path / "saved"))
+    code, _, err = cli_main(capsys, *harness_eval(long_llama, tmp_path / "out", f"piqa={tmp_path / 'saved'}"))
+    assert code == 0, err
+    assert strict_json(tmp_path / "out" / "results.json")["n-samples"]["piqa"]["effective"] == 2
+
+
 def test_json_files_are_read_as_datasets_reads_them(long_llama, tmp_path, capsys):
     """A .json file of JSON lines (as many hub data sets ship them) and a .jsonl file holding one JSON array are
     rows, as `datasets`' json reader takes them, whatever the suffix."""

@@ -176,6 +176,18 @@ class LocalRows:
         return f"local files: {self.path}"
 
 
+def local_split(local: dict, wanted: str) -> str | None:
+    """The local split a task's split `wanted` reads: the same name, else the one split of its kind ('valid' of a
+    save_to_disk folder for 'validation'; a folder's files are named by kind already); None where there is none."""
+    if wanted in local:
+        return wanted
+    kind = canonical_split(wanted)
+    if kind is None or kind in local:
+        return kind
+    same = [name for name in local if name and canonical_split(str(name)) == kind]
+    return same[0] if len(same) == 1 else None
+
+
 def fewshot_source(config: dict) -> str | None:
     """The split a task draws its few-shot examples from, as the harness picks it: its few-shot split, else its
     train, validation or test split (TaskConfig's fewshot_config, Task.fewshot_docs); None for fixed examples."""
@@ -228,8 +240,8 @@ def local_task_config(
         wanted = holder.get(field)
         if not wanted:
             continue
-        have = wanted if wanted in local else canonical_split(wanted)
-        if have in local:
+        have = local_split(local, wanted)
+        if have is not None:
             splits[wanted] = local[have]
         else:
             holder[field] = None
