@@ -433,6 +433,22 @@ def test_a_generation_length_that_fills_the_context_is_refused(tiny_llama, share
     assert "up to 256 tokens" in line and "context of 64 tokens" in line
 
 
+def test_the_generation_room_is_each_tasks_own_length(tiny_llama, long_llama, shared_data, tmp_path, capsys):
+    """A task's own max_gen_toks is the length it generates: agieval_math's 32 fits a 64-token context (not the
+    harness's default 256), gsm8k_llama's 1024 does not fit 512 (a line naming that length before any request,
+    and before training for --harness-after-train; not the harness's failed check of its first request)."""
+    math_rows = write_rows(tmp_path / "math" / "test.jsonl", [{"query": "Q: 1+1?\nA:", "answer": "2"}])
+    args = harness_eval(tiny_llama, tmp_path / "math-out", f"agieval_math={math_rows}")
+    code, _, err = cli_main(capsys, *args)
+    assert code == 0, err
+    rows = [{**json.loads(line), "target": "2"} for line in (shared_data / "gsm8k" / "test.jsonl").open()][:1]
+    line = refused(
+        capsys, *harness_eval(long_llama, tmp_path / "out", f"gsm8k_llama={write_rows(tmp_path / 'test.jsonl', rows)}")
+    )
+    assert "gsm8k_llama would generate up to 1024 tokens (its own max_gen_toks)" in line
+    assert "context of 512 tokens" in line and "--harness-max-gen-toks N with N below 512" in line
+
+
 @pytest.mark.parametrize(
     "args, says",
     [

@@ -109,22 +109,38 @@ def _leaf_tasks(tasks: list) -> list:
     return [t for item in tasks for t in (item.get_all_tasks() if hasattr(item, "get_all_tasks") else [item])]
 
 
+GENERATION_LENGTH_KEYS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")  # by priority
+
+
+def generation_length(task, settings: HarnessSettings) -> tuple[int, str]:
+    """The most tokens a generation task generates per row and where that is said: the run's max_gen_toks, else the
+    task's own generation_kwargs (under any of the names the harness reads, normalize_gen_kwargs), else HFLM's."""
+    if settings.max_gen_toks:
+        return settings.max_gen_toks, "run"
+    own = getattr(task.config, "generation_kwargs", None) or {}
+    length = next((own[k] for k in GENERATION_LENGTH_KEYS if own.get(k) is not None), None)
+    return (int(length), "task") if length is not None else (HARNESS_MAX_GEN_TOKENS, "harness")
+
+
 def check_generation_room(
     context: int, settings: HarnessSettings, tasks: list, spelling: Spelling = EVAL_SPELLING
 ) -> None:
-    """A generation task (gsm8k) generates up to max_gen_toks tokens after its prompt within the model's `context`:
-    a length that leaves no room for the prompt is one line (the harness would fail on the first request)."""
-    generating = [
-        t.config.task
+    """A generation task (gsm8k) generates up to its max_gen_toks tokens after its prompt within the model's
+    `context`: a length that leaves no room for the prompt is one line (the harness would fail on the first
+    request)."""
+    lengths = {
+        t.config.task: generation_length(t, settings)
         for t in _leaf_tasks(tasks)
         if hasattr(t, "config") and getattr(t.config, "output_type", None) == "generate_until"
-    ]
-    length = settings.max_gen_toks or HARNESS_MAX_GEN_TOKENS
-    if generating and length >= context:
-        how = spelling.max_gen_toks.removesuffix(" N").removesuffix("=N") if settings.max_gen_toks else "the harness's"
+    }
+    too_long = {name: how for name, how in lengths.items() if how[0] >= context}
+    if too_long:
+        flag = spelling.max_gen_toks.removesuffix(" N").removesuffix("=N")
+        said = {"run": flag, "task": "its own max_gen_toks", "harness": "the harness's"}
         raise ConfigError(
-            f"{', '.join(generating)} would generate up to {length} tokens ({how}), which fills the model's context "
-            f"of {context} tokens; pass {spelling.max_gen_toks} with N below {context}"
+            "; ".join(f"{name} would generate up to {n} tokens ({said[how]})" for name, (n, how) in too_long.items())
+            + f", which fills the model's context of {context} tokens; pass {spelling.max_gen_toks} with N below "
+            f"{context}"
         )
 
 
