@@ -368,6 +368,19 @@ def test_a_save_to_disk_folder_whose_splits_are_named_like_a_files_are_read(long
     assert strict_json(tmp_path / "out" / "results.json")["n-samples"]["piqa"]["effective"] == 2
 
 
+def test_a_field_a_template_reads_only_where_another_is_not_defined_is_not_required(
+    long_llama, shared_data, tmp_path, capsys
+):
+    """gsm8k_llama's target is `answer.split(...) if answer is defined else target`: GSM8K's rows, with an answer and
+    no target, are what it reads."""
+    args = harness_eval(
+        long_llama, tmp_path / "out", f"gsm8k_llama={shared_data / 'gsm8k'}", harness_limit=1, harness_max_gen_toks=2
+    )
+    code, _, err = cli_main(capsys, *args)
+    assert code == 0, err
+    assert strict_json(tmp_path / "out" / "results.json")["n-samples"]["gsm8k_llama"]["effective"] == 1
+
+
 def test_json_files_are_read_as_datasets_reads_them(long_llama, tmp_path, capsys):
     """A .json file of JSON lines (as many hub data sets ship them) and a .jsonl file holding one JSON array are
     rows, as `datasets`' json reader takes them, whatever the suffix."""

@@ -122,18 +122,22 @@ def read_local(path: str, where: str) -> dict[str, Any]:
 
 def template_fields(template: Any) -> set[str]:
     """The row fields a task's doc_to_text / doc_to_target / doc_to_choice string reads: a bare name is a column,
-    a Jinja template reads its undeclared variables; a function (`!function utils.x`) tells nothing."""
+    a Jinja template reads its undeclared variables; a function (`!function utils.x`), or a template that asks
+    whether a field `is defined` (`answer if answer is defined else target`: either field will do), tells nothing."""
     import jinja2
-    from jinja2 import meta
+    from jinja2 import meta, nodes
 
     if not isinstance(template, str):
         return set()
     if template.isidentifier():
         return {template}
     try:
-        return set(meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+        parsed = jinja2.Environment().parse(template)
     except jinja2.TemplateError:
         return set()
+    if any(test.name == "defined" for test in parsed.find_all(nodes.Test)):
+        return set()
+    return set(meta.find_undeclared_variables(parsed))
 
 
 def check_fields(config: dict, rows, name: str, where: str) -> None:
