@@ -6,7 +6,9 @@ PATH is a folder of split files (train / validation / test, by name: valid, dev,
 .jsonl, .json, .csv, .tsv or .parquet; a hub snapshot's data/validation-00000-of-00001.parquet too), each
 optionally with SPLIT-labels.lst beside it (one label a line: a `label` column, as PIQA ships valid.jsonl +
 valid-labels.lst), or a folder written by datasets' save_to_disk, or a single file: the split the task evaluates.
-The rows are read into memory (nothing is written to the datasets cache). Every problem is one DataError line.
+A few-shot run also needs the split the task takes its examples from, with enough rows (`check_fewshot_rows`): the
+harness would otherwise draw them from the rows it scores. The rows are read into memory (nothing is written to
+the datasets cache). Every problem is one DataError line.
 """
 
 from __future__ import annotations
