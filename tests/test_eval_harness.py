@@ -251,6 +251,16 @@ def test_an_unknown_task_is_named_with_the_close_ones(tiny_llama, tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
+def test_a_task_name_that_is_a_path_reads_no_folder_outside_the_harness(tiny_llama, tmp_path, capsys):
+    """`--harness PATH` (for --harness-data, say) is an unknown task: the folder is not read as the harness's own
+    task folders are, so a YAML there naming a task after the path does not run."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "task.yaml").write_text(f"task: {folder}\ndataset_path: nowhere\noutput_type: loglikelihood\n")
+    line = refused(capsys, *harness_eval(tiny_llama, tmp_path / "out", str(folder)))
+    assert f"unknown lm-evaluation-harness task '{folder}'" in line
+
+
 @pytest.mark.parametrize(
     "flags, says",
     [

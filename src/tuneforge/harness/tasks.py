@@ -55,7 +55,8 @@ def task_manager(names: tuple[str, ...]):
 
     root = _tasks_root()
     folders = {root / n for n in names} | {root / n.split("_")[0] for n in names}
-    folders = sorted(f for f in folders if f.is_dir())
+    # the harness's own task folders only: a name that is a path ('/', '..', ~/data) names none of them
+    folders = sorted(f for f in folders if f.parent == root and f.name != ".." and f.is_dir())
     if folders:
         small = TaskManager(include_defaults=False, include_path=[str(f) for f in folders])
         if all(_entry_yaml(small.task_index.get(n)) for n in names):
