@@ -182,3 +182,43 @@ def test_eval_of_an_exported_folder_reads_the_data_with_its_training_settings(tm
     code, out, err = cli_main(capsys, "eval", str(tmp_path / "run" / "model"), *evaluation, "--max-length", "64")
     assert code == 0, err
     assert "settings the model was trained with" not in out
+
+
+@pytest.mark.parametrize("columns", [["text"], ["premise", "hypothesis"]])
+def test_texts_and_pairs_cut_to_max_length_are_counted_and_counted_again_from_the_cache(
+    tmp_path, tiny_bert, cache_dir, columns
+):
+    # a review longer than --max-length trained on its first tokens without a word
+    from conftest import quiet_task
+
+    rows = [{c: " ".join(["so"] * (i % 9) + [c]) for c in columns} | {"label": i % 2} for i in range(20)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    task = quiet_task(
+        "classification",
+        tiny_bert,
+        train_file=str(data),
+        validation_file=str(data),
+        text_columns=columns,
+        max_length=8,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    task.use_labels(task.label_set(raw))
+    raw = {"validation": task.encode_labels(raw)["validation"]}
+    texts = [[r[c] for r in rows] for c in columns]
+    whole = [len(ids) for ids in tokenizer(*texts)["input_ids"]]
+    cut = sum(n > 8 for n in whole)
+    assert 0 < cut < len(rows)
+    what = "texts" if len(columns) == 1 else "text pairs"
+    for reused in (False, True):  # the second run reads the cache and says it again
+        lines = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
+        assert ("reusing" in lines[0]) is reused
+        assert lines[-1] == (
+            f"validation: {cut} of 20 {what} longer than max_length 8 tokens cut to their first 8 (raise "
+            "--max-length to keep them whole)"
+        )
+        assert feats["input_ids"] == tokenizer(*texts, truncation=True, max_length=8)["input_ids"]  # as before
+        assert "text_cut" not in feats.column_names

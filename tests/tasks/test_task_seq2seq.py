@@ -110,9 +110,9 @@ def test_sources_and_targets_cut_to_their_limits_are_counted(tiny_t5, parallel_f
     cut_targets = sum(len(tokenizer(text_target=t)["input_ids"]) > 21 for t in raw["target"])
     assert 0 < cut_sources < len(raw) and 0 < cut_targets < len(raw)  # some rows cut (at 22, 23 tokens...), not all
     assert lines[-1] == (
-        f"validation: {cut_sources} source(s) longer than max_length 22 cut to their first 22 tokens, {cut_targets} "
-        "target(s) longer than max_target_length 21 cut to their first 21 (raise --max-length / --max-target-length "
-        "to keep them whole)"
+        f"validation: {cut_sources} of 10 sources longer than max_length 22 tokens cut to their first 22, "
+        f"{cut_targets} of 10 targets longer than max_target_length 21 tokens cut to their first 21 (raise "
+        "--max-length / --max-target-length to keep them whole)"
     )
 
 

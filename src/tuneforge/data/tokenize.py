@@ -4,6 +4,10 @@ The cache key covers the raw data's content, the tokenizer's content (vocabulary
 normalisation, special tokens) and the task's settings (max_length, truncation, columns), so a
 second identical run reuses the cache and any other tokenizer or setting never does.
 
+Cuts: `encode_within` truncates a batch to a task's length limit and says which rows it cut; the task keeps those
+flags as a column of its cached features (so a cached run counts them again without tokenizing), and `report_cuts`
+turns them into one log line per split (how many of how many rows, the limit, the flag to raise) and drops them.
+
 A process that reads a key's files holds a shared lock on the key's lock file (`.KEY.lock`) until it ends, as
 data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the files it copied into prepared shards
 (`drop_key`) only where no other process holds them (a run of the same data, a second rank about to open them).
@@ -20,6 +24,7 @@ import os
 import re
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +87,64 @@ def tokenizer_fingerprint(tokenizer) -> str:
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     h.update(str(getattr(tokenizer, "padding_side", "")).encode())
     return h.hexdigest()[:24]
+
+
+def encode_within(tokenizer, inputs: dict, limit: int | None) -> tuple[Any, list[bool]]:
+    """`tokenizer(**inputs, truncation=True, max_length=limit)` (None: the tokenizer's own limit) and which rows it
+    cut. A fast tokenizer keeps what a cut left over on each encoding (`overflowing`), so this costs nothing more."""
+    if not tokenizer.is_fast:
+        return _slow_encode_within(tokenizer, inputs, limit or tokenizer.model_max_length)
+    enc = tokenizer(**inputs, truncation=True, max_length=limit)
+    return enc, [bool(encoding.overflowing) for encoding in enc.encodings]
+
+
+def _slow_encode_within(tokenizer, inputs: dict, limit: int) -> tuple[dict, list[bool]]:
+    """encode_within for a slow tokenizer (no encodings): to one token more first, and only the rows that reach it
+    again (each encoded from its whole text, as a direct call would)."""
+    enc = dict(tokenizer(**inputs, truncation=True, max_length=limit + 1))
+    cut = [len(ids) > limit for ids in enc["input_ids"]]
+    rows = [i for i, was_cut in enumerate(cut) if was_cut]
+    if rows:
+        texts = {key: [value[i] for i in rows] if isinstance(value, list) else value for key, value in inputs.items()}
+        again = tokenizer(**texts, truncation=True, max_length=limit)
+        for key, values in enc.items():
+            for i, value in zip(rows, again[key]):
+                values[i] = value
+    return enc, cut
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One kind of cut a task reports: the features' column of per-row flags, what a row is ("sources"), the
+    limit's name and value, the flag that raises it, and the end kept ("first", or "last" for a cut from the left)."""
+
+    column: str
+    rows: str
+    name: str
+    limit: int
+    flag: str
+    kept: str = "first"
+
+
+def report_cuts(split: str, feats: datasets.Dataset, cuts: list[Cut], log: Callable[[str], None]) -> datasets.Dataset:
+    """One log line when `feats` has rows cut by any of `cuts` (how many of how many, each limit and its flag);
+    the features without the flag columns."""
+    import pyarrow.compute as pc
+
+    said, flags = [], []
+    for cut in cuts:
+        count = int(pc.sum(feats.data.column(cut.column)).as_py() or 0)
+        if count:
+            said.append(cut_phrase(count, len(feats), cut.rows, cut.name, cut.limit, cut.kept))
+            flags.append(cut.flag)
+    if said:
+        log(f"{split}: {', '.join(said)} (raise {' / '.join(flags)} to keep them whole)")
+    return feats.remove_columns([cut.column for cut in cuts])
+
+
+def cut_phrase(count: int, total: int, rows: str, name: str, limit: int, kept: str = "first") -> str:
+    """ "3 of 10 sources longer than max_length 128 tokens cut to their first 128": a report's words for one cut."""
+    return f"{count} of {total} {rows} longer than {name} {limit} tokens cut to their {kept} {limit}"
 
 
 def cached_map(

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
+from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import (
     MetricStream,
@@ -412,16 +413,27 @@ class ClassificationTask(Task):
         raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
 
         def fn(batch):
-            texts = [batch[c] for c in cols]
-            enc = tokenizer(*texts, truncation=True, max_length=max_length)
+            texts = dict(zip(("text", "text_pair"), (batch[c] for c in cols)))
+            enc, cut = encode_within(tokenizer, texts, max_length)
             enc["labels"] = batch["labels"]
             enc["length"] = [len(x) for x in enc["input_ids"]]
+            enc["text_cut"] = cut  # counted in the log line, then dropped
             return enc
 
-        settings = {"task": "classification", "columns": cols, "max_length": max_length, "truncation": True}
+        settings = {
+            "task": "classification",
+            "columns": cols,
+            "max_length": max_length,
+            "truncation": True,
+            "cut_flags": True,
+        }
+        rows = "texts" if len(cols) == 1 else "text pairs"
+        cuts = [Cut("text_cut", rows, "max_length", max_length or tokenizer.model_max_length, "--max-length")]
         return datasets.DatasetDict(
             {
-                split: self.tokenize_split(split, ds, cols + ["labels"], fn, tokenizer, settings, log)
+                split: report_cuts(
+                    split, self.tokenize_split(split, ds, cols + ["labels"], fn, tokenizer, settings, log), cuts, log
+                )
                 for split, ds in raw.items()
             }
         )

@@ -24,6 +24,7 @@ from tuneforge.artifacts import FAMILY_SEQ2SEQ, bundled_minilm, check_model_path
 from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data.sources import read_table, require_columns, to_dataset
 from tuneforge.data.text import read_parallel
+from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import MetricStream, Task, empty_check, hold_out_validation, set_dropout
@@ -44,26 +45,6 @@ def corpus_bleu(predictions: list[str], references: list[str]) -> float:
     if not predictions:
         return 0.0
     return float(sacrebleu.corpus_bleu(predictions, [references]).score)
-
-
-def encode_within(tokenizer, inputs: dict, limit: int | None) -> tuple[dict, list[bool]]:
-    """`tokenizer(**inputs)` truncated to `limit` tokens (its special tokens kept), and which rows were cut: encoded
-    to one token more first, so only the rows that reach it are encoded again. No `limit`: the tokenizer's own."""
-    if limit is None:
-        enc = tokenizer(**inputs, truncation=True)
-        return enc, [False] * len(enc["input_ids"])
-    text_key = "text_target" if "text_target" in inputs else "text"
-    enc = dict(tokenizer(**inputs, max_length=limit + 1, truncation=True))
-    cut = [len(ids) > limit for ids in enc["input_ids"]]
-    rows = [i for i, was_cut in enumerate(cut) if was_cut]
-    if rows:
-        again = tokenizer(
-            **{**inputs, text_key: [inputs[text_key][i] for i in rows]}, max_length=limit, truncation=True
-        )
-        for key, values in enc.items():
-            for i, value in zip(rows, again[key]):
-                values[i] = value
-    return enc, cut
 
 
 class GenerationStream(MetricStream):
@@ -264,28 +245,18 @@ class Seq2SeqTask(Task):
             "strip_start": start_id,
             "cut_flags": True,
         }
+        # the model sees, and learns to end, the cut text; evaluation's references are the cut targets
+        cuts = [
+            Cut("source_cut", "sources", "max_length", data.max_length or tokenizer.model_max_length, "--max-length"),
+            Cut("target_cut", "targets", "max_target_length", opts.max_target_length, "--max-target-length"),
+        ]
         out = {}
         for split, ds in raw.items():
             feats = self.tokenize_split(split, ds, ["source", "target"], fn, tokenizer, settings, log)
             if len(feats) == 0:
                 raise DataError(f"the {split} split has no sentence pairs; give files with at least one line")
-            self._log_cuts(split, feats, log)
-            out[split] = feats.remove_columns(["source_cut", "target_cut"])
+            out[split] = report_cuts(split, feats, cuts, log)
         return datasets.DatasetDict(out)
-
-    def _log_cuts(self, split: str, feats, log) -> None:
-        """One line when sources or targets were cut to their limits (the model sees, and learns to end, the cut
-        text; evaluation's references are the cut targets)."""
-        import pyarrow.compute as pc
-
-        sources, targets = (int(pc.sum(feats.data.column(name)).as_py() or 0) for name in ("source_cut", "target_cut"))
-        if sources or targets:
-            limits = self.config.data.max_length, self.options.max_target_length
-            log(
-                f"{split}: {sources} source(s) longer than max_length {limits[0]} cut to their first {limits[0]} "
-                f"tokens, {targets} target(s) longer than max_target_length {limits[1]} cut to their first "
-                f"{limits[1]} (raise --max-length / --max-target-length to keep them whole)"
-            )
 
     def collate(self, rows, tokenizer):
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
