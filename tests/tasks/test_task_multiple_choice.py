@@ -424,3 +424,32 @@ def test_datasets_given_to_fit_are_checked_as_files_are(tiny_bert, first, second
         return
     with pytest.raises(DataError, match=re.escape(f"the train dataset, {says}")):
         task.prepare_raw({"train": ds, "validation": None})
+
+
+def test_questions_whose_choices_are_cut_to_max_length_are_counted_and_counted_again_from_the_cache(
+    tiny_bert, tmp_path
+):
+    # a long question's choices lost their ending (what the model chooses by) without a word
+    rows = choice_rows(12, seed=5)
+    for i, row in enumerate(rows):
+        row["question"] += " really" * (i % 4)
+    folder = tmp_path / "mc"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", rows)
+    write_jsonl(folder / "dev.jsonl", rows)
+    task = quiet_task("multiple-choice", tiny_bert, data_dir=str(folder), max_length=16, cache_dir=str(tmp_path / "c"))
+    tokenizer = task.load_tokenizer()
+    raw = {"validation": task.load_raw()["validation"]}
+    pairs = [([r["question"]] * 4, r["choices"]) for r in rows]
+    cut = sum(max(len(ids) for ids in tokenizer(*pair)["input_ids"]) > 16 for pair in pairs)
+    assert 0 < cut < len(rows)
+    for reused in (False, True):  # the second run reads the cache and says it again
+        lines = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
+        assert ("reusing" in lines[0]) is reused
+        assert lines[-1] == (
+            f"validation: {cut} of 12 questions with a choice (and its context) longer than max_length 16 tokens "
+            "cut to their first 16 (raise --max-length to keep them whole)"
+        )
+        assert feats["input_ids"] == [tokenizer(*p, truncation=True, max_length=16)["input_ids"] for p in pairs]
+        assert "choice_cut" not in feats.column_names

@@ -27,6 +27,7 @@ from tuneforge.data.choices import (
     read_choices,
 )
 from tuneforge.data.sources import check_file
+from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
@@ -211,21 +212,34 @@ class MultipleChoiceTask(Task):
 
         def fn(batch):
             out = {"input_ids": [], "attention_mask": [], "token_type_ids": [], "labels": [], "length": []}
+            out["choice_cut"] = []  # counted in the log line, then dropped
             for context, prefix, choices, label in zip(
                 batch["context"], batch["prefix"], batch["choices"], batch["label"]
             ):
-                enc = tokenizer(*choice_pairs(context, prefix, choices), truncation=True, max_length=max_length)
+                first, second = choice_pairs(context, prefix, choices)
+                enc, cut = encode_within(tokenizer, {"text": first, "text_pair": second}, max_length)
                 for key in ("input_ids", "attention_mask", "token_type_ids"):
                     if key in enc:
                         out[key].append(enc[key])
                 out["labels"].append(label)
                 out["length"].append(max(len(x) for x in enc["input_ids"]))
+                out["choice_cut"].append(any(cut))
             return {k: v for k, v in out.items() if v}
 
-        settings = {"task": "multiple-choice", "max_length": max_length, "pairs": "context, prefix + ending"}
+        settings = {
+            "task": "multiple-choice",
+            "max_length": max_length,
+            "pairs": "context, prefix + ending",
+            "cut_flags": True,
+        }
         cols = ["context", "prefix", "choices", "label"]
+        rows = "questions with a choice (and its context)"
+        cuts = [Cut("choice_cut", rows, "max_length", max_length or tokenizer.model_max_length, "--max-length")]
         return datasets.DatasetDict(
-            {split: self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log) for split, ds in raw.items()}
+            {
+                split: report_cuts(split, self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log), cuts, log)
+                for split, ds in raw.items()
+            }
         )
 
     def collate(self, rows, tokenizer):
