@@ -923,3 +923,34 @@ def test_a_validation_file_without_the_training_files_negative_column_is_refused
     valid = write_jsonl(tmp_path / "valid.jsonl", rows(4, negatives=False))
     proc = bad_run(capfd, tmp_path, tiny_bert, train, "--validation-file", str(valid))
     assert_refused(proc, tmp_path, "column 'negative' not found in", "valid.jsonl")
+
+
+def test_rows_with_a_text_cut_to_max_length_are_counted_and_counted_again_from_the_cache(tiny_bert, tmp_path):
+    # an anchor, positive or negative longer than --max-length was embedded from its first tokens without a word
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    items = rows(12, seed=6)
+    for i, row in enumerate(items):
+        row[("anchor", "positive", "negative", "anchor")[i % 4]] += " and the grass" * (i % 3)
+    data = {"train_file": str(write_jsonl(tmp_path / "train.jsonl", items)), "max_length": 10}
+    data |= {"validation_file": data["train_file"], "cache_dir": str(tmp_path / "cache")}
+    task = get_task(build_config(task="embedding", model=tiny_bert, data=data))
+    task.log = lambda msg: None
+    tokenizer = task.load_tokenizer()
+    raw = {"train": task.load_raw()["train"]}
+    columns = ("anchor", "positive", "negative")
+    cut = sum(any(len(tokenizer(r[c])["input_ids"]) > 10 for c in columns) for r in items)
+    assert 0 < cut < len(items)
+    for reused in (False, True):  # the second run reads the cache and says it again
+        lines = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)["train"]
+        assert ("reusing" in lines[0]) is reused
+        assert lines[-1] == (
+            f"train: {cut} of 12 rows with a text longer than max_length 10 tokens cut to their first 10 (raise "
+            "--max-length to keep them whole)"
+        )
+        for k, column in enumerate(columns):  # the features as before
+            direct = tokenizer([r[column] for r in items], truncation=True, max_length=10)["input_ids"]
+            assert feats["input_ids" if k == 0 else f"input_ids_{k}"] == direct
+        assert "text_cut" not in feats.column_names

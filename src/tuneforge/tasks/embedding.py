@@ -66,6 +66,7 @@ from tuneforge.config import EVAL
 from tuneforge.data import squad
 from tuneforge.data.retrieval import collection_ids, has_squad_columns, is_squad_json, squad_pairs
 from tuneforge.data.sources import check_file, find_split_files, read_table, require_columns, to_dataset
+from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions, comma_list
 from tuneforge.tasks.base import Task, empty_check, set_dropout
@@ -484,23 +485,29 @@ class EmbeddingTask(Task):
             raw["validation"] = self._numbered(raw["validation"], log)
 
         def fn(batch):
-            out, lengths = {}, None
+            out, lengths, cut = {}, None, None
             n = sum(1 for key in batch if key.startswith("text_"))
             for k in range(n):
-                enc = tokenizer(batch[f"text_{k}"], truncation=True, max_length=max_length)
+                enc, text_cut = encode_within(tokenizer, {"text": batch[f"text_{k}"]}, max_length)
                 out[text_key(k)] = enc["input_ids"]
                 sizes = [len(ids) for ids in enc["input_ids"]]
                 lengths = sizes if lengths is None else [a + b for a, b in zip(lengths, sizes)]
+                cut = text_cut if cut is None else [a or b for a, b in zip(cut, text_cut)]
             for key in ("score", *EVAL_COLUMNS):
                 if key in batch:
                     out[key] = batch[key]
             out["length"] = lengths
+            out["text_cut"] = cut  # counted in the log line, then dropped
             return out
 
-        settings = {"task": "embedding", "max_length": max_length, "truncation": True}
+        settings = {"task": "embedding", "max_length": max_length, "truncation": True, "cut_flags": True}
+        limit = max_length or tokenizer.model_max_length
+        cuts = [Cut("text_cut", "rows with a text", "max_length", limit, "--max-length")]
         return datasets.DatasetDict(
             {
-                split: self.tokenize_split(split, ds, ds.column_names, fn, tokenizer, settings, log)
+                split: report_cuts(
+                    split, self.tokenize_split(split, ds, ds.column_names, fn, tokenizer, settings, log), cuts, log
+                )
                 for split, ds in raw.items()
             }
         )
