@@ -323,3 +323,25 @@ def test_text_of_one_token_per_example_is_one_line(tiny_gpt2, tmp_path, capsys, 
         f"error: the {split} text is one token per example after tokenization, and a causal LM learns each next "
         "token: nothing to train on or score; give longer text"
     )
+
+
+def test_no_packing_counts_the_texts_cut_to_block_size_and_counts_them_again_from_the_cache(tiny_gpt2, tmp_path):
+    # with --no-packing a text longer than --block-size trained on its first tokens without a word
+    text = tmp_path / "valid.txt"
+    text.write_text("".join(f"{'so ' * (i % 5) * 3}line {i}\n" for i in range(10)))
+    task = clm_task(tiny_gpt2, None, text, str(tmp_path / "cache"), packing=False, block_size=8)
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    texts = [t for t in raw["validation"]["text"] if t.strip()]
+    cut = sum(len(tokenizer(t)["input_ids"]) > 8 for t in texts)
+    assert 0 < cut < len(texts)
+    for reused in (False, True):  # the second run reads the cache and says it again
+        lines = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
+        assert ("reusing" in lines[0]) is reused
+        assert lines[-1] == (
+            f"validation: {cut} of {len(texts)} texts longer than block_size 8 tokens cut to their first 8 (raise "
+            "--block-size to keep them whole)"
+        )
+        assert feats["input_ids"] == [tokenizer(t)["input_ids"][:8] for t in texts]  # as before
+        assert feats.column_names == ["input_ids", "length"]

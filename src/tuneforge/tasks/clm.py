@@ -2,7 +2,8 @@
 
 Packing (default): all texts are tokenized, concatenated and cut into blocks of `block_size`
 tokens (the run_clm `group_texts` recipe, without dropping the remainder: the last block is
-shorter). `--no-packing`: one example per text, truncated to `block_size`, padding masked out.
+shorter). `--no-packing`: one example per text, truncated to `block_size` (the cut texts counted in one log line
+per split), padding masked out.
 
 The labels are the input ids; the shift happens here, not in the model: position t predicts
 token t+1, so a block of n tokens has n-1 targets. The loss is summed over target tokens and the
@@ -36,7 +37,7 @@ from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.mapped import is_large, read_mapped
 from tuneforge.data.sources import data_suffix, read_table, require_columns, to_dataset
 from tuneforge.data.text import blocks_file, pack_blocks, read_lines
-from tuneforge.data.tokenize import default_cache_dir
+from tuneforge.data.tokenize import Cut, default_cache_dir, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import replacing
 from tuneforge.options import TaskOptions
@@ -340,10 +341,18 @@ class CausalLMTask(Task):
             if packing:  # whole texts; blocks are cut after tokenization, across text boundaries
                 return {"input_ids": tokenizer(batch["text"])["input_ids"]}
             texts = [t for t in batch["text"] if t.strip()]  # blank lines are no examples
-            ids = [x for x in tokenizer(texts, truncation=True, max_length=block_size)["input_ids"] if x]
-            return {"input_ids": ids, "length": [len(x) for x in ids]}
+            enc, cut = encode_within(tokenizer, {"text": texts}, block_size)
+            kept = [(x, was_cut) for x, was_cut in zip(enc["input_ids"], cut) if x]
+            return {
+                "input_ids": [x for x, _ in kept],
+                "length": [len(x) for x, _ in kept],
+                "text_cut": [was_cut for _, was_cut in kept],  # counted in the log line, then dropped
+            }
 
         settings = {"task": "clm", "packing": packing, "max_length": None if packing else block_size}
+        if not packing:  # (packed features, which nothing cuts, keep their key)
+            settings["cut_flags"] = True
+        cuts = [Cut("text_cut", "texts", "block_size", block_size, "--block-size")]
         out = {}
         for split, ds in raw.items():
             feats = self.tokenize_split(split, ds, ["text"], fn, tokenizer, settings, log)
@@ -359,7 +368,7 @@ class CausalLMTask(Task):
                     f"the {split} text is one token per example after tokenization, and a causal LM learns each "
                     "next token: nothing to train on or score; give longer text"
                 )
-            out[split] = feats
+            out[split] = feats if packing else report_cuts(split, feats, cuts, log)
         return datasets.DatasetDict(out)
 
     def collate(self, rows, tokenizer):
