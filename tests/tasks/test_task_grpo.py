@@ -451,3 +451,32 @@ def test_a_completion_no_reward_applies_to_is_warned_of_as_trl_does(tiny_llama, 
             assert task._score([batch], done, 3)[:, 0].tolist()[0] == 1.0
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "2 of 3 completions" in warned[0] and "'hi there'" in warned[0], warned
+
+
+def test_prompts_cut_to_max_prompt_length_are_counted_and_counted_again_from_the_cache(tiny_llama, tmp_path):
+    # a prompt longer than --max-prompt-length lost its start (the question's first words) without a word
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    rows = [{"prompt": "Think hard. " * (i % 3) + f"What is {i} plus {i}?", "answer": "1"} for i in range(9)]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    options = {"reward": ["accuracy"], "max_prompt_length": 14, "max_completion_length": 8, "prompt_format": "text"}
+    data = {"train_file": str(train), "validation_file": str(train), "cache_dir": str(tmp_path / "cache")}
+    task = get_task(build_config(task="grpo", model=tiny_llama, data=data, task_options=options))
+    task.log = lambda msg: None
+    tokenizer = task.load_tokenizer()
+    raw = {"train": task.load_raw()["train"]}
+    whole = [tokenizer(r["prompt"])["input_ids"] for r in rows]
+    cut = sum(len(ids) > 14 for ids in whole)
+    assert 0 < cut < len(rows)
+    for reused in (False, True):  # the second run reads the cache and says it again
+        lines = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)["train"]
+        assert ("reusing" in lines[0]) is reused
+        assert lines[1:] == [
+            f"train: {cut} of 9 prompts longer than max_prompt_length 14 tokens cut to their last 14 (raise "
+            "--max-prompt-length to keep them whole)",
+            "train: 9 prompts",
+        ]
+        assert feats["prompt_ids"] == [ids[-14:] for ids in whole]  # as before: their last tokens
+        assert "prompt_cut" not in feats.column_names

@@ -37,6 +37,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data import chat
+from tuneforge.data.tokenize import Cut, report_cuts
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions, comma_list, one_or_list
 from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, quoted_prompt, score
@@ -463,8 +464,10 @@ class GRPOTask(CausalLMTask):
         def encoder(split: str):
             def fn(batch):
                 rows = zip(batch["prompt"], batch["row"])
-                ids = [self._rendered(tokenizer, prompt, row, split)[-limit:] for prompt, row in rows]
-                return {**batch, "prompt_ids": ids, "length": [len(x) for x in ids]}
+                whole = [self._rendered(tokenizer, prompt, row, split) for prompt, row in rows]
+                ids = [x[-limit:] for x in whole]  # (TRL's: a prompt keeps its last tokens)
+                cut = [len(x) > limit for x in whole]  # counted in the log line, then dropped
+                return {**batch, "prompt_ids": ids, "length": [len(x) for x in ids], "prompt_cut": cut}
 
             return fn
 
@@ -473,11 +476,14 @@ class GRPOTask(CausalLMTask):
             "template": getattr(tokenizer, "chat_template", None) if self.as_chat else None,
             "system": self.options.system_prompt,
             "max_prompt_length": limit,
+            "cut_flags": True,
         }
+        cuts = [Cut("prompt_cut", "prompts", "max_prompt_length", limit, "--max-prompt-length", kept="last")]
         out = {}
         for split, ds in raw.items():
             fn = encoder(split)
-            out[split] = self.tokenize_split(split, ds, ["prompt", "columns", "row"], fn, tokenizer, settings, log)
+            feats = self.tokenize_split(split, ds, ["prompt", "columns", "row"], fn, tokenizer, settings, log)
+            out[split] = report_cuts(split, feats, cuts, log)
             log(f"{split}: {len(out[split])} prompts")
         return datasets.DatasetDict(out)
 
