@@ -364,7 +364,11 @@ def test_prompts_longer_than_the_block_are_dropped_and_counted(tiny_llama, cache
     said = []
     feats = task.tokenize(task.load_raw(), task.load_tokenizer(), log=said.append)["train"]
     assert len(feats) == 4 and max(feats["length"]) <= 32
-    assert any("1 pair(s) dropped" in s and "1 cut to their first 32 tokens" in s for s in said), said
+    assert (
+        "train: 1 of 5 pairs dropped (their prompt alone holds block_size 32 tokens or more), 1 of 5 pairs longer than "
+        "block_size 32 tokens cut to their first 32 (their completions truncated) (raise --block-size to keep them "
+        "whole)"
+    ) in said
 
 
 def test_quantize_needs_an_adapter_and_a_backend_that_holds_whole_models(capfd, tmp_path, tiny_llama):

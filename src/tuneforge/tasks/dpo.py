@@ -38,6 +38,7 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import read_model_info
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
+from tuneforge.data.tokenize import cut_phrase
 from tuneforge.errors import DataError, UserError
 from tuneforge.tasks.base import MetricStream
 from tuneforge.tasks.clm import BlockOptions, CausalLMTask
@@ -202,11 +203,15 @@ class DPOTask(CausalLMTask):
             cut += was_cut
             for key, value in zip(rows, (p, c, r, len(p) + max(len(c), len(r)))):
                 rows[key].append(value)
-        if dropped or cut:
-            log(
-                f"{split}: {dropped} pair(s) dropped (their prompt alone holds block_size {max_length} tokens or "
-                f"more), {cut} cut to their first {max_length} tokens (completions truncated)"
+        total, said = len(feats), []
+        if dropped:
+            said.append(
+                f"{dropped} of {total} pairs dropped (their prompt alone holds block_size {max_length} tokens or more)"
             )
+        if cut:
+            said.append(f"{cut_phrase(cut, total, 'pairs', 'block_size', max_length)} (their completions truncated)")
+        if said:
+            log(f"{split}: {', '.join(said)} (raise --block-size to keep them whole)")
         if not rows["length"]:
             raise DataError(
                 f"every {split} pair's prompt holds block_size {max_length} tokens or more; raise --block-size"

@@ -251,7 +251,7 @@ class RewardModelTask(Task):
         ]
         if len(keep) < len(feats):
             log(
-                f"{split}: {len(feats) - len(keep)} pair(s) dropped: a side holds more than max_length "
+                f"{split}: {len(feats) - len(keep)} of {len(feats)} pairs dropped: a side holds more than max_length "
                 f"{max_length} tokens (raise --max-length to keep them)"
             )
         if not keep:

@@ -35,6 +35,7 @@ from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, chat_blocks
 from tuneforge.data.mapped import is_large, rows_mapped
 from tuneforge.data.text import blocks_file
+from tuneforge.data.tokenize import cut_phrase
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.tasks.clm import CausalLMOptions, CausalLMTask
 
@@ -181,8 +182,9 @@ class ChatSFTTask(CausalLMTask):
             log(f"{split}: {fitted.unlearnable} conversation(s) dropped: the chat template writes no assistant token")
         if fitted.cut or fitted.dropped > fitted.unlearnable:
             log(
-                f"{split}: {fitted.cut} conversation(s) longer than block_size {block_size} cut to their first "
-                f"{block_size} tokens, {fitted.dropped - fitted.unlearnable} of them dropped (no assistant token left)"
+                f"{split}: {cut_phrase(fitted.cut, len(feats), 'conversations', 'block_size', block_size)}, "
+                f"{fitted.dropped - fitted.unlearnable} of them dropped (no assistant token left) (raise --block-size "
+                "to keep them whole)"
             )
         if fitted.unlearnable == len(feats):
             raise ConfigError(
