@@ -122,7 +122,9 @@ class Trainer:
             return self.task.forward(model, batch)
 
     def compute_loss(self, outputs, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed loss, item count) of one micro-batch; the loop normalises by the global count."""
+        """(summed loss, item count) of one micro-batch. The step divides every micro-batch's sum by the task's
+        `count` of the whole step (known before the first forward, so each backward is scaled as it runs), not by
+        the count returned here: an override that leaves items out of the sum still divides by all of them."""
         return self.task.compute_loss(outputs, batch)
 
     def make_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
