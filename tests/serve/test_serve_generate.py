@@ -300,6 +300,10 @@ def test_per_request_sampling_parameters(client, ref):
     cut = greedy[: greedy.index(stop)]
     out = client.completions.create(model=NAME, prompt=prompt, max_tokens=10, temperature=0, stop=[stop, "never"])
     assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+    # lm-evaluation-harness sends a task's stop strings and the end-of-text, up to six (OpenAI allows four)
+    harness_stops = ["never", "Question:", "</s>", "<|im_end|>", "\n\n\n", stop]
+    out = client.completions.create(model=NAME, prompt=prompt, max_tokens=10, temperature=0, stop=harness_stops)
+    assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
     streamed = client.completions.create(
         model=NAME, prompt=prompt, max_tokens=10, temperature=0, stop=stop, stream=True
     )
@@ -337,7 +341,7 @@ BAD = [
     ("unknown model", "/v1/completions", completion(model="gpt-4"), 404, "model"),
     ("too many inputs", "/v1/completions", completion(prompt=["a"] * 65), 400, "prompt"),
     ("n of zero", "/v1/completions", completion(n=0), 400, "n"),
-    ("five stop strings", "/v1/completions", completion(stop=["a", "b", "c", "d", "e"]), 400, "stop"),
+    ("seventeen stop strings", "/v1/completions", completion(stop=list("abcdefghijklmnopq")), 400, "stop"),
     ("logprobs above 20", "/v1/completions", completion(logprobs=21), 400, "logprobs"),
     # vLLM's sampling fields and OpenAI's that this server does not honour: refused, never silently ignored
     ("beam search", "/v1/completions", completion(use_beam_search=True), 400, "use_beam_search"),

@@ -29,7 +29,8 @@ from tuneforge.serve.logprobs import MAX_LOGPROBS, TokenLogprob, character_start
 
 MAX_CHOICES = 16  # n
 LOWEST_LOGPROB = -9999.0  # a log-prob of -inf (a token the model rules out), as vLLM's OpenAI server shows it
-MAX_STOPS = 4  # stop strings, as OpenAI allows
+# stop strings: OpenAI allows 4, lm-evaluation-harness sends a task's (up to 5) and the end-of-text, vLLM takes any
+MAX_STOPS = 16
 MAX_TOKENS = 1 << 20  # max_tokens' bound before the model's own context (checked per model) lowers it
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 63) - 1  # a torch.long, as vLLM bounds it (torch.Generator takes it)
 STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
