@@ -83,7 +83,10 @@ class CausalBatch:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         keep = {"logits_to_keep": 1} if self.keeps_logits and not every_position else {}
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **keep)
+        # every position's keys: the model's own cache keeps a sliding-window layer's last few only, which the
+        # batch's mask (one column per position) would not match; the model's mask keeps the window
+        cache = {self.kwarg: _dynamic_cache([])}
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache, **keep)
         self._merge(_output_cache(out), mask)
         return out.logits if every_position else out.logits[:, -1, :]
 
