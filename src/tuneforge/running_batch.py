@@ -2,8 +2,9 @@
 generator's family in generate.py, which sits below serve/): what a forward pass over the running
 rows needs: a causal LM's rows on slots (SlotBatch: each row's keys in a slot of its own, newcomers' prompts in the
 running rows' pass; the models `slot_cache.supports`) or in one left-padded key/value cache that newcomers join at
-any step (CausalBatch: the other causal LMs); a seq2seq model's encoder outputs and decoder cache, admitted
-together when the batch is empty (Seq2SeqBatch). Knows nothing of sampling or requests.
+any step (CausalBatch: the other causal LMs; one with a recurrent state is refused, `recurrent_state`); a seq2seq
+model's encoder outputs and decoder cache, admitted together when the batch is empty (Seq2SeqBatch). Knows nothing
+of sampling or requests.
 """
 
 from __future__ import annotations
@@ -12,7 +13,23 @@ import inspect
 
 import torch
 
+from tuneforge.errors import ConfigError
 from tuneforge.slot_cache import SlotCache, pack, slot_attention_on
+
+ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})  # keys per position
+
+
+def recurrent_state(model) -> str | None:
+    """What of `model` keeps a state other than keys and values per position, which a batch here cannot left-pad,
+    join or cut (None: nothing): transformers' stateful models (Mamba, RWKV, Jamba...) and layers such as
+    LFM2's "conv" or Qwen3-Next's "linear_attention"."""
+    config = model.config.get_text_config(decoder=True)
+    others = sorted(set(getattr(config, "layer_types", None) or ()) - ATTENTION_LAYERS)
+    if others:
+        return f"its {', '.join(others)} layers"
+    if getattr(model, "_is_stateful", False):
+        return "its layers"
+    return None
 
 
 def _forward_kwarg(model) -> str:
@@ -61,6 +78,12 @@ class CausalBatch:
     fuses_prefill = False  # newcomers are prefilled in a pass of their own (`step` is SlotBatch's)
 
     def __init__(self, model, pad_id: int) -> None:
+        if (state := recurrent_state(model)) is not None:
+            raise ConfigError(
+                f"a {model.config.model_type} model keeps a state other than a key and value per position in "
+                f"{state} (a recurrent state), which the serving engine's batch of key/value caches cannot hold; "
+                "`tuneforge generate` runs it (transformers' generate)"
+            )
         self.model = model
         self.pad_id = pad_id
         self.kwarg = _forward_kwarg(model)

@@ -131,6 +131,32 @@ def test_sliding_window_rows_of_different_lengths_decode_as_each_alone(family, t
                 torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("family", ["mamba", "lfm2"])
+def test_a_model_with_recurrent_state_is_refused_in_one_line(family, tmp_path):
+    """A model that keeps a recurrent or convolutional state beside (or instead of) keys and values per position
+    (Mamba; LFM2's convolution layers) cannot be left-padded, joined or cut as the running batch does: the engine
+    is refused when it is made, in one ConfigError naming the layers (`tuneforge serve` says it in one error:
+    line), where every request got a 500 from a server that said it was healthy."""
+    import transformers as T
+
+    from conftest import save_tiny_causal_lm
+    from tuneforge.errors import ConfigError
+    from tuneforge.generate import Generator
+    from tuneforge.serve.engine import GenerationEngine
+
+    if family == "mamba":
+        sizes = dict(hidden_size=32, num_hidden_layers=2, state_size=4, intermediate_size=64)
+        folder = save_tiny_causal_lm(tmp_path, T.MambaForCausalLM, T.MambaConfig, **sizes)
+    else:
+        sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+        layers = dict(max_position_embeddings=64, layer_types=["conv", "full_attention"])
+        folder = save_tiny_causal_lm(tmp_path, T.Lfm2ForCausalLM, T.Lfm2Config, **sizes, **layers)
+    generator = Generator(folder)
+    with pytest.raises(ConfigError, match="recurrent state") as refused:
+        GenerationEngine(generator)
+    assert "\n" not in str(refused.value) and "tuneforge generate" in str(refused.value)
+
+
 def test_a_full_waiting_list_is_refused(tiny_gpt2):
     from tuneforge.generate import Generator
     from tuneforge.serve.engine import GenerationEngine, QueueFull, SamplingParams, Sequence
