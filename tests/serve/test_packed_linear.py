@@ -49,6 +49,22 @@ def test_a_model_with_every_layer_packed_generates_what_it_generated(llama):
     assert greedy(llama, prompt) == before
 
 
+def test_a_model_that_reads_its_layers_weight_dtype_runs_packed(tiny_t5):
+    """T5's feed-forward casts its input to `self.wo.weight.dtype` in every forward: with its layers packed it
+    failed each one ('PackedLinear' object has no attribute 'weight'; a served T5 answered 500 and the server
+    exited); the packed layer tells its weight's dtype and shape, and T5 generates what it generated."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from tuneforge.serve.packed_linear import pack_linear_layers
+
+    t5 = AutoModelForSeq2SeqLM.from_pretrained(tiny_t5).eval()
+    ids = torch.tensor([[5, 17, 42, 9, 1]])
+    with torch.inference_mode():
+        before = t5.generate(ids, max_new_tokens=8, do_sample=False)
+        assert pack_linear_layers(t5, rows=4, faster=lambda layer, rows: True) > 0
+        assert t5.generate(ids, max_new_tokens=8, do_sample=False).tolist() == before.tolist()
+
+
 def packs_bf16() -> bool:
     """Whether this CPU's oneDNN packs bf16 weights at all (it needs avx512bw/vl/dq or avx_ne_convert: not on an
     AVX2-only CPU, where `packs_faster` then judges every bf16 layer unpackable and the server keeps it)."""

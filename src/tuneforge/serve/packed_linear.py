@@ -9,7 +9,7 @@ CPU and the dtype (its 576 x 576 gained 4%, its 576 -> 192 lost; an earlier hand
 bf16 on AMX), so `pack_linear_layers` times each distinct weight shape once, both ways, at the serving batch's
 rows, and swaps in `PackedLinear` only where packed is clearly faster. Inference only (no autograd), CPU only,
 plain `nn.Linear` only (quantized and adapter layers keep theirs); the swapped module drops its unpacked weight (a
-weight tied to the embeddings stays there).
+weight tied to the embeddings stays there), keeping a stand-in that tells its dtype and shape.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ class PackedLinear(torch.nn.Module):
         self.dtype = linear.weight.dtype
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
         self.bias = None if linear.bias is None else linear.bias.detach().to(self.dtype)
+        # the dropped weight's dtype and shape, which models read (T5 casts its input to `wo.weight.dtype`); on the
+        # meta device, holding no numbers: a computation with it fails rather than answers wrong
+        self.weight = torch.empty(linear.weight.shape, dtype=self.dtype, device="meta")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the weight's dtype in and out, as autocast runs a linear layer whose weight a predictor keeps in bf16 (this
