@@ -155,6 +155,30 @@ def test_entity_scores_are_seqeval_and_truncated_words_are_misses(tiny_bert, tmp
     assert scores["precision"] == 1.0 and scores["recall"] == 0.5  # Berlin, past the window, is missed
 
 
+def test_sentences_cut_to_max_length_are_counted_and_counted_again_from_the_cache(tiny_bert, conll_dir, tmp_path):
+    # a sentence longer than --max-length trained on its first words and scored with the rest missed, without a word
+    task = quiet_task("ner", tiny_bert, data_dir=str(conll_dir), max_length=12, cache_dir=str(tmp_path / "cache"))
+    tokenizer = task.load_tokenizer()
+    raw = task.load_raw()
+    task.use_labels(task.label_set(raw))
+    raw = {"validation": task.encode_labels(raw)["validation"]}
+    words = list(raw["validation"]["tokens"])
+    whole = [len(ids) for ids in tokenizer(words, is_split_into_words=True)["input_ids"]]
+    cut = sum(n > 12 for n in whole)
+    assert 0 < cut < len(words)
+    for reused in (False, True):  # the second run reads the cache and says it again
+        lines = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
+        assert ("reusing" in lines[0]) is reused
+        assert lines[-1] == (
+            f"validation: {cut} of {len(words)} sentences longer than max_length 12 tokens cut to their first 12 "
+            "(raise --max-length to keep them whole)"
+        )
+        want = tokenizer(words, is_split_into_words=True, truncation=True, max_length=12)["input_ids"]
+        assert feats["input_ids"] == want  # as before
+        assert "sentence_cut" not in feats.column_names
+
+
 def scored_as_gold(task) -> tuple[dict, dict]:
     """(the first validation sentence's batch, the scores of a model that predicts the gold tag at every token with a
     label): what evaluation makes of a perfect tagger."""

@@ -6,7 +6,8 @@ run_ner.py. The loss is summed over those first sub-tokens and normalised by the
 accumulation and ranks. Evaluation is entity-level precision/recall/F1 with `seqeval` (overall and
 per type) over whole sentences, every sentence once across ranks: words cut off by --max-length
 count as predicted O, so a truncated entity is a miss, not left out (so do words the tokenizer drops, such as a
-zero-width space: the words after one are scored against their own tags).
+zero-width space: the words after one are scored against their own tags). The log says per split how many sentences
+were cut to --max-length (data/tokenize.py's `report_cuts`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tuneforge.data.conll import (
     read_tagged,
     to_iob2,
 )
+from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
@@ -288,7 +290,7 @@ class TokenClassificationTask(Task):
         raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
 
         def fn(batch):
-            enc = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
+            enc, cut = encode_within(tokenizer, {"text": batch["tokens"], "is_split_into_words": True}, max_length)
             labels, tagged_words = [], []
             for i, tag_ids in enumerate(batch["tag_ids"]):
                 row, words, previous = [], [], None
@@ -303,6 +305,7 @@ class TokenClassificationTask(Task):
             enc["word_tags"] = batch["tag_ids"]
             enc["tagged_words"] = tagged_words  # the word of each label: a word without a token has none
             enc["length"] = [len(x) for x in enc["input_ids"]]
+            enc["sentence_cut"] = cut  # counted in the log line, then dropped
             return enc
 
         settings = {
@@ -311,10 +314,16 @@ class TokenClassificationTask(Task):
             "labels": self.label_names,
             "first_subtoken": True,
             "tagged_words": True,
+            "cut_flags": True,
         }
         cols = ["tokens", "tag_ids"]
+        limit = max_length or tokenizer.model_max_length
+        cuts = [Cut("sentence_cut", "sentences", "max_length", limit, "--max-length")]
         return datasets.DatasetDict(
-            {split: self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log) for split, ds in raw.items()}
+            {
+                split: report_cuts(split, self.tokenize_split(split, ds, cols, fn, tokenizer, settings, log), cuts, log)
+                for split, ds in raw.items()
+            }
         )
 
     def collate(self, rows, tokenizer):
