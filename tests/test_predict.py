@@ -385,3 +385,61 @@ def test_text_columns_of_another_count_than_the_model_was_trained_on_are_refused
     with pytest.raises(ConfigError, match=re.escape(says)):
         predict_file(str(model), str(inp), str(tmp_path / "out.jsonl"), text_columns=given)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("task", "model_class", "row", "rows_said", "kept"),
+    [
+        ("classification", "BertForSequenceClassification", lambda text: {"text": text}, "texts", "first"),
+        (
+            "multiple-choice",
+            "BertForMultipleChoice",
+            lambda text: {"question": text, "choices": ["a.", "b."]},
+            "questions with a choice (and its context)",
+            "first",
+        ),
+        ("embedding", "BertModel", lambda text: {"text": text}, "texts", "first"),
+        ("reward", "BertForSequenceClassification", lambda text: {"text": text}, "texts", "last"),
+    ],
+)
+def test_inputs_cut_to_the_trained_max_length_are_counted_in_one_note_line(
+    tmp_path, minilm_dir, capsys, task, model_class, row, rows_said, kept
+):
+    """Texts longer than the model's trained max_length (64 here) were predicted from their first (a reward model's:
+    last) 64 tokens without a word; one note line on stderr says how many, the output's rows as before."""
+    from tuneforge.predict import load_predictor
+
+    model = tiny_task_folder(tmp_path / "model", minilm_dir, task, model_class)
+    if task == "reward":  # a scorer: one output, and its export says it scores
+        from transformers import BertForSequenceClassification
+
+        save_tiny_bert(tmp_path / "model", minilm_dir, BertForSequenceClassification, num_labels=1)
+        (tmp_path / "model" / "tuneforge.json").write_text(json.dumps({"task": task, "max_length": 64, "scores": True}))
+    texts = ["a short one", "word " * 100, "another short text", "word " * 70 + "end", "ok"]
+    rows = [row(t) for t in texts]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "p.jsonl"
+    code, _, err = cli_main(capsys, "predict", model, "--input", str(tmp_path / "in.jsonl"), "--output", str(out))
+    assert code == 0, err
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert notes == [
+        f"note: 2 of 5 {rows_said} longer than max_length 64 tokens cut to their {kept} 64 (raise --max-length to "
+        "keep them whole)"
+    ]
+    items = [r["text"] for r in rows] if "text" in rows[0] else rows
+    want = load_predictor(model).predict(items)
+    assert read_jsonl(out) == [{"index": i, **json.loads(json.dumps(w))} for i, w in enumerate(want)]  # rows alone
+
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(row(t)) + "\n" for t in texts[::2]))
+    code, _, err = cli_main(capsys, "predict", model, "--input", str(tmp_path / "in.jsonl"), "--output", str(out))
+    assert code == 0 and "note:" not in err  # nothing cut, nothing said
+
+
+def test_a_cut_at_the_models_own_limit_is_not_told_to_raise_max_length(tmp_path, minilm_dir, capsys):
+    # --max-length above the model's 128 positions is refused: the note says where the texts end instead
+    model = tiny_task_folder(tmp_path / "model", minilm_dir, "classification", "BertForSequenceClassification")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "word " * 200}) + "\n")
+    args = ["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p.jsonl"), "--max-length", "128"]
+    code, _, err = cli_main(capsys, "predict", model, *args)
+    said = "note: 1 of 1 texts longer than max_length 128 tokens cut to their first 128 (the model reads no more than"
+    assert code == 0 and f"{said} its 128 positions)" in err.splitlines()

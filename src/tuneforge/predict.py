@@ -11,19 +11,29 @@ A predictor with an `embedding_size` answers with vectors (a sentence encoder): 
 dimensions)` gives them as a matrix, written as one {"index", "embedding"} line per row (`predict`), or a .npy
 matrix when --output ends in .npy; --dimensions keeps the first N of each vector, renormalised (Matryoshka).
 --dimensions and a .npy --output are refused for any other model.
+
+An input longer than the predictor's max_length is cut to it, as training cut it; the predictor keeps how many of its
+last inputs were (`last_cut`), which `note_cuts` says in one `note:` line on stderr, never in the output's rows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuneforge.artifacts import check_model_path, from_pretrained, generation_family, read_model_info
+from tuneforge.artifacts import (
+    check_model_path,
+    context_length,
+    from_pretrained,
+    generation_family,
+    read_model_info,
+)
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import json_text, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
@@ -247,14 +257,32 @@ def predict_file(
     if not vectors:
         check_predicts_vectors_only_where_asked(options, predictor.task)
     elif out.suffix.lower() == VECTOR_FORMAT:
-        return write_matrix(out, predictor.encode(items, options.batch_size, options.dimensions))
+        written = write_matrix(out, predictor.encode(items, options.batch_size, options.dimensions))
+        note_cuts(predictor)
+        return written
     extra = {"dimensions": options.dimensions} if vectors else {}
     preds = predictor.predict(items, batch_size=options.batch_size, **extra)
     out.parent.mkdir(parents=True, exist_ok=True)
     with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
         for i, p in enumerate(preds):
             fh.write(json_text({"index": i, **p}) + "\n")
+    note_cuts(predictor)
     return len(preds)
+
+
+def note_cuts(predictor) -> None:
+    """One `note:` line on stderr when the predictor cut inputs to its max_length (the output's rows, whose format
+    is fixed, say nothing of it): how many of how many, and how to keep them whole where the model reads more."""
+    counted = getattr(predictor, "last_cut", None)  # (NER and QA read a long text in windows: nothing is cut)
+    if not counted or not counted.count:
+        return
+    model = getattr(predictor, "model", None) or getattr(getattr(predictor, "encoder", None), "model", None)
+    positions = context_length(model.config) if model is not None else None
+    if positions and counted.limit >= positions:
+        way_out = f"the model reads no more than its {positions} positions"
+    else:
+        way_out = "raise --max-length to keep them whole"
+    print(f"note: {counted} ({way_out})", file=sys.stderr, flush=True)
 
 
 def check_predicts_vectors_only_where_asked(options: PredictOptions, task: str) -> None:

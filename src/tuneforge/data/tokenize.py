@@ -7,6 +7,7 @@ second identical run reuses the cache and any other tokenizer or setting never d
 Cuts: `encode_within` truncates a batch to a task's length limit and says which rows it cut; the task keeps those
 flags as a column of its cached features (so a cached run counts them again without tokenizing), and `report_cuts`
 turns them into one log line per split (how many of how many rows, the limit, the flag to raise) and drops them.
+A predictor keeps the `CutCount` of its last inputs, which `tuneforge predict` says in one note line.
 
 A process that reads a key's files holds a shared lock on the key's lock file (`.KEY.lock`) until it ends, as
 data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the files it copied into prepared shards
@@ -140,6 +141,21 @@ def report_cuts(split: str, feats: datasets.Dataset, cuts: list[Cut], log: Calla
     if said:
         log(f"{split}: {', '.join(said)} (raise {' / '.join(flags)} to keep them whole)")
     return feats.remove_columns([cut.column for cut in cuts])
+
+
+@dataclass(frozen=True)
+class CutCount:
+    """How many of a predictor's last inputs it cut to its max_length (what `tuneforge predict` says in a note line;
+    the predictions themselves say nothing of it), in a report's words (`str`)."""
+
+    count: int
+    total: int
+    rows: str
+    limit: int
+    kept: str = "first"
+
+    def __str__(self) -> str:
+        return cut_phrase(self.count, self.total, self.rows, "max_length", self.limit, self.kept)
 
 
 def cut_phrase(count: int, total: int, rows: str, name: str, limit: int, kept: str = "first") -> str:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
-from tuneforge.data.tokenize import Cut, encode_within, report_cuts
+from tuneforge.data.tokenize import Cut, CutCount, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import (
     MetricStream,
@@ -525,6 +525,7 @@ class ClassificationPredictor:
         self.multi_label = config.problem_type == "multi_label_classification"
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")
+        self.last_cut: CutCount | None = None  # of the last inputs predicted (`tuneforge predict` says it)
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
@@ -536,7 +537,9 @@ class ClassificationPredictor:
         widths = {len(p) for p in pairs}
         if len(widths) != 1 or not widths <= {1, 2}:
             raise DataError("inputs must be all single texts or all (text, text) pairs")
-        enc = self.tokenizer(*[list(col) for col in zip(*pairs)], truncation=True, max_length=self.max_length)
+        texts = dict(zip(("text", "text_pair"), (list(col) for col in zip(*pairs))))
+        enc, cut = encode_within(self.tokenizer, texts, self.max_length)
+        self.last_cut = CutCount(sum(cut), len(pairs), "texts" if len(texts) == 1 else "text pairs", self.max_length)
         lengths = [len(ids) for ids in enc["input_ids"]]
         results: list[dict | None] = [None] * len(pairs)
         for idx in length_batches(lengths, batch_size, on_cpu=self.device.type == "cpu"):

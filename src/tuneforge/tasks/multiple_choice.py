@@ -27,7 +27,7 @@ from tuneforge.data.choices import (
     read_choices,
 )
 from tuneforge.data.sources import check_file
-from tuneforge.data.tokenize import Cut, encode_within, report_cuts
+from tuneforge.data.tokenize import Cut, CutCount, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
@@ -303,6 +303,7 @@ class ChoicePredictor:
         self.device = inference_device(device)
         self.model.to(self.device)
         self.precision = ServingPrecision(self.model, self.device)
+        self.last_cut: CutCount | None = None  # of the last inputs predicted (`tuneforge predict` says it)
 
     @staticmethod
     def check_inputs(rows: list[dict]) -> None:
@@ -326,14 +327,15 @@ class ChoicePredictor:
                 if row.get(key) is not None and not isinstance(row[key], str):
                     raise DataError(f"input {i}: {key!r} must be a text; each input is {shape}")
 
-    def _encode(self, rows: list[dict]) -> dict[str, list]:
-        """Every (context, prefix + ending) pair of `rows`, choice after choice, row after row, tokenized unpadded."""
+    def _encode(self, rows: list[dict]) -> tuple[dict[str, list], list[bool]]:
+        """Every (context, prefix + ending) pair of `rows`, choice after choice, row after row, tokenized unpadded,
+        and which pairs were cut to max_length."""
         first, second = [], []
         for row in rows:
             a, b = choice_pairs(row.get("question") or "", row.get("prefix") or "", row["choices"])
             first += a
             second += b
-        return self.tokenizer(first, second, truncation=True, max_length=self.max_length)
+        return encode_within(self.tokenizer, {"text": first, "text_pair": second}, self.max_length)
 
     @torch.inference_mode()
     def predict(self, rows: list[dict], batch_size: int = 16) -> list[dict]:
@@ -344,9 +346,11 @@ class ChoicePredictor:
         by_width: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             by_width.setdefault(len(row["choices"]), []).append(i)
+        cut_rows = 0
         for width, members in by_width.items():
-            enc = self._encode([rows[i] for i in members])
+            enc, cut = self._encode([rows[i] for i in members])
             pairs = [range(m * width, (m + 1) * width) for m in range(len(members))]
+            cut_rows += sum(any(cut[j] for j in pair) for pair in pairs)
             lengths = [max(len(enc["input_ids"][j]) for j in pair) for pair in pairs]
             for run in length_batches(lengths, batch_size, on_cpu=self.device.type == "cpu"):
                 picked = {k: [enc[k][j] for r in run for j in pairs[r]] for k in enc.keys()}
@@ -358,4 +362,5 @@ class ChoicePredictor:
                 for r, p in zip(run, probs.tolist()):
                     i, best = members[r], int(np.argmax(p))
                     out[i] = {"label": best, "choice": rows[i]["choices"][best], "score": p[best], "scores": p}
+        self.last_cut = CutCount(cut_rows, len(rows), "questions with a choice (and its context)", self.max_length)
         return out  # type: ignore[return-value]

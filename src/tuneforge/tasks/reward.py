@@ -34,6 +34,7 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import check_model_path, check_tokenizer_files, from_pretrained, read_model_info
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
+from tuneforge.data.tokenize import CutCount, encode_within
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import Task, set_dropout
@@ -72,24 +73,47 @@ def encode_scored(tokenizer, prompt, completion, max_length: int | None = None) 
     """The token ids a scorer reads for prompt + completion (TRL RewardTrainer's): text + eos tokenized whole, or
     a conversation's chat template (a tokenizer without one: the conversation joined, as text). `max_length`: cut
     to that many tokens from the left (the tokenizer's special tokens kept), so the completion stays whole."""
-    cut = {"truncation": True, "max_length": max_length} if max_length else {}
+    return encode_scored_within(tokenizer, prompt, completion, max_length)[0]
+
+
+def encode_scored_within(tokenizer, prompt, completion, max_length: int | None = None) -> tuple[list[int], bool]:
+    """`encode_scored`, and whether max_length cut the row (data/tokenize.py's `encode_within`)."""
     side, tokenizer.truncation_side = tokenizer.truncation_side, "left"
     try:
         if isinstance(prompt, list) or isinstance(completion, list):
             messages = as_messages(prompt, "user") + as_messages(completion, "assistant")
             if getattr(tokenizer, "chat_template", None):
-                return list(
-                    tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **cut)["input_ids"]
-                )
+                return chat_ids_within(tokenizer, messages, max_length)
             text = joined(messages)
         else:
             text = prompt + completion
         eos = tokenizer.eos_token
         if eos and not text.endswith(eos):
             text += eos
-        return list(tokenizer(text, **cut)["input_ids"])
+        if not max_length:
+            return list(tokenizer(text)["input_ids"]), False
+        enc, cut = encode_within(tokenizer, {"text": [text]}, max_length)
+        return list(enc["input_ids"][0]), cut[0]
     finally:
         tokenizer.truncation_side = side
+
+
+def chat_ids_within(tokenizer, messages: list[dict], max_length: int | None) -> tuple[list[int], bool]:
+    """A conversation's chat-template token ids, cut to `max_length` on the tokenizer's truncation side, and whether
+    they were (a fast tokenizer's encoding keeps what the cut left over; a slow one's is tokenized to a token more
+    first, as `encode_within` does)."""
+
+    def encode(limit: int | None):
+        cut = {"truncation": True, "max_length": limit} if limit else {}
+        return tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **cut)
+
+    if not max_length:
+        return list(encode(None)["input_ids"]), False
+    if tokenizer.is_fast:
+        enc = encode(max_length)
+        return list(enc["input_ids"]), bool(enc.encodings[0].overflowing)
+    longer = list(encode(max_length + 1)["input_ids"])
+    return (list(encode(max_length)["input_ids"]), True) if len(longer) > max_length else (longer, False)
 
 
 def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,13 +371,20 @@ class RewardPredictor(ClassificationPredictor):
         assistant messages)."""
         if len(prompts) != len(completions):
             raise DataError(f"{len(prompts)} prompts but {len(completions)} completions; give one completion each")
-        rows = [encode_scored(self.tokenizer, p, c, self.max_length) for p, c in zip(prompts, completions)]
+        rows = self._encode(prompts, completions, "prompt and completion pairs")
         return self.score_ids(rows, batch_size) if rows else []
+
+    def _encode(self, prompts: Sequence, completions: Sequence, rows: str) -> list[list[int]]:
+        """The token ids of each prompt + completion (`encode_scored`); how many were cut is kept (`last_cut`)."""
+        encoded = [encode_scored_within(self.tokenizer, p, c, self.max_length) for p, c in zip(prompts, completions)]
+        self.last_cut = CutCount(sum(cut for _, cut in encoded), len(encoded), rows, self.max_length, kept="last")
+        return [ids for ids, _ in encoded]
 
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
         """One {"score": float} per input, in input order: a text, or a (prompt, completion) pair."""
         items = [tuple(x) if isinstance(x, (tuple, list)) else (x, "") for x in inputs]
         if any(len(item) != 2 or not all(isinstance(t, str) for t in item) for item in items):
             raise DataError("inputs must be texts or (prompt, completion) pairs of texts")
-        scores = self.scores([p for p, _ in items], [c for _, c in items], batch_size)
-        return [{"score": s} for s in scores]
+        rows = "texts" if all(isinstance(x, str) for x in inputs) else "prompt and completion pairs"
+        encoded = self._encode([p for p, _ in items], [c for _, c in items], rows)
+        return [{"score": s} for s in (self.score_ids(encoded, batch_size) if encoded else [])]

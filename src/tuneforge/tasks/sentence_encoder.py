@@ -96,9 +96,18 @@ class SentenceEncoder:
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's token ids as the folder's sentence-transformers config has it tokenized: after its default
         prompt, lowercased where it says do_lower_case, cut at max_length."""
+        return self.tokenize_within(texts)[0]
+
+    def tokenize_within(self, texts: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
+        """`tokenize`, and which texts were cut at max_length."""
+        from tuneforge.data.tokenize import encode_within  # (datasets loads with it: not at every import)
+
         texts = [self.prompt + t for t in texts]
         texts = [t.lower() for t in texts] if self.lowercase else texts
-        return self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"] if texts else []
+        if not texts:
+            return [], []
+        enc, was_cut = encode_within(self.tokenizer, {"text": texts}, self.max_length)
+        return enc["input_ids"], was_cut
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64, dims: int | None = None) -> np.ndarray:
@@ -155,6 +164,7 @@ class EmbeddingPredictor:
         self.matryoshka_dims = [int(d) for d in self.encoder.info.get("matryoshka_dims") or []]
         self.vocab_size = int(self.encoder.model.get_input_embeddings().num_embeddings)
         self.precision = self.encoder.precision
+        self.last_cut = None  # its CutCount of the last inputs embedded (`tuneforge predict` says it)
 
     def check_dimensions(self, dimensions: int | None) -> None:
         if dimensions is not None and not 1 <= dimensions <= self.embedding_size:
@@ -190,11 +200,14 @@ class EmbeddingPredictor:
             problem = self.input_problem(item)
             if problem:
                 raise DataError(f"input {i + 1} {problem}")
+        from tuneforge.data.tokenize import CutCount
+
         ids = [None if isinstance(item, str) else list(item) for item in items]
         texts = [i for i, item in enumerate(items) if isinstance(item, str)]
-        if texts:
-            for i, row in zip(texts, self.encoder.tokenize([items[i] for i in texts])):
-                ids[i] = row
+        encoded, was_cut = self.encoder.tokenize_within([items[i] for i in texts])
+        for i, row in zip(texts, encoded):
+            ids[i] = row
+        self.last_cut = CutCount(sum(was_cut), len(items), "texts", self.max_length)  # (token ids are never cut)
         return ids
 
     def encode(self, items: Sequence, batch_size: int = 64, dimensions: int | None = None) -> np.ndarray:
