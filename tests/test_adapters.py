@@ -6,6 +6,7 @@ one process does, and predict / generate / serve take the adapter folder as they
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -370,6 +371,20 @@ def test_a_resume_with_another_adapter_or_base_is_one_line(
     proc = in_process(capfd, *args, "--batch-size", "16", "--resume", single / "checkpoint-10")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert said in proc.stderr, proc.stderr
+
+
+def test_a_resume_with_another_adapter_under_launched_workers_is_one_line(
+    single, lora_base, parity_data, cache_dir, tmp_path
+):
+    """The check runs in each worker: under --nproc 2 it was the line twice, torch's traceback and exit 1."""
+    run = tmp_path / "run"
+    shutil.copytree(single, run)
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    args = backend_train_args(lora_base, parity_data, cache_dir, run, *LORA[:3], "8", "--no-group-by-length", lr="2e-2")
+    proc = run_cli(*args, "--batch-size", "8", "--backend", "ddp", "--nproc", "2", "--resume", timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("error: ") and "this run has adapter lora r=8" in proc.stderr
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing lost
 
 
 def test_merge_needs_an_adapter_folder(capfd, tmp_path, tiny_bert):

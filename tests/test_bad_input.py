@@ -181,6 +181,17 @@ def test_max_length_above_model_limit(capfd, tmp_path, tiny_bert, files):
     assert_refused(proc, tmp_path, "max_length 256", "limit of 128", "--max-length 128")
 
 
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [("--text-column", "txt", "column 'txt' not found"), ("--max-length", "256", "use --max-length 128 or less")],
+)
+def test_bad_input_under_launched_workers_is_one_line(tmp_path, tiny_bert, files, flag, value, said):
+    """Under --nproc 2 each worker printed the line, torch's elastic agent its traceback after it (the other rank its
+    broken collective's) and the launcher "training workers failed", exit 1: now the launcher says the line once."""
+    args = train_args(tmp_path, tiny_bert, *files, "--backend", "ddp", "--nproc", "2", flag, value)
+    assert_refused(run_cli(*args, timeout=300), tmp_path, said)
+
+
 def test_predict_bad_column_writes_nothing(capfd, tmp_path, tiny_bert):
     """predict checks its input before loading the model and never leaves a partial output."""
     inp = write_sentiment_csv(tmp_path / "in.csv", 4)

@@ -1,7 +1,8 @@
 """`tuneforge` command line: train, eval, prepare, predict, export, generate, chat, serve, sweep, runs, download, env.
 
-Every user error ends with one line on stderr and exit code 2; a failed worker with exit 1. Anything
-else is a bug in tuneforge: one line on stderr saying so and where its traceback was written, exit 1.
+Every user error ends with one line on stderr and exit code 2, one a launched worker finds too (said once, by the
+launcher); a failed worker with exit 1. Anything else is a bug in tuneforge: one line on stderr saying so and where
+its traceback was written, exit 1.
 """
 
 from __future__ import annotations
@@ -482,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         _quiet_libraries(ns.command)
         return ns.func(ns)
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        launch.report_user_error(err)  # in a worker we launched: shown once, by the launching process
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -493,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 141
     except Exception as err:  # never a bare traceback; never exit 2 (that is the user's mistake)
+        if launch.user_error_reported():  # a worker whose peer stopped on a user error: the launcher shows that
+            return 1
         return _internal_error(err, argv)
 
 

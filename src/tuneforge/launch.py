@@ -5,7 +5,9 @@
 - Otherwise, with nproc > 1 or nnodes > 1, the parent runs torch's elastic agent (torchrun's, with
   the launch config torchrun would make of the same flags) in its own process. The agent starts the
   workers, restarts them (--max-restarts) and stops them all when one fails; the parent waits,
-  returns the main rank's result, and fails if a worker failed. `tuneforge train`/`eval` fork their
+  returns the main rank's result, and fails if a worker failed. A worker's user error (a bad input
+  only a worker finds: a column, a checkpoint) is handed back, not printed: the parent says it in
+  one line, once for all ranks, and exits 2 as a one-process run would. `tuneforge train`/`eval` fork their
   workers from the parent, which has loaded the code already (a second start-up of Python, torch
   and transformers in each worker costs more than a small run); a script (`python train.py`,
   unless it asks `Trainer(..., fork_workers=True)`) is re-run in each worker, as torchrun would,
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import re
 import signal
@@ -45,6 +48,7 @@ from tuneforge.files import write_text
 
 LAUNCHED_FLAG = "TUNEFORGE_LAUNCHED"
 RESULT_FILE_VAR = "TUNEFORGE_RESULT_FILE"  # where the main worker hands its result back
+USER_ERROR_FILE_VAR = "TUNEFORGE_USER_ERROR_FILE"  # where a worker hands its user error back (the first rank's)
 
 
 class WorkerFailure(UserError):
@@ -331,6 +335,72 @@ def hand_back(result: dict, is_main: bool) -> dict:
     return result
 
 
+def report_user_error(err: UserError) -> None:
+    """A user error's one `error:` line on stderr; in a worker we launched, handed to the launching process instead
+    (the first rank's only), which shows it once for all ranks and exits as the command itself would."""
+    target = os.environ.get(USER_ERROR_FILE_VAR)
+    if target:
+        try:
+            with open(target, "x", encoding="utf-8") as fh:  # "x": another rank's, written first, stays
+                json.dump({"kind": type(err).__name__, "message": str(err), "exit_code": err.exit_code}, fh)
+            return
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # the launcher's folder is gone: the line is shown here
+    print(f"error: {err}", file=sys.stderr, flush=True)
+
+
+def user_error_reported() -> bool:
+    """Whether, in a worker we launched, a rank has handed back a user error: this worker's own failure that
+    follows (a collective whose peer left) is its consequence, and the launcher's one line says it all."""
+    target = os.environ.get(USER_ERROR_FILE_VAR)
+    return bool(target) and Path(target).exists()
+
+
+def _workers_user_error(error_file: Path) -> UserError | None:
+    """The user error a worker handed back (`report_user_error`), as its own kind (ConfigError, DataError, ...) with
+    its exit code; None where none did."""
+    from tuneforge import errors
+
+    try:
+        reported = json.loads(error_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    kind = getattr(errors, str(reported.get("kind")), None)
+    known = isinstance(kind, type) and issubclass(kind, UserError)  # a worker's own class (WorkerFailure): UserError
+    err = (kind if known else UserError)(str(reported.get("message", "")))
+    err.exit_code = int(reported.get("exit_code", UserError.exit_code))
+    return err
+
+
+# the loggers that report a failed worker group: its failure, the workers stopped, a restart
+ELASTIC_LOGGERS = (
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.launcher.api",
+    "torch.multiprocessing.spawn",
+)
+
+
+@contextmanager
+def _quiet_on_user_error(error_file: Path):
+    """torch elastic's report of a failed worker (its ProcessExitedException traceback, the other workers stopped)
+    dropped once a worker has handed back a user error: the launcher's one line of it says it all."""
+
+    def quiet(_record: logging.LogRecord) -> bool:
+        return not error_file.exists()
+
+    loggers = [logging.getLogger(name) for name in ELASTIC_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
 def launch_workers(config, forked_work=None) -> dict:
     """Run the workers to completion; return the main rank's result (on node 0) or {}.
 
@@ -341,17 +411,24 @@ def launch_workers(config, forked_work=None) -> dict:
     """
     threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs_on_this_node(config))))
     with tempfile.TemporaryDirectory(prefix="tuneforge-launch-") as tmp:
-        result_file = Path(tmp) / "result.json"
-        env = {LAUNCHED_FLAG: "1", RESULT_FILE_VAR: str(result_file), "OMP_NUM_THREADS": threads}
+        result_file, error_file = Path(tmp) / "result.json", Path(tmp) / "user-error.json"
+        env = {
+            LAUNCHED_FLAG: "1",
+            RESULT_FILE_VAR: str(result_file),
+            USER_ERROR_FILE_VAR: str(error_file),
+            "OMP_NUM_THREADS": threads,
+        }
         if config.max_restarts:  # a shared rendezvous store keeps stale keys across restarts (pytorch#135712)
             env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
         if config.hostfile:
             code = _run_stopping_with_us(hostfile_command(config), {**os.environ, **env})
         else:
-            with _environment(env):  # the agent hands this process's environment to the workers it starts
+            # the agent hands this process's environment to the workers it starts
+            with _environment(env), _quiet_on_user_error(error_file):
                 code = _run_agent(config, forked_work if forked_work and forks_workers(config) else None)
         if code != 0:
-            raise WorkerFailure(f"training workers failed (exit code {code}); the worker's error is shown above")
+            failure = WorkerFailure(f"training workers failed (exit code {code}); the worker's error is shown above")
+            raise _workers_user_error(error_file) or failure
         # the main rank runs on node 0: other nodes' parents have nothing to return
         if result_file.exists():
             return json.loads(result_file.read_text())
@@ -453,11 +530,12 @@ def _forked_worker(work, threads: int) -> None:
     except SignalException as stopped:  # the agent's handler, forked with it: it is stopping the workers
         raise SystemExit(128 + stopped.sigval) from None
     except UserError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        report_user_error(err)
         raise SystemExit(err.exit_code) from None
     except Exception:
-        traceback.print_exc()
-        sys.stderr.flush()
+        if not user_error_reported():
+            traceback.print_exc()
+            sys.stderr.flush()
         raise SystemExit(1) from None
 
 
