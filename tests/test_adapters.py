@@ -387,6 +387,19 @@ def test_a_resume_with_another_adapter_under_launched_workers_is_one_line(
     assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before  # nothing lost
 
 
+def test_an_fsdp_adapter_checkpoint_resumed_on_single_advises_what_works(
+    capfd, lora_base, parity_data, cache_dir, tmp_path
+):
+    """The refusal advised "`tuneforge export` it", which refuses an adapter run's checkpoint."""
+    args = backend_train_args(lora_base, parity_data, cache_dir, tmp_path / "run", *LORA, lr="2e-2")
+    written = run_cli(*args, "--backend", "fsdp", "--max-steps", "1", "--save-steps", "1")
+    assert written.returncode == 0, written.stderr[-3000:]
+    proc = in_process(capfd, *args, "--max-steps", "2", "--resume")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "resume with --backend fsdp (an adapter run's checkpoint holds the adapters" in proc.stderr
+    assert "`tuneforge export --merge OUTPUT_DIR/model OUT`" in proc.stderr
+
+
 def test_merge_needs_an_adapter_folder(capfd, tmp_path, tiny_bert):
     proc = in_process(capfd, "export", "--merge", tiny_bert, str(tmp_path / "out"))
     assert proc.returncode == 2 and "is not an adapter folder" in proc.stderr, proc.stderr

@@ -66,6 +66,7 @@ import torch
 from tuneforge.artifacts import first_error_line, write_model_info
 from tuneforge.backends.layouts import full_weights as full_weights
 from tuneforge.backends.layouts import has_full_weights as has_full_weights
+from tuneforge.backends.layouts import new_run_hint
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, json_text, write_text
 from tuneforge.paths import (
@@ -499,7 +500,7 @@ def check_backend_reads(path: Path, meta: dict, config) -> None:
     from tuneforge.launch import dist_env
 
     backend = get_backend(config, dist_env())
-    refused = backend.layout.refusal(backend, path, meta.get("backend"))
+    refused = backend.layout.refusal(backend, path, meta.get("backend"), adapter=bool(meta.get("adapter")))
     if refused:
         raise CheckpointError(refused)
 
@@ -518,8 +519,8 @@ def check_same_optimizer(path: Path, config) -> None:
         if key in saved and saved[key] != now[key]:
             raise CheckpointError(
                 f"optim.{key} is {saved[key]!r} in the checkpoint's config.yaml but {now[key]!r} here, and a resume "
-                f"continues the optimizer state of {str(path)!r}, which holds it; resume with its value, or start a "
-                "new run from the exported checkpoint (`tuneforge export`)"
+                f"continues the optimizer state of {str(path)!r}, which holds it; resume with its value"
+                f"{new_run_hint(bool(read_meta(path).get('adapter')))}"
             )
 
 
@@ -555,7 +556,7 @@ def check_compatible(path: Path, saved: dict, now: dict, backend) -> None:
             f"checkpoint {str(path)!r} trained {trained} weight tensors but this run trains {trains}: resume "
             "with the --freeze-layers and --freeze-embeddings it was saved with (its config.yaml has them)"
         )
-    refused = backend.layout.refusal(backend, path, saved.get("backend"))
+    refused = backend.layout.refusal(backend, path, saved.get("backend"), adapter=bool(saved.get("adapter")))
     if refused:
         raise CheckpointError(refused)
 

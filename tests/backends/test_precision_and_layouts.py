@@ -160,3 +160,19 @@ def test_reading_a_folder_without_the_layouts_files_is_one_line(tmp_path):
         layouts.read_weights("dcp", tmp_path, "tp")  # no sharded/.metadata: read as a full checkpoint
     with pytest.raises(CheckpointError, match=r"holds no DeepSpeed state \(deepspeed/\)"):
         layouts.DeepSpeedLayout.read_weights(Path(tmp_path), "deepspeed")
+
+
+def test_a_refusal_names_deepspeed_shards_and_advises_a_way_that_works(tmp_path):
+    """fsdp and tp said of a DeepSpeed checkpoint that it held "neither sharded weights ... nor model.safetensors",
+    not whose it was; and every refusal advised "`tuneforge export` it", which an adapter run's checkpoint is not."""
+    (tmp_path / layouts.DEEPSPEED_DIR).mkdir()
+    fsdp = backend_class("fsdp")(build_config(backend="fsdp"), launch.dist_env())
+    said = fsdp.layout.refusal(fsdp, tmp_path, "deepspeed")
+    assert "holds DeepSpeed's ZeRO shards (deepspeed/), written by backend 'deepspeed'" in said
+    assert "resume with --backend deepspeed, or `tuneforge export` it" in said
+    sharded = tmp_path / "fsdp-run"
+    (sharded / layouts.SHARDED_DIR).mkdir(parents=True)
+    single = single_backend()
+    said = single.layout.refusal(single, sharded, "fsdp", adapter=True)
+    assert "resume with --backend fsdp (an adapter run's checkpoint" in said and "`tuneforge export` it" not in said
+    assert "`tuneforge export --merge OUTPUT_DIR/model OUT`" in said

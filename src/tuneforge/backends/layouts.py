@@ -15,8 +15,9 @@ checkpoint; `tuneforge export` reads weights through here):
                 number of processes, read offline with zero_to_fp32
 
 Each layout has `save(backend, path, model, optimizer)`, `load(backend, path, model, optimizer)` (a
-collective where the backend's state is), `refusal(backend, path, written_by)`: why `backend` cannot resume
-a checkpoint (one line, or None; asked before any worker starts, as `load` asks it) and
+collective where the backend's state is), `refusal(backend, path, written_by, adapter=)`: why `backend` cannot
+resume a checkpoint (of an adapter run or not; one line, or None; asked before any worker starts, as `load` asks
+it) and
 `read_weights(path, backend_name)`: the full weights (CPU) without a process group. `layout_for(kind,
 adapter)` picks one; the backend names its kind (`Backend.checkpoint_layout`).
 """
@@ -68,6 +69,18 @@ def _load_optimizer(path: Path, optimizer, device) -> None:
         optimizer.load_state_dict(torch.load(Path(path) / OPTIMIZER_FILE, map_location=device, weights_only=True))
 
 
+def new_run_hint(adapter: bool) -> str:
+    """The way to a new run from a checkpoint the backend cannot resume, after a refusal's 'resume with ...'.
+    `adapter`: the checkpoint is of an adapter run, which `tuneforge export` refuses (the adapters and head only)."""
+    if adapter:
+        return (
+            " (an adapter run's checkpoint holds the adapters and the head only, which `tuneforge export` does not "
+            "take); once its run has finished, `tuneforge export --merge OUTPUT_DIR/model OUT` makes a model to "
+            "start a new run from"
+        )
+    return ", or `tuneforge export` it and start a new run from the exported model"
+
+
 # ---- full and adapter: one file of weights, written by the main rank --------------------------------
 class FullLayout:
     name = "full"
@@ -79,13 +92,12 @@ class FullLayout:
             save_model(backend.unwrap(model), str(Path(path) / FULL_WEIGHTS))
             torch.save(optimizer.state_dict(), Path(path) / OPTIMIZER_FILE)
 
-    def refusal(self, backend, path: Path, written_by: str | None) -> str | None:
+    def refusal(self, backend, path: Path, written_by: str | None, *, adapter: bool = False) -> str | None:
         if holds_unsharded_weights(path):
             return None
         return (
             f"checkpoint {str(path)!r} holds sharded weights written by backend {written_by!r}, which backend "
-            f"{backend.name!r} cannot read; resume with --backend {written_by}, or `tuneforge export` it and start "
-            "a new run from the exported model"
+            f"{backend.name!r} cannot read; resume with --backend {written_by}{new_run_hint(adapter)}"
         )
 
     def load(self, backend, path: Path, model: nn.Module, optimizer) -> None:
@@ -157,9 +169,15 @@ class DCPLayout:
         model_state, optim_state = get_state_dict(model, optimizer, options=self._state_options())
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=Path(path) / SHARDED_DIR)
 
-    def refusal(self, backend, path: Path, written_by: str | None) -> str | None:
+    def refusal(self, backend, path: Path, written_by: str | None, *, adapter: bool = False) -> str | None:
         if (Path(path) / SHARDED_DIR / ".metadata").exists() or has_full_weights(path):
             return None
+        if (Path(path) / DEEPSPEED_DIR).is_dir():
+            return (
+                f"checkpoint {str(path)!r} holds DeepSpeed's ZeRO shards ({DEEPSPEED_DIR}/), written by backend "
+                f"{written_by or 'deepspeed'!r}, which backend {backend.name!r} cannot read; resume with --backend "
+                f"{written_by or 'deepspeed'}{new_run_hint(adapter)}"
+            )
         return (
             f"checkpoint {str(path)!r} holds neither sharded weights ({SHARDED_DIR}/.metadata) nor {FULL_WEIGHTS}; "
             f"backend {backend.name!r} resumes from its own sharded checkpoints or a {FULL_WEIGHTS} one"
@@ -167,7 +185,7 @@ class DCPLayout:
 
     def load(self, backend, path: Path, model: nn.Module, optimizer) -> None:
         path = Path(path)
-        refused = self.refusal(backend, path, None)
+        refused = self.refusal(backend, path, None, adapter=self.adapter)
         if refused:
             raise CheckpointError(refused)
         if (path / SHARDED_DIR / ".metadata").exists():
@@ -258,13 +276,12 @@ class DeepSpeedLayout:
         # an adapter run: the weights that train only (the frozen base comes from its model folder)
         model.save_checkpoint(str(path), tag=DEEPSPEED_DIR, save_latest=False, exclude_frozen_parameters=self.adapter)
 
-    def refusal(self, backend, path: Path, written_by: str | None) -> str | None:
+    def refusal(self, backend, path: Path, written_by: str | None, *, adapter: bool = False) -> str | None:
         folder = Path(path) / DEEPSPEED_DIR
         if not folder.is_dir():
             return (
                 f"checkpoint {str(path)!r} holds no DeepSpeed state ({DEEPSPEED_DIR}/); backend 'deepspeed' resumes "
-                "only its own checkpoints: resume with the backend that wrote it, or `tuneforge export` it and train "
-                "from the exported model"
+                f"only its own checkpoints: resume with the backend that wrote it{new_run_hint(adapter)}"
             )
         # ZeRO-3 partitions the weights: each rank writes zero_pp_rank_R_mp_rank_00_model_states.pt, where stages 1
         # and 2 (which load each other's) write one mp_rank_00_model_states.pt
@@ -275,12 +292,12 @@ class DeepSpeedLayout:
         return (
             f"DeepSpeed checkpoint {str(path)!r} was written with ZeRO stage {3 if written_stage3 else '1 or 2'}, "
             f"this run has stage {stage}, and DeepSpeed loads a stage 3 checkpoint on stage 3 only; resume with "
-            f"--zero-stage {3 if written_stage3 else 2}, or `tuneforge export` it and train from the exported model"
+            f"--zero-stage {3 if written_stage3 else 2}{new_run_hint(adapter)}"
         )
 
     def load(self, backend, path: Path, model, optimizer) -> None:
         folder = Path(path) / DEEPSPEED_DIR
-        refused = self.refusal(backend, path, None)
+        refused = self.refusal(backend, path, None, adapter=self.adapter)
         if refused:
             raise CheckpointError(refused)
         shards = len(list(folder.glob("*optim_states.pt")))
@@ -288,7 +305,7 @@ class DeepSpeedLayout:
             raise CheckpointError(
                 f"DeepSpeed checkpoint {str(path)!r} holds {shards} ZeRO shards, this run has {backend.dp_size} "
                 f"process{'es' if backend.dp_size > 1 else ''}; "
-                f"resume with --nproc {shards}, or `tuneforge export` it and train from the exported model"
+                f"resume with --nproc {shards}{new_run_hint(self.adapter)}"
             )
         loaded, _ = model.load_checkpoint(
             str(path),
