@@ -148,6 +148,11 @@ def test_harness_after_train_scores_the_exported_adapter_folder(lora_run_with_ha
     assert sorted(p.name for p in (run / "harness").iterdir()) == ["results.json", "results.md"]
     scores = strict_json(run / "harness" / "results.json")["results"]["piqa"]
     assert result["harness"]["piqa"]["acc,none"] == scores["acc,none"]
+    written = strict_json(run / "result.json")  # the scores are the run's metrics, the filter `none` unsaid
+    assert (
+        written["harness/piqa/acc"] == scores["acc,none"]
+        and written["harness/piqa/acc_norm"] == scores["acc_norm,none"]
+    )
     assert (run / "model" / "adapter_config.json").is_file()  # the export is an adapter folder
 
     merged = load_merged(AutoModelForCausalLM, run / "model").eval()
@@ -170,6 +175,51 @@ def test_the_harness_model_of_an_adapter_folder_is_its_base_with_the_adapter_mer
         base = AutoModelForCausalLM.from_pretrained(long_llama).eval()(input_ids=ids).logits
     assert torch.allclose(harness, merged, atol=1e-5)
     assert (harness - base).abs().max() > 1e-3  # the adapter trained: it is in the scores
+
+
+def test_harness_scores_after_training_are_metrics_of_the_runs_result(tiny_llama, shared_data, tmp_path, capsys):
+    """--harness-after-train's scores join result.json as metrics `harness/TASK/METRIC/FILTER` (the harness's
+    `exact_match,strict-match`), on the `final:` line and in `tuneforge runs`; a sweep can read them there."""
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
+    run = tmp_path / "run"
+    base = train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run, quiet=True)
+    harness = [f"--harness-after-train=gsm8k={shared_data / 'gsm8k'}", "harness_after_train.limit=1"]
+    code, stdout, err = cli_main(capsys, *base, *harness, "harness_after_train.max_gen_toks=2")
+    assert code == 0, err
+    scores = strict_json(run / "harness" / "results.json")["results"]["gsm8k"]
+    result = strict_json(run / "result.json")
+    assert {k: v for k, v in result.items() if k.startswith("harness/")} == {
+        "harness/gsm8k/exact_match/strict-match": scores["exact_match,strict-match"],
+        "harness/gsm8k/exact_match/flexible-extract": scores["exact_match,flexible-extract"],
+    }
+    assert result["loss"] > 0 and result["harness"]["gsm8k"] == scores  # the run's own metrics and the harness's
+    final = next(line for line in stdout.splitlines() if line.startswith("final: "))
+    assert f"harness/gsm8k/exact_match/strict-match {scores['exact_match,strict-match']:.4f}" in final
+    code, stdout, err = cli_main(capsys, "runs", str(run), "--plot", str(tmp_path / "runs.png"), "--json")
+    assert code == 0, err
+    assert last_json(stdout)["runs"][0]["metrics"]["harness/gsm8k/exact_match/flexible-extract"] == pytest.approx(
+        scores["exact_match,flexible-extract"]
+    )
+
+
+def test_the_run_metrics_of_harness_scores():
+    from tuneforge.harness.after_train import run_metrics
+
+    scores = {
+        "gsm8k": {
+            "alias": "gsm8k",
+            "sample_len": 3,
+            "exact_match,strict-match": 0.5,
+            "exact_match_stderr,strict-match": 0.1,
+        },
+        "piqa": {"acc,none": 1, "acc_stderr,none": "N/A", "acc_norm,none": None, "odd,none": "N/A", "flag,none": True},
+    }
+    assert run_metrics(scores) == {
+        "harness/gsm8k/exact_match/strict-match": 0.5,
+        "harness/piqa/acc": 1.0,
+        "harness/piqa/acc_norm": None,  # undefined (a nan the harness computed): null, as a run writes any
+    }
 
 
 def test_overwrite_clears_the_replaced_runs_harness_scores(tiny_llama, shared_data, tmp_path, capsys):

@@ -19,6 +19,7 @@ from tuneforge.files import json_text, write_text
 from tuneforge.tracking import Resumption, Trackers, describe_run, points_of
 
 METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
 NOT_METRICS = ("split", "step", "epoch", "time_s", "num_examples")  # a metrics.jsonl record's keys that are no metric
 
 
@@ -169,8 +170,7 @@ class Reporter:
         if self._metrics_file:
             self._metrics_file.close()
             self._metrics_file = None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_text(self.run_dir / "result.json", json_text(result, indent=2))  # whole: `runs` and sweeps read it
+        write_result(self.run_dir, result)
         try:
             plot_run(self.run_dir)
         except Exception as err:  # a plot must never fail a finished run
@@ -180,6 +180,12 @@ class Reporter:
             if self.config.log_model and result.get("model_dir"):
                 trackers.log_model(Path(result["model_dir"]))
             trackers.close(finished=True)
+
+
+def write_result(run_dir: str | Path, result: dict) -> None:
+    """RUN/result.json: the run's result, written whole (`runs` and sweeps read it)."""
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    write_text(Path(run_dir) / RESULT_FILE, json_text(result, indent=2))
 
 
 def read_metrics_lines(run_dir: Path) -> list[str]:

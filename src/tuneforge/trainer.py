@@ -35,6 +35,7 @@ from tuneforge.data.samplers import eval_batches, lengths_of
 from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
+from tuneforge.reporting import write_result
 from tuneforge.run import Given, Run, device_name, on_plateau, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
@@ -191,6 +192,8 @@ class Trainer:
         if harness and result:  # lm-evaluation-harness on the exported model, into OUTPUT_DIR/harness
             scores = after_train.after_training(harness, result["model_dir"], cfg.output_dir, quiet=cfg.quiet)
             result.update(harness=scores, harness_dir=str(after_train.harness_folder(cfg.output_dir)))
+            result.update(after_train.run_metrics(scores))
+            write_result(cfg.output_dir, result)  # the scores are metrics of the run: `runs` and sweeps read them
         return result
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:

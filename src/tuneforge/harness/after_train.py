@@ -2,7 +2,13 @@
 trains (task names, each task's data, the OUTPUT_DIR/harness folder, a generation length against the model's
 context), run on the exported model once it is written; errors name the train run's spelling of the way out.
 The Trainer calls these two, in the process that shows the run's result; an --overwrite run's start clears the
-replaced run's scores (`clear_scores`)."""
+replaced run's scores (`clear_scores`).
+
+The scores join the run's result (result.json) as metrics (`run_metrics`), named so that `tuneforge sweep --metric`
+and YAML take them as they are: `harness/TASK/METRIC` for the harness's `METRIC,none` and `harness/TASK/METRIC/FILTER`
+for `METRIC,FILTER` (gsm8k's `exact_match,strict-match` is `harness/gsm8k/exact_match/strict-match`); standard errors
+stay in OUTPUT_DIR/harness/results.json. Not in metrics.jsonl: its records are the run's evaluations by step (the
+pruner's, the best model's, the trackers'), and these come once, after the export, from another model load."""
 
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ import sys
 from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
-from tuneforge.harness.options import TRAIN_SPELLING, HarnessSettings
+from tuneforge.harness.options import METRIC_PREFIX, TRAIN_SPELLING, HarnessSettings
 
 HARNESS_FOLDER = "harness"
 FLAG = "--harness-after-train"
+NO_FILTER = "none"  # the harness's filter name of a metric taken as the model answered
 
 
 def harness_folder(output_dir: str | Path) -> Path:
@@ -78,3 +85,18 @@ def clear_scores(output_dir: str | Path) -> None:
             (folder / name).unlink()
     with contextlib.suppress(OSError):  # not empty: the user's files are in it
         folder.rmdir()
+
+
+def run_metrics(scores: dict) -> dict[str, float | None]:
+    """The harness's {task: {"METRIC,FILTER": value}} as the run's metrics {"harness/TASK/METRIC[/FILTER]": value}:
+    its numbers (null: undefined), without the standard errors and the harness's notes (alias, sample_len)."""
+    metrics: dict[str, float | None] = {}
+    for task, values in scores.items():
+        for key, value in values.items():
+            metric, comma, filter_name = key.partition(",")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not comma or metric.endswith("_stderr") or not (number or value is None):  # "N/A": no value
+                continue
+            name = f"{METRIC_PREFIX}{task}/{metric}" + ("" if filter_name == NO_FILTER else f"/{filter_name}")
+            metrics[name] = None if value is None else float(value)
+    return metrics

@@ -1,7 +1,8 @@
 """What one lm-evaluation-harness run is (`HarnessSettings`): the harness's task names, where a task's data comes
 from when not from the hub (`--harness-data TASK=PATH`), and how much of each task to run. The same model is
 `tuneforge eval --harness`'s flags and the train config's `harness_after_train` (a string of task names there, or
-a mapping of these fields in YAML). pydantic only: the CLI builds its parser from it before anything heavy loads.
+a mapping of these fields in YAML). Also how a run's metric names a score of the harness after training
+(`is_harness_metric`: `harness/...`). pydantic only: the CLI builds its parser from it before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ MAX_SHOTS = 1000
 MAX_BATCH = 4096
 MAX_GEN_TOKENS = 2**24
 DATA_EXAMPLE = "piqa=../shared/data/piqa"
+METRIC_PREFIX = "harness/"  # a run's metric that is a score of the harness after training (after_train.run_metrics)
+
+
+def is_harness_metric(name: str) -> bool:
+    """A run metric that is a score of the harness after training (`harness/TASK/...`)."""
+    return name.startswith(METRIC_PREFIX)
 
 
 def _names(value: Any) -> Any:
