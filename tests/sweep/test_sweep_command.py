@@ -128,6 +128,18 @@ def test_a_metric_the_trials_do_not_log_stops_the_sweep_at_the_first_evaluation(
     assert [t.state.name for t in study.trials] == ["FAIL"]
 
 
+def test_a_harness_metric_of_a_config_that_runs_no_harness_is_refused_before_any_trial(capsys, tmp_path, base):
+    """A score of the harness after training as the objective needs the base config's harness_after_train: without
+    it every trial would train and end with no such score."""
+    metric = "harness/gsm8k/exact_match/strict-match"
+    line = one_error(*sweep(capsys, tmp_path, base, "optim.lr: [0.1, 0.2]\n", "--metric", metric))
+    assert line == (
+        f"error: --metric {metric!r} is a score of lm-evaluation-harness after training, and the base config runs "
+        "none; give it harness_after_train (harness_after_train.tasks=TASK as an override, or in its YAML)"
+    )
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_without_optuna_one_line_names_the_extra(capsys, tmp_path, base, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # `import optuna` raises ImportError, as where it is missing
     line = one_error(*sweep(capsys, tmp_path, base, "optim.lr: [0.1]\n"))

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from optuna.distributions import CategoricalDistribution
 
-from conftest import Forked, last_json, made_once, read_jsonl, run_cli, write_sentiment_csv
+from conftest import Forked, last_json, made_once, parallel_pairs, read_jsonl, run_cli, write_sentiment_csv
 from tuneforge.config import load_yaml
 from tuneforge.configure import build_config
 from tuneforge.sweep import folder as sweep_folder
@@ -269,3 +269,69 @@ def test_the_objective_ranks_a_metric_as_its_run_does(metric, direction):
         config = build_config({"task": "clm", "model": "some-model", "data": {"train_file": "t.txt"}, **given})
         assert objective(config, flag, None).direction == direction
         assert get_task(config).higher_is_better(metric) is (direction == "maximize")
+
+
+def harness_sweep(root: Path, model: str, gsm8k: Path, metric: str, trials: int):
+    """A sweep of a 2-step clm run of `model` (an evaluation each step) with gsm8k (1 row, 2 tokens generated) after
+    training, optimising `metric`: (its folder, the process)."""
+    text = root / "text.txt"
+    text.write_text("".join(f"{en} {de}\n" for en, de in parallel_pairs(20)), encoding="utf-8")
+    base = {
+        "task": "clm",
+        "model": model,
+        "max_steps": 2,
+        "block_size": 16,
+        "batch_size": 4,
+        "eval_strategy": "steps",
+        "eval_steps": 1,
+        "data": {"train_file": str(text), "validation_file": str(text)},
+        "harness_after_train": {"tasks": "gsm8k", "data": {"gsm8k": str(gsm8k)}, "limit": 1, "max_gen_toks": 2},
+    }
+    (root / "base.yaml").write_text(yaml.safe_dump(base))
+    (root / "space.yaml").write_text("optim.lr: [0.01, 0.02]\n")
+    out = root / "sweep"
+    flags = ["--space", str(root / "space.yaml"), "--trials", str(trials), "--output-dir", str(out), "--metric", metric]
+    return out, run_cli("sweep", str(root / "base.yaml"), *flags, "--pruner", "none")
+
+
+def test_a_harness_score_after_training_is_a_sweep_objective(tmp_path, tiny_llama, shared_data):
+    """--metric harness/gsm8k/exact_match/flexible-extract: each trial's value is its result.json's score (none of
+    its evaluations logs it: no intermediate values), maximised as the harness ranks exact_match."""
+    metric = "harness/gsm8k/exact_match/flexible-extract"
+    out, proc = harness_sweep(tmp_path, tiny_llama, shared_data / "gsm8k", metric, trials=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = study_of(out)
+    assert study.direction.name == "MAXIMIZE"
+    [(_, state, value, _, steps)] = table(out)
+    result = json.loads((out / "trial-0000" / "result.json").read_text())
+    assert state == "COMPLETE" and value == result[metric] and steps == {}
+
+
+def test_a_misspelt_harness_score_stops_the_sweep_after_its_first_trial(tmp_path, tiny_llama, shared_data):
+    """A harness score the trial's harness run does not have would end every trial without a value: one line naming
+    those it has, after the first trial."""
+    out, proc = harness_sweep(tmp_path, tiny_llama, shared_data / "gsm8k", "harness/gsm8k/exact_match", trials=2)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and errors == [
+        "error: --metric 'harness/gsm8k/exact_match' is not a score of trial 0's harness run (it has: "
+        "harness/gsm8k/exact_match/strict-match, harness/gsm8k/exact_match/flexible-extract); pass --metric with one "
+        "of those"
+    ], proc.stderr[-3000:]
+    assert [(number, state) for number, state, *_ in table(out)] == [(0, "FAIL")]
+
+
+@pytest.mark.parametrize(
+    ("metric", "direction"),
+    [
+        ("harness/wikitext/bits_per_byte", "minimize"),
+        ("harness/wikitext/word_perplexity", "minimize"),
+        ("harness/gsm8k/exact_match/strict-match", "maximize"),
+        ("harness/piqa/acc_norm", "maximize"),
+    ],
+)
+def test_the_objective_ranks_a_harness_score_as_the_harness_does(metric, direction):
+    """The harness's own ranking of its metrics (bits_per_byte: lower is better, as no word of it says)."""
+    from tuneforge.sweep.study import objective
+
+    values = {"task": "clm", "model": "some-model", "data": {"train_file": "t.txt"}, "harness_after_train": "gsm8k"}
+    assert objective(build_config(values), metric, None).direction == direction

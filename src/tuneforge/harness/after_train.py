@@ -100,3 +100,20 @@ def run_metrics(scores: dict) -> dict[str, float | None]:
             name = f"{METRIC_PREFIX}{task}/{metric}" + ("" if filter_name == NO_FILTER else f"/{filter_name}")
             metrics[name] = None if value is None else float(value)
     return metrics
+
+
+def higher_is_better(name: str) -> bool:
+    """How the harness metric `name` ranks: as the harness's metric registry says (bits_per_byte and the
+    perplexities: lower), else as tuneforge ranks a metric it does not know (lower for a loss, perplexity or error)."""
+    from tuneforge.config import lower_is_better
+
+    metric = name.removeprefix(METRIC_PREFIX).split("/")[1:2]
+    try:
+        from lm_eval.api.registry import is_higher_better
+
+        from tuneforge.harness.evaluate import harness_logs
+    except ImportError:  # the harness is not installed: a trial would say so
+        return not lower_is_better(name)
+    with harness_logs():  # its warning on a metric it does not know: the run's own ranking applies
+        known = is_higher_better(metric[0]) if metric else None
+    return known if isinstance(known, bool) else not lower_is_better(name)

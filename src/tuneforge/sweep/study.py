@@ -1,7 +1,8 @@
 """The study loop: an Optuna study (ask and tell) whose trials are `tuneforge train` runs.
 
 - Objective: the task's metric (`objective`: --metric, else the config's metric_for_best, else the task's
-  best_metric; the direction as the run ranks it, or --direction), read from each trial's result.json.
+  best_metric; the direction as the run ranks it, or --direction), read from each trial's result.json; or a score of
+  the harness after training (`harness/TASK/METRIC`, harness/after_train.py), which only result.json holds.
 - Sampling: each trial's values are drawn by a sampler seeded by (seed, trial number) (`trial_sampler`), so a sweep
   killed half-way and resumed asks the same values as an uninterrupted one with the same seed (a sampler's own
   random state would restart with the new process).
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from tuneforge.errors import ConfigError
+from tuneforge.harness import after_train
+from tuneforge.harness.options import is_harness_metric
 from tuneforge.sweep import trial as trials
 from tuneforge.sweep.outputs import FOLDER_ATTR
 from tuneforge.sweep.trial import TrialProcess
@@ -50,8 +53,15 @@ def objective(config, metric: str | None, direction: str | None) -> Objective:
     task = get_task(config)
     chosen = metric or config.metric_for_best or task.best_metric
     why = "--metric" if metric else "metric_for_best" if config.metric_for_best else f"task {config.task}'s metric"
+    harness = is_harness_metric(chosen)
+    if harness and config.harness_after_train is None:  # every trial would train, then have no such score
+        raise ConfigError(
+            f"{why} {chosen!r} is a score of lm-evaluation-harness after training, and the base config runs none; "
+            "give it harness_after_train (harness_after_train.tasks=TASK as an override, or in its YAML)"
+        )
     if direction is None:
-        direction = "maximize" if task.higher_is_better(chosen) else "minimize"
+        higher = after_train.higher_is_better(chosen) if harness else task.higher_is_better(chosen)
+        direction = "maximize" if higher else "minimize"
     return Objective(chosen, direction, why)
 
 
@@ -234,6 +244,12 @@ def _settle(study, active: Active, plan: Plan) -> str:
             outcome = f"{metric} {value:.4g}"
         else:
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            scored = trials.harness_metrics(active.folder) if code == 0 else []
+            if scored and metric not in scored:  # a misspelt harness metric: every trial would end without it
+                raise ConfigError(
+                    f"{plan.objective.why} {metric!r} is not a score of trial {trial.number}'s harness run (it has: "
+                    f"{', '.join(scored)}); pass --metric with one of those"
+                )
             outcome = f"failed ({why or f'exit code {code}: ' + trials.last_error(active.folder)})"
     best = _best_text(study, metric)
     return f"{_name(trial.number, plan)}: {outcome}, {seconds:.0f} s{'; ' + best if best else ''}"

@@ -31,6 +31,7 @@ import yaml
 
 from tuneforge import checkpoint
 from tuneforge.files import write_text
+from tuneforge.harness.options import is_harness_metric
 from tuneforge.reporting import METRICS_FILE, NOT_METRICS, read_metrics_lines
 
 TRIAL_CONFIG = "sweep-trial.yaml"
@@ -276,7 +277,7 @@ RESULT_ONLY = ("train_loss",)  # result.json's metrics that no evaluation logs
 def unlogged_metric(folder: Path, metric: str) -> str | None:
     """Where the trial has evaluated but its evaluation logs no `metric` (a misspelt --metric, or a metric of
     another task): why, naming what it logs; None before the first evaluation, or where it logs the metric."""
-    if metric in RESULT_ONLY:
+    if metric in RESULT_ONLY or is_harness_metric(metric):  # the harness scores after training: result.json's
         return None
     for line in read_metrics_lines(folder):
         try:
@@ -308,6 +309,15 @@ def read_result(folder: Path, metric: str) -> tuple[float | None, str]:
     if not math.isfinite(value):
         return None, f"its {metric} is {value}"
     return float(value), ""
+
+
+def harness_metrics(folder: Path) -> list[str]:
+    """The harness scores after training that the trial's result.json holds (none where it has none)."""
+    try:
+        result = json.loads((folder / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [k for k in result if is_harness_metric(k)] if isinstance(result, dict) else []
 
 
 def last_error(folder: Path) -> str:
