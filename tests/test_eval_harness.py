@@ -222,6 +222,18 @@ def test_the_run_metrics_of_harness_scores():
     }
 
 
+def test_a_harness_metric_cannot_pick_the_best_model(tiny_llama, tmp_path, capsys):
+    """metric_for_best picks among the run's evaluations; the harness scores only the exported model, after them."""
+    text = tmp_path / "text.txt"
+    text.write_text("a b c\n", encoding="utf-8")
+    base = train_command((text, text), tiny_llama, task="clm", max_steps=1, output_dir=tmp_path / "run")
+    code, _, err = cli_main(capsys, *base, "--metric-for-best", "harness/gsm8k/exact_match/strict-match")
+    assert code == 2 and err.startswith(
+        "error: bad value for 'metric_for_best': names a score of lm-evaluation-harness"
+    )
+    assert "tuneforge sweep --metric harness/gsm8k/exact_match/strict-match" in err and not (tmp_path / "run").exists()
+
+
 def test_overwrite_clears_the_replaced_runs_harness_scores(tiny_llama, shared_data, tmp_path, capsys):
     """--overwrite clears OUTPUT_DIR/harness's results with the rest of the run it replaces, so no scores of a model
     that is gone stay beside the new one; the user's files there stay."""

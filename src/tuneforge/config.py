@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 from tuneforge.errors import ConfigError
 from tuneforge.files import write_text
 from tuneforge.flags import allowed_range, shown_value
-from tuneforge.harness.options import HarnessSettings
+from tuneforge.harness.options import HarnessSettings, is_harness_metric
 from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list, one_or_list
 from tuneforge.tracking import check_log_model, check_report_to, tracker_names, trackers_that, uri_variables
 from tuneforge.yaml_files import read_yaml
@@ -426,6 +426,19 @@ class TrainConfig(Options):
     @classmethod
     def _trackers(cls, value: Any) -> Any:
         return check_report_to(comma_list(value))  # `--report-to mlflow,tensorboard` as a repeated flag does
+
+    @field_validator("metric_for_best")
+    @classmethod
+    def _evaluated_metric(cls, value: str | None) -> str | None:
+        if value is not None and is_harness_metric(value):  # scored once, after the model is chosen
+            raise PydanticCustomError(
+                "metric_for_best",
+                "names a score of lm-evaluation-harness after training, which comes once the model is exported: "
+                "it cannot pick the model among the run's evaluations (to tune runs for it: tuneforge sweep "
+                "--metric {metric})",
+                {"metric": value},
+            )
+        return value
 
     @field_validator("freeze_layers", mode="before")
     @classmethod
