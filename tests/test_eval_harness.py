@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,29 @@ def test_a_harness_metric_cannot_pick_the_best_model(tiny_llama, tmp_path, capsy
         "error: bad value for 'metric_for_best': names a score of lm-evaluation-harness"
     )
     assert "tuneforge sweep --metric harness/gsm8k/exact_match/strict-match" in err and not (tmp_path / "run").exists()
+
+
+def test_the_harness_records_no_git_commit_of_the_working_directory(
+    tiny_llama, shared_data, tmp_path, capfd, monkeypatch
+):
+    """lm-eval records the git commit of the working directory (`git describe` there: 'fatal: not a git repository'
+    on stderr outside one) and of its parent: the user's repository, not the harness's code. Neither is looked up."""
+    repo = tmp_path / "repo"
+    (repo / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    commit = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"]
+    subprocess.run(commit, cwd=repo, check=True)
+    (tmp_path / "elsewhere").mkdir()
+    for where in (tmp_path / "elsewhere", repo / "sub"):
+        monkeypatch.chdir(where)
+        args = harness_eval(
+            tiny_llama, where / "h", f"gsm8k={shared_data / 'gsm8k'}", harness_limit=1, harness_max_gen_toks=2
+        )
+        code, _, err = cli_main(capfd, *args)
+        assert code == 0, err
+        assert "fatal" not in err
+        results = strict_json(where / "h" / "results.json")
+        assert results["git_hash"] is None and results["upper_git_hash"] is None
 
 
 def test_overwrite_clears_the_replaced_runs_harness_scores(tiny_llama, shared_data, tmp_path, capsys):

@@ -5,7 +5,7 @@
 - `prepare_tasks(settings)`: the harness's tasks by name, checked and built (tasks.py), local data swapped in.
 - `run_harness(lm, settings, model_args=None)`: `lm_eval.simple_evaluate` on those tasks; `lm` is an LM object or
   any model name the harness knows ("local-completions" with `model_args`, to score a `tuneforge serve` the same
-  way); returns the harness's results dict.
+  way); returns the harness's results dict, with no git commit recorded (`no_git_lookup`: the user's repository's).
 - `write_results(results, folder)`: results.json (as the harness writes it, made strict JSON) and results.md (the
   harness's make_table), into a folder `check_destination` found new, empty or one a harness run wrote (its files
   recognised by their content: a user's results.json is not replaced).
@@ -92,17 +92,36 @@ def run_harness(
     import lm_eval
 
     prepared = prepared or prepare_tasks(settings)
-    return lm_eval.simple_evaluate(
-        model=lm,
-        model_args=model_args,
-        tasks=prepared.tasks,
-        task_manager=prepared.manager,
-        num_fewshot=settings.fewshot,
-        limit=settings.limit,
-        batch_size=settings.batch_size,
-        gen_kwargs={"max_gen_toks": settings.max_gen_toks} if settings.max_gen_toks else None,
-        log_samples=False,
-    )
+    with no_git_lookup():
+        return lm_eval.simple_evaluate(
+            model=lm,
+            model_args=model_args,
+            tasks=prepared.tasks,
+            task_manager=prepared.manager,
+            num_fewshot=settings.fewshot,
+            limit=settings.limit,
+            batch_size=settings.batch_size,
+            gen_kwargs={"max_gen_toks": settings.max_gen_toks} if settings.max_gen_toks else None,
+            log_samples=False,
+        )
+
+
+@contextlib.contextmanager
+def no_git_lookup():
+    """Within the block, the harness records no git commit (git_hash, upper_git_hash: null). It would run `git
+    describe` in the working directory (`fatal: not a git repository` on stderr outside one) and read the commit of
+    it and of its parent: the user's repository, not the harness's code (lm_eval_version says that); it has no
+    setting to skip it, so its two look-ups are swapped for none."""
+    import lm_eval.evaluator
+    import lm_eval.loggers.utils
+
+    saved = lm_eval.evaluator.get_git_commit_hash, lm_eval.loggers.utils.get_commit_from_path
+    lm_eval.evaluator.get_git_commit_hash = lambda: None
+    lm_eval.loggers.utils.get_commit_from_path = lambda repo_path: None
+    try:
+        yield
+    finally:
+        lm_eval.evaluator.get_git_commit_hash, lm_eval.loggers.utils.get_commit_from_path = saved
 
 
 def _leaf_tasks(tasks: list) -> list:
