@@ -272,3 +272,15 @@ def test_a_prompt_that_is_not_utf8_is_one_line(tiny_gpt2, capsys):
     code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man", "--prompt", "caf\udce9 au lait")
     assert code == 2 and out == ""
     assert err.strip() == "error: prompt 2 is not UTF-8 text (byte 0xe9 at character 4); pass it as UTF-8"
+
+
+def test_a_generation_config_that_is_json_but_no_object_is_one_error_line(tiny_llama, tmp_path, capsys):
+    """transformers fails on it with a TypeError inside loading the model: it was an internal error."""
+    import shutil
+
+    folder = tmp_path / "list"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "generation_config.json").write_text("[1, 2]")
+    code, _, err = cli_main(capsys, "generate", str(folder), "--prompt", "The dog")
+    said = f"error: {folder}/generation_config.json holds a JSON list, not an object of generation settings: fix it "
+    assert code == 2 and err.strip() == said + "or remove it"

@@ -271,10 +271,27 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
 
     if loads_a_model(loader) and is_adapter_folder(path):
         raise TypeError(f"{path!r} is an adapter folder: load its model with adapters.load_pretrained_model")
+    if loads_a_model(loader):
+        check_generation_config_file(path)
     try:
         return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError, SafetensorError, StrictDataclassError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
+
+
+def check_generation_config_file(folder: str) -> None:
+    """ConfigError for a generation_config.json that is JSON but not an object (transformers fails on it with a
+    TypeError inside loading the model); one that is no JSON at all transformers skips (generation_defaults.py
+    notes it)."""
+    file = Path(folder) / "generation_config.json"
+    try:
+        parsed = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no such file (a hub id too), or not JSON
+        return
+    if not isinstance(parsed, dict):
+        raise ConfigError(
+            f"{file} holds a JSON {type(parsed).__name__}, not an object of generation settings: fix it or remove it"
+        )
 
 
 def save_pretrained(model, folder: str | os.PathLike, **kwargs) -> None:
