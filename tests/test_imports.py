@@ -141,6 +141,7 @@ FLOORS = {
         "tuneforge.serve.options",
         "tuneforge.harness.options",
         "tuneforge.tool_calls",
+        "tuneforge.generation_defaults",
     ),
     "data": ("tuneforge.data", "tuneforge.download"),  # reading and tokenizing files; hub downloads
     "engines": (  # process groups and wrapping, adapters, checkpoints, exports, generation

@@ -133,6 +133,8 @@ def chat(
 def cmd_chat(ns: argparse.Namespace) -> int:
     options = parse_options(ChatOptions, ns)  # every flag checked before the model loads
     generator = Generator(options.model_dir)
+    for note in generator.defaults.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     if not generator.kind.continues_prompt:
         raise ConfigError(f"model {options.model_dir!r} is a seq2seq model; `tuneforge chat` talks to causal LMs")
     if hasattr(sys.stdin, "reconfigure"):  # a byte that is not UTF-8: refused by its line (chat), not a crash here

@@ -4,7 +4,10 @@
     tuneforge generate runs/x/model --prompt "Once upon a time" --do-sample --top-p 0.9 --seed 0
 
 Greedy by default; sampling with temperature / top-k / top-p; beam search with --num-beams (`Sampling`: the
-decoding settings and their bounds, shared with `tuneforge chat`; `GenerateOptions`: the command's arguments).
+decoding settings and their bounds, shared with `tuneforge chat`; `GenerateOptions`: the command's arguments). A
+setting left out is the model's generation config's, as transformers' `generate` reads it, each held to the serving
+API's bounds at load (generation_defaults.py: a value outside them is left out with a `note:` line; a temperature of
+0 there samples greedily, as `serve` reads it).
 A causal LM returns the continuation of each prompt; a seq2seq model its output for each input, decoded with the
 settings it was trained and evaluated with (its tuneforge.json: the source prefix put in front, inputs truncated to
 max_length, beam search of num_beams, up to generation_max_length new tokens: the outputs `eval` scored), each
@@ -42,6 +45,7 @@ from tuneforge.artifacts import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.generation_defaults import SAMPLING_EPS, checked_defaults
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch
 
 MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
@@ -242,8 +246,7 @@ class Generator:
         tokenizer = load_tokenizer(model_dir)
         model = load_pretrained_model(getattr(transformers, family.auto_class), model_dir, "the model").eval()
         model.to(inference_device(device))
-        self._bind(model, tokenizer, family, info)
-        self.model_dir = model_dir
+        self._bind(model, tokenizer, family, info, model_dir)
 
     @classmethod
     def from_model(cls, model, tokenizer, family: str | None = None, info: dict | None = None) -> Generator:
@@ -253,12 +256,13 @@ class Generator:
         encoder_decoder = getattr(model.config, "is_encoder_decoder", False)
         family = family or (FAMILY_SEQ2SEQ if encoder_decoder else FAMILY_CAUSAL)
         generator._bind(model, tokenizer, FAMILIES[family], info or {})
-        generator.model_dir = None
         return generator
 
-    def _bind(self, model, tokenizer, family, info: dict) -> None:
+    def _bind(self, model, tokenizer, family, info: dict, model_dir: str | None = None) -> None:
         self.model, self.tokenizer, self.kind, self.info = model, tokenizer, family, info
-        self.family = family.name
+        self.family, self.model_dir = family.name, model_dir
+        # the model's own sampling defaults, each within the API's bounds (one outside is dropped, with a note)
+        self.defaults = checked_defaults(getattr(model, "generation_config", None), model_dir)
         self.device = next(model.parameters()).device
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -373,6 +377,8 @@ class Generator:
         enc = self._encode_batch(prompts, add_special_tokens)
         lengths = enc["attention_mask"].sum(1).tolist()
         options = settings.model_dump(include={"num_beams", "do_sample"})
+        if settings.temperature is None and self.defaults.values.get("temperature", 1.0) < SAMPLING_EPS:
+            options["do_sample"] = False  # the model's temperature 0 is greedy, as the server reads it (vLLM too)
         options["max_new_tokens"] = self.room_in_context(lengths, settings.max_new_tokens)
         options["pad_token_id"] = self.tokenizer.pad_token_id
         if settings.do_sample:  # only sampling reads these; greedy/beam would warn about them
@@ -431,6 +437,8 @@ def context_room(
 def cmd_generate(ns: argparse.Namespace) -> int:
     options = parse_options(GenerateOptions, ns)  # every flag checked before the model loads
     generator = Generator(options.model_dir)
+    for note in generator.defaults.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
     given = {key: getattr(ns, key, None) for key in Sampling.model_fields}  # None: the flag was left out
     line = generator.trained_settings_line(given)
     if line:

@@ -489,3 +489,27 @@ def test_another_site_cannot_frame_the_page(browser, tiny_llama):
         shown = page.frames[1].evaluate("() => document.getElementById('status') !== null")
         page.close()
     assert frames[1] != f"{url}/" and shown is False, frames  # the browser did not show it
+
+
+def test_the_sampling_fields_start_empty_showing_the_models_own_defaults_and_are_left_out(
+    browser, chat_model, tmp_path
+):
+    """The page sent a temperature of 0.7 and a top-p of 1 unless cleared, overriding the model's own defaults
+    (its generation_config.json, which the server takes for the fields a request leaves out): the fields start empty,
+    their placeholders the server's defaults, and an untouched field is left out."""
+    folder = tmp_path / "model"
+    shutil.copytree(chat_model, folder)
+    settings = {"bos_token_id": 0, "eos_token_id": 0, "temperature": 0.6, "top_p": 0.9, "max_new_tokens": 3}
+    (folder / "generation_config.json").write_text(json.dumps(settings))
+    with app_server(str(folder)) as url:
+        wait_ready(url)
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)
+        fields = ("max-tokens", "temperature", "top-p")
+        shown = {f: (page.input_value(f"#{f}"), page.get_attribute(f"#{f}", "placeholder")) for f in fields}
+        sent = request_bodies(page, "/v1/chat/completions")
+        ask(page, "hello")
+        page.close()
+    assert shown == {"max-tokens": ("", "3"), "temperature": ("", "0.6"), "top-p": ("", "0.9")}
+    assert not {"max_tokens", "temperature", "top_p"} & set(sent[0]), sent[0]

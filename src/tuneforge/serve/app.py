@@ -154,6 +154,7 @@ async def health(request: Request):
         service, engine = state.generation, state.engine
         info.update(kind="generate", family=served.family, chat=service.has_chat_template, context=service.context)
         info.update(task=served.info.get("task"), running=engine.running_rows, waiting=engine.queue_depth)
+        info["sampling_defaults"] = service.defaults  # the model's own, for the fields a request leaves out
     else:
         b = state.batcher
         if routes_embeddings.embeds(served):
@@ -281,7 +282,12 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
         )
         engine.start()
         state.engine = engine
-        state.generation = GenerationService(served, engine, options.served_model_name, options.request_timeout_s)
+        defaults = served.defaults.served() if options.generation_config == "auto" else {}
+        if options.generation_config == "auto" and (line := served.defaults.line()):
+            state.access_log.event(line)
+        state.generation = GenerationService(
+            served, engine, options.served_model_name, options.request_timeout_s, defaults
+        )
     else:
         infer = served.embed if routes_embeddings.embeds(served) else served.predict
         batcher = DynamicBatcher(

@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from tuneforge.generation_defaults import SAMPLING_EPS
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch  # noqa: F401  (the batch types, re-exported)
 from tuneforge.serve.detokenize import IncrementalText
 from tuneforge.serve.logit_rules import changes_logits, min_p_kept, penalised, top_k_kept
@@ -64,7 +65,6 @@ from tuneforge.serve.logprobs import TokenLogprob, chosen_logprobs, prompt_logpr
 from tuneforge.serve.options import MAX_BATCH_SIZE, MAX_QUEUE
 
 log = logging.getLogger(__name__)
-SAMPLING_EPS = 1e-5  # a temperature below it samples greedily (vLLM's _SAMPLING_EPS): dividing by it overflows
 
 
 class EngineDied(Exception):

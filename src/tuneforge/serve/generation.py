@@ -1,6 +1,7 @@
 """The generation service behind the OpenAI routes: a served `Generator` and its `GenerationEngine`. It owns
 prompt encoding (the generator's, with each refusal as a 400 naming its field), the context limit, building the
-`SamplingParams` of a request, and running a request's sequences to one body or a stream of server-sent events.
+`SamplingParams` of a request (a field it leaves out: the model's own default under --generation-config auto,
+tuneforge/generation_defaults.py), and running a request's sequences to one body or a stream of server-sent events.
 The routes (serve/routes_openai.py) only turn requests into prompts and call it. What the chat template tells
 of tools (whether it renders them, which parser its replies need: tuneforge/tool_calls.py) is fixed for the served
 model: probed once, on the first request that needs it, and read by every request after (`renders_tools`,
@@ -149,8 +150,13 @@ def sse(body: dict) -> str:
 class GenerationService:
     """A served generator and its engine, as the OpenAI routes use them (see the module doc)."""
 
-    def __init__(self, generator, engine: GenerationEngine, name: str, request_timeout_s: float) -> None:
+    def __init__(
+        self, generator, engine: GenerationEngine, name: str, request_timeout_s: float, defaults: dict | None = None
+    ) -> None:
+        """`defaults`: the model's own sampling defaults in the API's names (generation_defaults.ModelDefaults'
+        `served`, under --generation-config auto), what a request that leaves a field out samples with."""
         self.generator = generator
+        self.defaults = defaults or {}
         self.engine = engine
         self.name = name  # the served model's name
         self.context = generator.context
@@ -211,22 +217,37 @@ class GenerationService:
             )
         return ids
 
+    def default_max_tokens(self, server_default: int, cap: bool = False) -> int:
+        """The max_tokens of a request that gives none: the model's max_new_tokens in place of `server_default`
+        (chat), or (`cap`, completions: OpenAI's 16) the smaller of the two, as vLLM takes them."""
+        own = self.defaults.get("max_tokens")
+        if own is None:
+            return server_default
+        return min(own, server_default) if cap else own
+
+    def given(self, body: oa.SamplingRequest, name: str, neutral):
+        """The request's value of a sampling field; left out, the model's default, else `neutral` (OpenAI's)."""
+        value = getattr(body, name)
+        if value is None:
+            value = self.defaults.get(name)
+        return neutral if value is None else value
+
     def sampling(self, body: oa.SamplingRequest, prompts, max_tokens: int | None, fields: tuple[str, str], default):
         """The request's SamplingParams, log-probs aside (`dataclasses.replace` adds them); `fields`: the names of
-        its prompt and max-tokens fields (for errors)."""
+        its prompt and max-tokens fields (for errors); a field it leaves out: the model's default (`given`)."""
         room = self._room(max(map(len, prompts)), max_tokens, fields)
         max_tokens = min(default, room) if max_tokens is None else max_tokens
         if (body.min_tokens or 0) > max_tokens:
             raise oa.ApiError(400, f"min_tokens {body.min_tokens} is above max_tokens {max_tokens}", "min_tokens")
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=oa.greedy_below_eps(body.temperature),
-            top_p=1.0 if body.top_p is None else body.top_p,
+            temperature=oa.greedy_below_eps(self.given(body, "temperature", None)),
+            top_p=self.given(body, "top_p", 1.0),
             stop=body.stop_strings(),
             seed=body.seed,
-            top_k=body.top_k or 0,
-            min_p=body.min_p or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            top_k=self.given(body, "top_k", 0),
+            min_p=self.given(body, "min_p", 0.0),
+            repetition_penalty=self.given(body, "repetition_penalty", 1.0),
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             logit_bias=body.bias(self.vocab_size),

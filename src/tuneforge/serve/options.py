@@ -113,8 +113,17 @@ class ServeOptions(BaseModel):
         512,
         ge=1,
         le=1 << 20,
-        description="a chat completion's max_tokens when the request gives none (completions: 16, as OpenAI)",
+        description="a chat completion's max_tokens when the request gives none and the model's generation config "
+        "no max_new_tokens (completions: 16, as OpenAI)",
         json_schema_extra={"refusal": POSITIVE_UP_TO},
+    )
+    # vLLM's --generation-config (auto by default since 0.7): a Qwen or Llama instruct model samples as its makers
+    # recommend, not hotter at OpenAI's temperature 1
+    generation_config: Literal["auto", "none"] = Field(
+        "auto",
+        description="a generative model's defaults for the sampling fields a request leaves out: auto takes "
+        "temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens (as max_tokens) from its "
+        "generation_config.json, as vLLM; none: OpenAI's (temperature 1, top_p 1)",
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto",

@@ -86,7 +86,9 @@ async def completions(body: oa.CompletionRequest, request: Request):
     prompts = [prompt_ids(service, t, "prompt" if single else f"prompt[{i}]") for i, t in enumerate(texts)]
     if body.echo and not service.generator.kind.continues_prompt:
         raise oa.ApiError(400, "echo needs a model that continues its prompt; this one reads it (encoder)", "echo")
-    params = service.sampling(body, prompts, body.max_tokens, ("prompt", "max_tokens"), 16)
+    params = service.sampling(
+        body, prompts, body.max_tokens, ("prompt", "max_tokens"), service.default_max_tokens(16, cap=True)
+    )
     logprobs = body.logprobs if body.logprobs is not None or best_of == n else 0  # best_of ranks by them
     prompt_logprobs = body.logprobs if body.echo and body.logprobs is not None else None
     params = dataclasses.replace(params, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
@@ -173,7 +175,7 @@ async def chat_completions(body: oa.ChatRequest, request: Request):
     prompt = service.encode(chat_prompt(service, body), "messages", special=False)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    default = request.app.state.server.options.default_max_tokens
+    default = service.default_max_tokens(request.app.state.server.options.default_max_tokens)
     params = service.sampling(body, [prompt], max_tokens, ("messages", field), default)
     top = (body.top_logprobs or 0) if body.logprobs else None
     params = dataclasses.replace(params, logprobs=top)
