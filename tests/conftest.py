@@ -79,6 +79,18 @@ def made_once(tmp_path_factory, name: str, make) -> Path:
     return folder
 
 
+def tokenized_fresh_then_cached(task, raw, tokenizer, split: str) -> list[tuple[list[str], object]]:
+    """`task.tokenize` run twice on `raw`: tokenized, then read from its cache (checked by the first log line); each
+    run's log lines and `split`'s features, so a test sees what a cached run says again."""
+    runs = []
+    for reused in (False, True):
+        lines: list[str] = []
+        feats = task.tokenize(raw, tokenizer, log=lines.append)[split]
+        assert ("reusing" in lines[0]) is reused, lines[0]
+        runs.append((lines, feats))
+    return runs
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import cli_flags, last_json, run_cli, train_command
+from conftest import cli_flags, last_json, run_cli, tokenized_fresh_then_cached, train_command
 from tuneforge.config import TrainConfig
 from tuneforge.tasks.classification import classification_metrics
 from tuneforge.trainer import Trainer
@@ -212,10 +212,7 @@ def test_texts_and_pairs_cut_to_max_length_are_counted_and_counted_again_from_th
     cut = sum(n > 8 for n in whole)
     assert 0 < cut < len(rows)
     what = "texts" if len(columns) == 1 else "text pairs"
-    for reused in (False, True):  # the second run reads the cache and says it again
-        lines = []
-        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
-        assert ("reusing" in lines[0]) is reused
+    for lines, feats in tokenized_fresh_then_cached(task, raw, tokenizer, "validation"):  # cached: said again
         assert lines[-1] == (
             f"validation: {cut} of 20 {what} longer than max_length 8 tokens cut to their first 8 (raise "
             "--max-length to keep them whole)"

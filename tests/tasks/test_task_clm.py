@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import cli_flags, cli_main, last_json, model_spy, parallel_pairs, quiet_task, run_cli, train_command
+from conftest import (
+    cli_flags,
+    cli_main,
+    last_json,
+    model_spy,
+    parallel_pairs,
+    quiet_task,
+    run_cli,
+    tokenized_fresh_then_cached,
+    train_command,
+)
 
 BLOCK = 16
 
@@ -335,10 +345,7 @@ def test_no_packing_counts_the_texts_cut_to_block_size_and_counts_them_again_fro
     texts = [t for t in raw["validation"]["text"] if t.strip()]
     cut = sum(len(tokenizer(t)["input_ids"]) > 8 for t in texts)
     assert 0 < cut < len(texts)
-    for reused in (False, True):  # the second run reads the cache and says it again
-        lines = []
-        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
-        assert ("reusing" in lines[0]) is reused
+    for lines, feats in tokenized_fresh_then_cached(task, raw, tokenizer, "validation"):  # cached: said again
         assert lines[-1] == (
             f"validation: {cut} of {len(texts)} texts longer than block_size 8 tokens cut to their first 8 (raise "
             "--block-size to keep them whole)"

@@ -14,7 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import Forked, made_once, max_weight_diff, read_jsonl, run_cli, train_losses, trained_once
+from conftest import (
+    Forked,
+    made_once,
+    max_weight_diff,
+    read_jsonl,
+    run_cli,
+    tokenized_fresh_then_cached,
+    train_losses,
+    trained_once,
+)
 from test_bad_input import assert_refused, in_process
 
 ANIMALS = ["cat", "dog", "bird", "fox", "horse", "cow", "fish", "lion", "owl", "bee"]
@@ -942,10 +951,7 @@ def test_rows_with_a_text_cut_to_max_length_are_counted_and_counted_again_from_t
     columns = ("anchor", "positive", "negative")
     cut = sum(any(len(tokenizer(r[c])["input_ids"]) > 10 for c in columns) for r in items)
     assert 0 < cut < len(items)
-    for reused in (False, True):  # the second run reads the cache and says it again
-        lines = []
-        feats = task.tokenize(raw, tokenizer, log=lines.append)["train"]
-        assert ("reusing" in lines[0]) is reused
+    for lines, feats in tokenized_fresh_then_cached(task, raw, tokenizer, "train"):  # cached: said again
         assert lines[-1] == (
             f"train: {cut} of 12 rows with a text longer than max_length 10 tokens cut to their first 10 (raise "
             "--max-length to keep them whole)"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli, train_losses
+from conftest import run_cli, tokenized_fresh_then_cached, train_losses
 from test_bad_input import assert_refused, in_process
 from test_crash import kill_in_save, records, start
 
@@ -469,10 +469,7 @@ def test_prompts_cut_to_max_prompt_length_are_counted_and_counted_again_from_the
     whole = [tokenizer(r["prompt"])["input_ids"] for r in rows]
     cut = sum(len(ids) > 14 for ids in whole)
     assert 0 < cut < len(rows)
-    for reused in (False, True):  # the second run reads the cache and says it again
-        lines = []
-        feats = task.tokenize(raw, tokenizer, log=lines.append)["train"]
-        assert ("reusing" in lines[0]) is reused
+    for lines, feats in tokenized_fresh_then_cached(task, raw, tokenizer, "train"):  # cached: said again
         assert lines[1:] == [
             f"train: {cut} of 9 prompts longer than max_prompt_length 14 tokens cut to their last 14 (raise "
             "--max-prompt-length to keep them whole)",

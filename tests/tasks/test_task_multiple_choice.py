@@ -27,6 +27,7 @@ from conftest import (
     run_cli,
     save_tiny_bert,
     serving,
+    tokenized_fresh_then_cached,
     train_losses,
     trained_once,
 )
@@ -443,10 +444,7 @@ def test_questions_whose_choices_are_cut_to_max_length_are_counted_and_counted_a
     pairs = [([r["question"]] * 4, r["choices"]) for r in rows]
     cut = sum(max(len(ids) for ids in tokenizer(*pair)["input_ids"]) > 16 for pair in pairs)
     assert 0 < cut < len(rows)
-    for reused in (False, True):  # the second run reads the cache and says it again
-        lines = []
-        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
-        assert ("reusing" in lines[0]) is reused
+    for lines, feats in tokenized_fresh_then_cached(task, raw, tokenizer, "validation"):  # cached: said again
         assert lines[-1] == (
             f"validation: {cut} of 12 questions with a choice (and its context) longer than max_length 16 tokens "
             "cut to their first 16 (raise --max-length to keep them whole)"

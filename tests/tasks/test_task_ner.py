@@ -22,6 +22,7 @@ from conftest import (
     run_cli,
     serving,
     tagged_sentences,
+    tokenized_fresh_then_cached,
     train_losses,
     trained_once,
     write_conll_dir,
@@ -166,10 +167,7 @@ def test_sentences_cut_to_max_length_are_counted_and_counted_again_from_the_cach
     whole = [len(ids) for ids in tokenizer(words, is_split_into_words=True)["input_ids"]]
     cut = sum(n > 12 for n in whole)
     assert 0 < cut < len(words)
-    for reused in (False, True):  # the second run reads the cache and says it again
-        lines = []
-        feats = task.tokenize(raw, tokenizer, log=lines.append)["validation"]
-        assert ("reusing" in lines[0]) is reused
+    for lines, feats in tokenized_fresh_then_cached(task, raw, tokenizer, "validation"):  # cached: said again
         assert lines[-1] == (
             f"validation: {cut} of {len(words)} sentences longer than max_length 12 tokens cut to their first 12 "
             "(raise --max-length to keep them whole)"
