@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -415,9 +416,10 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
     out = str(tmp_path / "merged")
     if case == "base folder deleted":
         info = json.loads((adapter / "tuneforge.json").read_text())
-        info["adapter"]["base_model"] = str(tmp_path / "deleted-base")
+        gone = str(tmp_path / "deleted-base")
+        info["adapter"].update(base_model=gone, base_model_path=gone, base_model_path_from_adapter=gone)
         (adapter / "tuneforge.json").write_text(json.dumps(info))
-        return [str(adapter), out], ("deleted-base", "cannot be loaded", "--merge --base DIR")
+        return [str(adapter), out], ("deleted-base", "is not there", "--merge --base DIR")
     if case == "base of another architecture":
         return [str(adapter), out, "--base", tiny_gpt2], ("trained on a bert model", "is a gpt2 model")
     if case == "base that is a file":
@@ -447,3 +449,60 @@ def test_merge_onto_a_wrong_or_missing_base_is_one_line(single, tmp_path, tiny_g
 
     args, needles = merge_case(case, single, tmp_path, tiny_gpt2)
     refused(capsys, (tmp_path,), "export", "--merge", *args, needles=needles)
+
+
+# ---- a base named by a relative path: the adapter folder read from elsewhere ---------------------
+@pytest.fixture(scope="module")
+def relative_base_run(tmp_path_factory, lora_base, parity_data, cache_dir) -> Path:
+    """A project folder (base/, data/, work/) whose LoRA run was trained from work/ with `--model ../base`: the
+    adapter folder work/runs/x/model records its base as the user typed it."""
+
+    def make(project: Path) -> None:
+        shutil.copytree(lora_base, project / "base")
+        shutil.copytree(parity_data[0].parent, project / "data")
+        (project / "work").mkdir()
+        data = (Path("../data/train.csv"), Path("../data/validation.csv"))
+        args = backend_train_args("../base", data, cache_dir, Path("runs/x"), *LORA, "--max-steps", "2")
+        proc = run_cli(*args, cwd=project / "work")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    return made_once(tmp_path_factory, "relative-base", make)
+
+
+def predict_from(folder: Path, model: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    texts = write_sentiment_csv(tmp_path / "in.csv", 4, seed=5)
+    return run_cli("predict", str(model), "--input", str(texts), "--output", str(tmp_path / "out.jsonl"), cwd=folder)
+
+
+def test_an_adapter_whose_base_was_given_relative_loads_from_another_folder(relative_base_run, tmp_path):
+    """From the project folder `../base` names no folder: predict failed on a hub id check of '../base'."""
+    proc = predict_from(relative_base_run, relative_base_run / "work/runs/x/model", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 4
+
+
+def test_an_adapter_finds_its_base_after_the_whole_project_moved(relative_base_run, tmp_path):
+    """Copied elsewhere with its base (another machine's path): the base beside it, where it was."""
+    project = tmp_path / "moved"
+    shutil.copytree(relative_base_run, project)
+    info = json.loads((project / "work/runs/x/model/tuneforge.json").read_text())["adapter"]
+    shutil.move(info["base_model_path"], tmp_path / "gone")  # the recorded folder no longer there
+    try:
+        proc = predict_from(tmp_path, project / "work/runs/x/model", tmp_path)
+    finally:
+        shutil.move(tmp_path / "gone", info["base_model_path"])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_an_adapter_whose_base_folder_moved_away_says_where_it_was(relative_base_run, tmp_path, capsys):
+    from test_bad_input_writers import refused
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(relative_base_run / "work/runs/x/model", adapter)  # the base no longer beside it
+    info = json.loads((adapter / "tuneforge.json").read_text())["adapter"]
+    shutil.move(info["base_model_path"], tmp_path / "gone")
+    try:
+        needles = ("'../base'", info["base_model_path"], "is not there", "--merge --base DIR")
+        refused(capsys, (adapter,), "export", "--merge", str(adapter), str(tmp_path / "m"), needles=needles)
+    finally:
+        shutil.move(tmp_path / "gone", info["base_model_path"])

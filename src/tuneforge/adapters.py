@@ -324,8 +324,19 @@ def write_adapter_folder(
             (tmp / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        write_model_info(tmp, {**info, "adapter": adapter.info()})
+        write_model_info(tmp, {**info, "adapter": {**adapter.info(), **base_location(adapter.base_model, out)}})
     return out
+
+
+def base_location(base: str, adapter_dir: Path) -> dict:
+    """Where a local base folder lies, for tuneforge.json beside the name as given (peft's adapter_config.json keeps
+    that): its absolute path, and its path from the adapter folder. A name typed relative to the training's working
+    folder then still finds the base from another folder, and from a copy of the project elsewhere. A hub id: none."""
+    if not Path(base).expanduser().is_dir():
+        return {}
+    where = os.path.abspath(Path(base).expanduser())
+    from_adapter = os.path.relpath(where, os.path.abspath(adapter_dir))
+    return {"base_model_path": where, "base_model_path_from_adapter": from_adapter}
 
 
 def name_unsharded_class(folder: Path, model: torch.nn.Module) -> None:
@@ -355,8 +366,31 @@ def _adapter_info(folder: Path) -> dict:
 
 
 def base_of(folder: str | os.PathLike) -> str | None:
-    """The base model an adapter folder names (its path or hub id), or None."""
-    return _adapter_info(Path(folder)).get("base_model")
+    """The base model of an adapter folder (its path, found as `find_base` finds it, or hub id), or None."""
+    info = _adapter_info(Path(folder))
+    try:
+        return find_base(Path(folder), info)
+    except ConfigError:  # not there: the load says so
+        return info.get("base_model")
+
+
+def find_base(folder: Path, info: dict) -> str | None:
+    """The base to load for adapter `folder` (its tuneforge.json `info`): a hub id, or an adapter of peft's or of an
+    earlier tuneforge, as named (peft reads a path from the current folder); a local base, the first folder found
+    of the one it was trained on, the name as given, and the same place seen from the adapter folder (a copy of the
+    project elsewhere). None there: one line saying where it was."""
+    given, trained_on = info.get("base_model"), info.get("base_model_path")
+    if not trained_on:
+        return given
+    beside = folder / info.get("base_model_path_from_adapter", trained_on)
+    for place in (trained_on, given, beside):
+        if place and Path(place).expanduser().is_dir():
+            return str(place)
+    raise ConfigError(
+        f"the base model {given!r} of adapter {str(folder)!r} is not there: it was trained on {trained_on!r}, and "
+        f"neither that, {given!r} from the current folder nor {str(beside)!r} is a folder; "
+        + BASE_FIX.format(folder=folder)
+    )
 
 
 def _check_base_kind(folder: Path, base: str, config) -> None:
@@ -392,7 +426,7 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
 
     folder = Path(folder)
     info = _adapter_info(folder)
-    base = base or info.get("base_model")
+    base = base or find_base(folder, info)
     if not base:
         raise ConfigError(f"adapter folder {str(folder)!r} names no base model; {BASE_FIX.format(folder=folder)}")
     if (folder / "config.json").exists():
