@@ -219,6 +219,18 @@ def test_missing_checkpoint_is_refused(tmp_path, files, tiny_bert, cache_dir, ca
     assert code == 2 and "no complete checkpoint in" in line
 
 
+def test_resuming_in_a_folder_that_is_not_there_says_to_name_its_new_place(
+    run_copy, files, tiny_bert, cache_dir, capsys
+):
+    """A run folder moved (mv runs/x runs/y) and its config re-run with --resume: the line said to train with
+    --save-steps first, though the run had saved checkpoints."""
+    run_copy.rename(run_copy.parent / "renamed")
+    code, line = tuneforge(capsys, *cli_args(run_copy, files, tiny_bert, cache_dir), "--resume")
+    assert code == 2 and f"output dir {str(run_copy)!r} does not exist" in line, line
+    assert "pass its new place with --output-dir" in line and "--save-steps" not in line
+    assert not run_copy.exists()
+
+
 @pytest.mark.parametrize(
     "pointer",
     [b"checkpoint-12\0\xff", b"\xff\xfe not text", b"x" * 300, b"../elsewhere/checkpoint-2\n", b"checkpoint-\n"],

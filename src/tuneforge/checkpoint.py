@@ -434,6 +434,11 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
     check_no_clashes(output_dir)  # a folder named `latest` is the user's: the resumed run's saves would replace it
     if resume in LATEST:
         out = Path(output_dir)
+        if not out.exists():  # most often a run folder moved or renamed: its config.yaml still names the old place
+            raise CheckpointError(
+                f"output dir {str(out)!r} does not exist, so it holds no checkpoint to resume from; if the run's "
+                "folder moved, pass its new place with --output-dir"
+            )
         named = _named_by_latest(out / "latest")
         if named and (out / named / MANIFEST).exists():
             return out / named
