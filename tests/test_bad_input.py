@@ -71,6 +71,22 @@ def test_missing_file(tmp_path, tiny_bert, files):
     assert_refused(proc, tmp_path, "no-such.csv", "does not exist", "check the path")
 
 
+def test_a_relative_path_that_is_not_there_names_the_folder_it_is_read_from(
+    capfd, tmp_path, tiny_bert, files, monkeypatch
+):
+    """A moved run's config.yaml re-run from another folder: its relative paths (as typed) are read from there,
+    which the line did not say."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    here = f"(a relative path is read from the current folder {tmp_path / 'elsewhere'})"
+    proc = in_process(capfd, *train_args(tmp_path, "../mymodel", *files))
+    assert_refused(proc, tmp_path, "model '../mymodel' does not exist", here)
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, "../data/train.csv", files[1]))
+    assert_refused(proc, tmp_path, "'../data/train.csv' does not exist", here)
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, tmp_path / "gone.csv", files[1]))
+    assert "current folder" not in assert_refused(proc, tmp_path, "gone.csv' does not exist")
+
+
 def test_unknown_task(tmp_path, tiny_bert, files):
     proc = run_cli(*train_args(tmp_path, tiny_bert, *files, "--task", "sentiment"), fresh=True)
     assert_refused(proc, tmp_path, "unknown task 'sentiment'", "choose one of", "glue/mrpc", "classification")

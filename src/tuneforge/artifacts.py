@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
+from tuneforge.paths import read_from_here
 
 MODEL_INFO = "tuneforge.json"
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the folder holds an adapter, not a model
@@ -249,7 +250,10 @@ def check_model_path(model: str, weights: bool = True) -> None:
             "hub id like bert-base-uncased"
         )
     if not p.is_dir():
-        raise ConfigError(f"model {model!r} does not exist; pass an HF model folder or a hub id like bert-base-uncased")
+        raise ConfigError(
+            f"model {model!r} does not exist{read_from_here(model)}; pass an HF model folder or a hub id like "
+            "bert-base-uncased"
+        )
     _check_folder_kind(model, p)
     if weights:
         _check_weights(model, p)

@@ -1,5 +1,6 @@
 """Cheap checks of the folders a user names (--output-dir, --cache-dir, --output, --local-dir), done before
-any heavy work so a bad path is one line, not a traceback after minutes of tokenizing; and what a run writes in
+any heavy work so a bad path is one line, not a traceback after minutes of tokenizing; where a relative path that
+is not there was read from (`read_from_here`); and what a run writes in
 its output dir (`is_run_entry`), the only entries `--overwrite` ever removes. Imports no torch."""
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ import tempfile
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
+
+
+def read_from_here(path: str | os.PathLike) -> str:
+    """For a line saying `path` is not there: where a relative path was looked for (a saved config's paths are as
+    typed, so re-run from another folder they name other places); nothing for an absolute one."""
+    if Path(path).expanduser().is_absolute():
+        return ""
+    return f" (a relative path is read from the current folder {os.getcwd()})"
 
 
 def check_output_dir(path: str, flag: str = "--output-dir", what: str = "output dir") -> None:

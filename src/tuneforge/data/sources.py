@@ -18,6 +18,7 @@ import pandas as pd
 
 from tuneforge.data.mapped import LARGE_FILE_BYTES
 from tuneforge.errors import DataError
+from tuneforge.paths import read_from_here
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "txt"}
 COMPRESSED = {".gz": "gzip", ".zst": "zstd"}  # a table file compressed whole: rows.jsonl.gz, rows.csv.zst
@@ -98,7 +99,7 @@ def check_file(path: str | Path) -> Path:
     """Cheap up-front check (exists, is a file, known format), done before any heavy work."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"file {str(p)!r} does not exist; check the path")
+        raise DataError(f"file {str(p)!r} does not exist{read_from_here(p)}; check the path")
     if why := not_a_file(p):
         raise DataError(f"{str(p)!r} {why}; pass a csv/tsv/json/jsonl/parquet/txt file")
     if data_suffix(p) not in FILE_FORMATS:
@@ -131,7 +132,7 @@ def read_text_file(path: str | Path, what: str = "file", hint: str = "pass a fil
     """The text of the file a user named (decode_text); a missing path or a folder is one line (`hint`: the fix)."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"{what} {str(p)!r} does not exist; check the path")
+        raise DataError(f"{what} {str(p)!r} does not exist{read_from_here(p)}; check the path")
     if why := not_a_file(p):
         raise DataError(f"{what} {str(p)!r} {why}; {hint}")
     return decode_text(p.read_bytes(), p, what)

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from tuneforge.errors import DataError
+from tuneforge.paths import read_from_here
 
 
 def _check_text_file(path: str | Path, what: str) -> Path:
@@ -26,7 +27,7 @@ def _check_text_file(path: str | Path, what: str) -> Path:
 
     p = Path(path)
     if not p.exists():
-        raise DataError(f"{what} {str(p)!r} does not exist; check the path")
+        raise DataError(f"{what} {str(p)!r} does not exist{read_from_here(p)}; check the path")
     if why := not_a_file(p):
         raise DataError(f"{what} {str(p)!r} {why}; pass a plain text file")
     return p

@@ -14,13 +14,13 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import itertools
-import os
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from tuneforge.errors import ConfigError
+from tuneforge.paths import read_from_here
 
 _MODULE_NUMBERS = itertools.count()
 SIGNATURE = "fn(prompts, completions, **kwargs) -> list[float | None]"
@@ -35,8 +35,7 @@ def check_user_spec(spec: str, path: str, name: str) -> Path:
     if not name.isidentifier():
         raise ConfigError(f"--reward {spec!r}: {name!r} is not a Python function name; give path/to/file.py:function")
     if not file.exists():
-        where = "" if file.is_absolute() else f" (a relative path is read from the current folder {os.getcwd()})"
-        raise ConfigError(f"--reward {spec!r}: reward file {path!r} not found{where}")
+        raise ConfigError(f"--reward {spec!r}: reward file {path!r} not found{read_from_here(file)}")
     if not file.is_file():
         raise ConfigError(f"--reward {spec!r}: {path!r} is a folder, not a .py file")
     return file
