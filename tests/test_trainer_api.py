@@ -253,6 +253,20 @@ def test_validate_reads_a_given_models_own_label_order(tmp_path, tiny_bert, cach
     assert swapped["loss"] == pytest.approx(before["loss"], rel=1e-5) and swapped["accuracy"] == before["accuracy"]
 
 
+def test_a_trainers_second_fit_takes_its_own_datas_label_set(tmp_path, tiny_bert, cache_dir):
+    """One Trainer fit twice (a notebook's cells): the second run's label set is its own data's, as a new Trainer's
+    would be; the first run's labels were kept, so labels the second data has were refused as not in the set."""
+    import datasets
+    from transformers import AutoModelForSequenceClassification
+
+    trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1, eval_strategy="no", overwrite=True))
+    trainer.fit(train_dataset=raw_dataset(8))
+    three = datasets.Dataset.from_dict({"text": ["red", "green", "blue"] * 4, "label": ["r", "g", "b"] * 4})
+    result = trainer.fit(train_dataset=three)
+    saved = AutoModelForSequenceClassification.from_pretrained(result["model_dir"])
+    assert saved.config.id2label == {0: "b", 1: "g", 2: "r"}
+
+
 def test_a_compute_loss_override_returning_a_mean_alone_is_told_what_to_return(tmp_path, tiny_bert, cache_dir):
     class MeanLoss(Trainer):
         def compute_loss(self, outputs, batch):

@@ -114,6 +114,7 @@ class Trainer:
         self.callbacks = user_callbacks(callbacks)  # a class given: its instance
         self.fork_workers = fork_workers
         self.task = get_task(config)
+        self._task_used = False  # by a fit or validate: the next one starts from a fresh task
         self.state = Progress()
         self.run: Run | None = None  # built whole by fit / validate
 
@@ -151,6 +152,7 @@ class Trainer:
     # ---- public entry points ---------------------------------------------------------------
     def fit(self, model=None, tokenizer=None, train_dataset=None, eval_dataset=None) -> dict:
         """Train; returns the final metrics. Launches its own workers when nproc > 1."""
+        self._fresh_task()
         cfg, restarted = self.config, launch.restart_count() > 0
         if restarted and not cfg.resume and checkpoint.list_checkpoints(Path(cfg.output_dir)):
             cfg = cfg.model_copy(update={"resume": "latest"})  # elastic restart: this run continues the last one
@@ -198,9 +200,17 @@ class Trainer:
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
         """Evaluate a model (the config's, or the task's default) on the validation split."""
+        self._fresh_task()
         given = Given(model, tokenizer, None, eval_dataset)
         again = lambda: self.validate(model, tokenizer, eval_dataset)  # noqa: E731 (in a forked worker)
         return self._on_backend(self.config, model, lambda backend: self._validate(backend, given), again)
+
+    def _fresh_task(self) -> None:
+        """The config's task anew for a second fit or validate of this Trainer (a notebook's next cell): a run's set-up
+        gives the task that run's label set, which another run's data or model must not inherit."""
+        if self._task_used:
+            self.task = get_task(self.config)
+        self._task_used = True
 
     def _on_backend(self, cfg: TrainConfig, model, work, again) -> dict:
         """Launch the workers (nproc > 1 from a plain process; forked ones call `again`, the entry point that
