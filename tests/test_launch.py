@@ -266,6 +266,32 @@ def test_code_that_cannot_be_re_run_asks_for_a_script_or_forked_workers(tmp_path
     assert rc != 0 and "nproc > 1 needs a script to re-run in each worker" in stderr
 
 
+KERNEL = """
+import sys, types
+
+# as a Jupyter kernel runs a cell: argv[0] is the kernel's launcher, __main__ is IPython's namespace (no file)
+sys.argv = sys.argv[1:]  # (the cell reads its settings after it)
+namespace = types.ModuleType("__main__")
+sys.modules["__main__"] = namespace
+exec(compile(CELL, "<cell>", "exec"), namespace.__dict__)
+"""
+
+
+def test_a_notebook_kernel_is_never_re_run_as_the_workers_script(tmp_path, tiny_bert, data, cache_dir):
+    """In a Jupyter kernel argv[0] is ipykernel_launcher.py, a file: each worker started it again (a second kernel
+    on the notebook's ports: ZMQ's 'Address already in use', then 'training workers failed'). An interactive session
+    has no script of its own: one line before any worker, pointing at fork_workers=True."""
+    launcher = tmp_path / "kernel_launcher.py"
+    launcher.write_text("import sys\nprint('kernel started again', file=sys.stderr)\nsys.exit(1)\n")
+    cell = FORKING.replace("STEPS", str(STEPS)).replace(", fork_workers=True", "")
+    code = KERNEL.replace("CELL", repr(cell))
+    settings = [*map(str, data), tiny_bert, cache_dir, str(tmp_path / "run"), "no"]
+    cmd = [sys.executable, "-c", code, str(launcher), *settings]
+    [(rc, _, stderr)] = finish([start(cmd, tmp_path / "log", clean_env())], [tmp_path / "log"], 120)
+    assert rc != 0 and "kernel started again" not in stderr
+    assert "fork_workers=True" in stderr.strip().splitlines()[-1]
+
+
 # ---- several agents, external launchers ---------------------------------------------------------
 def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_bert, data, cache_dir, baseline):
     """Two agents (nproc 1 each) meet at 127.0.0.1:P. Node 0 holds the main rank and writes the

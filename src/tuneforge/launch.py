@@ -222,9 +222,12 @@ def _script_argv() -> list[str]:
     if spec is not None and spec.name and spec.name != "__main__":  # python -m pkg.mod
         return ["-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
     script = sys.argv[0] if sys.argv else ""
-    if not script or script == "-c" or not Path(script).is_file():
+    # an interactive session's code has no file: a Jupyter kernel's or IPython's argv[0] is its own launcher
+    interactive = not getattr(main, "__file__", None)
+    if interactive or not script or script == "-c" or not Path(script).is_file():
         raise ConfigError(
-            "nproc > 1 needs a script to re-run in each worker; run your code as `python train.py`, not interactively"
+            "nproc > 1 needs a script to re-run in each worker; run your code as `python train.py`, or from a "
+            "notebook or other interactive session pass Trainer(..., fork_workers=True) to fork the workers from it"
         )
     return [script, *sys.argv[1:]]
 
