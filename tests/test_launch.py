@@ -215,6 +215,8 @@ handlers = [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)]
 
 class MaybeCrashing(Trainer):
     def forward_step(self, model, batch):
+        if not getattr(self.task, "set_up_by_the_user", False):  # a forked worker runs the parent's task
+            raise RuntimeError("the task set up before fit was replaced")
         if crash == "crash" and self.backend.rank == 1 and self.state.step == 2:
             raise RuntimeError("boom on rank 1 at step 3")
         return super().forward_step(model, batch)
@@ -224,7 +226,9 @@ config = TrainConfig(task="classification", model=model, output_dir=out, backend
                      max_steps=STEPS, precision="fp32", logging_steps=1, eval_strategy="no", quiet=True,
                      optim={"lr": 1e-2},
                      data={"train_file": train, "validation_file": val, "cache_dir": cache, "group_by_length": False})
-result = MaybeCrashing(config, fork_workers=True).fit()
+trainer = MaybeCrashing(config, fork_workers=True)
+trainer.task.set_up_by_the_user = True
+result = trainer.fit()
 print("RESULT", json.dumps(result), handlers == [signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)])
 """
 

@@ -207,8 +207,9 @@ class Trainer:
 
     def _fresh_task(self) -> None:
         """The config's task anew for a second fit or validate of this Trainer (a notebook's next cell): a run's set-up
-        gives the task that run's label set, which another run's data or model must not inherit."""
-        if self._task_used:
+        gives the task that run's label set, which another run's data or model must not inherit. A worker forked
+        for this run (`again`) keeps the task it was forked with: the user's settings on it stay."""
+        if self._task_used and not launch.launched_by_us():
             self.task = get_task(self.config)
         self._task_used = True
 
