@@ -792,6 +792,44 @@ def test_seq2seq_completions_equal_transformers(tiny_t5, tmp_path):
         assert choice.text == tokenizer.decode(want[0], skip_special_tokens=True)
 
 
+def test_seq2seq_takes_its_trained_length_and_says_it_decodes_without_its_trained_beams(tiny_t5, tmp_path, capfd):
+    """A completion without max_tokens got OpenAI's 16 tokens, not the generation_max_length the model was evaluated
+    (and `tuneforge generate` decodes) with, and nothing said that the server has no beam search: it answers
+    generation_max_length tokens, /health and one start-up line say the trained settings it takes and its num_beams
+    left out."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model_dir = tmp_path / "t5"
+    shutil.copytree(tiny_t5, model_dir)
+    prefix = "translate English to German: "
+    trained = {"source_prefix": prefix, "max_length": 64, "num_beams": 2, "generation_max_length": 24}
+    (model_dir / "tuneforge.json").write_text(json.dumps({"task": "seq2seq", **trained}))
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    source = "A man is riding a red bike."
+    with app_server(str(model_dir)) as url:
+        wait_ready(url)
+        body = {"model": NAME, "prompt": source, "temperature": 0}
+        whole = httpx.post(f"{url}/v1/completions", json={**body, "ignore_eos": True}, timeout=60).json()
+        greedy = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()
+        health = httpx.get(f"{url}/health", timeout=10).json()
+        said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("settings the model")]
+    assert whole["usage"]["completion_tokens"] == 24
+    ids = tokenizer(prefix + source, return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**ids, max_new_tokens=24, do_sample=False)
+    assert greedy["choices"][0]["text"] == tokenizer.decode(want[0], skip_special_tokens=True)
+    assert health["sampling_defaults"] == {"max_tokens": 24}  # the page's empty max tokens shows it
+    assert health["trained_settings"] == {key: value for key, value in trained.items() if key != "num_beams"}
+    assert health["trained_settings_not_applied"] == {"num_beams": 2}
+    [line] = said
+    assert line.startswith(
+        "settings the model was trained with (its tuneforge.json): source_prefix 'translate English to German: ', "
+        "max_length 64, generation_max_length 24 (the default max_tokens); its num_beams 2 is not applied: "
+    )
+    assert "no beam search" in line
+
+
 def test_max_length_truncates_a_seq2seq_models_inputs_and_is_refused_for_a_causal_lm(
     tiny_t5, tiny_gpt2, tmp_path, capsys
 ):

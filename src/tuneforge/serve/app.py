@@ -43,7 +43,7 @@ from tuneforge.serve.access_log import AccessLog
 from tuneforge.serve.batching import DynamicBatcher
 from tuneforge.serve.engine import GenerationEngine
 from tuneforge.serve.gate import RETRY_AFTER_S, Gate, error_response
-from tuneforge.serve.generation import GenerationService
+from tuneforge.serve.generation import GenerationService, trained_settings_line
 from tuneforge.serve.metrics import Metrics
 from tuneforge.serve.options import ServeOptions
 from tuneforge.serve.packed_linear import pack_linear_layers
@@ -155,6 +155,9 @@ async def health(request: Request):
         info.update(kind="generate", family=served.family, chat=service.has_chat_template, context=service.context)
         info.update(task=served.info.get("task"), running=engine.running_rows, waiting=engine.queue_depth)
         info["sampling_defaults"] = service.defaults  # the model's own, for the fields a request leaves out
+        if service.trained_settings or service.trained_not_applied:  # a seq2seq model's, from its tuneforge.json
+            info.update(trained_settings=service.trained_settings)
+            info.update(trained_settings_not_applied=service.trained_not_applied)
     else:
         b = state.batcher
         if routes_embeddings.embeds(served):
@@ -286,8 +289,10 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
         if options.generation_config == "auto" and (line := served.defaults.line()):
             state.access_log.event(line)
         state.generation = GenerationService(
-            served, engine, options.served_model_name, options.request_timeout_s, defaults
+            served, engine, options.served_model_name, options.request_timeout_s, defaults, options.max_length
         )
+        if line := trained_settings_line(state.generation.trained_settings, state.generation.trained_not_applied):
+            state.access_log.event(line)
     else:
         infer = served.embed if routes_embeddings.embeds(served) else served.predict
         batcher = DynamicBatcher(

@@ -1,11 +1,12 @@
-"""The generation service behind the OpenAI routes: a served `Generator` and its `GenerationEngine`. It owns
-prompt encoding (the generator's, with each refusal as a 400 naming its field), the context limit, building the
+"""The generation service behind the OpenAI routes: a served `Generator` and its `GenerationEngine`. It owns prompt
+encoding (the generator's, with each refusal as a 400 naming its field), the context limit, building the
 `SamplingParams` of a request (a field it leaves out: the model's own default under --generation-config auto,
-tuneforge/generation_defaults.py), and running a request's sequences to one body or a stream of server-sent events.
-The routes (serve/routes_openai.py) only turn requests into prompts and call it. What the chat template tells
-of tools (whether it renders them, which parser its replies need: tuneforge/tool_calls.py) is fixed for the served
-model: probed once, on the first request that needs it, and read by every request after (`renders_tools`,
-`tool_family`).
+tuneforge/generation_defaults.py; a seq2seq model's max_tokens: the generation_max_length of its tuneforge.json, its
+num_beams named as not applied: `served_trained_settings`), and running a request's sequences to one body or a
+stream of server-sent events. The routes (serve/routes_openai.py) only turn requests into prompts and call it. What
+the chat template tells of tools (whether it renders them, which parser its replies need: tuneforge/tool_calls.py)
+is fixed for the served model: probed once, on the first request that needs it, and read by every request after
+(`renders_tools`, `tool_family`).
 
 Log-probs (serve/logprobs.py) reach the answer as the engine records them: each event carries the entries of the
 tokens its text came from. `best_of` runs that many candidates of each prompt and answers with the `n` of highest
@@ -24,6 +25,7 @@ from fastapi.responses import StreamingResponse
 
 from tuneforge import tool_calls
 from tuneforge.files import json_text
+from tuneforge.generate import is_count
 from tuneforge.serve import openai_api as oa
 from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, SamplingParams, Sequence
 from tuneforge.serve.logprobs import TokenTexts, mean_logprob
@@ -143,6 +145,36 @@ async def events(gen: Generation, request: Request | None, deadline: float):
         yield index, text, reason, entries
 
 
+def served_trained_settings(generator, max_length: int | None) -> tuple[dict, dict]:
+    """(the settings of its training, tuneforge.json's, that a model is served with; those it is not): a seq2seq
+    model's source_prefix and max_length (unless --max-length, `max_length`, replaces it) and generation_max_length
+    (the default max_tokens) taken, its num_beams not: the server has no beam search (nor has vLLM)."""
+    taken = dict(generator.kind.trained_settings(generator.info))
+    if max_length is not None:
+        taken.pop("max_length", None)
+    if not is_count(taken.get("generation_max_length")):  # a hand-edited value `trained_sampling` leaves out too
+        taken.pop("generation_max_length", None)
+    beams = taken.pop("num_beams", None)
+    return taken, ({"num_beams": beams} if is_count(beams) and beams > 1 else {})
+
+
+def trained_settings_line(taken: dict, not_applied: dict) -> str | None:
+    """The server's start-up line naming `served_trained_settings`' two parts (None: none of either)."""
+    if not taken and not not_applied:
+        return None
+    said = [f"{name} {value!r}" if isinstance(value, str) else f"{name} {value}" for name, value in taken.items()]
+    if "generation_max_length" in taken:  # named last (generate.SEQ2SEQ_DECODING's order, num_beams taken out)
+        said[-1] += " (the default max_tokens)"
+    line = f"settings the model was trained with (its tuneforge.json): {', '.join(said) or 'none taken'}"
+    if not_applied:
+        line += (
+            f"; its num_beams {not_applied['num_beams']} is not applied: the server has no beam search (as vLLM), "
+            "it decodes greedily at temperature 0 and samples otherwise, so its answers may differ from those "
+            "`eval` scored and `tuneforge generate` prints"
+        )
+    return line
+
+
 def sse(body: dict) -> str:
     return f"data: {json_text(body, ensure_ascii=False)}\n\n"
 
@@ -151,12 +183,23 @@ class GenerationService:
     """A served generator and its engine, as the OpenAI routes use them (see the module doc)."""
 
     def __init__(
-        self, generator, engine: GenerationEngine, name: str, request_timeout_s: float, defaults: dict | None = None
+        self,
+        generator,
+        engine: GenerationEngine,
+        name: str,
+        request_timeout_s: float,
+        defaults: dict | None = None,
+        max_length: int | None = None,
     ) -> None:
         """`defaults`: the model's own sampling defaults in the API's names (generation_defaults.ModelDefaults'
-        `served`, under --generation-config auto), what a request that leaves a field out samples with."""
+        `served`, under --generation-config auto), what a request that leaves a field out samples with;
+        `max_length`: serve's --max-length (in place of a seq2seq model's trained one)."""
         self.generator = generator
-        self.defaults = defaults or {}
+        self.trained_settings, self.trained_not_applied = served_trained_settings(generator, max_length)
+        # a seq2seq model's generation_max_length (its tuneforge.json): the length `eval` scored its outputs at and
+        # `tuneforge generate` decodes to, whole (not cut at OpenAI's 16), whatever its generation config says
+        self.trained_max_tokens = generator.trained_sampling({}).get("max_new_tokens")
+        self.defaults = {**(defaults or {}), **self.trained_defaults()}
         self.engine = engine
         self.name = name  # the served model's name
         self.context = generator.context
@@ -217,12 +260,18 @@ class GenerationService:
             )
         return ids
 
+    def trained_defaults(self) -> dict:
+        return {} if self.trained_max_tokens is None else {"max_tokens": self.trained_max_tokens}
+
     def default_max_tokens(self, server_default: int, cap: bool = False) -> int:
-        """The max_tokens of a request that gives none: the model's max_new_tokens in place of `server_default`
-        (chat), or (`cap`, completions: OpenAI's 16) the smaller of the two, as vLLM takes them."""
+        """The max_tokens of a request that gives none: a seq2seq model's trained generation_max_length, else the
+        model's max_new_tokens in place of `server_default` (chat), or (`cap`, completions: OpenAI's 16) the
+        smaller of the two, as vLLM takes them."""
         own = self.defaults.get("max_tokens")
         if own is None:
             return server_default
+        if self.trained_max_tokens is not None:
+            return own
         return min(own, server_default) if cap else own
 
     def given(self, body: oa.SamplingRequest, name: str, neutral):
