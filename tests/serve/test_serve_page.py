@@ -295,6 +295,23 @@ def test_a_model_without_a_chat_template_is_continued_through_completions(browse
     assert f"{want['usage']['completion_tokens']} tokens" in shown
 
 
+def test_a_seq2seq_model_is_said_to_answer_each_input_with_its_trained_length(browser, tiny_t5, tmp_path):
+    """The page said a seq2seq model continues each message (it reads it as its input and answers it) and its empty
+    max tokens meant 16: the note says what it does, the field shows the trained generation_max_length."""
+    model_dir = tmp_path / "t5"
+    shutil.copytree(tiny_t5, model_dir)
+    (model_dir / "tuneforge.json").write_text(json.dumps({"task": "seq2seq", "generation_max_length": 24}))
+    with app_server(str(model_dir)) as url:
+        wait_ready(url)
+        page = browser.new_page()
+        page.goto(url)
+        page.wait_for_selector("#generate:not(.hidden)", timeout=30_000)
+        note, placeholder = page.inner_text("#mode-note"), page.get_attribute("#max-tokens", "placeholder")
+        page.close()
+    assert "continues" not in note and "each message is an input it answers" in note
+    assert placeholder == "24"
+
+
 BARS = """rows => rows.map((r) => {
     const width = (selector) => r.querySelector(selector).getBoundingClientRect().width;
     const shown = r.querySelector('.score-num').textContent;
