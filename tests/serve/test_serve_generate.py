@@ -859,6 +859,15 @@ def test_max_length_truncates_a_seq2seq_models_inputs_and_is_refused_for_a_causa
     assert "is a causal LM, whose prompt is never cut" in err
 
 
+def test_max_length_past_a_seq2seq_models_positions_is_refused_at_start_up(tiny_bart, capsys):
+    """`serve --max-length 500` of a BART of 128 positions started, then refused each input over 128 tokens (a 400)
+    in place of cutting it as the flag says; it is one line, as predict's and serve's predictors refuse it."""
+    code, _, err = cli_main(capsys, "serve", tiny_bart, "--port", "0", "--max-length", "500")
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "error: max_length 500 is above the model's limit of 128 positions; use --max-length 128 or less"
+    )
+
+
 # ---- the process: flags, SIGTERM ---------------------------------------------------------------------
 @pytest.mark.parametrize(
     "flags, message",
