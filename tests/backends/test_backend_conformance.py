@@ -151,7 +151,7 @@ UNREADABLE = {
     "fsdp": (10, "--backend ddp --nproc 2", ["written by backend 'fsdp'", "'ddp' cannot", "--backend fsdp"]),
     "zero2": (5, "--backend deepspeed --nproc 2 --zero-stage 3", ["stage 1 or 2", "has stage 3", "stage 2"]),
     "zero3": (20, "--backend deepspeed --nproc 2 --zero-stage 2", ["stage 3,", "has stage 2", "stage 3"]),
-    "zero3-on-fsdp": (20, "--backend fsdp --nproc 2", ["neither sharded weights", "backend 'fsdp'"]),
+    "zero3-on-fsdp": (20, "--backend fsdp --nproc 2", ["DeepSpeed's ZeRO shards", "backend 'fsdp' cannot read"]),
 }
 
 
