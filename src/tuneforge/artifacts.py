@@ -366,6 +366,16 @@ def context_length(model_config) -> int | None:
     return None
 
 
+def check_max_length_fits(max_length: int | None, model_config) -> None:
+    """ConfigError where `max_length` (the tokens a model reads) is above its positions (`context_length`); a model
+    without a fixed limit takes any."""
+    limit = context_length(model_config)
+    if limit and max_length and max_length > limit:
+        raise ConfigError(
+            f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length {limit} or less"
+        )
+
+
 def inference_device(device: str | None = None):
     """The torch device a model runs on outside training: `device` if given, else cuda, then mps, then cpu."""
     import torch  # here, not at the top: tuneforge.json's readers need no torch

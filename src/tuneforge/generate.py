@@ -34,6 +34,7 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
     FAMILY_CAUSAL,
     FAMILY_SEQ2SEQ,
+    check_max_length_fits,
     check_model_path,
     context_length,
     from_pretrained,
@@ -242,12 +243,7 @@ class Generator:
                     "longer than its context is refused); --max-length truncates the inputs of other models: leave "
                     "it out"
                 )
-            limit = context_length(model_config)
-            if limit is not None and max_length > limit:  # as a predictor's (tasks/base.py predict_max_length)
-                raise ConfigError(
-                    f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
-                    f"{limit} or less"
-                )
+            check_max_length_fits(max_length, model_config)
             info = {**info, "max_length": max_length}
         tokenizer = load_tokenizer(model_dir)
         model = load_pretrained_model(getattr(transformers, family.auto_class), model_dir, "the model").eval()

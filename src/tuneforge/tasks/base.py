@@ -16,6 +16,7 @@ import torch
 from tuneforge.artifacts import (
     bundled_minilm,
     capability_info,
+    check_max_length_fits,
     check_model_path,
     context_length,
     from_pretrained,
@@ -82,16 +83,10 @@ def open_predictor_folder(model_dir, max_length: int | None) -> PredictorFolder:
 def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:
     """A predictor's max_length: the user's, else the trained one (tuneforge.json), else `default`, within the
     model's position limit: the user's above it is one ConfigError line, the others are cut to it."""
+    check_max_length_fits(max_length, model_config)
     chosen = max_length or trained or default
     limit = context_length(model_config)
-    if limit and chosen > limit:
-        if max_length:
-            raise ConfigError(
-                f"max_length {max_length} is above the model's limit of {limit} positions; use --max-length "
-                f"{limit} or less"
-            )
-        chosen = limit
-    return chosen
+    return min(chosen, limit) if limit else chosen
 
 
 class ServingPrecision:
@@ -532,12 +527,7 @@ class Task:
 
     # --- saving -------------------------------------------------------------------------
     def check_max_length(self, tokenizer, model_config) -> None:
-        limit = context_length(model_config)
-        want = self.config.data.max_length
-        if limit and want and want > limit:
-            raise ConfigError(
-                f"max_length {want} is above the model's limit of {limit} positions; use --max-length {limit} or less"
-            )
+        check_max_length_fits(self.config.data.max_length, model_config)
 
 
 def mean_over_ranks(backend, loss_sum: torch.Tensor, count: torch.Tensor) -> float:

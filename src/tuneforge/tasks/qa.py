@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import context_length, from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import check_max_length_fits, context_length, from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.squad import check_examples, check_squad_file, find_split_files, from_hf, read_squad
 from tuneforge.errors import ConfigError, DataError
@@ -366,12 +366,7 @@ class QuestionAnsweringTask(Task):
         )
 
     def check_max_length(self, tokenizer, model_config) -> None:
-        limit = context_length(model_config)
-        if limit and self.max_length > limit:
-            raise ConfigError(
-                f"max_length {self.max_length} is above the model's limit of {limit} positions; use --max-length "
-                f"{limit} or less"
-            )
+        check_max_length_fits(self.max_length, model_config)
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
