@@ -178,15 +178,25 @@ def test_the_harness_model_of_an_adapter_folder_is_its_base_with_the_adapter_mer
     assert (harness - base).abs().max() > 1e-3  # the adapter trained: it is in the scores
 
 
+def clm_run_command(tiny_llama, run) -> list[str]:
+    """`tuneforge train` of one causal LM step into `run` (its text beside it)."""
+    text = run.parent / "text.txt"
+    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
+    return train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run, quiet=True)
+
+
+def gsm8k_after_train(shared_data) -> list[str]:
+    """The flags that score gsm8k's first row, two tokens generated, after training."""
+    harness = f"--harness-after-train=gsm8k={shared_data / 'gsm8k'}"
+    return [harness, "harness_after_train.limit=1", "harness_after_train.max_gen_toks=2"]
+
+
 def test_harness_scores_after_training_are_metrics_of_the_runs_result(tiny_llama, shared_data, tmp_path, capsys):
     """--harness-after-train's scores join result.json as metrics `harness/TASK/METRIC/FILTER` (the harness's
     `exact_match,strict-match`), on the `final:` line and in `tuneforge runs`; a sweep can read them there."""
-    text = tmp_path / "text.txt"
-    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
     run = tmp_path / "run"
-    base = train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run, quiet=True)
-    harness = [f"--harness-after-train=gsm8k={shared_data / 'gsm8k'}", "harness_after_train.limit=1"]
-    code, stdout, err = cli_main(capsys, *base, *harness, "harness_after_train.max_gen_toks=2")
+    base = clm_run_command(tiny_llama, run)
+    code, stdout, err = cli_main(capsys, *base, *gsm8k_after_train(shared_data))
     assert code == 0, err
     scores = strict_json(run / "harness" / "results.json")["results"]["gsm8k"]
     result = strict_json(run / "result.json")
@@ -261,12 +271,9 @@ def test_the_harness_records_no_git_commit_of_the_working_directory(
 def test_overwrite_clears_the_replaced_runs_harness_scores(tiny_llama, shared_data, tmp_path, capsys):
     """--overwrite clears OUTPUT_DIR/harness's results with the rest of the run it replaces, so no scores of a model
     that is gone stay beside the new one; the user's files there stay."""
-    text = tmp_path / "text.txt"
-    text.write_text("".join(f"{en}\n" for en, _ in parallel_pairs(20)), encoding="utf-8")
     run = tmp_path / "run"
-    base = train_command((text, text), tiny_llama, task="clm", block_size=16, max_steps=1, output_dir=run, quiet=True)
-    harness = [f"--harness-after-train=gsm8k={shared_data / 'gsm8k'}", "harness_after_train.limit=1"]
-    code, _, err = cli_main(capsys, *base, *harness, "harness_after_train.max_gen_toks=2")
+    base = clm_run_command(tiny_llama, run)
+    code, _, err = cli_main(capsys, *base, *gsm8k_after_train(shared_data))
     assert code == 0, err
     assert (run / "harness" / "results.json").is_file()
     (run / "harness" / "notes.txt").write_text("mine")
