@@ -830,6 +830,25 @@ def test_seq2seq_takes_its_trained_length_and_says_it_decodes_without_its_traine
     assert "no beam search" in line
 
 
+def test_a_seq2seq_model_without_stated_positions_reads_and_writes_at_most_2048_tokens(tiny_t5):
+    """A T5 (relative positions: its config names no limit) with no trained max_length took any input and any
+    max_tokens: one request of 12,000 tokens held the engine for a minute (its attention's memory grows with the
+    square of the length: a 4 MiB body is a million tokens) and max_tokens 100000 held every other request back
+    until the timeout. As vLLM assumes for such a config, its limit is 2048 tokens, said by /health; a longer
+    input or a max_tokens past it is a 400 naming the field."""
+    with app_server(tiny_t5) as url:
+        wait_ready(url)
+        assert httpx.get(f"{url}/health", timeout=10).json()["context"] == 2048
+        body = {"model": NAME, "prompt": "word " * 600, "max_tokens": 2}  # 2,401 tokens
+        long_input = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        body = {"model": NAME, "prompt": "word", "max_tokens": 2048}
+        long_output = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert long_input.status_code == 400 and long_input.json()["error"]["param"] == "prompt"
+    assert long_input.json()["error"]["message"] == "prompt has 2401 tokens; the model reads at most 2048: shorten it"
+    assert long_output.status_code == 400 and long_output.json()["error"]["param"] == "max_tokens"
+    assert "above the model's limit of 2047 tokens" in long_output.json()["error"]["message"]
+
+
 def test_max_length_truncates_a_seq2seq_models_inputs_and_is_refused_for_a_causal_lm(
     tiny_t5, tiny_gpt2, tmp_path, capsys
 ):

@@ -43,7 +43,7 @@ from tuneforge.serve.access_log import AccessLog
 from tuneforge.serve.batching import DynamicBatcher
 from tuneforge.serve.engine import GenerationEngine
 from tuneforge.serve.gate import RETRY_AFTER_S, Gate, error_response
-from tuneforge.serve.generation import GenerationService, trained_settings_line
+from tuneforge.serve.generation import GenerationService, served_context, trained_settings_line
 from tuneforge.serve.metrics import Metrics
 from tuneforge.serve.options import ServeOptions
 from tuneforge.serve.packed_linear import pack_linear_layers
@@ -281,7 +281,12 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
 
         check_chat_template(served.tokenizer, options.model_dir)  # one line at start-up, not a 500 per request
         engine = GenerationEngine(
-            served, options.max_batch_size, options.max_queue, served.context, state.metrics.observe_batch, on_fatal
+            served,
+            options.max_batch_size,
+            options.max_queue,
+            served_context(served),
+            state.metrics.observe_batch,
+            on_fatal,
         )
         engine.start()
         state.engine = engine

@@ -31,6 +31,8 @@ from tuneforge.serve.engine import EngineDied, GenerationEngine, QueueFull, Samp
 from tuneforge.serve.logprobs import TokenTexts, mean_logprob
 
 MAX_PROMPT_ROWS = 64  # prompts x n in one generation request
+# the positions of a seq2seq model whose config names none (T5's relative positions), as vLLM assumes for one
+UNSTATED_CONTEXT = 2048
 DISCONNECT_CHECK_S = 0.25  # how often a non-streamed request looks for its client gone
 
 
@@ -145,6 +147,20 @@ async def events(gen: Generation, request: Request | None, deadline: float):
         yield index, text, reason, entries
 
 
+def served_context(generator) -> int | None:
+    """The positions a served request may use (None: no limit): the model's context; a seq2seq model whose config
+    names none (T5) reads and writes at most UNSTATED_CONTEXT tokens, or more where its inputs' max_length or its
+    trained generation_max_length is more. Unbounded, one input of a million tokens (a 4 MiB body) took the engine for
+    hours, its encoder's attention memory growing with the square of the length, and a huge max_tokens held every
+    other request back."""
+    context = generator.context
+    if context is not None or generator.kind.continues_prompt:
+        return context
+    inputs = generator.kind.max_prompt_tokens(generator.info) or 0
+    outputs = generator.trained_sampling({}).get("max_new_tokens", 0) + 1  # the decoder's start token: a position
+    return max(UNSTATED_CONTEXT, inputs, outputs)
+
+
 def served_trained_settings(generator, max_length: int | None) -> tuple[dict, dict]:
     """(the settings of its training, tuneforge.json's, that a model is served with; those it is not): a seq2seq
     model's source_prefix and max_length (unless --max-length, `max_length`, replaces it) and generation_max_length
@@ -202,7 +218,7 @@ class GenerationService:
         self.defaults = {**(defaults or {}), **self.trained_defaults()}
         self.engine = engine
         self.name = name  # the served model's name
-        self.context = generator.context
+        self.context = served_context(generator)
         self.vocab_size = generator.model.config.vocab_size  # the logits' width: logit_bias keys below it
         self.token_texts = TokenTexts(generator.tokenizer)  # how log-probs name tokens
         self.eos_ids = engine.eos_ids if engine is not None else set()
