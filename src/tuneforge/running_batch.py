@@ -3,7 +3,8 @@ generator's family in generate.py, which sits below serve/): what a forward pass
 rows needs: a causal LM's rows on slots (SlotBatch: each row's keys in a slot of its own, newcomers' prompts in the
 running rows' pass; the models `slot_cache.supports`) or in one left-padded key/value cache that newcomers join at
 any step (CausalBatch: the other causal LMs; one with a recurrent state is refused, `recurrent_state`); a seq2seq
-model's encoder outputs and decoder cache, admitted together when the batch is empty (Seq2SeqBatch). Knows nothing
+model's encoder outputs and decoder cache, newcomers joining at any step where its decoder's positions are relative
+(T5's), else admitted together when the batch is empty (Seq2SeqBatch). Knows nothing
 of sampling or requests.
 """
 
@@ -16,6 +17,8 @@ import torch
 from tuneforge.errors import ConfigError
 from tuneforge.slot_cache import SlotCache, pack, slot_attention_on
 
+# encoder-decoder models whose decoder's positions are relative (T5's buckets of distances): a row may join left-padded
+RELATIVE_DECODERS = frozenset({"t5", "mt5"})
 ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention"})  # keys per position
 
 
@@ -59,6 +62,24 @@ def _dynamic_cache(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
     from transformers import DynamicCache
 
     return DynamicCache(tensors)
+
+
+def _encoder_decoder_cache(selfs: list, crosses: list):
+    """An encoder-decoder cache of (keys, values) per layer: its decoder's, its cross-attention's (computed: the
+    model reads them, not the encoder outputs, after the first step)."""
+    from transformers import EncoderDecoderCache
+
+    return EncoderDecoderCache(_dynamic_cache(selfs), _dynamic_cache(crosses))
+
+
+def _pad(t: torch.Tensor, width: int, dim: int, left: bool = True) -> torch.Tensor:
+    """`t` with `width` zero positions in front of (`left`) or after its dimension `dim`."""
+    if width == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = width
+    pad = t.new_zeros(shape)
+    return torch.cat([pad, t] if left else [t, pad], dim=dim)
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -168,9 +189,12 @@ class CausalBatch:
 
 
 class Seq2SeqBatch:
-    """The running rows of an encoder-decoder model: admitted together when the batch is empty."""
+    """The running rows of an encoder-decoder model. A decoder whose positions are relative (T5's, RELATIVE_DECODERS)
+    takes newcomers at any step: their encoder outputs (and cross-attention keys) padded on the right to the batch's
+    width, their decoder keys on the left, a decoder mask marking each row's real positions (a left-padded row sees
+    the same distances as alone). Others (BART's absolute positions, counted from the cache length that every row
+    shares) are admitted together when the batch is empty."""
 
-    joins_running = False
     fuses_prefill = False
 
     def __init__(self, model, pad_id: int) -> None:
@@ -182,11 +206,13 @@ class Seq2SeqBatch:
         if start is None and model.generation_config is not None:
             start = model.generation_config.decoder_start_token_id
         self.start_id = start if start is not None else pad_id
+        self.joins_running = model.config.model_type in RELATIVE_DECODERS
         self.cache = self.encoded = self.mask = None
+        self.decoder_mask: torch.Tensor | None = None  # joins_running: [rows, decoder length], 1 where real
 
     def prefill(self, prompts: list[list[int]], every_position: bool = False) -> torch.Tensor:
-        """Encode the prompts; the decoder's first logits [rows, vocab]. A prompt is read, not continued: it has
-        no log-probs of its own (`every_position` is refused)."""
+        """Encode the prompts; the decoder's first logits [rows, vocab]; the rows join the running ones (after
+        them). A prompt is read, not continued: it has no log-probs of its own (`every_position` is refused)."""
         if every_position:
             raise ValueError("an encoder-decoder model gives its prompt no log-probs")
         width = max(map(len, prompts))
@@ -195,31 +221,86 @@ class Seq2SeqBatch:
         for i, p in enumerate(prompts):
             ids[i, : len(p)] = torch.tensor(p)
             mask[i, : len(p)] = 1
-        ids, self.mask = ids.to(self.device), mask.to(self.device)
-        self.encoded = self.model.get_encoder()(input_ids=ids, attention_mask=self.mask).last_hidden_state
-        start = torch.full((len(prompts),), self.start_id, dtype=torch.long)
-        self.cache = None
-        return self.decode(start)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        encoded = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        start = torch.full((len(prompts), 1), self.start_id, dtype=torch.long, device=self.device)
+        decoder_mask = torch.ones_like(start) if self.joins_running else None
+        logits, cache = self._forward(encoded, mask, start, decoder_mask, None)
+        if self.cache is None:
+            self.encoded, self.mask, self.cache, self.decoder_mask = encoded, mask, cache, decoder_mask
+        else:
+            self._merge(encoded, mask, cache, decoder_mask)
+        return logits
+
+    def _forward(self, encoded, mask, tokens, decoder_mask, cache):
+        """One decoder step: (the next logits [rows, vocab], the cache after it)."""
+        out = self.model(
+            encoder_outputs=(encoded,),
+            attention_mask=mask,
+            decoder_input_ids=tokens,
+            decoder_attention_mask=decoder_mask,
+            use_cache=True,
+            **({self.kwarg: cache} if cache is not None else {}),
+        )
+        return out.logits[:, -1, :], _output_cache(out)
+
+    def _merge(self, encoded, mask, cache, decoder_mask) -> None:
+        """Newcomers' encoder outputs, mask and cache after the running rows': the encoder side padded on the right
+        to the wider of the two, the decoder side on the left to the longer."""
+        width = max(self.mask.shape[1], mask.shape[1])
+        a, b = width - self.mask.shape[1], width - mask.shape[1]
+        self.encoded = torch.cat([_pad(self.encoded, a, 1, left=False), _pad(encoded, b, 1, left=False)])
+        self.mask = torch.cat([_pad(self.mask, a, 1, left=False), _pad(mask, b, 1, left=False)])
+        length = max(self.decoder_mask.shape[1], decoder_mask.shape[1])
+        c, d = length - self.decoder_mask.shape[1], length - decoder_mask.shape[1]
+        self.decoder_mask = torch.cat([_pad(self.decoder_mask, c, 1), _pad(decoder_mask, d, 1)])
+        selfs = [
+            tuple(torch.cat([_pad(old, c, 2), _pad(new, d, 2)]) for old, new in zip(o, n))
+            for o, n in zip(_cache_tensors(self.cache.self_attention_cache), _cache_tensors(cache.self_attention_cache))
+        ]
+        crosses = [
+            tuple(torch.cat([_pad(old, a, 2, left=False), _pad(new, b, 2, left=False)]) for old, new in zip(o, n))
+            for o, n in zip(
+                _cache_tensors(self.cache.cross_attention_cache), _cache_tensors(cache.cross_attention_cache)
+            )
+        ]
+        self.cache = _encoder_decoder_cache(selfs, crosses)
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
-        cache = {self.kwarg: self.cache} if self.cache is not None else {}
-        out = self.model(
-            encoder_outputs=(self.encoded,),
-            attention_mask=self.mask,
-            decoder_input_ids=tokens.to(self.device)[:, None],
-            use_cache=True,
-            **cache,
-        )
-        self.cache = _output_cache(out)
-        return out.logits[:, -1, :]
+        mask = self.decoder_mask
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        logits, self.cache = self._forward(self.encoded, self.mask, tokens.to(self.device)[:, None], mask, self.cache)
+        self.decoder_mask = mask
+        return logits
 
     def keep(self, rows: list[int]) -> None:
+        """Keep only these rows (in this order); where rows join, cut the columns that are padding for all of them."""
         if not rows:
-            self.cache = self.encoded = self.mask = None
+            self.cache = self.encoded = self.mask = self.decoder_mask = None
             return
         index = torch.tensor(rows, device=self.device)
-        self.cache.batch_select_indices(index)
         self.encoded, self.mask = self.encoded.index_select(0, index), self.mask.index_select(0, index)
+        if self.decoder_mask is None:
+            self.cache.batch_select_indices(index)
+            return
+        self.decoder_mask = self.decoder_mask.index_select(0, index)
+        first = int(self.decoder_mask.any(0).nonzero()[0])  # the decoder's first column some row still uses
+        width = int(self.mask.any(0).nonzero()[-1]) + 1  # the encoder's last
+        self.decoder_mask, self.mask, self.encoded = (
+            self.decoder_mask[:, first:],
+            self.mask[:, :width],
+            self.encoded[:, :width],
+        )
+        selfs = [
+            tuple(t.index_select(0, index)[:, :, first:] for t in layer)
+            for layer in _cache_tensors(self.cache.self_attention_cache)
+        ]
+        crosses = [
+            tuple(t.index_select(0, index)[:, :, :width] for t in layer)
+            for layer in _cache_tensors(self.cache.cross_attention_cache)
+        ]
+        self.cache = _encoder_decoder_cache(selfs, crosses)
 
     def cached_length(self) -> int:
         return 0  # the decoder's length is counted per row

@@ -131,6 +131,38 @@ def test_sliding_window_rows_of_different_lengths_decode_as_each_alone(family, t
                 torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=0)
 
 
+def test_t5_rows_join_the_running_batch_and_decode_as_each_alone(tiny_t5):
+    """A T5's requests waited for the whole running batch to end (seq2seq rows were admitted only into an empty
+    batch), so one long answer held every other request back. Its decoder's positions are relative: newcomers join
+    at the next step, inputs narrower and wider than the running rows', and every row, those that stay after others
+    leave too, produces exactly what `generate` produces for its input alone."""
+    from tuneforge.generate import Generator
+    from tuneforge.serve.engine import GenerationEngine, SamplingParams, Sequence
+
+    generator = Generator(tiny_t5)
+    engine = GenerationEngine(generator, max_batch_size=3)
+    prompts = [[5 + i % 200 for i in range(7 * n, 8 * n)] + [1] for n in (4, 30, 2, 9)]
+    seqs = [
+        Sequence(p, SamplingParams(max_tokens=m, temperature=0, ignore_eos=True), lambda text, reason: None)
+        for p, m in zip(prompts, (30, 6, 12, 8))
+    ]
+    with torch.inference_mode():
+        engine.submit(seqs[:1])
+        for step in range(40):
+            if step == 3:
+                engine.submit(seqs[1:])  # two join now, the last when a row leaves
+            with engine._wake:
+                admitted = engine._admit()
+            engine._step(admitted)
+            if step == 3:  # the first row decodes with the newcomers, not to its end before them
+                assert [len(s.token_ids) for s in seqs[:3]] == [5, 2, 2]
+    assert engine.running_rows == 0
+    for seq, prompt in zip(seqs, prompts):
+        ids = torch.tensor([prompt])
+        alone = generator.model.generate(ids, max_new_tokens=seq.params.max_tokens, do_sample=False, eos_token_id=None)
+        assert (seq.finish_reason, seq.token_ids) == ("length", alone[0, 1:].tolist())
+
+
 @pytest.mark.parametrize("family", ["mamba", "lfm2"])
 def test_a_model_with_recurrent_state_is_refused_in_one_line(family, tmp_path):
     """A model that keeps a recurrent or convolutional state beside (or instead of) keys and values per position

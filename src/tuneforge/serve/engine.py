@@ -17,10 +17,10 @@ that the failure is blamed as below). Otherwise (CausalBatch) the running batch 
 left padded to a common length, with an attention mask marking each row's real positions and explicit position ids.
 A prefilled newcomer's cache is padded on the left to the batch's length (or the batch's to the
 newcomer's) and concatenated along the batch dimension; a row that leaves is dropped from the cache,
-and columns that became padding for every row are cut. **Seq2seq models join at the next batch**:
-their rows also carry encoder outputs of different lengths and a decoder that may use absolute
-positions, so waiting requests are admitted when the running batch is empty (rows still leave as
-they finish).
+and columns that became padding for every row are cut. **A seq2seq model whose decoder's positions are relative
+(T5) joins at the next step** too (Seq2SeqBatch: encoder outputs padded on the right, decoder keys on the left); one
+with absolute positions (BART) joins at the next batch: waiting requests are admitted when the running batch is empty
+(rows still leave as they finish).
 
 The engine knows nothing of HTTP or asyncio: each `Sequence` carries an `emit(text, finish_reason)`
 callback that the engine calls from its thread with each new piece of text (held back while it may be
