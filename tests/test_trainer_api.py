@@ -253,6 +253,18 @@ def test_validate_reads_a_given_models_own_label_order(tmp_path, tiny_bert, cach
     assert swapped["loss"] == pytest.approx(before["loss"], rel=1e-5) and swapped["accuracy"] == before["accuracy"]
 
 
+def test_validate_after_fit_evaluates_the_trained_model_on_fits_eval_data(tmp_path, tiny_bert, cache_dir):
+    """As transformers' evaluate() after train(): the model fit exported (not the config's, reloaded with a new
+    random head) on fit's eval_dataset, so it scores what fit's result says; a model given still wins."""
+    trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir, epochs=1))
+    result = trainer.fit(train_dataset=raw_dataset(16), eval_dataset=raw_dataset(12, offset=100))
+    again = trainer.validate()
+    assert again["loss"] == pytest.approx(result["loss"], rel=1e-4) and again["num_examples"] == 12
+    model, tokenizer = load_user_model(tiny_bert)
+    given = trainer.validate(model=model, tokenizer=tokenizer, eval_dataset=raw_dataset(8))
+    assert given["num_examples"] == 8 and given["loss"] != pytest.approx(result["loss"], rel=1e-4)
+
+
 def test_a_trainers_second_fit_takes_its_own_datas_label_set(tmp_path, tiny_bert, cache_dir):
     """One Trainer fit twice (a notebook's cells): the second run's label set is its own data's, as a new Trainer's
     would be; the first run's labels were kept, so labels the second data has were refused as not in the set."""

@@ -117,6 +117,7 @@ class Trainer:
         self._task_used = False  # by a fit or validate: the next one starts from a fresh task
         self.state = Progress()
         self.run: Run | None = None  # built whole by fit / validate
+        self._fitted: tuple[str, Any] | None = None  # the last fit's exported model folder and its eval_dataset
 
     # ---- overridable steps (FlagAI's MyTrainer pattern) ------------------------------------
     def forward_step(self, model, batch: dict[str, torch.Tensor]):
@@ -159,11 +160,15 @@ class Trainer:
         given = Given(model, tokenizer, train_dataset, eval_dataset)
         again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
         lock = self._lock_output_dir(cfg, fresh=not checkpoint.continues_own_run(cfg) and not restarted)
+        self._fitted = None  # (a failed fit may have replaced the folder of the one before)
         try:
-            return self._fit_locked(cfg, given, again)
+            result = self._fit_locked(cfg, given, again)
         finally:
             if lock is not None:
                 lock.release()
+        if result and result.get("model_dir"):
+            self._fitted = (result["model_dir"], eval_dataset)
+        return result
 
     train = fit
 
@@ -199,18 +204,25 @@ class Trainer:
         return result
 
     def validate(self, model=None, tokenizer=None, eval_dataset=None) -> dict:
-        """Evaluate a model (the config's, or the task's default) on the validation split."""
-        self._fresh_task()
+        """Evaluate a model on the validation split (or `eval_dataset`): the one given; else, after a fit of this
+        Trainer, the model that fit exported (the best with load_best_model_at_end) on fit's eval_dataset, as
+        transformers' evaluate() after train(); else the config's (or the task's default)."""
+        cfg = self.config
+        if model is None and self._fitted is not None:
+            cfg = cfg.model_copy(update={"model": self._fitted[0]})
+            eval_dataset = self._fitted[1] if eval_dataset is None else eval_dataset
+        self._fresh_task(cfg)
         given = Given(model, tokenizer, None, eval_dataset)
         again = lambda: self.validate(model, tokenizer, eval_dataset)  # noqa: E731 (in a forked worker)
-        return self._on_backend(self.config, model, lambda backend: self._validate(backend, given), again)
+        return self._on_backend(cfg, model, lambda backend: self._validate(cfg, backend, given), again)
 
-    def _fresh_task(self) -> None:
-        """The config's task anew for a second fit or validate of this Trainer (a notebook's next cell): a run's set-up
-        gives the task that run's label set, which another run's data or model must not inherit. A worker forked
-        for this run (`again`) keeps the task it was forked with: the user's settings on it stay."""
+    def _fresh_task(self, config: TrainConfig | None = None) -> None:
+        """The task of `config` (the Trainer's) anew for a second fit or validate of this Trainer (a notebook's next
+        cell): a run's set-up gives the task that run's label set, which another run's data or model must not
+        inherit. A worker forked for this run (`again`) keeps the task it was forked with: the user's settings on it
+        stay."""
         if self._task_used and not launch.launched_by_us():
-            self.task = get_task(self.config)
+            self.task = get_task(config or self.config)
         self._task_used = True
 
     def _on_backend(self, cfg: TrainConfig, model, work, again) -> dict:
@@ -251,9 +263,9 @@ class Trainer:
                 "--adapter lora the frozen weights cost no optimizer state)"
             )
 
-    def _validate(self, backend, given: Given) -> dict:
+    def _validate(self, cfg: TrainConfig, backend, given: Given) -> dict:
         t0 = time.perf_counter()
-        self.run = set_up_evaluation(self.config, self.task, backend, given, self.callbacks)
+        self.run = set_up_evaluation(cfg, self.task, backend, given, self.callbacks)
         metrics = self.evaluate()
         metrics["wall_s"] = round(time.perf_counter() - t0, 2)
         return metrics
