@@ -3,6 +3,7 @@ unknown keys and bad values are rejected before any work, naming the key and wha
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -678,3 +679,32 @@ def test_a_flag_of_another_task_is_one_line_naming_its_task(capsys, tmp_path, ar
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: "), err
     assert f"is an option of task {owner}" in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "given, needle",
+    [
+        ({"lora_r": 8}, "lora_r=8 sets up LoRA adapters, and this run has none (--adapter none)"),
+        ({"adapter": "none", "lora_targets": "query"}, "lora_targets=query sets up LoRA adapters"),
+        ({"experiment_name": "mrpc"}, "experiment_name=mrpc is the experiment or project"),
+        ({"report_to": "tensorboard", "tracking_uri": "sqlite:///m.db"}, "--report-to tensorboard has none"),
+    ],
+)
+def test_python_keywords_that_would_do_nothing_are_refused_as_the_clis_flags_are(given, needle):
+    """TrainConfig(lora_r=8) without adapter="lora" (and a tracker setting no tracker of report_to reads) trained
+    as if not given; the Python API's keywords, and Trainer's overrides, are given now as the CLI's flags are."""
+    from tuneforge.trainer import Trainer
+
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        TrainConfig(task="classification", **given)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        Trainer(TrainConfig(task="classification"), **given)
+
+
+def test_python_keywords_a_saved_config_holds_whole_are_let_pass(tmp_path):
+    """A saved config.yaml given whole as keywords holds every LoRA key at its default: nothing given that does
+    nothing; a LoRA run's, and a config dict (a file's values), keep their keys as `tuneforge train FILE` does."""
+    build_config({"task": "classification"}).save(tmp_path / "config.yaml")
+    assert TrainConfig(**load_yaml(tmp_path / "config.yaml")).adapter == "none"
+    assert TrainConfig(task="classification", adapter="lora", lora_r=8, report_to="mlflow", run_name="a").lora_r == 8
+    assert build_config({"task": "classification", "lora_r": 8}).lora_r == 8

@@ -208,3 +208,20 @@ def test_a_prepared_classification_folder_is_a_source_evaluated_on_its_validatio
     lines = [x for x in refused.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(f"error: data source 'a-shards': '{shards}' was prepared with the ")
     assert "['neg', 'neutral', 'pos']" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--lora-r", "8"], "--lora-r sets up LoRA adapters, and this run has none (--adapter none)"),
+        (["lora_alpha=64"], "lora_alpha=64 sets up LoRA adapters"),
+        (["--experiment-name", "mrpc"], "--experiment-name is the experiment or project"),
+    ],
+)
+def test_prepare_refuses_the_settings_train_would_refuse_as_doing_nothing(capfd, tmp_path, flags, needle):
+    """prepare takes train's command line: one that train refuses in one line (a LoRA or tracker setting that would
+    do nothing) was prepared for without a word, and the run it was for then refused."""
+    train = write_sentiment_csv(tmp_path / "train.csv", 8)
+    proc = in_process(capfd, "prepare", "--task", "classification", "--train-file", train, *flags)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines

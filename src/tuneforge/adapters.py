@@ -8,7 +8,6 @@
 - The checkpoint of an adapter run (trainable.safetensors, `trainable_state`) is the `adapter` layout of
   backends/layouts.py; the 4-bit loading settings of QLoRA (`check_quantize`, `quantization_kwargs`) are
   precision's (backends/precision.py); both are re-exported here for the callers that train adapters.
-- `check_lora_given`: --lora-* settings given on the command line of a run without --adapter lora (one line).
 - `write_adapter_folder(...)`: OUTPUT_DIR/model as peft writes it (adapter_config.json,
   adapter_model.safetensors) plus config.json, the tokenizer and tuneforge.json, so that
   `peft.PeftModel.from_pretrained(base, folder)` loads it and tuneforge's predict/generate/serve too.
@@ -80,27 +79,6 @@ class Adapter:
     def disabled(self):
         """A context in which the model runs as its base alone (DPO's reference): no second copy of the weights."""
         return self.peft_model.disable_adapter()
-
-
-LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
-
-
-def check_lora_given(adapter: str, flags: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """LoRA settings given this time (the command line's flags, and its key=value overrides, named as written) need
-    --adapter lora: a run without adapters would ignore them. A config file's are not checked: a saved LoRA run's
-    config.yaml re-runs with --adapter none. ConfigError where they would do nothing."""
-    if adapter == "lora":
-        return
-    given = [f"--{key.replace('_', '-')}" for key in LORA_KEYS if flags.get(key) is not None]
-    given += [
-        f"{key}={overrides[key]}" for key in LORA_KEYS if overrides.get(key) is not None and flags.get(key) is None
-    ]
-    if given:
-        raise ConfigError(
-            f"{', '.join(given)} set{'s' if len(given) == 1 else ''} up LoRA adapters, and this run has none "
-            f"(--adapter {adapter}), so {'it' if len(given) == 1 else 'they'} would do nothing; add --adapter lora "
-            f"or drop {'it' if len(given) == 1 else 'them'}"
-        )
 
 
 # ---- which layers get adapters, which train whole ---------------------------------------------

@@ -24,7 +24,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from tuneforge.errors import ConfigError
@@ -32,7 +40,14 @@ from tuneforge.files import write_text
 from tuneforge.flags import allowed_range, shown_value
 from tuneforge.harness.options import HarnessSettings, is_harness_metric
 from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list, one_or_list
-from tuneforge.tracking import check_log_model, check_report_to, tracker_names, trackers_that, uri_variables
+from tuneforge.tracking import (
+    check_log_model,
+    check_report_to,
+    check_tracker_flags,
+    tracker_names,
+    trackers_that,
+    uri_variables,
+)
 from tuneforge.yaml_files import read_yaml
 
 NO_FLAG: dict[str, Any] = {"flag": None}  # json_schema_extra of a field that has no CLI flag (key=value only)
@@ -517,6 +532,16 @@ class TrainConfig(Options):
             check_log_model(self.report_to)
         return self
 
+    @model_validator(mode="after")
+    def _keywords_given_now(self, info: ValidationInfo) -> TrainConfig:
+        """`TrainConfig(...)`'s keywords are the Python API's settings given now, checked as the CLI's flags are
+        (check_given_now); a LoRA key at its default passes, since a saved config.yaml given whole holds them all.
+        A mapping validated with a context (a config file's values: validate_config) is not checked."""
+        if info.context is None:
+            given = {key: getattr(self, key) for key in self.model_fields_set}
+            check_given_now(self, {}, {k: v for k, v in given.items() if k not in LORA_KEYS or v != _default(k)})
+        return self
+
     # ---- helpers -----------------------------------------------------------------------
     def given_values(self, update: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What this config was given (fields set, its options' fields set, pending keys), with `update` on top:
@@ -558,6 +583,39 @@ class TrainConfig(Options):
 
     def save(self, path: str | os.PathLike) -> None:
         write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))  # whole: a kill leaves the one before
+
+
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_targets")
+
+
+def _default(key: str) -> Any:
+    return TrainConfig.model_fields[key].default
+
+
+def check_lora_given(adapter: str, flags: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """LoRA settings given this time (the command line's flags, and its key=value overrides, named as written) need
+    --adapter lora: a run without adapters would ignore them. A config file's are not checked: a saved LoRA run's
+    config.yaml re-runs with --adapter none. ConfigError where they would do nothing."""
+    if adapter == "lora":
+        return
+    given = [f"--{key.replace('_', '-')}" for key in LORA_KEYS if flags.get(key) is not None]
+    given += [
+        f"{key}={overrides[key]}" for key in LORA_KEYS if overrides.get(key) is not None and flags.get(key) is None
+    ]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)} set{'s' if len(given) == 1 else ''} up LoRA adapters, and this run has none "
+            f"(--adapter {adapter}), so {'it' if len(given) == 1 else 'they'} would do nothing; add --adapter lora "
+            f"or drop {'it' if len(given) == 1 else 'them'}"
+        )
+
+
+def check_given_now(config: TrainConfig, flags: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """The LoRA and tracker settings given this time (flags; key=value overrides or Python keywords) that `config`
+    would ignore: one ConfigError (what train, prepare and sweep check before any work, and TrainConfig's and
+    Trainer's keywords)."""
+    check_tracker_flags(config.report_to, flags, overrides)
+    check_lora_given(config.adapter, flags, overrides)
 
 
 def _check_adapter(config: TrainConfig) -> None:
@@ -631,7 +689,7 @@ def format_error(err: ValidationError, options: Mapping[str, type[BaseModel]] | 
 def validate_config(values: Mapping[str, Any]) -> TrainConfig:
     """`values` as a TrainConfig (options keys pending, not yet resolved), or one ConfigError line."""
     try:
-        return TrainConfig.model_validate(dict(values))
+        return TrainConfig.model_validate(dict(values), context={"source": "mapping"})  # not keywords given now
     except ValidationError as err:
         raise ConfigError(format_error(err)) from None
 

@@ -28,7 +28,7 @@ from tuneforge.artifacts import import_model_code
 from tuneforge.backends import backend_classes, check_launchable, get_backend
 from tuneforge.backends.base import NonFiniteStep
 from tuneforge.callbacks import Callback, exported_weights_unevaluated, exports_best, user_callbacks
-from tuneforge.config import TrainConfig
+from tuneforge.config import TrainConfig, check_given_now
 from tuneforge.configure import build_config, resolve
 from tuneforge.data.prefetch import Prefetch
 from tuneforge.data.samplers import eval_batches, lengths_of
@@ -110,6 +110,7 @@ class Trainer:
             config = resolve(config, **overrides)
         else:
             config = build_config(config or {}, **overrides)
+        check_given_now(config, {}, overrides)  # given now, as the CLI's flags (a config's own values are kept)
         self.config = config
         self.callbacks = user_callbacks(callbacks)  # a class given: its instance
         self.fork_workers = fork_workers

@@ -112,6 +112,15 @@ def test_a_tracker_override_no_tracker_of_the_trials_reads_is_refused_before_any
     assert not (tmp_path / "sweep").exists()
 
 
+def test_a_lora_override_of_trials_without_adapters_is_refused_before_any_trial(capsys, tmp_path, base):
+    """As `tuneforge train` refuses lora_r=8 without --adapter lora: every trial ran ignoring it."""
+    (tmp_path / "s.yaml").write_text("optim.lr: [0.1]\n")
+    args = ["lora_r=8", "--space", str(tmp_path / "s.yaml")]
+    code, _, err = cli_main(capsys, "sweep", base, *args, "--output-dir", str(tmp_path / "sweep"))
+    assert "lora_r=8 sets up LoRA adapters, and this run has none (--adapter none)" in one_error(code, err)
+    assert not (tmp_path / "sweep").exists()
+
+
 def test_a_metric_the_trials_do_not_log_stops_the_sweep_at_the_first_evaluation(capsys, tmp_path, base):
     """A misspelt --metric is found at the first trial's first evaluation, not after every trial trained for
     nothing: one line naming the metrics there are; the trial is told failed and no other starts."""

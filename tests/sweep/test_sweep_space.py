@@ -158,6 +158,13 @@ def test_a_key_or_value_the_config_refuses(tmp_path, text, base, expected):
     assert str(err.value).startswith("space file 'space.yaml': ") and expected in str(err.value), str(err.value)
 
 
+def test_a_lora_key_of_a_run_without_adapters_would_change_nothing_unless_the_space_varies_the_adapter(tmp_path):
+    """Every trial trained without adapters, the LoRA rank the sweep varied ignored (as train refuses --lora-r)."""
+    with pytest.raises(ConfigError, match=r"key 'lora_r' = 4: lora_r=4 sets up LoRA adapters, and this run has none"):
+        check(tmp_path, "lora_r: [4, 8]")
+    check(tmp_path, "adapter: [none, lora]\nlora_r: [4, 8]", freeze_layers="auto")
+
+
 def test_another_owners_option_at_its_default_would_change_nothing(tmp_path):
     # build_config drops another backend's option left at that backend's default (as 0.x config files list them):
     # the sweep refuses it, since no trial would train with it

@@ -73,12 +73,12 @@ class Sweep:
 def cmd_sweep(ns: argparse.Namespace) -> int:
     options = parse_options(SweepOptions, ns)  # every flag checked before any work: one line naming it
     _import_optuna()
-    from tuneforge.config import apply_overrides, merge_sources
+    from tuneforge.config import apply_overrides, check_given_now, merge_sources
     from tuneforge.configure import build_config
     from tuneforge.sweep import folder as sweep_folder
     from tuneforge.sweep.space import check_against_config, distributions, load_space
     from tuneforge.sweep.study import objective, open_study
-    from tuneforge.tracking import check_tracker_flags, check_trackers
+    from tuneforge.tracking import check_trackers
 
     yaml_path, overrides = _split_config(options.config)
     space = load_space(options.space)
@@ -87,7 +87,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         return merge_sources(yaml_path, overrides, params)
 
     config = build_config(values_of({}))
-    check_tracker_flags(config.report_to, {}, apply_overrides({}, overrides))  # as `tuneforge train` checks them
+    check_given_now(config, {}, apply_overrides({}, overrides))  # as `tuneforge train` checks them
     check_against_config(space, lambda params: build_config(values_of(params)), options.space)
     check_trackers(config)  # a tracker's package or server: one line here, not every trial failing on it
     goal = objective(config, options.metric, options.direction)

@@ -9,7 +9,8 @@ A key is one that `tuneforge train` takes as key=value (`optim.lr`, `epochs`, a 
 `doc_stride`). `load_space` checks the file's shape and each range (low below high, a log range above 0, every number
 finite, choices given and distinct); `check_against_config` then puts each range's ends and each choice into the base
 config, as a trial will, and refuses a key that is not a config key, that does not reach the run's config (another
-task's option), or a value the config refuses. Each problem is one ConfigError line naming the key.
+task's option), a LoRA key of trials without adapters, or a value the config refuses. Each problem is one ConfigError
+line naming the key.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 from pydantic import model_validator as model_check
 
+from tuneforge.config import check_lora_given
 from tuneforge.errors import ConfigError
 from tuneforge.yaml_files import read_yaml
 
@@ -237,6 +239,8 @@ def check_against_config(space: Space, build: Callable[[dict[str, Any]], BaseMod
         for value in dist.samples():
             try:
                 config = build({key: value})
+                if "adapter" not in space.params:  # a trial without adapters ignores its LoRA settings
+                    check_lora_given(config.adapter, {}, {key: value})
             except ConfigError as err:
                 raise ConfigError(f"space file {where!r}: key {key!r} = {value!r}: {err}") from None
             found, landed = value_at(config, key)
