@@ -265,6 +265,31 @@ def test_validate_after_fit_evaluates_the_trained_model_on_fits_eval_data(tmp_pa
     assert given["num_examples"] == 8 and given["loss"] != pytest.approx(result["loss"], rel=1e-4)
 
 
+def test_quiet_silences_the_libraries_for_fit_and_validate_and_gives_their_settings_back(
+    capfd, tmp_path, tiny_bert, cache_dir
+):
+    """quiet=True from Python let transformers' load report and the weights', shards' and tokenization's progress
+    bars through (only the CLI turned them off); they are off for the call and back as the user set them after."""
+    import datasets
+    import transformers
+
+    logs = transformers.utils.logging
+    before = (logs.get_verbosity(), logs.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    logs.set_verbosity_warning(), logs.enable_progress_bar(), datasets.enable_progress_bars()  # a user's settings
+    try:
+        capfd.readouterr()
+        trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1, eval_strategy="no"))
+        trainer.fit(train_dataset=raw_dataset(8))  # a new head: the load report lists it as missing
+        trainer.validate(eval_dataset=raw_dataset(4))
+        assert capfd.readouterr() == ("", "")
+        settings = (logs.get_verbosity(), logs.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+        assert settings == (transformers.logging.WARNING, True, True)
+    finally:
+        logs.set_verbosity(before[0])
+        logs.enable_progress_bar() if before[1] else logs.disable_progress_bar()
+        datasets.enable_progress_bars() if before[2] else datasets.disable_progress_bars()
+
+
 def test_a_trainers_second_fit_takes_its_own_datas_label_set(tmp_path, tiny_bert, cache_dir):
     """One Trainer fit twice (a notebook's cells): the second run's label set is its own data's, as a new Trainer's
     would be; the first run's labels were kept, so labels the second data has were refused as not in the set."""

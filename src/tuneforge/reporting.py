@@ -8,11 +8,13 @@ Only the main rank writes and opens the trackers. Human-readable lines go to std
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tuneforge.files import json_text, write_text
@@ -35,6 +37,35 @@ def hide_deepspeed_cpu_notice() -> None:
     logger = logging.getLogger("DeepSpeed")
     if not any(isinstance(f, _DropDeepSpeedCpuNotice) for f in logger.filters):
         logger.addFilter(_DropDeepSpeedCpuNotice())
+
+
+@contextlib.contextmanager
+def quiet_libraries(quiet: bool) -> Iterator[None]:
+    """Under `quiet` (a Python caller's; the CLI turns these off for good), transformers', datasets' and the hub's
+    notes (a model's load report) and progress bars (loading and writing weights, tokenizing) are off for the block;
+    the settings the caller had come back after it."""
+    if not quiet:
+        yield
+        return
+    import datasets
+    import huggingface_hub.utils as hub
+    import transformers
+
+    logs = transformers.utils.logging
+    before = (logs.get_verbosity(), logs.is_progress_bar_enabled(), datasets.is_progress_bar_enabled())
+    hub_before = (hub.logging.get_verbosity(), hub.are_progress_bars_disabled())
+    logs.set_verbosity_error()
+    logs.disable_progress_bar()  # the hub's too
+    datasets.disable_progress_bars()
+    hub.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logs.set_verbosity(before[0])
+        logs.enable_progress_bar() if before[1] else logs.disable_progress_bar()
+        datasets.enable_progress_bars() if before[2] else datasets.disable_progress_bars()
+        hub.logging.set_verbosity(hub_before[0])
+        hub.disable_progress_bars() if hub_before[1] else hub.enable_progress_bars()
 
 
 class Reporter:

@@ -35,7 +35,7 @@ from tuneforge.data.samplers import eval_batches, lengths_of
 from tuneforge.errors import ConfigError, NonFiniteError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
-from tuneforge.reporting import write_result
+from tuneforge.reporting import quiet_libraries, write_result
 from tuneforge.run import Given, Run, device_name, on_plateau, set_up_evaluation, set_up_training
 from tuneforge.schedules import lr_schedule
 from tuneforge.tasks import get_task
@@ -163,7 +163,8 @@ class Trainer:
         lock = self._lock_output_dir(cfg, fresh=not checkpoint.continues_own_run(cfg) and not restarted)
         self._fitted = None  # (a failed fit may have replaced the folder of the one before)
         try:
-            result = self._fit_locked(cfg, given, again)
+            with quiet_libraries(cfg.quiet):
+                result = self._fit_locked(cfg, given, again)
         finally:
             if lock is not None:
                 lock.release()
@@ -215,7 +216,8 @@ class Trainer:
         self._fresh_task(cfg)
         given = Given(model, tokenizer, None, eval_dataset)
         again = lambda: self.validate(model, tokenizer, eval_dataset)  # noqa: E731 (in a forked worker)
-        return self._on_backend(cfg, model, lambda backend: self._validate(cfg, backend, given), again)
+        with quiet_libraries(cfg.quiet):
+            return self._on_backend(cfg, model, lambda backend: self._validate(cfg, backend, given), again)
 
     def _fresh_task(self, config: TrainConfig | None = None) -> None:
         """The task of `config` (the Trainer's) anew for a second fit or validate of this Trainer (a notebook's next
