@@ -422,6 +422,13 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
         return [str(adapter), out], ("deleted-base", "is not there", "--merge --base DIR")
     if case == "base of another architecture":
         return [str(adapter), out, "--base", tiny_gpt2], ("trained on a bert model", "is a gpt2 model")
+    if case == "base of other sizes":  # transformers' size-mismatch RuntimeError: was an internal error
+        from transformers import BertModel
+
+        from conftest import tiny_bert_config
+
+        BertModel(tiny_bert_config(intermediate_size=48)).save_pretrained(tmp_path / "wider")
+        return [str(adapter), out, "--base", str(tmp_path / "wider")], ("wider", "shapes differ", "trained on")
     if case == "base that is a file":
         (tmp_path / "base.txt").write_text("x")
         return [str(adapter), out, "--base", str(tmp_path / "base.txt")], ("base.txt",)
@@ -439,6 +446,7 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
     [
         "base folder deleted",
         "base of another architecture",
+        "base of other sizes",
         "base that is a file",
         "into the adapter folder",
         "into the base folder",

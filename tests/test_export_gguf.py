@@ -396,6 +396,11 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
         with open(weights, "r+b") as fh:
             fh.truncate(5000)
         return [str(tmp_path / "broken"), out, *gguf], ("could not load the model", "incomplete metadata")
+    if case == "config that does not fit the weights":  # a size edited in config.json: was an internal error
+        shutil.copytree(llama, tmp_path / "edited")
+        config = json.loads((tmp_path / "edited" / "config.json").read_text())
+        (tmp_path / "edited" / "config.json").write_text(json.dumps({**config, "intermediate_size": 80}))
+        return [str(tmp_path / "edited"), out, *gguf], ("could not load the model", "shapes differ", "config.json")
     if case == "config value of the wrong type":
         shutil.copytree(llama, tmp_path / "edited")
         config = json.loads((tmp_path / "edited" / "config.json").read_text())
@@ -429,6 +434,7 @@ BAD_CASES = [
     "weights missing",
     "weights cut short",
     "config value of the wrong type",
+    "config that does not fit the weights",
     "merge of a model folder",
     "base without an adapter",
 ]

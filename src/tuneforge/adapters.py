@@ -40,6 +40,7 @@ from tuneforge.artifacts import (
     is_adapter_folder,
     loads_a_model,
     read_model_info,
+    shapes_differ,
     write_model_info,
 )
 from tuneforge.backends.layouts import TRAINABLE_FILE as TRAINABLE_FILE
@@ -416,6 +417,13 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
         raise ConfigError(
             f"the base model {base!r} of adapter {str(folder)!r} cannot be loaded ({str(err).splitlines()[0][:160]}); "
             + BASE_FIX.format(folder=folder)
+        ) from None
+    except RuntimeError as err:
+        if not shapes_differ(err):
+            raise
+        raise ConfigError(
+            f"the base model {base!r} does not fit adapter {str(folder)!r}: its weights' shapes differ from those of "
+            f"the model it was trained on ({info.get('base_model')!r}); merge it into that model"
         ) from None
     want = info.get("base_fingerprint")
     if want:

@@ -281,6 +281,19 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
         return loader.from_pretrained(path, **kwargs)
     except (OSError, ValueError, SafetensorError, StrictDataclassError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
+    except RuntimeError as err:
+        if not shapes_differ(err):
+            raise
+        raise ConfigError(
+            f"could not load {what} from {path!r}: its weights' shapes differ from those its config.json gives (a "
+            "size edited there, or another model's weights)"
+        ) from None
+
+
+def shapes_differ(err: RuntimeError) -> bool:
+    """transformers' refusal of weights whose shapes differ from the model its config builds (its RuntimeError
+    names `ignore_mismatched_sizes`, the switch that would load them anyway)."""
+    return "ignore_mismatched_sizes" in str(err)
 
 
 def check_generation_config_file(folder: str) -> None:
