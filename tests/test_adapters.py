@@ -429,6 +429,9 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
 
         BertModel(tiny_bert_config(intermediate_size=48)).save_pretrained(tmp_path / "wider")
         return [str(adapter), out, "--base", str(tmp_path / "wider")], ("wider", "shapes differ", "trained on")
+    if case == "adapter without config.json":  # transformers' ValueError: was an internal error
+        (adapter / "config.json").unlink()
+        return [str(adapter), out], ("config.json cannot be read",)
     if case == "base that is a file":
         (tmp_path / "base.txt").write_text("x")
         return [str(adapter), out, "--base", str(tmp_path / "base.txt")], ("base.txt",)
@@ -447,6 +450,7 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
         "base folder deleted",
         "base of another architecture",
         "base of other sizes",
+        "adapter without config.json",
         "base that is a file",
         "into the adapter folder",
         "into the base folder",

@@ -149,7 +149,7 @@ def export_merged(
         )
     inputs = {"the adapter folder": str(folder), "the base model": base or adapters.base_of(folder)}
     check_export_folder(Path(out_dir), overwrite, inputs)
-    config = transformers.AutoConfig.from_pretrained(folder)
+    config = read_config(folder)
     arch = (getattr(config, "architectures", None) or [None])[0]
     loader = getattr(transformers, arch, None) if arch else None
     if loader is None:
@@ -296,15 +296,20 @@ def _gguf_source(path: Path, merge: bool) -> str:
     return kind
 
 
-def _gguf_check_source(path: Path, kind: str) -> None:
-    """The source's config (a checkpoint's meta.json names the class that trained), checked before weights load."""
+def read_config(path: Path):
+    """The config.json of a folder the export reads; one that is missing or cannot be read is one line."""
     import transformers
     from huggingface_hub.errors import StrictDataclassError  # a value of the wrong type
 
     try:
-        config = transformers.AutoConfig.from_pretrained(path)
+        return transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError, StrictDataclassError) as err:
         raise ConfigError(f"{str(path)!r}: its config.json cannot be read ({first_error_line(err)})") from None
+
+
+def _gguf_check_source(path: Path, kind: str) -> None:
+    """The source's config (a checkpoint's meta.json names the class that trained), checked before weights load."""
+    config = read_config(path)
     meta = checkpoint.read_meta(path) if kind == "checkpoint" else {}
     arch = meta.get("architecture") or (getattr(config, "architectures", None) or [None])[0]
     gguf_export.check_source(path, config, arch, repr(str(path)))
