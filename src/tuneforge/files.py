@@ -12,6 +12,7 @@ of constant predictions, is no value), as pandas' to_json does; tuneforge's read
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 TMP_PREFIX = ".tmp-"
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 
 
 def fsync_dir(path: Path) -> None:
@@ -83,6 +85,13 @@ def replacing(path: str | os.PathLike, durable: bool = False) -> Iterator[Path]:
     except BaseException:
         remove(tmp)
         raise
+
+
+def out_of_room(err: OSError) -> bool:
+    """Whether a write failed for want of room: an errno of NO_ROOM, or numpy's short write (`tofile`, as gguf writes
+    tensors), which says "N requested and M written" with no errno."""
+    short_write = err.errno is None and " requested and " in str(err) and str(err).endswith(" written")
+    return err.errno in NO_ROOM or short_write
 
 
 def write_text(path: str | os.PathLike, text: str, durable: bool = True) -> None:

@@ -17,7 +17,6 @@ data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the fi
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import io
 import json
@@ -34,10 +33,10 @@ import pyarrow as pa
 
 from tuneforge.data import reading
 from tuneforge.errors import ConfigError
+from tuneforge.files import NO_ROOM
 
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
 SHARD_SUFFIX = re.compile(r"_(\d{5})_of_(\d{5})\.arrow")  # datasets' name of a shard a map with workers writes
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file size limit
 
 
 def default_cache_dir() -> Path:
