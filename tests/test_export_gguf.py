@@ -364,8 +364,8 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
     """(export arguments, needles of the error line) of one bad export."""
     llama, out = fixtures["tiny_llama"], str(tmp_path / "out" / "m.gguf")
     gguf = ["--format", "gguf"]
-    if case == "bert model":
-        return [fixtures["tiny_bert"], out, *gguf], ("is a bert model", "Llama-family")
+    if case == "bert model":  # a model folder: no advice to export it without --format (that takes a checkpoint)
+        return [fixtures["tiny_bert"], out, *gguf], ("is a bert model", "Llama-family", "a checkpoint of it")
     if case == "gpt2 model":
         return [fixtures["tiny_gpt2"], out, *gguf], ("is a gpt2 model",)
     if case == "llama classifier":

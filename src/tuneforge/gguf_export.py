@@ -92,7 +92,8 @@ def check_model(config, architecture: str | None, where: str) -> None:
     if kind not in SUPPORTED:
         raise ConfigError(
             f"{where} is a {kind or 'unknown'} model; --format gguf writes Llama-family causal LMs "
-            f"({', '.join(SUPPORTED)}; e.g. SmolLM2, Llama 3): export it as an HF folder instead (no --format)"
+            f"({', '.join(SUPPORTED)}; e.g. SmolLM2, Llama 3), not this one (a checkpoint of it exports as an HF "
+            "folder without --format)"
         )
     if architecture and architecture != SUPPORTED[kind]:
         raise ConfigError(
