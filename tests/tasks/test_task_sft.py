@@ -368,3 +368,16 @@ def test_a_template_that_fails_on_a_row_names_the_row(tiny_llama, cache_dir, tmp
     task = sft_task(tiny_llama, template, cache_dir, train_file=str(train), validation_file=str(train))
     with pytest.raises(ConfigError, match=f"fails.jinja' fails on row 3 of .*train.jsonl': {message}"):
         task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)
+
+
+def test_a_generation_prompt_that_is_not_how_the_template_begins_a_reply_is_refused(tiny_llama, cache_dir, tmp_path):
+    from tuneforge.data.chat import encode_conversation
+    from tuneforge.errors import ConfigError
+
+    # as DeepSeek-R1's and Nemotron 3's: the generation prompt opens a reasoning block that past replies do not
+    # hold, so its end is not where the reply begins (the mask took "n the mat" of "sat on the mat")
+    thinking = tmp_path / "thinking.jinja"
+    thinking.write_text(TEMPLATE.replace("a>\n{% endif %}", "a>\n<think>\n{% endif %}"))
+    tokenizer = sft_task(tiny_llama, thinking, cache_dir).load_tokenizer()
+    with pytest.raises(ConfigError, match=r"generation prompt 'a>\\n<think>\\n' .* assistant's turn of message 3"):
+        encode_conversation(tokenizer, CONVERSATION)

@@ -338,25 +338,7 @@ def encode_conversation(
         return tokenizer.apply_chat_template(messages[:upto], tools=tools, tokenize=False, add_generation_prompt=prompt)
 
     text = render(len(messages), False)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start, end = len(render(i, True)), len(render(i + 1, False))
-        if not text.startswith(render(i + 1, False)) or start > end:
-            raise ConfigError(
-                "the chat template renders a conversation differently from its beginning (it is not prefix-stable), "
-                "so the assistant's tokens cannot be found; pass --chat-template FILE with a plain template such as "
-                "ChatML"
-            )
-        for call in m.get("tool_calls") or []:
-            if call["function"]["name"] not in text[start:end]:
-                raise ConfigError(
-                    f"the chat template does not write the assistant's tool call {call['function']['name']!r} "
-                    "(`tool_calls` in `messages`), so there is nothing to learn it from; pass --chat-template FILE "
-                    "with a template that renders tool calls"
-                )
-        spans.append((start, end))
+    spans = [_reply_span(render, text, i, m) for i, m in enumerate(messages) if m["role"] == "assistant"]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
     labels = [IGNORE] * len(ids)
@@ -364,3 +346,32 @@ def encode_conversation(
         if any(start <= a < end for start, end in spans):
             labels[t] = ids[t]
     return ids, labels
+
+
+def _reply_span(render, text: str, i: int, message: dict) -> tuple[int, int]:
+    """The characters of `text` (the whole conversation rendered) that are assistant message `i`'s reply and its
+    end-of-turn marker: from the end of the conversation before it with the generation prompt to the end of it."""
+    prompted, through = render(i, True), render(i + 1, False)
+    start, end = len(prompted), len(through)
+    if not text.startswith(through) or start > end:
+        raise ConfigError(
+            "the chat template renders a conversation differently from its beginning (it is not prefix-stable), "
+            "so the assistant's tokens cannot be found; pass --chat-template FILE with a plain template such as "
+            "ChatML"
+        )
+    if not text.startswith(prompted):  # the mask would start inside the reply (or inside the template's markup)
+        before = len(render(i, False))
+        raise ConfigError(
+            f"the chat template's generation prompt {prompted[before:]!r} is not how it begins the assistant's turn "
+            f"of message {i + 1} ({text[before:start]!r}), so the assistant's tokens cannot be found (as in a "
+            "template whose generation prompt opens a reasoning block that past replies drop); pass --chat-template "
+            "FILE with a template whose generation prompt is what it writes before each reply"
+        )
+    for call in message.get("tool_calls") or []:
+        if call["function"]["name"] not in text[start:end]:
+            raise ConfigError(
+                f"the chat template does not write the assistant's tool call {call['function']['name']!r} "
+                "(`tool_calls` in `messages`), so there is nothing to learn it from; pass --chat-template FILE "
+                "with a template that renders tool calls"
+            )
+    return start, end
