@@ -381,3 +381,27 @@ def test_a_generation_prompt_that_is_not_how_the_template_begins_a_reply_is_refu
     tokenizer = sft_task(tiny_llama, thinking, cache_dir).load_tokenizer()
     with pytest.raises(ConfigError, match=r"generation prompt 'a>\\n<think>\\n' .* assistant's turn of message 3"):
         encode_conversation(tokenizer, CONVERSATION)
+
+
+def test_a_conversation_of_thousands_of_turns_renders_only_the_turns_its_block_holds(
+    tiny_llama, template, cache_dir, tmp_path, monkeypatch
+):
+    from tuneforge.data.chat import encode_conversation
+
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"turn {i}"} for i in range(1000)]
+    train = write_jsonl(tmp_path / "train.jsonl", [*chats(3), {"messages": turns}])
+    files, cache = dict(train_file=str(train), validation_file=str(train)), str(tmp_path / "cache")
+    # a shorter block first, in the same cache: its labels, found within 32 tokens, are not reused for 64
+    short = sft_task(tiny_llama, template, cache, **files, block_size=32)
+    short.tokenize(short.load_raw(), short.load_tokenizer(), log=lambda _: None)
+    task = sft_task(tiny_llama, template, cache, **files, block_size=64)
+    tokenizer = task.load_tokenizer()
+    renders = []
+    render = tokenizer.apply_chat_template
+    monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **k: renders.append(1) or render(*a, **k))
+    blocks = task.tokenize({"train": task.load_raw()["train"]}, tokenizer, log=lambda _: None)["train"]
+    # each reply rendered the conversation up to it twice: 1,001 renders of up to 1,000 messages (10,000: half an hour)
+    assert len(renders) < 60
+    monkeypatch.undo()
+    alone = encode_conversation(tokenizer, turns[:40])  # its block: the same tokens and labels as its start alone
+    assert (blocks[-1]["input_ids"][-64:], blocks[-1]["labels"][-64:]) == (alone[0][:64], alone[1][:64])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 from pathlib import Path
 
 from tuneforge import tool_calls
@@ -329,21 +330,34 @@ def check_tool_support(tokenizer, chats, template: str, where: str) -> None:
 
 
 def encode_conversation(
-    tokenizer, messages: list[dict], tools: list[dict] | None = None
+    tokenizer, messages: list[dict], tools: list[dict] | None = None, within: int | None = None
 ) -> tuple[list[int], list[int]]:
     """(input ids, labels) of one conversation (`tools`: rendered through the template's tools=): labels are the
-    ids on the assistant's tokens (its replies and tool calls), -100 elsewhere."""
+    ids on the assistant's tokens (its replies and tool calls), -100 elsewhere. `within`: the labels of the first
+    `within` tokens only (the block the conversation is cut to) are the assistant's; the replies after them are
+    not looked for but the first the template writes anything of (enough to tell a conversation cut short from one
+    with no reply), since each reply renders the conversation up to it again (thousands of turns: minutes)."""
 
     def render(upto: int, prompt: bool) -> str:
         return tokenizer.apply_chat_template(messages[:upto], tools=tools, tokenize=False, add_generation_prompt=prompt)
 
     text = render(len(messages), False)
-    spans = [_reply_span(render, text, i, m) for i, m in enumerate(messages) if m["role"] == "assistant"]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids = enc["input_ids"]
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    past_block = offsets[within][0] if within is not None and len(ids) > within else math.inf
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            start, end = _reply_span(render, text, i, m)
+            spans.append((start, end))
+            if start >= past_block and end > start:
+                break
     labels = [IGNORE] * len(ids)
-    for t, (a, _) in enumerate(enc["offset_mapping"]):
-        if any(start <= a < end for start, end in spans):
+    k = 0  # spans and offsets both ascend: one pass over each
+    for t, (a, _) in enumerate(offsets):
+        while k < len(spans) and spans[k][1] <= a:
+            k += 1
+        if k < len(spans) and spans[k][0] <= a:
             labels[t] = ids[t]
     return ids, labels
 

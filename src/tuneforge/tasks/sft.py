@@ -136,12 +136,13 @@ class ChatSFTTask(CausalLMTask):
     def tokenize(self, raw, tokenizer, log=print):
         block_size = self.resolve_block_size()
 
-        settings = {"task": "sft", "template": tokenizer.chat_template}
+        # the labels are found within the block only (chat.encode_conversation's `within`)
+        settings = {"task": "sft", "template": tokenizer.chat_template, "labels_within": block_size}
         out = {}
         for split, ds in raw.items():  # every split checked before any is tokenized
             self._check_tool_support(tokenizer, ds, split)
         for split, ds in raw.items():
-            fn = self._encoder(tokenizer, ds, split)
+            fn = self._encoder(tokenizer, ds, split, block_size)
             feats = self.tokenize_split(split, ds, ["conversation", "tools"], fn, tokenizer, settings, log)
             out[split] = self._fit_and_pack(split, feats, block_size, log)
         return datasets.DatasetDict(out)
@@ -153,7 +154,7 @@ class ChatSFTTask(CausalLMTask):
         chats = ((n, json.loads(c), json.loads(t)) for n, c, t in zip(rows, ds["conversation"], ds["tools"]))
         chat.check_tool_support(tokenizer, chats, chat.template_name(self.config), where)
 
-    def _encoder(self, tokenizer, ds, split: str):
+    def _encoder(self, tokenizer, ds, split: str, block_size: int):
         """The batched map function of one split; a template that raises for a row names that row."""
         template = chat.template_name(self.config)
         where = repr(self.files[split]) if self.files.get(split) else f"the {split} data"
@@ -162,7 +163,7 @@ class ChatSFTTask(CausalLMTask):
             ids, labels = [], []
             for text, tools in zip(batch["conversation"], batch["tools"]):
                 try:
-                    x, y = chat.encode_conversation(tokenizer, json.loads(text), json.loads(tools))
+                    x, y = chat.encode_conversation(tokenizer, json.loads(text), json.loads(tools), block_size)
                 except UserError:  # encode_conversation's own refusals name their fix already
                     raise
                 except Exception as err:  # the template's raise_exception, or an error in its own code (1 / 0)
