@@ -150,6 +150,10 @@ def test_sharegpt_prompt_completion_and_text_parts_read_as_the_same_conversation
             ],
             ("row 1 of", "message 1: a content part of kind 'image_url'", "text is what trains here"),
         ),
+        (  # it was written into the prompt as Python writes a list: "add\n\n['2', '3']"
+            [{"instruction": "add", "input": ["2", "3"], "output": "5"}],
+            ("row 1 of", "`input` is a list", "give it as text"),
+        ),
     ],
 )
 def test_rows_of_the_other_forms_that_cannot_train_are_one_line(tmp_path, rows, needles):

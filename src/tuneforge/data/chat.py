@@ -142,7 +142,10 @@ def _given_messages(row: dict, fmt: str, where: str) -> list:
             raise DataError(
                 f"{where} has no text in {' and '.join(missing)}; every Alpaca row needs instruction and output"
             )
-        prompt = row["instruction"] + (f"\n\n{row['input']}" if str(row.get("input") or "").strip() else "")
+        given = row.get("input")
+        if given is not None and not isinstance(given, str):
+            raise DataError(f"{where}: `input` is a {type(given).__name__}; give it as text (or leave it out)")
+        prompt = row["instruction"] + (f"\n\n{given}" if (given or "").strip() else "")
         return [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
     if fmt == "prompt-completion":
         prompt, completion = row.get("prompt"), row.get("completion")
