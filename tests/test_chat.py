@@ -92,3 +92,12 @@ def test_a_system_message_that_is_not_utf8_is_one_line(tmp_path, tiny_llama, cap
     code, out, err = chat(capsys, monkeypatch, model, ["hello"], "--system", "caf\udce9")
     assert code == 2 and "model> " not in out, err
     assert err.strip() == "error: --system is not UTF-8 text (byte 0xe9 at character 4); pass it as UTF-8"
+
+
+def test_a_template_that_renders_nothing_is_named(tmp_path, tiny_llama, capsys, monkeypatch):
+    # it said "prompt 1 ('') has no tokens; a causal language model continues a text", of the line typed
+    model = chat_model_with(tmp_path / "model", tiny_llama, "{% if add_generation_prompt %}{% endif %}")
+    code, out, err = chat(capsys, monkeypatch, model, ["hello"])
+    file = Path(model) / "chat_template.jinja"
+    want = f"error: the chat template in {file} renders nothing of the conversation at turn 1; fix the template"
+    assert code == 2 and err.strip() == want, err

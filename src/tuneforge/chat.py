@@ -75,13 +75,19 @@ def check_chat_template(tokenizer, model_dir: str) -> None:
 
 def render(generator: Generator, messages: list[dict], turn: int) -> str:
     """The conversation through the chat template; ConfigError naming the file, the turn and the template's own
-    message when the template refuses it."""
+    message when the template refuses it, or naming the template when it renders nothing."""
     try:
-        return generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = generator.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # the template's raise_exception(...), or an error in the template's own code
         raise ConfigError(
             f"the chat template in {template_file(generator.model_dir)} refused the conversation at turn {turn}: {err}"
         ) from None
+    if not text.strip():  # not the user's empty text, as the generator would say
+        raise ConfigError(
+            f"the chat template in {template_file(generator.model_dir)} renders nothing of the conversation at turn "
+            f"{turn}; fix the template"
+        )
+    return text
 
 
 def check_room(generator: Generator, prompt: str, turn: int) -> None:

@@ -321,22 +321,37 @@ def test_seq2seq_never_runs_past_its_positions(tiny_bart):
         assert healthy(url)
 
 
-def test_a_template_that_refuses_a_system_message_is_a_400_for_that_request(tmp_path, tiny_llama):
-    """As Gemma's and Mistral's templates refuse a system message: a 400 with the template's own words, and the
-    same server answers the next conversation."""
+SYSTEM_FIRST = "{% if messages[0]['role'] == 'system' %}"
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        (
+            SYSTEM_FIRST + "{{ raise_exception('System role not supported') }}{% endif %}{}",
+            "the chat template refused these messages: System role not supported",
+        ),
+        (  # it said "messages has no tokens; give the model some text", of a request that gave text
+            SYSTEM_FIRST + "{% else %}{}{% endif %}",
+            "the model's chat template renders nothing of these messages",
+        ),
+    ],
+)
+def test_a_template_that_refuses_a_system_message_is_a_400_for_that_request(tmp_path, tiny_llama, template, message):
+    """As Gemma's and Mistral's templates refuse a system message (or a template writes nothing of it): a 400 with
+    the template's own words, and the same server answers the next conversation."""
     from transformers import AutoTokenizer
 
     model = save_chat_model(tmp_path / "model", tiny_llama)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    refusal = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
-    tokenizer.chat_template = refusal + tokenizer.chat_template
+    tokenizer.chat_template = template.replace("{}", tokenizer.chat_template)
     tokenizer.save_pretrained(model)
     user = {"role": "user", "content": "where is the dog"}
     with app_server(model) as url:
         wait_ready(url)
         body = {**CHAT, "messages": [{"role": "system", "content": "be brief"}, user]}
         error = assert_error(post(url, "/v1/chat/completions", body), 400, "messages")
-        assert error["message"] == "the chat template refused these messages: System role not supported"
+        assert error["message"] == message
         assert post(url, "/v1/chat/completions", {**CHAT, "messages": [user]}).status_code == 200
 
 

@@ -100,7 +100,7 @@ async def completions(body: oa.CompletionRequest, request: Request):
 
 def chat_prompt(service: GenerationService, body: oa.ChatRequest) -> str:
     """The messages (tool calls and tool results too) and the request's tools rendered by the model's chat
-    template; ApiError 400 when tools are asked of a template that does not render them."""
+    template; ApiError 400 when tools are asked of a template that does not render them, or it renders nothing."""
     if not service.has_chat_template:
         raise oa.ApiError(
             400, "this model has no chat template; use POST /v1/completions (or fine-tune it on conversations)"
@@ -117,9 +117,12 @@ def chat_prompt(service: GenerationService, body: oa.ChatRequest) -> str:
     if tools or tool_calls.uses_tools(messages):
         messages = tool_messages(service.renders_tools, messages, tools)
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     except Exception as err:  # the template's own checks (e.g. roles that must alternate)
         raise oa.ApiError(400, f"the chat template refused these messages: {err}", "messages") from None
+    if not text.strip():  # the messages hold text (checked above): the template wrote none of it
+        raise oa.ApiError(400, "the model's chat template renders nothing of these messages", "messages")
+    return text
 
 
 def tool_messages(renders_tools: bool, messages: list[dict], tools: list[dict] | None) -> list[dict]:
