@@ -18,6 +18,7 @@ from conftest import (
     Forked,
     made_once,
     max_weight_diff,
+    quiet_task,
     read_jsonl,
     run_cli,
     tokenized_fresh_then_cached,
@@ -919,6 +920,15 @@ def test_the_python_api_takes_datasets_of_pairs(tiny_bert, cache_dir, tmp_path):
     result = Trainer(config).fit(train_dataset=train, eval_dataset=train.select(range(8)))
     assert result["steps"] == 2 and result["num_examples"] == 8 and np.isfinite(result["loss"])
     assert json.loads((tmp_path / "run" / "model" / "tuneforge.json").read_text())["loss"] == "cosent"
+
+
+def test_python_api_data_without_an_eval_dataset_hold_out_a_tenth(tiny_bert):
+    """Trainer.fit(train_dataset=...) alone: the task's prepare_raw of a train split with no file behind it."""
+    import datasets
+
+    task = quiet_task("embedding", tiny_bert)
+    splits = task.prepare_raw({"train": datasets.Dataset.from_list(rows(30, seed=3))})
+    assert (len(splits["train"]), len(splits["validation"])) == (27, 3)
 
 
 def test_a_missing_score_column_is_named_with_its_flag(capfd, tmp_path, tiny_bert):

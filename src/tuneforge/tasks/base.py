@@ -409,7 +409,8 @@ class Task:
             return splits
         self.log(f"no validation file: holding out 10% of the training {unit}s for validation")
         splits = hold_out_validation(splits["train"], self.config.data.split_seed, unit, "add a validation file")
-        self.files["validation"] = self.files["train"]
+        if "train" in self.files:  # (data given as datasets, through the Python API, have no file)
+            self.files["validation"] = self.files["train"]
         return splits
 
     def tokenize(self, raw, tokenizer, log=print):
