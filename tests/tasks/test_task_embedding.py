@@ -931,6 +931,34 @@ def test_python_api_data_without_an_eval_dataset_hold_out_a_tenth(tiny_bert):
     assert (len(splits["train"]), len(splits["validation"])) == (27, 3)
 
 
+def save_sentence_transformer(folder: Path, tiny_bert: str, pooling: str, dense: bool = False, **config) -> str:
+    """tiny_bert saved by sentence-transformers with this pooling (and a Dense projection), Normalize last."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
+
+    modules = [Transformer(tiny_bert), Pooling(32, pooling_mode=pooling), *([Dense(32, 16)] if dense else [])]
+    SentenceTransformer(modules=[*modules, Normalize()], device="cpu", **config).save(str(folder))
+    return str(folder)
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_sentence_transformers_model_with_a_dense_module_is_refused(capfd, tmp_path, tiny_bert, command):
+    """Its vectors are the Dense projection's (16 wide); mean-pooled hidden states (32) would train and be scored in
+    their place, and the export would drop the projection."""
+    folder = save_sentence_transformer(tmp_path / "dense", tiny_bert, "mean", dense=True)
+    data = str(write_jsonl(tmp_path / "t.jsonl", rows(4)))
+    args = ["train", "--model", folder, "--train-file", data] if command == "train" else ["eval", folder]
+    proc = in_process(capfd, *args, "--validation-file", data, "--task", "embedding")
+    assert_refused(proc, tmp_path, "folder with Dense after its pooling", "export would leave those weights out")
+
+
+def test_what_a_sentence_transformers_model_has_and_the_task_does_not_apply_is_said(capfd, tmp_path, tiny_bert):
+    prompts = {"prompts": {"query": "query: "}, "default_prompt_name": "query"}
+    quiet_task("embedding", save_sentence_transformer(tmp_path / "cls", tiny_bert, "cls", **prompts))
+    said = "do not keep its cls pooling (mean pooling here); its default prompt 'query: ' (texts are embedded"
+    assert said in capfd.readouterr().out
+
+
 def test_a_missing_score_column_is_named_with_its_flag(capfd, tmp_path, tiny_bert):
     train = write_jsonl(tmp_path / "train.jsonl", rows(4, negatives=False))
     proc = bad_run(capfd, tmp_path, tiny_bert, train, "--label-column", "similarity")

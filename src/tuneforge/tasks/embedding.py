@@ -260,6 +260,7 @@ class EmbeddingTask(Task):
         self.packs: bool | None = None  # pack_texts: whether the model takes packed rows (checked on a first batch)
         self.check_local_files(check_file, self._find_in_dir)
         self.check_dims(self.peek_model_config())
+        self.check_sentence_transformers_base()
 
     @property
     def best_metric(self) -> str:
@@ -285,6 +286,33 @@ class EmbeddingTask(Task):
             raise ConfigError(
                 f"--matryoshka-dims {max(dims)} is above the embedding size of model {self.model_path()!r}, "
                 f"{size}; give dimensions up to {size}"
+            )
+
+    def check_sentence_transformers_base(self) -> None:
+        """A sentence-transformers folder as --model: a module after its pooling (a Dense projection) is refused (the
+        task embeds the Transformer's mean-pooled states, and the export would leave the module's weights out); what
+        else of its config the task does not apply (another pooling, its default prompt, lowercasing) is one line."""
+        path = self.model_path()
+        layout = sentence_transformers_layout(path) if Path(path).is_dir() else None
+        if layout is None:
+            return
+        if layout.others:
+            raise ConfigError(
+                f"{path!r} is a sentence-transformers folder with {', '.join(layout.others)} after its pooling; "
+                "--task embedding trains and evaluates a Transformer with mean pooling and Normalize only (its "
+                "export would leave those weights out)"
+            )
+        differs = []
+        if layout.pooling != "mean":
+            differs.append(f"its {layout.pooling} pooling (mean pooling here)")
+        if layout.prompt:
+            differs.append(f"its default prompt {layout.prompt!r} (texts are embedded without it)")
+        if layout.lowercase:
+            differs.append("its do_lower_case (texts are not lowercased)")
+        if differs:
+            self.log(
+                f"{path!r} is a sentence-transformers folder: --task embedding and its exported model do not keep "
+                f"{'; '.join(differs)}"
             )
 
     def loss_name(self, scored: bool | None = None) -> str:
