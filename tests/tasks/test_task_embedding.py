@@ -875,6 +875,24 @@ def bad_run(capfd, tmp_path: Path, tiny_bert: str, train: Path, *extra: str):
             (),
             ("no text columns found", "columns are: query, passage", "--text-column"),
         ),
+        (
+            [dict(r, negatives=[r["negative"], "a fish"]) for r in rows(4)],  # (a list: not read)
+            write_jsonl,
+            (),
+            (
+                "column 'negatives' of",
+                "train.jsonl",
+                "is not read",
+                "negative, negative_1, negative_2",
+                "--text-column",
+            ),
+        ),
+        (
+            [{"anchor": r["anchor"], "positive": r["positive"], "hard_negative": r["negative"]} for r in rows(4)],
+            write_jsonl,
+            (),
+            ("column 'hard_negative' of", "is not read"),
+        ),
         (rows(4), write_jsonl, ("--text-column", "anchor"), ("takes two or more --text-column",)),
         (rows(4), write_jsonl, ("--matryoshka-dims", "64,16"), ("--matryoshka-dims 64", "embedding size", "32")),
         (rows(4), write_jsonl, ("--matryoshka-dims", "16,16"), ("--matryoshka-dims", "names a dimension twice")),

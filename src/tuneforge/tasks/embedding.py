@@ -435,6 +435,14 @@ class EmbeddingTask(Task):
                     f"no text columns found in {self._where(first)}; columns are: {', '.join(cols)}; name them "
                     "anchor/positive[/negative] or sentence1/sentence2/score, or pass --text-column (twice or more)"
                 )
+            # hard negatives under another name (a list column, hard_negative) would silently train as pairs
+            unread = [c for c in cols if "negative" in c.lower() and c not in texts]
+            if unread:
+                raise DataError(
+                    f"column {unread[0]!r} of {self._where(first)} is not read: hard negatives are read from columns "
+                    "named negative, negative_1, negative_2, ... (one text each); rename it, or name every text "
+                    "column in order with --text-column"
+                )
         score = data.label_column
         if score is None and len(texts) == 2 and self.options.loss != "mnrl":
             score = next((c for c in SCORE_GUESSES if c in cols and c not in texts), None)
