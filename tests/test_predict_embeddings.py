@@ -312,3 +312,13 @@ def test_a_sentence_transformers_folder_tuneforge_cannot_embed_alike_is_refused(
     proc = in_process(capfd, "predict", folder, "--input", write_texts(tmp_path / "t.jsonl", TEXTS), "--output", out)
     assert_refused(proc, tmp_path, *needles)
     assert not out.exists()
+
+
+def test_a_bare_encoder_folder_is_refused_with_what_to_do(capfd, tmp_path, tiny_bert):
+    """A BertModel folder without sentence-transformers' modules.json: no vectors without a pooling, and no advice to
+    `tuneforge generate` it (a bare encoder does not generate)."""
+    proc = in_process(
+        capfd, "predict", tiny_bert, "--input", write_texts(tmp_path / "t.jsonl", TEXTS), "--output", tmp_path / "o.npy"
+    )
+    assert_refused(proc, tmp_path, "is a BertModel, without a task head", "--task embedding for sentence vectors")
+    assert "tuneforge generate" not in proc.stderr

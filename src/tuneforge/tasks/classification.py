@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import from_pretrained, generation_family, inference_device, load_tokenizer
 from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
 from tuneforge.data.tokenize import Cut, CutCount, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
@@ -507,6 +507,12 @@ class ClassificationPredictor:
         self.task = self.info.get("task") or "classification"
         archs = getattr(config, "architectures", None) or []
         if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+            if generation_family(config, {}) is None:  # a bare encoder (BertModel): it cannot generate either
+                raise ConfigError(
+                    f"model {model_dir!r} is a {archs[0]}, without a task head; predict and serve take a fine-tuned "
+                    "model (train one with --task classification, or --task embedding for sentence vectors) or a "
+                    "sentence-transformers folder"
+                )
             raise ConfigError(
                 f"model {model_dir!r} is a {archs[0]}, not a sequence-classification model; use `tuneforge "
                 "generate` for language models"
