@@ -121,7 +121,7 @@ def test_label_outside_label_set(capfd, tmp_path, tiny_bert, files):
 def test_non_numeric_regression_label(capfd, tmp_path, tiny_bert, files):
     scores = dict(train="text,label\na fine film,4.5\nan odd film,high\n", val="text,label\na film,1.0\n")
     proc = train_on(capfd, tmp_path, tiny_bert, files, "--task", "regression", **scores)
-    assert_refused(proc, tmp_path, "regression label 'high'", "row 2", "not a number")
+    assert_refused(proc, tmp_path, "regression label 'high'", "row 2", "not a finite number")
 
 
 def test_malformed_csv_row(capfd, tmp_path, tiny_bert, files):

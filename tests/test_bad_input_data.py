@@ -78,6 +78,13 @@ CASES = {
         {"train_file": "t.tsv"},
         ("not UTF-8 text", "byte 0xe8"),
     ),
+    "regression: an infinite label": (
+        "regression",
+        "tiny_bert",
+        {"t.csv": "text,label\na,1.5\nb,inf\nc,2\nd,0.5\n"},
+        {"train_file": "t.csv", "validation_file": "t.csv"},
+        ("regression label 'inf'", "(row 2)", "is not a finite number"),
+    ),
     "glue: data dir is a file": ("glue/sst2", "tiny_bert", {"glue": "x"}, {"data_dir": "glue"}, ("glue",)),
     "glue: data dir without its files": (
         "glue/sst2",
@@ -475,7 +482,7 @@ def test_a_regression_label_that_is_no_number_is_named_by_the_file_s_own_row(tmp
     args = cli_flags(
         task="regression", model=tiny_bert, train_file=train, output_dir=tmp_path / "out", cache_dir=tmp_path / "c"
     )
-    line = refused(capsys, (tmp_path,), "train", *args, "--quiet", needles=("'abc'", "is not a number"))
+    line = refused(capsys, (tmp_path,), "train", *args, "--quiet", needles=("'abc'", "is not a finite number"))
     assert f"(row {bad_at + 1})" in line and str(train) in line
 
 

@@ -332,12 +332,12 @@ class ClassificationTask(Task):
                 for i, v in enumerate(ex_labels):
                     try:
                         f = float(v)
-                        if math.isnan(f):
+                        if not math.isfinite(f):  # nan, and inf, whose squared error is inf at its first batch
                             raise ValueError
                     except (TypeError, ValueError):
                         raise DataError(
                             f"regression label {v!r} in {self._where(split)} (row {self._row(split, i)}) is not a "
-                            "number; fix that row (or drop --task regression for class labels)"
+                            "finite number; fix that row (or drop --task regression for class labels)"
                         ) from None
                     out.append(f)
                 return out
