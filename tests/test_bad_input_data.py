@@ -492,3 +492,30 @@ def test_a_label_held_out_alone_is_named_by_the_file_s_own_row(tmp_path, tiny_be
     args = cli_flags(model=tiny_bert, train_file=train, output_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
     line = refused(capsys, (tmp_path,), "train", *args, "--quiet", needles=("'meh'", "is not in the label set"))
     assert f"(row {bad_at + 1})" in line and str(train) in line
+
+
+# ---- a URL where a local file is read (datasets would fetch it; tuneforge reads local files) ---------------------
+@pytest.mark.parametrize(
+    "task, flag, url",
+    [
+        ("classification", "--train-file", "https://example.com/data/train.csv"),
+        ("classification", "--validation-file", "hf://datasets/stanfordnlp/imdb/plain_text/test.parquet"),
+        ("ner", "--train-file", "https://example.com/conll/train.txt"),
+        ("clm", "--train-file", "s3://bucket/corpus.txt"),
+        ("seq2seq", "--source-file", "https://example.com/train.en"),
+    ],
+)
+def test_a_url_given_for_a_data_file_is_refused_as_typed(task, flag, url, tmp_path, tiny_bert, capsys):
+    train = write(tmp_path / "t.csv", "text,label\na,pos\nb,neg\n")
+    given = {"--train-file": str(train), "--target-file": str(write(tmp_path / "t.de", "ein Film\n")), flag: url}
+    if task != "seq2seq":
+        given.pop("--target-file")
+    args = ["--task", task, "--model", tiny_bert, "--output-dir", str(tmp_path / "out")]
+    line = refused(capsys, (tmp_path,), "train", *args, *[a for kv in given.items() for a in kv], needles=(url,))
+    assert f"{flag} {url!r} is a URL" in line and "current folder" not in line
+
+
+def test_a_url_given_to_predict_is_refused_as_typed(tmp_path, tiny_bert, capsys):
+    url = "https://example.com/texts.jsonl"
+    line = refused(capsys, (tmp_path,), "predict", tiny_bert, "--input", url, "--output", str(tmp_path / "p.jsonl"))
+    assert f"--input {url!r} is a URL" in line

@@ -22,6 +22,19 @@ def read_from_here(path: str | os.PathLike) -> str:
     return f" (a relative path is read from the current folder {os.getcwd()})"
 
 
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # https://, hf://, s3://: a place `datasets` would fetch from
+
+
+def check_local(flag: str, path: str | os.PathLike | None) -> None:
+    """A file or folder given to be read is a local path. A URL is refused as typed: read as a path it named a
+    missing relative file 'https:/host/...' (pathlib folds the '//'), said to be read from the current folder."""
+    if path and URL.match(str(path)):
+        raise ConfigError(
+            f"{flag} {str(path)!r} is a URL; tuneforge reads local files and folders: download it first (a hub "
+            "dataset's files: tuneforge download REPO_ID --repo-type dataset --local-dir DIR) and pass its local path"
+        )
+
+
 def check_output_dir(path: str, flag: str = "--output-dir", what: str = "output dir") -> None:
     """The folder `path` (given with `flag`) exists and is writable or can be created; checked before any
     heavy work.

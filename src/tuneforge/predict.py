@@ -37,6 +37,7 @@ from tuneforge.artifacts import (
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import json_text, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.paths import check_local
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
@@ -246,6 +247,7 @@ def predict_file(
     given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length}
     options = parse_options(PredictOptions, {**paths, **given, "dimensions": dimensions, "precision": precision})
     check_model_path(model_dir)
+    check_local("--input", input_path)
     check_output_file(output_path, input_path, model_dir)
     reader = getattr(_task_class_of(model_dir), "read_predict_inputs", None)  # a task with its own input rows
     texts = reader(input_path, text_columns) if reader else read_inputs(model_dir, input_path, text_columns)

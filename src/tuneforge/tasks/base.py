@@ -27,7 +27,7 @@ from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.launch import env_flag
 from tuneforge.options import TaskOptions
-from tuneforge.paths import check_cache_outside_inputs, check_output_dir
+from tuneforge.paths import check_cache_outside_inputs, check_local, check_output_dir
 
 
 def set_dropout(model_config, p: float | None):
@@ -224,6 +224,8 @@ class Task:
         self.log = print
         self.files: dict[str, str] = {}  # split -> the file it was read from (errors name it)
         self.dp_group = None  # the data-parallel ranks' process group (use_data_parallel); None: one process
+        for flag, path in config.inputs().items():
+            check_local(flag, path)
         if config.model:  # a typo in --model fails before any tokenizer, data or model work
             check_model_path(config.model)
         if config.data.cache_dir:
