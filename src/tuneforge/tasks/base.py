@@ -225,7 +225,8 @@ class Task:
         self.files: dict[str, str] = {}  # split -> the file it was read from (errors name it)
         self.dp_group = None  # the data-parallel ranks' process group (use_data_parallel); None: one process
         for flag, path in config.inputs().items():
-            check_local(flag, path)
+            if flag != "--model":  # (check_model_path refuses a model's URL, suggesting a hub id)
+                check_local(flag, path)
         if config.model:  # a typo in --model fails before any tokenizer, data or model work
             check_model_path(config.model)
         if config.data.cache_dir:
