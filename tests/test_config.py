@@ -165,6 +165,19 @@ def test_a_text_key_given_a_number_takes_it_as_text(tmp_path):
     assert config_from_sources(str(tmp_path / "config.yaml"), [], {}) == config
 
 
+def test_a_leading_tilde_in_a_path_key_is_the_home_folder(tmp_path, monkeypatch):
+    """A YAML `output_dir: ~/runs/a` (or `--output-dir=~/runs/a`, which no shell expands) was checked as the home
+    folder's and written in a folder named '~' under the current one; `train_file: ~/t.csv` 'did not exist'."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("task: seq2seq\noutput_dir: ~/runs/a\ndata: {cache_dir: ~/cache, validation_file: ~/v.csv}\n")
+    config = config_from_sources(str(cfg), ["task_options.source_file=~/s.en"], {"data.train_file": "~/t.csv"})
+    assert (config.output_dir, config.data.cache_dir) == (f"{tmp_path}/runs/a", f"{tmp_path}/cache")
+    assert (config.data.train_file, config.data.validation_file) == (f"{tmp_path}/t.csv", f"{tmp_path}/v.csv")
+    assert config.task_options.source_file == f"{tmp_path}/s.en"
+    assert config_from_sources(None, ["run_name=~x", "data.label_column=~y"], {}).run_name == "~x"  # not a path
+
+
 def test_yaml_file_problems(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(tmp_path / "missing.yaml")

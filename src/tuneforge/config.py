@@ -39,7 +39,7 @@ from tuneforge.errors import ConfigError
 from tuneforge.files import write_text
 from tuneforge.flags import allowed_range, shown_value
 from tuneforge.harness.options import HarnessSettings, is_harness_metric
-from tuneforge.options import BackendOptions, Options, TaskOptions, comma_list, one_or_list
+from tuneforge.options import PATH, BackendOptions, Options, TaskOptions, comma_list, one_or_list
 from tuneforge.tracking import (
     check_log_model,
     check_report_to,
@@ -168,7 +168,9 @@ class DataConfig(Options):
         None, gt=0, le=MAX_EXAMPLES, description="evaluate on the first N examples", json_schema_extra=EVAL
     )
     group_by_length: bool = Field(True, description="batches of similar lengths (less padding)")
-    cache_dir: str | None = Field(None, description="where tokenized datasets are cached", json_schema_extra=EVAL)
+    cache_dir: str | None = Field(
+        None, description="where tokenized datasets are cached", json_schema_extra={**EVAL, **PATH}
+    )
     num_workers: int = Field(1, ge=1, le=1024, description="processes that tokenize the data (datasets' num_proc)")
     split_seed: int = Field(42, ge=0, le=MAX_SEED, json_schema_extra=NO_FLAG)
     # a mixture of sources, each with its weight or epochs (in a config file; replaces train_file / data_dir)
@@ -247,7 +249,9 @@ class TrainConfig(Options):
     model: str | None = Field(
         None, description="HF folder or hub id; default: the task's bundled model", json_schema_extra=INPUT
     )
-    output_dir: str = Field("runs/latest", description="run folder: config, metrics, checkpoints, model")
+    output_dir: str = Field(
+        "runs/latest", description="run folder: config, metrics, checkpoints, model", json_schema_extra=PATH
+    )
     overwrite: bool = Field(False, description="replace an existing run in output_dir")
 
     # schedule

@@ -8,16 +8,28 @@ any task or backend.
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+
+PATH: dict[str, Any] = {"path": True}  # json_schema_extra of a field naming a file or folder (besides the INPUT ones)
 
 
 class Options(BaseModel):
     """Settings validated once at the edge: unknown keys, inf and nan refused; a number where text is wanted is
-    that text (`run_name=2024`: YAML, and so an override, reads 2024 as a number; the flag gives text)."""
+    that text (`run_name=2024`: YAML, and so an override, reads 2024 as a number; the flag gives text). A path
+    field's leading `~` is the home folder, as the shell reads it, also where no shell did (a YAML file,
+    `--output-dir=~/runs`)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False, coerce_numbers_to_str=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _home(cls, value: Any, info: ValidationInfo) -> Any:
+        extra = cls.model_fields[info.field_name].json_schema_extra
+        marked = isinstance(extra, dict) and (extra.get("input") or extra.get("path"))
+        return os.path.expanduser(value) if marked and isinstance(value, str) and value.startswith("~") else value
 
 
 class TaskOptions(Options):
