@@ -519,3 +519,58 @@ def test_a_url_given_to_predict_is_refused_as_typed(tmp_path, tiny_bert, capsys)
     url = "https://example.com/texts.jsonl"
     line = refused(capsys, (tmp_path,), "predict", tiny_bert, "--input", url, "--output", str(tmp_path / "p.jsonl"))
     assert f"--input {url!r} is a URL" in line
+
+
+# ---- a data file that cannot be read (its permissions) -------------------------------------------------------
+WRITE_ONLY = Path("/proc/sys/net/ipv4/route/flush")  # mode 0200: unreadable to root too
+
+
+def unreadable(path: Path) -> Path:
+    """A file named `path` that open() refuses: mode 000, or for root (whom modes do not stop) a link to a
+    write-only kernel setting."""
+    import os
+
+    if os.geteuid() != 0:
+        write(path, "text,label\n").chmod(0)
+        return path
+    try:
+        WRITE_ONLY.open("rb").close()
+    except PermissionError:
+        path.symlink_to(WRITE_ONLY)
+        return path
+    pytest.skip(f"running as root, and {WRITE_ONLY} is readable here: no file root cannot read")
+
+
+@pytest.mark.parametrize(
+    "task, name", [("classification", "t.csv"), ("clm", "t.txt"), ("ner", "t.conll"), ("qa", "t.json")]
+)
+def test_a_data_file_without_read_permission_is_one_line(task, name, tmp_path, tiny_bert, capsys):
+    train = unreadable(tmp_path / name)
+    args = cli_flags(task=task, model=tiny_bert, train_file=train, output_dir=tmp_path / "out")
+    # (no snapshot of tmp_path: it would read the file)
+    refused(capsys, (), "train", *args, needles=(str(train), "cannot be read (Permission denied"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreadable_file_in_a_data_dir_is_one_line(tmp_path, tiny_bert, capsys):
+    folder = tmp_path / "conll"
+    folder.mkdir()
+    for name in ("train.txt", "valid.txt"):
+        write(folder / name, "EU B-ORG\nrejects O\n\nPeter B-PER\n")
+    notes = unreadable(folder / "notes.txt")
+    args = cli_flags(task="ner", model=tiny_bert, data_dir=folder, output_dir=tmp_path / "out")
+    refused(capsys, (), "train", *args, needles=(str(notes), "cannot be read (Permission denied"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_reader_refuses_an_unreadable_file_in_one_line(tmp_path):
+    """The readers' own check (a --data-dir's files are read by `eval` without the run's up-front checks)."""
+    from tuneforge.data import conll, squad, text
+    from tuneforge.data.sources import read_table
+    from tuneforge.errors import DataError
+
+    for read, name in ((read_table, "t.csv"), (text.read_lines, "t.txt"), (conll.read_conll, "t.conll")):
+        with pytest.raises(DataError, match=r"cannot be read \(Permission denied\)"):
+            read(unreadable(tmp_path / name))
+    with pytest.raises(DataError, match=r"cannot be read \(Permission denied\)"):
+        squad.read_squad(unreadable(tmp_path / "q.json"))

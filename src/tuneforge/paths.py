@@ -26,13 +26,20 @@ URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")  # https://, hf://, s3://: a pl
 
 
 def check_local(flag: str, path: str | os.PathLike | None) -> None:
-    """A file or folder given to be read is a local path. A URL is refused as typed: read as a path it named a
-    missing relative file 'https:/host/...' (pathlib folds the '//'), said to be read from the current folder."""
+    """A file or folder given to be read is a local path, and a file there can be opened. A URL is refused as typed:
+    read as a path it named a missing relative file 'https:/host/...' (pathlib folds the '//'), said to be read from
+    the current folder. A file open() refuses (its permissions) is refused before any reader (or the fingerprint of
+    the inputs, which reads them first) ends in an internal error."""
     if path and URL.match(str(path)):
         raise ConfigError(
             f"{flag} {str(path)!r} is a URL; tuneforge reads local files and folders: download it first (a hub "
             "dataset's files: tuneforge download REPO_ID --repo-type dataset --local-dir DIR) and pass its local path"
         )
+    if path and Path(path).is_file():
+        try:
+            Path(path).open("rb").close()
+        except OSError as err:
+            raise ConfigError(f"{flag} {str(path)!r} cannot be read ({err.strerror}); check its permissions") from None
 
 
 def check_output_dir(path: str, flag: str = "--output-dir", what: str = "output dir") -> None:

@@ -77,8 +77,14 @@ class Memo:
         key = f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
         if key in self.known:
             return self.known[key]
-        with f.open("rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()[:32]
+        try:
+            with f.open("rb") as fh:
+                digest = hashlib.file_digest(fh, "sha256").hexdigest()[:32]
+        except OSError as err:  # a folder's file open() refuses: the run's fingerprint of its inputs needs every one
+            raise DataError(
+                f"{str(f)!r} cannot be read ({err.strerror}), and the run's record of its training data reads every "
+                "file of it; check its permissions or move it out of the folder"
+            ) from None
         if st.st_size >= MEMO_MIN_BYTES:
             self.known[key], self.changed = digest, True
         return digest

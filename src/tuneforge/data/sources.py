@@ -86,9 +86,14 @@ def first_file(folder: Path, names: Iterable[str]) -> Path | None:
 
 
 def not_a_file(path: Path) -> str | None:
-    """Why `path` cannot be read as a user's file (None: it can): missing, a folder, or a pipe or device
-    (`<(zcat rows.gz)`, /dev/null), which the readers cannot read twice or at all."""
+    """Why `path` cannot be read as a user's file (None: it can): missing, a folder, a pipe or device
+    (`<(zcat rows.gz)`, /dev/null), which the readers cannot read twice or at all, or a file open() refuses (its
+    permissions), which every reader would end in an internal error."""
     if path.is_file():
+        try:
+            path.open("rb").close()
+        except OSError as err:
+            return f"cannot be read ({err.strerror})"
         return None
     if path.is_dir():
         return "is a folder, not a file"
