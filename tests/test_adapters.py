@@ -460,6 +460,7 @@ def test_merge_onto_a_wrong_or_missing_base_is_one_line(single, tmp_path, tiny_g
     from test_bad_input_writers import refused
 
     args, needles = merge_case(case, single, tmp_path, tiny_gpt2)
+    capsys.readouterr()  # what writing the case's folders printed (transformers' bars, where still on) is not the CLI's
     refused(capsys, (tmp_path,), "export", "--merge", *args, needles=needles)
 
 
