@@ -72,6 +72,16 @@ def test_a_newcomer_joins_the_running_batch_at_the_next_step(model_fixture, requ
         assert "".join(texts[name]) == reference.decode(new, skip_special_tokens=True), name
 
 
+def drive(engine, steps: int, joining: dict | None = None) -> None:
+    """`steps` of the engine's loop run by hand (admit what waits, one step), `joining[step]` submitted before it."""
+    for step in range(steps):
+        if joining and step in joining:
+            engine.submit(joining[step])
+        with engine._wake:
+            admitted = engine._admit()
+        engine._step(admitted)
+
+
 def sliding_window_model(folder, family: str) -> str:
     """A tiny random causal LM attending within a window of 4 tokens: Mistral (every layer), or Gemma 2 (every
     other layer, soft-capped attention and output logits)."""
@@ -107,12 +117,7 @@ def test_sliding_window_rows_of_different_lengths_decode_as_each_alone(family, t
     seqs = [Sequence(p, sp, lambda text, reason: None) for p, sp in zip(prompts, params)]
     with torch.inference_mode():
         engine.submit(seqs[:2])
-        for step in range(40):
-            if step == 3:
-                engine.submit(seqs[2:])  # one joins now, the last when a row leaves
-            with engine._wake:
-                admitted = engine._admit()
-            engine._step(admitted)
+        drive(engine, 40, joining={3: seqs[2:]})  # one joins at step 3, the last when a row leaves
         for seq, prompt in zip(seqs, prompts):
             ids = torch.tensor([prompt])
             alone = model.generate(
@@ -148,14 +153,9 @@ def test_t5_rows_join_the_running_batch_and_decode_as_each_alone(tiny_t5):
     ]
     with torch.inference_mode():
         engine.submit(seqs[:1])
-        for step in range(40):
-            if step == 3:
-                engine.submit(seqs[1:])  # two join now, the last when a row leaves
-            with engine._wake:
-                admitted = engine._admit()
-            engine._step(admitted)
-            if step == 3:  # the first row decodes with the newcomers, not to its end before them
-                assert [len(s.token_ids) for s in seqs[:3]] == [5, 2, 2]
+        drive(engine, 4, joining={3: seqs[1:]})  # two join at step 3, the last when a row leaves
+        assert [len(s.token_ids) for s in seqs[:3]] == [5, 2, 2]  # the first decodes with them, not to its end first
+        drive(engine, 36)
     assert engine.running_rows == 0
     for seq, prompt in zip(seqs, prompts):
         ids = torch.tensor([prompt])
