@@ -156,6 +156,23 @@ def test_entity_scores_are_seqeval_and_truncated_words_are_misses(tiny_bert, tmp
     assert scores["precision"] == 1.0 and scores["recall"] == 0.5  # Berlin, past the window, is missed
 
 
+def test_a_validation_set_without_entities_scores_as_seqeval_without_a_numpy_warning():
+    """No entity in gold or predictions: seqeval's zero_division scores (0), and none of the numpy RuntimeWarnings
+    its averages of nothing print, which --quiet promises to keep off stderr."""
+    import warnings
+
+    from seqeval.metrics import accuracy_score, f1_score
+
+    from tuneforge.tasks.ner import entity_metrics
+
+    gold, pred = [["O", "O"], ["O"]], [["O", "O"], ["O"]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = entity_metrics(gold, pred)
+    assert scores == {"precision": 0.0, "recall": 0.0, "f1": f1_score(gold, pred, zero_division=0), "accuracy": 1.0}
+    assert scores["accuracy"] == accuracy_score(gold, pred)
+
+
 def test_sentences_cut_to_max_length_are_counted_and_counted_again_from_the_cache(tiny_bert, conll_dir, tmp_path):
     # a sentence longer than --max-length trained on its first words and scored with the rest missed, without a word
     task = quiet_task("ner", tiny_bert, data_dir=str(conll_dir), max_length=12, cache_dir=str(tmp_path / "cache"))

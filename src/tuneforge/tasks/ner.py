@@ -12,6 +12,8 @@ were cut to --max-length (data/tokenize.py's `report_cuts`).
 
 from __future__ import annotations
 
+import warnings
+
 import datasets
 import numpy as np
 import regex
@@ -72,7 +74,9 @@ def entity_metrics(gold: list[list[str]], pred: list[list[str]]) -> dict[str, fl
     """seqeval's entity-level scores (conlleval rules): micro precision/recall/F1, F1 per type, word accuracy."""
     from seqeval.metrics import accuracy_score, classification_report
 
-    report = classification_report(gold, pred, output_dict=True, zero_division=0)
+    with warnings.catch_warnings():  # no entity in gold or predictions: numpy's notes of seqeval's empty averages
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = classification_report(gold, pred, output_dict=True, zero_division=0)
     micro = report.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0})
     out = {"precision": float(micro["precision"]), "recall": float(micro["recall"]), "f1": float(micro["f1-score"])}
     out["accuracy"] = float(accuracy_score(gold, pred)) if gold else float("nan")
