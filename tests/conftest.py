@@ -291,6 +291,25 @@ def run_script(script: Path, *args: str, env: dict | None = None, timeout: float
     return run_forked(run, [sys.executable, str(script), *args], timeout, env=env)
 
 
+def cli_without_room(args: list[str], limit: int, timeout: float = 120) -> str:
+    """`tuneforge ARGS` in a forked child whose files cannot grow past `limit` bytes (a file size limit fails a write
+    with EFBIG as a full disk does with ENOSPC; Python ignores SIGXFSZ): asserts it stopped on one error line (exit
+    2, no traceback), and returns that line."""
+    import resource
+
+    from tuneforge.cli import main
+
+    def limited() -> int:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        return main(args)
+
+    proc = run_forked(limited, ["tuneforge", *args], timeout=timeout)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: "), line
+    return line
+
+
 def run_forked(target, shown_as: list[str], timeout: float, **how) -> subprocess.CompletedProcess:
     """`target()` in a `Forked` child (`how`: its cwd and env); returns what subprocess.run would, `shown_as`
     its args. Past the timeout the child is killed with the workers it started."""

@@ -131,6 +131,17 @@ def test_adapter_folder_loads_in_peft_and_merges_to_the_same_outputs(single, lor
     assert (want[0] - want[1]).abs().max() > 1e-3  # the outputs depend on the text: the comparison means something
 
 
+def test_a_merge_without_room_is_one_line_and_leaves_nothing(single, tmp_path):
+    """export --merge onto a disk without room (here a file size limit) ended in 'internal error' (safetensors'
+    SafetensorError is no OSError): one line naming the folder, and no partial folder left."""
+    from conftest import cli_without_room
+
+    out = tmp_path / "merged"
+    line = cli_without_room(["export", "--merge", str(single / "model"), str(out)], 1 << 16)
+    assert line == f"error: the model folder {str(out)!r} has no room (File too large); free space there", line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_predict_and_serve_take_the_adapter_folder(single, tmp_path):
     import httpx
 

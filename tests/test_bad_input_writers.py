@@ -321,6 +321,30 @@ def test_predict_replaces_its_own_earlier_predictions(run_with_checkpoint, tmp_p
         assert code == 0, err
 
 
+# ---- writes without room ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["export", "predict"])
+def test_a_write_without_room_is_one_line_and_keeps_the_earlier_one(run_with_checkpoint, tmp_path, capsys, command):
+    """An export or --output whose write failed for want of room (a full disk, a quota; here a file size limit)
+    ended in 'internal error' (safetensors' SafetensorError is no OSError; predict's OSError was not caught): one
+    line naming what it wrote, and the earlier export or predictions, which it would have replaced, stay whole."""
+    from conftest import cli_without_room
+
+    run, data = run_with_checkpoint
+    if command == "export":
+        out, then = tmp_path / "exported", ""
+        args = ["export", str(run / "checkpoint-1"), str(out), "--overwrite"]
+    else:
+        out, then = tmp_path / "preds.jsonl", " or choose another --output"
+        args = ["predict", str(run / "model"), "--input", str(data), "--output", str(out)]
+    code, _, err = cli_main(capsys, *args)  # the earlier one
+    assert code == 0, err
+    before = snapshot(tmp_path)
+    line = cli_without_room(args, 512)
+    what = "the model folder" if command == "export" else "--output"
+    assert line == f"error: {what} {str(out)!r} has no room (File too large); free space there{then}", line
+    assert snapshot(tmp_path) == before
+
+
 # ---- download, generate, chat, serve: the CLI-level bad inputs -------------------------------------------------
 def test_download_into_a_file(tmp_path, capsys):
     (tmp_path / "f").write_text("mine")

@@ -341,6 +341,64 @@ def logits_of(model_dir, texts):
         return model(**tok(texts, padding=True, return_tensors="pt")).logits
 
 
+# ---- a disk without room --------------------------------------------------------------------------------
+def test_a_checkpoint_without_room_stops_the_run_and_the_one_before_resumes(files, tiny_bert, cache_dir, tmp_path):
+    """A checkpoint's write failed for want of room (a full disk, a quota; here a file size limit that starts once
+    the first checkpoint is written): 'internal error', and its half-written folder left taking the room; now one
+    line naming it and how to go on, no temporary left, checkpoint-1 whole and named by `latest`, and --resume
+    continues the run once there is room."""
+    import resource
+
+    from conftest import run_forked
+    from tuneforge import Callback
+    from tuneforge.errors import NoRoomError
+
+    out = tmp_path / "run"
+    cfg = run_config(out, files, tiny_bert, cache_dir, max_steps=2, save_steps=1, eval_strategy="no")
+
+    class DiskFullAfterFirstSave(Callback):
+        def on_save(self, trainer, path) -> None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+
+    def fit() -> int:
+        try:
+            Trainer(cfg, callbacks=[DiskFullAfterFirstSave()]).fit()
+        except NoRoomError as err:
+            print(err)
+            return 2
+        return 0
+
+    proc = run_forked(fit, ["fit"], timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stdout.strip() == (
+        f"the checkpoint {str(out / 'checkpoint-2')!r} has no room (File too large); free space there, then "
+        "continue the run from checkpoint-1 with --resume latest (it stopped at step 2)"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "config.yaml", "latest", "metrics.jsonl"]
+    assert checkpoint.verify(out / "checkpoint-1") is None and (out / "latest").read_text() == "checkpoint-1\n"
+    assert Trainer(cfg.model_copy(update={"resume": "latest"})).fit()["steps"] == 2
+
+
+def test_a_model_folder_without_room_keeps_the_earlier_one_and_says_how_to_write_it(
+    run_copy, files, tiny_bert, cache_dir, capsys
+):
+    """The end of training's export (OUTPUT_DIR/model) failed for want of room: 'internal error'; now one line
+    naming the folder and the checkpoint to resume, the earlier model folder whole, and the resume writes it."""
+    from conftest import cli_without_room
+
+    before = {p.name: p.read_bytes() for p in (run_copy / "model").iterdir()}
+    args = [*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume"]
+    line = cli_without_room(args, 1 << 20)
+    assert line == (
+        f"error: the model folder {str(run_copy / 'model')!r} has no room (File too large); free space there, then "
+        "continue the run from checkpoint-12 with --resume latest (it stopped at step 12)"
+    )
+    assert {p.name: p.read_bytes() for p in (run_copy / "model").iterdir()} == before
+    assert not [p for p in run_copy.iterdir() if p.name.startswith(".tmp-")]
+    code, line = tuneforge(capsys, *args)
+    assert code == 0, line
+
+
 def test_export_cli_writes_hf_folder_with_the_trained_logits(trained, tmp_path, capsys):
     out = trained[0]
     target = tmp_path / "exported"

@@ -1,6 +1,7 @@
 """tuneforge.files' strict JSON: every JSON file and line a run writes is standard JSON (no bare NaN or Infinity,
 which jq, JavaScript's JSON.parse and Go refuse), an undefined metric written as null. The run is real: a
-regression whose validation labels are all equal, so its pearson and spearman are undefined (nan)."""
+regression whose validation labels are all equal, so its pearson and spearman are undefined (nan). And a write
+without room is told as such, whichever library wrote (`no_room`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,35 @@ def test_a_run_with_an_undefined_metric_writes_standard_json(tmp_path, tiny_bert
     assert [(r["step"], r["pearson"]) for r in evals] == [(1, None), (2, None)]
     state = strict((run / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["last_eval"]["pearson"] is None and state["best_metric"] is None
+
+
+def test_writes_without_room_say_so_whichever_library_wrote(tmp_path):
+    """A file size limit fails a write as a full disk does; torch.save answers it with an opaque RuntimeError
+    ('unexpected pos 576 vs 534'), and safetensors with a SafetensorError, no OSError: a checkpoint's optimizer.pt
+    or model.safetensors without room was an internal error. Each is told as no room, with the errno's words."""
+    import resource
+
+    import torch
+    from safetensors.torch import save_file
+
+    from conftest import run_forked
+    from tuneforge.files import no_room, torch_save
+
+    big = {"w": torch.zeros(64 * 1024)}
+    writes = {
+        "torch": lambda: torch_save(big, tmp_path / "o.pt"),
+        "safetensors": lambda: save_file(big, tmp_path / "m"),
+    }
+
+    def limited() -> int:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+        for name, write in writes.items():
+            try:
+                write()
+            except Exception as err:  # noqa: BLE001  (each library raises its own)
+                print(name, no_room(err))
+        return 0
+
+    proc = run_forked(limited, ["limited"], timeout=60)
+    assert proc.stdout.splitlines() == ["torch File too large", "safetensors File too large"], proc.stderr[-2000:]
+    assert no_room(OSError(13, "Permission denied")) is None and no_room(RuntimeError("(os error 28)")) is None

@@ -292,7 +292,7 @@ def write_adapter_folder(
 
     out = Path(out_dir)
     peft_state = {PEFT_PREFIX + k: v for k, v in state_dict.items()} if state_dict is not None else None
-    with replacing(out) as tmp:
+    with replacing(out, what="the adapter folder") as tmp:
         adapter.peft_model.save_pretrained(tmp, state_dict=peft_state)
         name_unsharded_class(tmp, adapter.peft_model.base_model.model)
         (tmp / "README.md").unlink(missing_ok=True)  # peft's model-card template, with nothing filled in

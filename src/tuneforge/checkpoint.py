@@ -68,7 +68,17 @@ from tuneforge.backends.layouts import full_weights as full_weights
 from tuneforge.backends.layouts import has_full_weights as has_full_weights
 from tuneforge.backends.layouts import new_run_hint
 from tuneforge.errors import CheckpointError, ConfigError
-from tuneforge.files import TMP_PREFIX, discard, fsync_dir, fsync_tree, json_text, write_text
+from tuneforge.files import (
+    TMP_PREFIX,
+    discard,
+    fsync_dir,
+    fsync_tree,
+    json_text,
+    remove,
+    room_for,
+    torch_save,
+    write_text,
+)
 from tuneforge.paths import (
     CHECKPOINT_NAME,
     check_inputs_outside_run,
@@ -327,45 +337,59 @@ class Checkpointer:
         self.model_files = model_files or {}
 
     def save(self, model, optimizer, scheduler, progress: Progress) -> Path:
-        """Write `checkpoint-STEP` (a collective: every rank calls it); returns its path."""
+        """Write `checkpoint-STEP` (a collective: every rank calls it); returns its path. A write that fails for
+        want of room is one line (NoRoomError); the checkpoint before it stays the one to resume."""
         b, out, step = self.backend, self.output_dir, progress.step
         final = out / f"checkpoint-{step}"
         if b.is_main:
             _pause_hook("start", step)
         tmp = out / b.broadcast_object(f"{TMP_PREFIX}checkpoint-{step}-{os.getpid()}-{time.time_ns()}")
+        try:
+            with room_for(final, "the checkpoint"):
+                self._write(tmp, model, optimizer, scheduler, progress)
+                b.barrier()
+                if b.is_main:
+                    _write_manifest(tmp)
+                    fsync_tree(tmp)
+                    if final.exists():  # a re-save of the same step (e.g. epoch end == save step)
+                        discard(final)
+                    os.replace(tmp, final)
+                    fsync_dir(out)
+                    _pause_hook("before-latest", step)
+                    write_text(out / "latest", final.name + "\n")
+        except Exception:
+            if b.is_main:  # what it took of the disk is freed
+                remove(tmp)
+            raise
+        if b.is_main:
+            _apply_retention(out, self.save_total_limit, progress.best_step, final)
+        b.barrier()
+        return final
+
+    def _write(self, tmp: Path, model, optimizer, scheduler, progress: Progress) -> None:
+        """Every file of a checkpoint but its manifest, into the temporary folder `tmp` (a collective)."""
+        b = self.backend
         if b.is_main:
             tmp.mkdir(parents=True, exist_ok=False)
         b.barrier()
         b.save(tmp, model, optimizer)
-        torch.save(rank_state(progress), tmp / f"rank{b.rank}.pt")
-        if b.is_main:
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            _pause_hook("mid-write", step)
-            (tmp / "trainer_state.json").write_text(json_text(progress.shared_dict(), indent=2))
-            (tmp / "meta.json").write_text(json_text(self.meta, indent=2))
-            if self.run_config is not None:
-                self.run_config.save(tmp / "config.yaml")
-            b.unwrap(model).config.save_pretrained(tmp)  # config.json: `tuneforge export` rebuilds the model
-            if self.tokenizer is not None:
-                self.tokenizer.save_pretrained(tmp)
-            if self.model_info is not None:
-                write_model_info(tmp, self.model_info)
-            for name, text in self.model_files.items():
-                (tmp / MODEL_FILES / name).parent.mkdir(parents=True, exist_ok=True)
-                (tmp / MODEL_FILES / name).write_text(text, encoding="utf-8")
-        b.barrier()
-        if b.is_main:
-            _write_manifest(tmp)
-            fsync_tree(tmp)
-            if final.exists():  # a re-save of the same step (e.g. epoch end == save step)
-                discard(final)
-            os.replace(tmp, final)
-            fsync_dir(out)
-            _pause_hook("before-latest", step)
-            write_text(out / "latest", final.name + "\n")
-            _apply_retention(out, self.save_total_limit, progress.best_step, final)
-        b.barrier()
-        return final
+        torch_save(rank_state(progress), tmp / f"rank{b.rank}.pt")
+        if not b.is_main:
+            return
+        torch_save(scheduler.state_dict(), tmp / "scheduler.pt")
+        _pause_hook("mid-write", progress.step)
+        (tmp / "trainer_state.json").write_text(json_text(progress.shared_dict(), indent=2))
+        (tmp / "meta.json").write_text(json_text(self.meta, indent=2))
+        if self.run_config is not None:
+            self.run_config.save(tmp / "config.yaml")
+        b.unwrap(model).config.save_pretrained(tmp)  # config.json: `tuneforge export` rebuilds the model
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(tmp)
+        if self.model_info is not None:
+            write_model_info(tmp, self.model_info)
+        for name, text in self.model_files.items():
+            (tmp / MODEL_FILES / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / MODEL_FILES / name).write_text(text, encoding="utf-8")
 
     def load(self, path: str | os.PathLike, model, optimizer, scheduler) -> Progress:
         """Restore model, optimizer, scheduler and this rank's RNG states from a checkpoint folder
@@ -459,6 +483,16 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
             "pass a checkpoint-STEP folder"
         )
     return path
+
+
+def resume_advice(out: Path, step: int) -> str:
+    """What a run that stopped at `step` for want of room for its checkpoint does once there is room: continue from
+    the checkpoint --resume latest takes, or (none written) start again."""
+    named = _named_by_latest(out / "latest")
+    whole = [out / named] if named and (out / named / MANIFEST).exists() else list_checkpoints(out)
+    if not whole:
+        return f", then train again with --overwrite (the run stopped at step {step}, and wrote no checkpoint)"
+    return f", then continue the run from {whole[-1].name} with --resume latest (it stopped at step {step})"
 
 
 def _named_by_latest(pointer: Path) -> str | None:

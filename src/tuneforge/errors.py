@@ -19,5 +19,10 @@ class CheckpointError(UserError):
     pass
 
 
+class NoRoomError(UserError):
+    """A write failed for want of room (a full disk, a quota, a file size limit): the file or folder it wrote is
+    named, and what was there before it stays whole."""
+
+
 class NonFiniteError(UserError):
     """Training produced a nan/inf loss or gradient (a learning rate, scale or data row at fault): the run stops."""

@@ -58,7 +58,7 @@ def write_hf_folder(
     `files` (a path inside the folder -> its text: `Task.model_files`), written to a temporary folder that then
     replaces `out_dir` in one rename."""
     out = Path(out_dir)
-    with replacing(out) as tmp:
+    with replacing(out, what="the model folder") as tmp:
         save_pretrained(model, tmp, state_dict=state_dict)
         if state_dict is not None:
             name_weights_dtype(tmp, state_dict)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tuneforge.artifacts import context_length, from_pretrained
 from tuneforge.errors import CheckpointError, ConfigError
-from tuneforge.files import out_of_room, replacing
+from tuneforge.files import replacing
 from tuneforge.paths import check_output_dir
 
 # model_type -> the causal-LM class llama.cpp's llama architecture holds (convert_hf_to_gguf.py's LlamaModel)
@@ -410,22 +410,14 @@ def write_gguf(folder: str | os.PathLike, out: str | os.PathLike, quant: str, na
     with torch.no_grad():
         tensors = gguf_tensors(model, config, quant)
     del model
-    try:
-        with replacing(out) as tmp:
-            writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
-            add_hyperparameters(writer, config, quant, name)
-            add_tokenizer(writer, folder, tokenizer, vocab, where)
-            for gguf_name, data, qtype in tensors:
-                writer.add_tensor(gguf_name, data, raw_dtype=qtype)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
-    except OSError as err:
-        if not out_of_room(err):
-            raise
-        raise CheckpointError(
-            f"the .gguf file {str(out)!r} has no room ({err.strerror or 'its disk took part of it only'}); free space "
-            "there or choose another path"
-        ) from None
+    with replacing(out, what="the .gguf file", then=" or choose another path") as tmp:
+        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+        add_hyperparameters(writer, config, quant, name)
+        add_tokenizer(writer, folder, tokenizer, vocab, where)
+        for gguf_name, data, qtype in tensors:
+            writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     return out

@@ -43,6 +43,7 @@ from tuneforge.tasks.classification import ClassificationPredictor as Predictor 
 PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
 MAX_LENGTH = 1 << 20
 MAX_DIMENSIONS = 1 << 20
+NO_ROOM_THEN = " or choose another --output"  # a write of --output that failed for want of room
 VECTOR_FORMAT = ".npy"  # --output of a sentence encoder's vectors as one matrix
 
 
@@ -265,7 +266,10 @@ def predict_file(
     extra = {"dimensions": options.dimensions} if vectors else {}
     preds = predictor.predict(items, batch_size=options.batch_size, **extra)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(out) as tmp, open(tmp, "w", encoding="utf-8") as fh:  # never leave a half-written file
+    with (
+        replacing(out, what="--output", then=NO_ROOM_THEN) as tmp,
+        open(tmp, "w", encoding="utf-8") as fh,
+    ):  # never leave a half-written file
         for i, p in enumerate(preds):
             fh.write(json_text({"index": i, **p}) + "\n")
     note_cuts(predictor)
@@ -304,7 +308,10 @@ def check_predicts_vectors_only_where_asked(options: PredictOptions, task: str) 
 def write_matrix(out: Path, vectors: np.ndarray) -> int:
     """`vectors` (a float32 matrix, a row per input) as a .npy file; returns the number of rows."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(out) as tmp, open(tmp, "wb") as fh:  # never leave a half-written file
+    with (
+        replacing(out, what="--output", then=NO_ROOM_THEN) as tmp,
+        open(tmp, "wb") as fh,
+    ):  # never leave a half-written file
         np.save(fh, vectors, allow_pickle=False)
     return len(vectors)
 

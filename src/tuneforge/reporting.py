@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tuneforge.files import json_text, write_text
+from tuneforge.files import json_text, room_for, write_text
 from tuneforge.tracking import Resumption, Trackers, describe_run, points_of
 
 METRICS_FILE = "metrics.jsonl"
@@ -126,8 +126,9 @@ class Reporter:
             return
         record = {**record, "time_s": round(time.perf_counter() - self._t0, 3)}
         if self._metrics_file:
-            self._metrics_file.write(json_text(record) + "\n")
-            self._metrics_file.flush()
+            with room_for(self.run_dir / METRICS_FILE):
+                self._metrics_file.write(json_text(record) + "\n")
+                self._metrics_file.flush()
         if self.trackers is not None:
             self.trackers.log(record)
         split = record.get("split", "train")
@@ -186,7 +187,8 @@ class Reporter:
             self.bar.close()
             self.bar = None
         if self._metrics_file:
-            self._metrics_file.close()
+            with contextlib.suppress(OSError):  # a record a full disk cut short: the error that stopped the run says so
+                self._metrics_file.close()
             self._metrics_file = None
         if self.trackers is not None:
             trackers, self.trackers = self.trackers, None

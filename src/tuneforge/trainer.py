@@ -32,7 +32,7 @@ from tuneforge.config import TrainConfig, check_given_now
 from tuneforge.configure import build_config, resolve
 from tuneforge.data.prefetch import Prefetch
 from tuneforge.data.samplers import eval_batches, lengths_of
-from tuneforge.errors import ConfigError, NonFiniteError
+from tuneforge.errors import ConfigError, NonFiniteError, NoRoomError
 from tuneforge.harness import after_train
 from tuneforge.progress import Progress
 from tuneforge.reporting import quiet_libraries, write_result
@@ -294,10 +294,12 @@ class Trainer:
             if evaluable and exported_weights_unevaluated(cfg, self.state):  # what EndEvaluation did not hear
                 self.evaluate_and_log(scheduled=False)
             return self._finish(t0)
-        except BaseException:
+        except BaseException as err:
             self.report.stop()  # the trackers' runs end as failed
             if self.run.feed is not None:  # the prefetch thread of the epoch it stopped in
                 self.run.feed = self.run.feed.close()
+            if isinstance(err, NoRoomError):  # what had no room, and how the run goes on once there is room
+                raise NoRoomError(f"{err}{checkpoint.resume_advice(Path(cfg.output_dir), self.state.step)}") from None
             raise
 
     def _loop(self) -> None:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from tuneforge.errors import CheckpointError
+from tuneforge.files import torch_save
 from tuneforge.weights import share_tied
 
 FULL_WEIGHTS = "model.safetensors"
@@ -90,7 +91,7 @@ class FullLayout:
 
         if backend.is_main:
             save_model(backend.unwrap(model), str(Path(path) / FULL_WEIGHTS))
-            torch.save(optimizer.state_dict(), Path(path) / OPTIMIZER_FILE)
+            torch_save(optimizer.state_dict(), Path(path) / OPTIMIZER_FILE)
 
     def refusal(self, backend, path: Path, written_by: str | None, *, adapter: bool = False) -> str | None:
         if holds_unsharded_weights(path):
@@ -127,7 +128,7 @@ class AdapterLayout(FullLayout):
 
         if backend.is_main:
             save_file(trainable_state(backend.unwrap(model)), str(Path(path) / TRAINABLE_FILE))
-            torch.save(optimizer.state_dict(), Path(path) / OPTIMIZER_FILE)
+            torch_save(optimizer.state_dict(), Path(path) / OPTIMIZER_FILE)
 
     def load(self, backend, path: Path, model: nn.Module, optimizer) -> None:
         load_trainable(backend.unwrap(model), path, backend.device)

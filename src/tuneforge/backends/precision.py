@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from tuneforge.errors import ConfigError
+from tuneforge.files import torch_save
 
 SCALER_FILE = "scaler.pt"
 
@@ -165,7 +166,7 @@ class Precision:
     # ---- checkpoint ---------------------------------------------------------------------------
     def save(self, path: Path) -> None:
         if self.scaler:
-            torch.save(self.scaler.state_dict(), Path(path) / SCALER_FILE)
+            torch_save(self.scaler.state_dict(), Path(path) / SCALER_FILE)
 
     def load(self, path: Path) -> None:
         if self.scaler and (Path(path) / SCALER_FILE).exists():
