@@ -225,3 +225,26 @@ def test_prepare_refuses_the_settings_train_would_refuse_as_doing_nothing(capfd,
     proc = in_process(capfd, "prepare", "--task", "classification", "--train-file", train, *flags)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_prepared_data_without_room_is_one_line_and_leaves_no_folder(capfd, tmp_path, tiny_bert):
+    """Writing the prepared shards failed for want of room (a full disk, a quota; here a file size limit, with the
+    tokenization cache written by a run before): 'internal error' (pyarrow's OSError was not caught); one line
+    naming the folder, and nothing of it left in the cache."""
+    from conftest import cli_without_room
+
+    cache = tmp_path / "cache"
+    data = [
+        "--task",
+        "classification",
+        "--model",
+        tiny_bert,
+        "--train-file",
+        write_sentiment_csv(tmp_path / "a.csv", 60),
+    ]
+    run = in_process(capfd, "train", *data, "--cache-dir", cache, "--max-steps", "1", "--output-dir", tmp_path / "run")
+    assert run.returncode == 0, run.stderr[-2000:]
+    line = cli_without_room([str(a) for a in ("prepare", *data, "--cache-dir", cache)], 2000)
+    assert line.startswith(f"error: the prepared data folder {str(cache / 'prepared')!r}"[:-1] + "/"), line
+    assert line.endswith(" has no room (File too large); free space there or choose another --cache-dir"), line
+    assert list((cache / "prepared").iterdir()) == []

@@ -108,7 +108,9 @@ def no_room(err: BaseException) -> str | None:
     OSError that `out_of_room` takes, or safetensors' SafetensorError, which is no OSError and says its errno only in
     its text ("I/O error: No space left on device (os error 28)"). torch.save's own is opaque: see `torch_save`."""
     if isinstance(err, OSError):
-        return (err.strerror or "its disk took part of it only") if out_of_room(err) else None
+        if not out_of_room(err):
+            return None
+        return os.strerror(err.errno) if err.errno else "its disk took part of it only"  # (pyarrow's own is long)
     found = RUST_OS_ERROR.search(str(err)) if type(err).__name__ == "SafetensorError" else None
     if found and int(found.group(1)) in NO_ROOM:
         return os.strerror(int(found.group(1)))

@@ -37,6 +37,7 @@ from tuneforge.data.fingerprint import Memo, fingerprint, memo_path
 from tuneforge.data.samplers import compact_lengths, lengths_of
 from tuneforge.data.tokenize import default_cache_dir, tokenizer_fingerprint
 from tuneforge.errors import DataError
+from tuneforge.files import room_for
 
 FORMAT = 2  # bumped when what a prepared folder holds changes
 SHARD_BYTES = 500 * 2**20
@@ -205,23 +206,24 @@ def save_prepared(config, tokenizer, features: dict, labels, own_labels, log) ->
     # a name no other process takes: containers or nodes sharing the cache may run prepares under one process id
     # (made by write_split as any folder, so the umask decides who may read it, not mkdtemp's owner-only mode)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
-    try:
-        shards = {split: write_split(ds, tmp / split) for split, ds in features.items()}
-        meta = {
-            "format": FORMAT,
-            "task": config.task,
-            "tokenizer": tokenizer_fingerprint(tokenizer),
-            "settings": shaping_settings(config),
-            "rows": {split: len(ds) for split, ds in features.items()},
-            "shards": shards,
-            "labels": labels,
-            "own_labels": own_labels,
-        }
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-        placed = move_into_place(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with room_for(folder, "the prepared data folder", " or choose another --cache-dir"):
+        try:
+            shards = {split: write_split(ds, tmp / split) for split, ds in features.items()}
+            meta = {
+                "format": FORMAT,
+                "task": config.task,
+                "tokenizer": tokenizer_fingerprint(tokenizer),
+                "settings": shaping_settings(config),
+                "rows": {split: len(ds) for split, ds in features.items()},
+                "shards": shards,
+                "labels": labels,
+                "own_labels": own_labels,
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+            placed = move_into_place(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     log(f"prepared data written to {folder}" if placed else f"prepared data already at {folder} (written meanwhile)")
     return folder
 
