@@ -183,3 +183,40 @@ def test_a_refused_value_is_shown_from_its_first_items_only():
     shown = shown_value(value)
     assert shown.startswith("[[[[[") and len(shown) <= 120
     assert Counted.calls < 1000
+
+
+TILDE_ARGS = {  # each command's paths given with a leading ~ (after `=` or quoted, where no shell expands it)
+    "predict": ["~/m", "--input=~/in.csv", "--output=~/p.jsonl"],
+    "export": ["~/adapter", "~/out", "--merge", "--base=~/base"],
+    "serve": ["~/m"],
+    "chat": ["~/m"],
+    "generate": ["~/m", "--prompt", "~/not a path: a prompt"],
+    "download": ["org/repo", "--local-dir=~/d"],
+    "runs": ["~/a", "~/b", "--plot=~/p.png"],
+    "sweep": ["~/base.yaml", "epochs=1", "--space=~/space.yaml", "--output-dir=~/sweep"],
+    "eval": ["~/m", "--output-dir=~/e"],
+}
+
+
+def given_values(options) -> set[str]:
+    values = options.model_dump().values() if hasattr(options, "model_dump") else vars(options).values()
+    return {v for value in values for v in (value if isinstance(value, (list, tuple)) else [value]) if v}
+
+
+@pytest.mark.parametrize("command", list(TILDE_ARGS))
+def test_a_leading_tilde_in_a_commands_path_is_the_home_folder(command, tmp_path, monkeypatch):
+    """`predict --input=~/in.csv` 'did not exist', `download --local-dir=~/d` wrote a folder named '~', `eval ~/m`
+    read no trained task from the folder: only the training config's path keys took ~ as the home folder."""
+    from tuneforge.cli import build_parser
+    from tuneforge.runs import RunsOptions
+    from tuneforge.sweep.options import SweepOptions
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    models = {**COMMAND_OPTIONS, "runs": RunsOptions, "sweep": SweepOptions}
+    ns = build_parser(command).parse_command([command, *TILDE_ARGS[command]])
+    options = parse_options(models[command], ns) if command in models else ns
+    paths = {arg.partition("=")[2] or arg for arg in TILDE_ARGS[command] if "a prompt" not in arg}
+    expanded = {path.replace("~", str(tmp_path), 1) for path in paths if path.startswith("~")}
+    assert {v for v in given_values(options) if str(v).startswith(str(tmp_path))} == expanded
+    kept = {"~/not a path: a prompt"} if command == "generate" else set()
+    assert {v for v in given_values(options) if str(v).startswith("~")} == kept

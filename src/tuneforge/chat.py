@@ -23,6 +23,7 @@ from tuneforge.artifacts import context_length
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.generate import Generator, MaxNewTokens, Seed, Temperature, TopP, not_utf8
+from tuneforge.options import PATH
 
 
 class ChatOptions(BaseModel):
@@ -32,7 +33,8 @@ class ChatOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model_dir: str = Field(
-        description="a chat model folder (OUTPUT_DIR/model of an --task sft run)", json_schema_extra=POSITIONAL
+        description="a chat model folder (OUTPUT_DIR/model of an --task sft run)",
+        json_schema_extra={**POSITIONAL, **PATH},
     )
     system: str | None = Field(None, description="a system message put first")
     max_new_tokens: MaxNewTokens = 200

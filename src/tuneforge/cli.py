@@ -13,6 +13,7 @@ import importlib
 import re
 import sys
 from collections.abc import Callable
+from os.path import expanduser
 from pathlib import Path
 from typing import Any
 
@@ -308,10 +309,17 @@ def _prepare_arguments(p: argparse.ArgumentParser) -> None:
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
     from tuneforge.harness.command import add_harness_flags
 
-    p.add_argument("model_dir", nargs="?", default=None, help="HF model folder (default: the task's bundled model)")
+    # ~ as the home folder, as a PATH field of the options models reads it (`--output-dir=~/e` meets no shell)
+    p.add_argument(
+        "model_dir",
+        nargs="?",
+        default=None,
+        type=expanduser,
+        help="HF model folder (default: the task's bundled model)",
+    )
     _add_flags(p, eval_flags())
     add_harness_flags(p)
-    p.add_argument("--output-dir", default=None)
+    p.add_argument("--output-dir", default=None, type=expanduser)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_eval)
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuneforge.errors import ConfigError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.options import PATH
 
 
 class DownloadOptions(BaseModel):
@@ -23,7 +24,9 @@ class DownloadOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     repo_id: str = Field(description="e.g. sentence-transformers/all-MiniLM-L6-v2", json_schema_extra=POSITIONAL)
-    local_dir: str | None = Field(None, description="folder to download into (default: the hub cache)")
+    local_dir: str | None = Field(
+        None, description="folder to download into (default: the hub cache)", json_schema_extra=PATH
+    )
     include: list[str] | None = Field(
         None,
         description="only files matching this glob (repeatable), e.g. '*.safetensors'",

@@ -42,6 +42,7 @@ from tuneforge.backends import available_backends, backend_class, layouts
 from tuneforge.errors import CheckpointError, ConfigError
 from tuneforge.files import TMP_PREFIX, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.options import PATH
 from tuneforge.paths import check_output_dir
 from tuneforge.weights import share_tied
 
@@ -376,12 +377,12 @@ class ExportOptions(BaseModel):
     checkpoint: str = Field(
         description="an OUTPUT_DIR/checkpoint-STEP folder (any backend); with --merge, an adapter folder; with "
         "--format gguf, also a model folder or an adapter folder (merged first)",
-        json_schema_extra=POSITIONAL,
+        json_schema_extra={**POSITIONAL, **PATH},
     )
     out_dir: str = Field(
         description="the HF folder to write (config, model.safetensors, tokenizer); with --format gguf, the .gguf "
         "file to write",
-        json_schema_extra=POSITIONAL,
+        json_schema_extra={**POSITIONAL, **PATH},
     )
     overwrite: bool = Field(
         False,
@@ -395,6 +396,7 @@ class ExportOptions(BaseModel):
         None,
         description="with --merge (or an adapter folder with --format gguf): the base model (default: the one it "
         "was trained on)",
+        json_schema_extra=PATH,
     )
     format: Literal["hf", "gguf"] = Field(
         "hf",

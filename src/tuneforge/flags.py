@@ -7,10 +7,12 @@ A field's flag is `--NAME` (underscores as dashes); its description is the help 
 gives the choices, int or float the type, a list a repeatable flag, a bool a switch (`--NAME`; also `--no-NAME` when
 it defaults to true), a required field a required flag. A field's `json_schema_extra` may rename its flag
 ({"flag": "--text-column"}), drop it ({"flag": None}), make it a positional argument (POSITIONAL), add argparse
-settings ({"flag_kwargs": {...}}) or word the refusal of a bad value ({"refusal": ...}, see `refusal_line`).
+settings ({"flag_kwargs": {...}}) or word the refusal of a bad value ({"refusal": ...}, see `refusal_line`). A field
+marked PATH (options.py: a file or folder) takes a leading `~` as the home folder: `parse_options`, which every
+command's options pass through, reads it so, as the config reads its path keys.
 
-It imports nothing of tuneforge but errors.py (the ground floor): `allowed_range`, the text of a field's bounds,
-is the one every refusal states, config.py's included.
+It imports nothing of tuneforge but errors.py and options.py (the ground floor): `allowed_range`, the text of a
+field's bounds, is the one every refusal states, config.py's included.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from tuneforge.errors import ConfigError
+from tuneforge.options import home_expanded
 
 POSITIONAL: dict[str, Any] = {"positional": True}  # json_schema_extra of a positional argument (MODEL_DIR)
 BOUNDS = ("ge", "gt", "le", "lt")
@@ -200,10 +203,12 @@ def refusal_line(model: type[BaseModel], error: Mapping[str, Any]) -> str:
 
 def parse_options(model: type[BaseModel], values: argparse.Namespace | Mapping[str, Any]):
     """An instance of `model` from parsed flags (or a dict, where a key the model lacks is refused): those left
-    out (None) take the field's default. A bad value raises one ConfigError line naming its flag."""
+    out (None) take the field's default; a PATH field's leading `~` is the home folder. A bad value raises one
+    ConfigError line naming its flag."""
     if isinstance(values, argparse.Namespace):  # it holds the CLI's own entries too (command, func)
         values = {k: v for k, v in vars(values).items() if k in model.model_fields}
-    fields = {k: v for k, v in values.items() if v is not None}
+    fields = {k: home_expanded(model.model_fields[k], v) if k in model.model_fields else v for k, v in values.items()}
+    fields = {k: v for k, v in fields.items() if v is not None}
     try:
         return model.model_validate(fields)
     except ValidationError as err:

@@ -47,6 +47,7 @@ from tuneforge.artifacts import (
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
 from tuneforge.generation_defaults import SAMPLING_EPS, checked_defaults
+from tuneforge.options import PATH
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch
 
 MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
@@ -118,7 +119,8 @@ class GenerateOptions(Sampling):
     """`tuneforge generate`'s arguments: the model, the prompts, how to decode and print."""
 
     model_dir: str = Field(
-        description="HF model folder (e.g. OUTPUT_DIR/model of a run that generates text)", json_schema_extra=POSITIONAL
+        description="HF model folder (e.g. OUTPUT_DIR/model of a run that generates text)",
+        json_schema_extra={**POSITIONAL, **PATH},
     )
     prompt: list[str] = Field(description="input text; repeat for several")
     print_json: bool = Field(

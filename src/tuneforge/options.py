@@ -16,6 +16,17 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 PATH: dict[str, Any] = {"path": True}  # json_schema_extra of a field naming a file or folder (besides the INPUT ones)
 
 
+def home_expanded(field, value: Any) -> Any:
+    """`value` of a field marked PATH or INPUT with a leading `~` (each item's, of a list) as the home folder, as the
+    shell reads it, also where no shell did (a YAML file, `--input=~/x.csv`); any other value as it is."""
+    extra = field.json_schema_extra
+    if not (isinstance(extra, dict) and (extra.get("input") or extra.get("path"))):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(home_expanded(field, item) for item in value)
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
+
+
 class Options(BaseModel):
     """Settings validated once at the edge: unknown keys, inf and nan refused; a number where text is wanted is
     that text (`run_name=2024`: YAML, and so an override, reads 2024 as a number; the flag gives text). A path
@@ -27,9 +38,7 @@ class Options(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _home(cls, value: Any, info: ValidationInfo) -> Any:
-        extra = cls.model_fields[info.field_name].json_schema_extra
-        marked = isinstance(extra, dict) and (extra.get("input") or extra.get("path"))
-        return os.path.expanduser(value) if marked and isinstance(value, str) and value.startswith("~") else value
+        return home_expanded(cls.model_fields[info.field_name], value)
 
 
 class TaskOptions(Options):

@@ -37,6 +37,7 @@ from tuneforge.artifacts import (
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import json_text, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.options import PATH
 from tuneforge.paths import check_local
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 
@@ -53,12 +54,13 @@ class PredictOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model_dir: str = Field(
-        description="a model folder tuneforge exported (OUTPUT_DIR/model)", json_schema_extra=POSITIONAL
+        description="a model folder tuneforge exported (OUTPUT_DIR/model)", json_schema_extra={**POSITIONAL, **PATH}
     )
-    input: str = Field(description="the rows to predict: a .csv, .tsv or .jsonl file")
+    input: str = Field(description="the rows to predict: a .csv, .tsv or .jsonl file", json_schema_extra=PATH)
     output: str = Field(
         description="the predictions: one JSON line per input row, in the input's order (a sentence encoder's "
-        "vectors: a float32 matrix, a row per input, when the name ends in .npy)"
+        "vectors: a float32 matrix, a row per input, when the name ends in .npy)",
+        json_schema_extra=PATH,
     )
     text_column: list[str] | None = Field(
         None, description="the input's text column; twice for sentence pairs (default: the columns it trained on)"

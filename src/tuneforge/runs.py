@@ -22,6 +22,7 @@ from tuneforge.config import lower_is_better
 from tuneforge.errors import ConfigError, UserError
 from tuneforge.files import json_text, replacing
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.options import PATH
 from tuneforge.reporting import METRICS_FILE, NOT_METRICS
 
 CONFIG_FILE, RESULT_FILE = "config.yaml", "result.json"
@@ -457,9 +458,11 @@ class RunsOptions(BaseModel):
         min_length=1,
         description="run folders (a train run's --output-dir), or folders holding runs (a sweep's), whose run "
         "folders one level down are compared, sorted by name",
-        json_schema_extra={**POSITIONAL, "flag_kwargs": {"action": "store", "nargs": "+", "metavar": "DIR"}},
+        json_schema_extra={**POSITIONAL, **PATH, "flag_kwargs": {"action": "store", "nargs": "+", "metavar": "DIR"}},
     )
-    plot: str = Field(DEFAULT_PLOT, description="the plot overlaying the runs' curves: a .png file to write")
+    plot: str = Field(
+        DEFAULT_PLOT, description="the plot overlaying the runs' curves: a .png file to write", json_schema_extra=PATH
+    )
     overwrite: bool = Field(False, description="replace --plot where it is a comparison plot tuneforge wrote")
     print_json: bool = Field(
         False, description="last stdout line: the comparison as JSON", json_schema_extra={"flag": "--json"}

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge.flags import POSITIONAL
+from tuneforge.options import PATH
 
 API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
 MAX_LENGTH = 1 << 20
@@ -31,7 +32,7 @@ class ServeOptions(BaseModel):
 
     model_dir: str = Field(
         description="a model folder tuneforge exported (OUTPUT_DIR/model, an adapter folder too)",
-        json_schema_extra=POSITIONAL,
+        json_schema_extra={**POSITIONAL, **PATH},
     )
     host: str = Field(
         "127.0.0.1",

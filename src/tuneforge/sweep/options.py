@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge.config import MAX_SEED
 from tuneforge.flags import POSITIONAL
+from tuneforge.options import PATH
 
 MAX_TRIALS = 1_000_000
 
@@ -25,12 +26,14 @@ class SweepOptions(BaseModel):
         description="the base config as `tuneforge train` takes it: a YAML file, then key=value overrides "
         "(optim.lr=3e-5); every trial is this config with its sampled values on top (default: none, the task's "
         "defaults)",
-        json_schema_extra={**POSITIONAL, "flag_kwargs": {"nargs": "*", "metavar": "CONFIG"}},
+        # an override (key=value) never starts with ~: only the config file's path is read as one
+        json_schema_extra={**POSITIONAL, **PATH, "flag_kwargs": {"nargs": "*", "metavar": "CONFIG"}},
     )
     space: str = Field(
         description="the search space: a YAML file mapping config keys (optim.lr, epochs, lora_r, ...) to "
         "distributions: {type: float, low: 1e-5, high: 1e-3, log: true}, {type: int, low: 4, high: 32, step: 4}, "
-        "or a list of choices"
+        "or a list of choices",
+        json_schema_extra=PATH,
     )
     trials: int = Field(
         20, ge=1, le=MAX_TRIALS, description="trials in the study (a resumed study counts those it has already)"
@@ -39,6 +42,7 @@ class SweepOptions(BaseModel):
         None,
         description="the sweep folder: the study, trial-NNNN run folders, trials.csv, best.yaml, plots "
         "(default: runs/sweep-CONFIG_NAME)",
+        json_schema_extra=PATH,
     )
     overwrite: bool = Field(
         False,
