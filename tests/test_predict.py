@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import cli_flags, cli_main, last_json, read_jsonl, run_cli, save_tiny_bert, save_tiny_classifier
+from tuneforge.errors import DataError
 from tuneforge.predict import Predictor, predict_file
 
 TEXTS = [
@@ -74,17 +75,55 @@ def test_cli_predict_csv_matches_transformers_argmax(tmp_path, tiny_classifier):
     assert len({p["label"] for p in preds}) > 1  # a real check: not one constant answer
 
 
-@pytest.mark.parametrize("fmt", ["tsv", "jsonl"])
+def write_rows(path: Path, texts: list[str]) -> None:
+    """`texts` as a `sentence` column (and another) in the format `path`'s name says, compressed for a .gz."""
+    import gzip
+
+    import pandas as pd
+
+    frame = pd.DataFrame({"sentence": texts, "extra": 1})
+    fmt = path.name.removesuffix(".gz").rpartition(".")[2]
+    if fmt == "parquet":
+        frame.to_parquet(path)
+        return
+    text = {
+        "tsv": "sentence\n" + "".join(t + "\n" for t in texts),
+        "jsonl": frame.to_json(orient="records", lines=True),
+        "json": frame.to_json(orient="records"),
+    }[fmt]
+    path.write_bytes(gzip.compress(text.encode()) if path.suffix == ".gz" else text.encode())
+
+
+# train reads a .json, a .parquet and a table compressed whole; predict refused them ("convert it")
+@pytest.mark.parametrize("fmt", ["tsv", "jsonl", "jsonl.gz", "json", "parquet", "tsv.gz"])
 def test_predict_file_formats(tmp_path, tiny_classifier, fmt):
     inp = tmp_path / f"reviews.{fmt}"
     clean = [t for t in TEXTS if '"' not in t and t]  # standard quoting; a blank TSV line is no row
-    if fmt == "tsv":
-        inp.write_text("sentence\n" + "".join(t + "\n" for t in clean), encoding="utf-8")
-    else:
-        inp.write_text("".join(json.dumps({"sentence": t, "extra": 1}) + "\n" for t in clean), encoding="utf-8")
+    write_rows(inp, clean)
     out = tmp_path / "preds.jsonl"
     assert predict_file(tiny_classifier, str(inp), str(out), batch_size=3) == len(clean)
     check_against_reference(read_jsonl(out), reference(tiny_classifier, clean))
+
+
+def test_a_glue_tsv_compressed_whole_is_read_in_the_tasks_layout(tmp_path, shared_data):
+    """MRPC's dev.tsv.gz is read as dev.tsv is (quoting off: its '"' characters are text), not as a plain table."""
+    import gzip
+
+    from tuneforge.tasks.glue import read_glue_texts
+
+    dev = shared_data / "glue" / "MRPC" / "dev.tsv"
+    packed = tmp_path / "dev.tsv.gz"
+    packed.write_bytes(gzip.compress(dev.read_bytes()))
+    assert read_glue_texts("mrpc", packed).equals(read_glue_texts("mrpc", dev))
+
+
+def test_a_text_file_given_to_predict_is_one_line_naming_what_it_reads(tmp_path, tiny_classifier):
+    lines = (
+        tmp_path / "texts.txt.gz"
+    )  # a corpus's lines: no rows of named columns, as train reads none for a classifier
+    lines.write_bytes(b"\x1f\x8b")
+    with pytest.raises(DataError, match=r"predict reads rows of .csv, .tsv, .json, .jsonl, .parquet files \(or one"):
+        predict_file(tiny_classifier, str(lines), str(tmp_path / "p.jsonl"))
 
 
 def test_predict_sentence_pairs(tmp_path, tiny_classifier):

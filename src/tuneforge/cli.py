@@ -350,7 +350,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
         _prepare_arguments,
     ),
     "predict": (
-        "label, tag, answer or embed the rows of a csv/tsv/jsonl file with a model tuneforge exported",
+        "label, tag, answer or embed the rows of a csv/tsv/json(l)/parquet file with a model tuneforge exported",
         _module_arguments("tuneforge.predict"),
     ),
     "env": ("versions, devices, launcher and usable backends (for bug reports)", _env_arguments),

@@ -41,7 +41,9 @@ from tuneforge.options import PATH
 from tuneforge.paths import check_local
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
 
-PREDICT_FORMATS = (".csv", ".tsv", ".jsonl")
+# the table files train reads, each also compressed whole (rows.jsonl.gz, rows.csv.zst): not a .txt corpus, whose
+# lines are a language model's text, nor CoNLL's token-per-line .txt
+PREDICT_FORMATS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 MAX_LENGTH = 1 << 20
 MAX_DIMENSIONS = 1 << 20
 NO_ROOM_THEN = " or choose another --output"  # a write of --output that failed for want of room
@@ -56,7 +58,11 @@ class PredictOptions(BaseModel):
     model_dir: str = Field(
         description="a model folder tuneforge exported (OUTPUT_DIR/model)", json_schema_extra={**POSITIONAL, **PATH}
     )
-    input: str = Field(description="the rows to predict: a .csv, .tsv or .jsonl file", json_schema_extra=PATH)
+    input: str = Field(
+        description="the rows to predict: a .csv, .tsv, .json, .jsonl or .parquet file (or one gzip'd or zstd'd "
+        "whole: .jsonl.gz)",
+        json_schema_extra=PATH,
+    )
     output: str = Field(
         description="the predictions: one JSON line per input row, in the input's order (a sentence encoder's "
         "vectors: a float32 matrix, a row per input, when the name ends in .npy)",
@@ -132,12 +138,13 @@ def load_servable(model_dir: str | Path, max_length: int | None = None):
 
 def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None = None) -> list[tuple[str, ...]]:
     """The texts (or pairs) to predict, read and checked before any model is loaded."""
-    from tuneforge.data.sources import check_file, read_table, require_columns
+    from tuneforge.data.sources import check_file, data_suffix, read_table, require_columns
 
     p = check_file(input_path)
-    if p.suffix.lower() not in PREDICT_FORMATS:
+    if data_suffix(p) not in PREDICT_FORMATS:
         raise DataError(
-            f"--input {input_path!r}: predict reads {', '.join(PREDICT_FORMATS)} files; convert it to one of those"
+            f"--input {input_path!r}: predict reads rows of {', '.join(PREDICT_FORMATS)} files (or one gzip'd or "
+            "zstd'd whole); convert it to one of those"
         )
     info = read_model_info(model_dir)
     df = None

@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 import pandas as pd
 
-from tuneforge.data.sources import from_hub, read_table, require_columns, to_dataset
+from tuneforge.data.sources import data_suffix, from_hub, read_table, require_columns, to_dataset
 from tuneforge.errors import DataError
 
 
@@ -176,7 +176,7 @@ def read_glue_texts(name: str, path: str | Path) -> pd.DataFrame | None:
     the same way training did (BOM, quoting off, headerless CoLA).
     """
     spec = GLUE[name]
-    if Path(path).suffix.lower() != ".tsv":
+    if data_suffix(path) != ".tsv":  # (dev.tsv.gz too: predict reads a table compressed whole)
         return None
     wanted = {ours: spec.tsv_columns[ours] for ours in spec.text_columns}
     if spec.tsv_header:
