@@ -334,6 +334,35 @@ CASES = {
         {"train_file": "t.csv"},
         ("is UTF-16 text, not UTF-8",),
     ),
+    # a table of another separator reads as one column, so its columns were 'not found' ('columns are: text;label')
+    "classification: a ;-separated csv": (
+        "classification",
+        "tiny_bert",
+        {"t.csv": "text;label\na;pos\nb;neg\n"},
+        {"train_file": "t.csv"},
+        ("reads as one column 'text;label'", "seems separated by ';'", "re-save it comma-separated"),
+    ),
+    "classification: a |-separated csv, its text column named": (
+        "classification",
+        "tiny_bert",
+        {"t.csv": "text|label\na|pos\nb|neg\n"},
+        {"train_file": "t.csv", "text_column": "text"},
+        ("reads as one column 'text|label'", "seems separated by '|'"),
+    ),
+    "embedding: a tab-separated csv": (
+        "embedding",
+        "tiny_bert",
+        {"t.csv": "anchor\tpositive\na\tb\nc\td\n"},
+        {"train_file": "t.csv"},
+        ("seems separated by tabs", "name it .tsv"),
+    ),
+    "multiple-choice: a ;-separated SWAG csv": (
+        "multiple-choice",
+        "tiny_bert",
+        {"t.csv": SWAG_HEADER.replace(",", ";") + "\na;b;c;d;e;f;0\n"},
+        {"train_file": "t.csv"},
+        ("seems separated by ';'",),
+    ),
     "multiple-choice: train file is a folder": (
         "multiple-choice",
         "tiny_bert",

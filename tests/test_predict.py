@@ -126,6 +126,20 @@ def test_a_text_file_given_to_predict_is_one_line_naming_what_it_reads(tmp_path,
         predict_file(tiny_classifier, str(lines), str(tmp_path / "p.jsonl"))
 
 
+@pytest.mark.parametrize(
+    "name, content, said",
+    [
+        ("in.csv", "text;id\na;1\n", "separated by ';'"),
+        ("in.tsv", "text,id\na,1\n", "separated by commas.*: name it .csv"),
+    ],
+)
+def test_a_table_of_another_separator_is_said_to_be_one(tmp_path, tiny_classifier, name, content, said):
+    """It said 'no text column in 'in.csv'; columns are: text;id; pass --text-column', which cannot help."""
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError, match=f"reads as one column .* seems {said}"):
+        predict_file(tiny_classifier, str(tmp_path / name), str(tmp_path / "p.jsonl"))
+
+
 def test_predict_sentence_pairs(tmp_path, tiny_classifier):
     firsts = [t for t in TEXTS[:10] if t]  # tokenizer(a, "") alone drops the empty pair; in a batch it keeps it
     seconds = list(reversed(firsts))

@@ -138,7 +138,7 @@ def load_servable(model_dir: str | Path, max_length: int | None = None):
 
 def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None = None) -> list[tuple[str, ...]]:
     """The texts (or pairs) to predict, read and checked before any model is loaded."""
-    from tuneforge.data.sources import check_file, data_suffix, read_table, require_columns
+    from tuneforge.data.sources import check_file, check_separator, data_suffix, read_table, require_columns
 
     p = check_file(input_path)
     if data_suffix(p) not in PREDICT_FORMATS:
@@ -168,6 +168,7 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
     if not cols:
         guesses = [c for c in ("text", "sentence") if c in df.columns]
         if not guesses:
+            check_separator(list(df.columns), repr(input_path))
             raise DataError(
                 f"no text column in {input_path!r}; columns are: {', '.join(map(str, df.columns))}; pass --text-column"
             )

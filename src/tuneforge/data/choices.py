@@ -91,6 +91,7 @@ def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
             if need_labels
             else "predict takes no --data-format: give CODAH's rows as such"
         )
+        sources.check_separator(cols, f"file {str(p)!r}")
         raise DataError(
             f"file {str(p)!r} has columns {', '.join(cols)}; multiple choice reads SWAG columns (sent1, sent2, "
             f"ending0, ending1, ..., label) or question, choices (a list) and label; {codah}"

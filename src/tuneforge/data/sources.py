@@ -244,9 +244,29 @@ def misspelling_hint(wanted: str, columns) -> str:
     return f" (it has a column {near[0]!r}: a misspelling of {wanted!r}?)" if near else ""
 
 
+SEPARATORS = {";": "';'", "|": "'|'", "\t": "tabs", ",": "commas"}  # what a table read as one column may hold
+
+
+def check_separator(columns, where: str) -> None:
+    """One DataError line where the file read as one column whose name holds another separator (a .csv of
+    `text;label`, a .csv of tabs): the columns it lacks are in there, and naming them cannot help. Called only
+    where a wanted column is missing, so a one-column file that reads is never refused."""
+    names = [str(c) for c in columns]
+    found = [sep for sep in SEPARATORS if len(names) == 1 and sep in names[0]]
+    if not found:
+        return
+    sep = max(found, key=names[0].count)
+    fix = {"\t": "name it .tsv", ",": "name it .csv"}.get(sep, "re-save it comma-separated (or tab-separated, as .tsv)")
+    raise DataError(
+        f"{where} reads as one column {names[0]!r}: it seems separated by {SEPARATORS[sep]}; tuneforge reads a "
+        f".csv by commas and a .tsv by tabs (it takes no other separator): {fix}"
+    )
+
+
 def require_columns(df_columns: list[str], wanted: list[str], where: str, flag: str) -> None:
     missing = [c for c in wanted if c not in df_columns]
     if missing:
+        check_separator(df_columns, where)
         raise DataError(
             f"column {missing[0]!r} not found in {where}{misspelling_hint(missing[0], df_columns)}; columns are: "
             f"{', '.join(map(str, df_columns))}; pass {flag}"

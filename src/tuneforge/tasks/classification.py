@@ -15,7 +15,14 @@ import torch.nn.functional as F
 
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import from_pretrained, generation_family, inference_device, load_tokenizer
-from tuneforge.data.sources import bundled_bbc_news, check_file, misspelling_hint, read_split, require_columns
+from tuneforge.data.sources import (
+    bundled_bbc_news,
+    check_file,
+    check_separator,
+    misspelling_hint,
+    read_split,
+    require_columns,
+)
 from tuneforge.data.tokenize import Cut, CutCount, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import (
@@ -256,6 +263,7 @@ class ClassificationTask(Task):
                     self.text_columns = list(guess)
                     break
             else:
+                check_separator(cols, self._where(next(iter(raw))))
                 raise DataError(
                     f"no text column found; columns are: {', '.join(cols)}; pass --text-column NAME (one or two)"
                 )

@@ -65,7 +65,14 @@ from tuneforge.artifacts import (
 from tuneforge.config import EVAL
 from tuneforge.data import squad
 from tuneforge.data.retrieval import collection_ids, has_squad_columns, is_squad_json, squad_pairs
-from tuneforge.data.sources import check_file, find_split_files, read_table, require_columns, to_dataset
+from tuneforge.data.sources import (
+    check_file,
+    check_separator,
+    find_split_files,
+    read_table,
+    require_columns,
+    to_dataset,
+)
 from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions, comma_list
@@ -431,6 +438,7 @@ class EmbeddingTask(Task):
         else:
             texts = self._guessed_texts(cols)
             if texts is None:
+                check_separator(cols, self._where(first))
                 raise DataError(
                     f"no text columns found in {self._where(first)}; columns are: {', '.join(cols)}; name them "
                     "anchor/positive[/negative] or sentence1/sentence2/score, or pass --text-column (twice or more)"
