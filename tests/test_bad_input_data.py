@@ -603,3 +603,15 @@ def test_every_reader_refuses_an_unreadable_file_in_one_line(tmp_path):
             read(unreadable(tmp_path / name))
     with pytest.raises(DataError, match=r"cannot be read \(Permission denied\)"):
         squad.read_squad(unreadable(tmp_path / "q.json"))
+
+
+@pytest.mark.parametrize("key", ["path", "validation_file"])
+def test_a_url_given_for_a_mixture_source_names_the_sources_key(key, tmp_path, tiny_bert, capsys):
+    """A source's URL was 'data source 'books': --train-file '...' is a URL': no such flag was given."""
+    url = "https://example.com/books.jsonl"
+    web = str(write(tmp_path / "web.jsonl", jsonl({"text": "a b c"}, {"text": "d e f"})))
+    sources = [{"path": web}, {"name": "books", "path": web, key: url}]
+    config = write(tmp_path / "mix.yaml", json.dumps({"task": "clm", "data": {"sources": sources}}))
+    args = ["--model", tiny_bert, "--output-dir", str(tmp_path / "out")]
+    line = refused(capsys, (tmp_path,), "train", str(config), *args, needles=(url,))
+    assert f"data source 'books': {key} {url!r} is a URL" in line and "--" not in line.partition("is a URL")[0]

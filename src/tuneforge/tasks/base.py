@@ -227,6 +227,9 @@ class Task:
         for flag, path in config.inputs().items():
             if flag != "--model":  # (check_model_path refuses a model's URL, suggesting a hub id)
                 check_local(flag, path)
+        for source in config.data.sources:  # named by their keys: each is read as --train-file, which it is not
+            for key in ("path", "validation_file"):
+                check_local(f"data source {source.name!r}: {key}", getattr(source, key))
         if config.model:  # a typo in --model fails before any tokenizer, data or model work
             check_model_path(config.model)
         if config.data.cache_dir:
