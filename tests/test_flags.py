@@ -195,6 +195,8 @@ TILDE_ARGS = {  # each command's paths given with a leading ~ (after `=` or quot
     "runs": ["~/a", "~/b", "--plot=~/p.png"],
     "sweep": ["~/base.yaml", "epochs=1", "--space=~/space.yaml", "--output-dir=~/sweep"],
     "eval": ["~/m", "--output-dir=~/e"],
+    "train": ["~/c.yaml", "epochs=1"],  # (a flag's path is the config's: test_config.py)
+    "prepare": ["~/c.yaml", "epochs=1"],
 }
 
 

@@ -292,15 +292,25 @@ def cmd_env(ns: argparse.Namespace) -> int:
 
 
 # ---- the parser: each command's arguments, built only for the command that runs ------------------
+# The arguments written here (not from an options model) take a leading ~ as the home folder with type=expanduser,
+# as a PATH field does in flags.parse_options: `--output-dir=~/e` and a quoted '~/c.yaml' meet no shell. (An
+# override, key=VALUE, never starts with ~.)
 def _train_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="*", help="optional YAML config, then key=value overrides (optim.lr=3e-5)")
+    p.add_argument(
+        "config", nargs="*", type=expanduser, help="optional YAML config, then key=value overrides (optim.lr=3e-5)"
+    )
     _add_flags(p, train_flags())
     p.add_argument("--json", action="store_true", help="last stdout line: the final metrics as JSON")
     p.set_defaults(func=cmd_train)
 
 
 def _prepare_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="*", help="the YAML config of the runs to prepare for, then key=value overrides")
+    p.add_argument(
+        "config",
+        nargs="*",
+        type=expanduser,
+        help="the YAML config of the runs to prepare for, then key=value overrides",
+    )
     _add_flags(p, train_flags())
     p.add_argument("--json", action="store_true", help="last stdout line: rows prepared, as JSON")
     p.set_defaults(func=cmd_prepare)
@@ -309,7 +319,6 @@ def _prepare_arguments(p: argparse.ArgumentParser) -> None:
 def _eval_arguments(p: argparse.ArgumentParser) -> None:
     from tuneforge.harness.command import add_harness_flags
 
-    # ~ as the home folder, as a PATH field of the options models reads it (`--output-dir=~/e` meets no shell)
     p.add_argument(
         "model_dir",
         nargs="?",
