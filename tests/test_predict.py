@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import cli_flags, cli_main, last_json, read_jsonl, run_cli, save_tiny_bert, save_tiny_classifier
-from tuneforge.errors import DataError
+from tuneforge.errors import ConfigError, DataError
 from tuneforge.predict import Predictor, predict_file
 
 TEXTS = [
@@ -138,6 +138,14 @@ def test_a_table_of_another_separator_is_said_to_be_one(tmp_path, tiny_classifie
     (tmp_path / name).write_text(content)
     with pytest.raises(DataError, match=f"reads as one column .* seems {said}"):
         predict_file(tiny_classifier, str(tmp_path / name), str(tmp_path / "p.jsonl"))
+
+
+def test_a_compressed_output_name_is_refused(tmp_path, tiny_classifier):
+    """`--output preds.jsonl.gz` wrote plain JSON lines under a gzip name (gunzip: not in gzip format)."""
+    write_rows(tmp_path / "in.jsonl", ["good"])
+    with pytest.raises(ConfigError, match=r"names a gzip file; predict writes plain JSON lines .* without \.gz"):
+        predict_file(tiny_classifier, str(tmp_path / "in.jsonl"), str(tmp_path / "p.jsonl.gz"))
+    assert not (tmp_path / "p.jsonl.gz").exists()
 
 
 def test_predict_sentence_pairs(tmp_path, tiny_classifier):

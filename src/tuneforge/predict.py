@@ -217,11 +217,17 @@ def _written_by_predict(path: Path) -> bool:
 def check_output_file(output_path: str, input_path: str, model_dir: str) -> None:
     """--output can be written and replaces nothing but an earlier prediction: not a folder, not the input,
     not inside the model folder, not a file of the user's. Checked before any input is read."""
+    from tuneforge.data.sources import COMPRESSED
     from tuneforge.paths import check_output_dir
 
     out = Path(output_path)
     if out.is_dir():
         raise ConfigError(f"--output {output_path!r} is a folder; pass a file name such as preds.jsonl")
+    if out.suffix.lower() in COMPRESSED:  # the plain lines would be written under a name that says gzip or zstd
+        raise ConfigError(
+            f"--output {output_path!r} names a {COMPRESSED[out.suffix.lower()]} file; predict writes plain JSON lines "
+            f"(or a .npy matrix): name it without {out.suffix} and compress it afterwards"
+        )
     check_output_dir(str(out.parent), "--output", "the folder of --output")
     if Path(input_path).exists() and out.resolve() == Path(input_path).resolve():
         raise ConfigError(f"--output {output_path!r} is the --input file; write the predictions to another file")
