@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import run_script as run_forked_script
-from conftest import save_tiny_bert, sentiment_split
+from conftest import save_tiny_bert, sentiment_split, tiny_run_config
 from tuneforge.configure import build_config
-from tuneforge.trainer import Trainer
+from tuneforge.trainer import Callback, Trainer
 
 # 96 rows; per-process batch 8 -> DDP x2: global batch 16, 6 steps per epoch, 12 steps in 2 epochs
 BASE = {
@@ -338,3 +338,31 @@ def test_lr_schedule_is_remade_at_the_restored_step(scheduler, tmp_path):
     at_resume = ([g["lr"] for g in resumed.param_groups], schedule.get_last_lr())
     assert at_resume == expected[4] and schedule.last_epoch == 5
     assert run(resumed, schedule, 15) == expected[5:]
+
+
+class FirstStepLr(Callback):
+    """The learning rate the run's first optimizer step (a resumed run's first after the checkpoint) uses."""
+
+    def on_train_begin(self, trainer) -> None:
+        self.lr = trainer.run.optimizer.param_groups[0]["lr"]
+
+
+@pytest.mark.parametrize(
+    ("changed", "multiplier"),
+    [
+        ({}, 2 / 4),  # linear over 4 steps (no warmup: int(0.06 * 4)) at step 2; the 2-step run's ended at 0
+        ({"optim": {"lr": 1e-3, "warmup_steps": 10}}, 2 / 10),  # still warming up at step 2
+    ],
+)
+def test_a_resume_with_another_schedule_trains_its_first_step_at_the_new_schedules_rate(
+    changed, multiplier, tmp_path, tiny_bert, cache_dir
+):
+    """A resume whose schedule differs from the checkpoint's (more --max-steps, another warmup or --scheduler; the
+    README: they may change) takes its first step at the new schedule's rate there, not the optimizer state's
+    (the old schedule's: 0 at the end of a linear decay, so that step trained nothing)."""
+    first = tiny_run_config(tmp_path, tiny_bert, cache_dir, max_steps=2, save_steps=2, optim={"lr": 1e-3})
+    Trainer(first).fit()
+    spy = FirstStepLr()
+    more = {"max_steps": 4, "resume": "latest", "optim": {"lr": 1e-3}, **changed}
+    Trainer(tiny_run_config(tmp_path, tiny_bert, cache_dir, **more), callbacks=[spy]).fit()
+    assert spy.lr == pytest.approx(1e-3 * multiplier, rel=1e-6)

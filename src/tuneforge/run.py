@@ -27,6 +27,7 @@ from tuneforge.freezing import freeze_bottom
 from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
+from tuneforge.schedules import rates_at_restored_step
 from tuneforge.training_data import TrainingData, load_mixture, load_single
 
 MakeScheduler = Callable[..., Any]  # (optimizer, total_steps, start_step=0) -> LR scheduler
@@ -407,6 +408,8 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
             f"{plan.step_examples} examples per step): {plan.total_steps - st.step} steps left to "
             f"finish {cfg.epochs:g} epochs"
         )
+    else:  # the restored optimizer holds the checkpoint's schedule's rate; this run's may differ
+        rates_at_restored_step(run.scheduler)
     run.plan = plan
     _say_nothing_left(st, plan.total_steps, report.print)
     return st, best_weights

@@ -9,6 +9,7 @@ equal to transformers' own.
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 
 import torch
@@ -60,3 +61,20 @@ def lr_schedule(
     if start_step:  # `last_epoch` is the step last taken; the first build recorded each group's initial_lr
         schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, formula, last_epoch=start_step - 1)
     return schedule
+
+
+def rates_at_restored_step(schedule) -> None:
+    """Give a restored LambdaLR's groups its rates at the step it was restored at (a resume).
+
+    The optimizer's restored state holds the rates of the schedule it was saved under; a resume may change the
+    schedule (more steps, another warmup or kind), and its first step would otherwise train at the old rate (0 at
+    the end of a linear decay). A LambdaLR's rate is a function of the step alone, so stepping it again from the
+    step before gives the new schedule's rate there (and the same rate where the schedule did not change);
+    other schedulers are left as restored.
+    """
+    if not isinstance(schedule, torch.optim.lr_scheduler.LambdaLR):
+        return
+    schedule.last_epoch -= 1
+    with warnings.catch_warnings():  # torch warns of a step() before the optimizer's: this one moves no weights
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        schedule.step()
