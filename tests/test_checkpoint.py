@@ -159,6 +159,25 @@ def test_save_strategy_epoch_and_no(tmp_path, files, tiny_bert, cache_dir):
     assert not list(never.glob("checkpoint-*")) and not (never / "latest").exists()
 
 
+@pytest.mark.parametrize(
+    ("cadence", "saved"),
+    [
+        (dict(save_strategy="steps", save_steps=2), ["checkpoint-2", "checkpoint-3"]),
+        (dict(save_strategy="epoch"), ["checkpoint-3"]),  # --max-steps ends the first epoch (6 steps) at 3
+    ],
+)
+def test_the_last_step_is_saved_where_the_cadence_does_not_save_it(
+    cadence, saved, tmp_path, files, tiny_bert, cache_dir
+):
+    """transformers' Trainer saves a run's end (save_strategy steps, and epoch at an epoch cut short); here
+    --max-steps 3 with --save-steps 2 left checkpoint-2 as the latest, and an epoch cut by --max-steps no checkpoint
+    at all, so a run continued with --resume and more steps could not start from where it ended."""
+    out = tmp_path / "run"
+    Trainer(run_config(out, files, tiny_bert, cache_dir, max_steps=3, eval_strategy="no", **cadence)).fit()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == saved
+    assert (out / "latest").read_text().strip() == "checkpoint-3"
+
+
 # ---- bad checkpoints: one clear line, exit 2 ---------------------------------------------------
 def _flip_bytes(path):
     data = bytearray(path.read_bytes())

@@ -161,7 +161,16 @@ class EndEvaluation(Callback):
 
 
 class SaveCadence(Cadence):
-    """save_strategy / save_steps: a checkpoint (every callback's on_save gets its path)."""
+    """save_strategy / save_steps: a checkpoint (every callback's on_save gets its path). The run's last planned
+    step is saved too where the cadence does not save it (--max-steps 5 with save_steps 2, or an epoch that
+    --max-steps cuts), as transformers' Trainer saves at the end: the run can be continued from where it ended."""
+
+    def on_step_end(self, trainer) -> None:
+        super().on_step_end(trainer)
+        st, run = trainer.state, trainer.run
+        saved_by_cadence = st.step % self.steps == 0 if self.strategy == "steps" else st.step == run.epoch_last_step
+        if st.step == run.plan.total_steps and not saved_by_cadence:
+            self.act(trainer)
 
     def act(self, trainer) -> None:
         trainer.save_checkpoint()
