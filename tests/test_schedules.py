@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import get_scheduler
 
+from conftest import cli_main, train_command
 from tuneforge.config import OptimConfig
 from tuneforge.schedules import lr_schedule
 
@@ -45,3 +46,24 @@ def test_a_saved_schedule_has_transformers_state_so_older_checkpoints_load():
     ours = state_after(lambda opt: lr_schedule("cosine", opt, 2, 10), 4)
     theirs = state_after(lambda opt: get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=10), 4)
     assert ours == theirs  # lr_lambdas included: a callable object is saved as its __dict__, a lambda as None
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ("--warmup-steps 10", "warning: --warmup-steps 10 outlasts the run's 2 optimizer steps"),
+        ("--warmup-steps 2 --scheduler cosine", "warning: --warmup-steps 2 outlasts the run's 2 optimizer steps"),
+        ("--warmup-steps 1 --scheduler constant", "warning: --scheduler constant has no warmup"),
+        ("--warmup-steps 1", None),
+    ],
+)
+def test_a_warmup_the_run_never_finishes_or_its_schedule_lacks_is_said(
+    flags, said, capsys, tiny_bert, sentiment_files, cache_dir, tmp_path
+):
+    """A warmup as long as the run kept the rate below --lr all run (1/10 of it here), and constant ignores the
+    warmup (as transformers' get_scheduler does): both trained without a word, --quiet or not."""
+    args = train_command(sentiment_files, tiny_bert, max_steps=2, eval_strategy="no", quiet=True, cache_dir=cache_dir)
+    code, _, err = cli_main(capsys, *args, "--output-dir", str(tmp_path / "run"), *flags.split())
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert [line.startswith(said) for line in warned] == ([] if said is None else [True]), err

@@ -27,7 +27,7 @@ from tuneforge.freezing import freeze_bottom
 from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
-from tuneforge.schedules import rates_at_restored_step
+from tuneforge.schedules import rates_at_restored_step, warmup_warning
 from tuneforge.training_data import TrainingData, load_mixture, load_single
 
 MakeScheduler = Callable[..., Any]  # (optimizer, total_steps, start_step=0) -> LR scheduler
@@ -184,6 +184,9 @@ def set_up_training(
     run.data = data
     run.orders = OrderCache(config.output_dir, writes=backend.is_main, data_key=data.fingerprints)
     run.scheduler = make_scheduler(optimizer, plan.total_steps)
+    warning = warmup_warning(config.optim.scheduler, config.optim.warmup_steps, plan.total_steps)
+    if warning:
+        report.warn(warning)
     check_plateau_schedule(run.scheduler, config)
     run.checkpointer = make_checkpointer(run, task)
     # the epoch order is built in units of one optimizer step, so accumulation equals the large batch

@@ -78,3 +78,23 @@ def rates_at_restored_step(schedule) -> None:
     with warnings.catch_warnings():  # torch warns of a step() before the optimizer's: this one moves no weights
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         schedule.step()
+
+
+def warmup_warning(scheduler: str, warmup_steps: int, total_steps: int) -> str | None:
+    """The line saying what --warmup-steps will not do in a run of `total_steps` steps: constant has no warmup
+    (transformers' get_scheduler ignores it too), and a warmup as long as the run never reaches the peak rate.
+    None where it does what it says."""
+    if not warmup_steps:
+        return None
+    if scheduler == "constant":
+        return (
+            f"warning: --scheduler constant has no warmup, so --warmup-steps {warmup_steps} does nothing; "
+            "--scheduler constant_with_warmup warms up"
+        )
+    if warmup_steps >= total_steps:
+        return (
+            f"warning: --warmup-steps {warmup_steps} outlasts the run's {total_steps} optimizer steps: the learning "
+            f"rate rises to {(total_steps - 1) / warmup_steps:.0%} of --lr at most and never follows --scheduler "
+            f"{scheduler}; give fewer warmup steps"
+        )
+    return None
