@@ -99,6 +99,16 @@ def test_help_lists_every_field_of_the_options_model(command, capsys, monkeypatc
         assert description and " ".join(description.split()) in text, f"{command} {flag} has no help"
 
 
+def test_a_default_made_by_a_factory_is_not_shown_as_pydantics_placeholder(capsys, monkeypatch):
+    """train --help said '--reward ... (default: PydanticUndefined)': a list field's default_factory was read as
+    its default."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    from tuneforge.cli import main
+
+    assert main(["train", "--help"]) == 0
+    assert "PydanticUndefined" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("command, flag, value", NUMERIC_CASES)
 def test_an_out_of_bounds_value_is_one_line_naming_the_flag(command, flag, value, tmp_path, capsys):
     code, out, err = cli_main(capsys, command, *required_args(command, tmp_path), f"{flag}={value}")

@@ -83,8 +83,8 @@ def field_flag(name: str, field, key: str) -> tuple[str, tuple[str, dict[str, An
     if field.is_required() and not positional:
         kwargs["required"] = True
     kwargs.update(extra.get("flag_kwargs", {}))
-    shown = None if field.is_required() else field.default
-    if kind is not bool and shown not in (None, "") and "default" not in help_text:
+    shown = None if field.is_required() else field.get_default(call_default_factory=True)
+    if kind is not bool and shown not in (None, "", []) and "default" not in help_text:
         shown = " ".join(map(str, shown)) if isinstance(shown, list) else shown
         help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
     kwargs["help"] = help_text.replace("%", "%%")
