@@ -148,6 +148,34 @@ def test_a_compressed_output_name_is_refused(tmp_path, tiny_classifier):
     assert not (tmp_path / "p.jsonl.gz").exists()
 
 
+@pytest.mark.parametrize("name, sep", [("preds.csv", ","), ("preds.TSV", "\t")])
+def test_a_table_output_name_gets_a_table_of_the_same_columns(tmp_path, tiny_classifier, name, sep):
+    """`--output preds.csv` wrote JSON lines under that name, which no CSV reader reads; a .csv or .tsv is a table
+    of the lines' columns, each nested value (the scores) as its JSON text."""
+    import pandas as pd
+
+    clean = [t for t in TEXTS[:10] if t]
+    write_rows(tmp_path / "in.jsonl", clean)
+    out = tmp_path / name
+    assert predict_file(tiny_classifier, str(tmp_path / "in.jsonl"), str(out), batch_size=4) == len(clean)
+    lines = tmp_path / "preds.jsonl"
+    predict_file(tiny_classifier, str(tmp_path / "in.jsonl"), str(lines), batch_size=4)
+    table = pd.read_csv(out, sep=sep, float_precision="round_trip")
+    rows = [{**row, "scores": json.loads(row["scores"])} for row in table.to_dict("records")]
+    assert list(table.columns) == list(read_jsonl(lines)[0])
+    check_against_reference(rows, reference(tiny_classifier, clean))
+    assert rows == read_jsonl(lines)
+    predict_file(tiny_classifier, str(tmp_path / "in.jsonl"), str(out))  # its own earlier table is replaced
+
+
+@pytest.mark.parametrize("name", ["preds.txt", "preds.parquet"])
+def test_an_output_name_of_no_format_predict_writes_is_refused(tmp_path, tiny_classifier, name):
+    write_rows(tmp_path / "in.jsonl", ["good"])
+    with pytest.raises(ConfigError, match=r"predict writes \.jsonl \(JSON lines\), \.csv or \.tsv .* or \.npy"):
+        predict_file(tiny_classifier, str(tmp_path / "in.jsonl"), str(tmp_path / name))
+    assert not (tmp_path / name).exists()
+
+
 def test_predict_sentence_pairs(tmp_path, tiny_classifier):
     firsts = [t for t in TEXTS[:10] if t]  # tokenizer(a, "") alone drops the empty pair; in a batch it keeps it
     seconds = list(reversed(firsts))

@@ -12,6 +12,10 @@ dimensions)` gives them as a matrix, written as one {"index", "embedding"} line 
 matrix when --output ends in .npy; --dimensions keeps the first N of each vector, renormalised (Matryoshka).
 --dimensions and a .npy --output are refused for any other model.
 
+--output's name says its format (`OUTPUT_FORMATS`): JSON lines (.jsonl, .json, which `datasets` reads as they are, or
+no suffix), or a .csv or .tsv table of the same columns (a nested value, such as the scores, as its JSON text); a
+name of another format (.txt, .parquet) is refused before any work.
+
 An input longer than the predictor's max_length is cut to it, as training cut it; the predictor keeps how many of its
 last inputs were (`last_cut`), which `note_cuts` says in one `note:` line on stderr, never in the output's rows.
 """
@@ -48,6 +52,8 @@ MAX_LENGTH = 1 << 20
 MAX_DIMENSIONS = 1 << 20
 NO_ROOM_THEN = " or choose another --output"  # a write of --output that failed for want of room
 VECTOR_FORMAT = ".npy"  # --output of a sentence encoder's vectors as one matrix
+# --output's name: how each is written (the separator of a table); a name of no suffix says no other format
+OUTPUT_FORMATS = {"": "lines", ".jsonl": "lines", ".json": "lines", ".csv": ",", ".tsv": "\t", VECTOR_FORMAT: "matrix"}
 
 
 class PredictOptions(BaseModel):
@@ -64,8 +70,8 @@ class PredictOptions(BaseModel):
         json_schema_extra=PATH,
     )
     output: str = Field(
-        description="the predictions: one JSON line per input row, in the input's order (a sentence encoder's "
-        "vectors: a float32 matrix, a row per input, when the name ends in .npy)",
+        description="the predictions, a row per input row, in the input's order: JSON lines (.jsonl), or a table "
+        "(.csv, .tsv) of the same columns (a sentence encoder's vectors: a float32 matrix when the name ends in .npy)",
         json_schema_extra=PATH,
     )
     text_column: list[str] | None = Field(
@@ -202,12 +208,16 @@ PREDICTION_KEYS = frozenset(
 
 def _written_by_predict(path: Path) -> bool:
     """`path` is empty or a predictions file `predict` wrote (its first line: {"index": 0, ...} with no key but a
-    prediction's)."""
+    prediction's, or a table's header of such columns)."""
     try:
         with path.open("r", encoding="utf-8") as fh:
             first = fh.readline()
         if not first:
             return True
+        separator = OUTPUT_FORMATS[path.suffix.lower()]
+        if separator in (",", "\t"):  # a table's header: its columns
+            columns = first.rstrip("\r\n").split(separator)
+            return columns[0] == "index" and set(columns) <= PREDICTION_KEYS
         line = json.loads(first)
         return line.get("index") == 0 and set(line) <= PREDICTION_KEYS
     except (OSError, ValueError, AttributeError):
@@ -226,7 +236,12 @@ def check_output_file(output_path: str, input_path: str, model_dir: str) -> None
     if out.suffix.lower() in COMPRESSED:  # the plain lines would be written under a name that says gzip or zstd
         raise ConfigError(
             f"--output {output_path!r} names a {COMPRESSED[out.suffix.lower()]} file; predict writes plain JSON lines "
-            f"(or a .npy matrix): name it without {out.suffix} and compress it afterwards"
+            f"or tables (or a .npy matrix): name it without {out.suffix} and compress it afterwards"
+        )
+    if out.suffix.lower() not in OUTPUT_FORMATS:  # JSON lines under a .txt or .parquet name: no reader of it reads
+        raise ConfigError(
+            f"--output {output_path!r}: predict writes .jsonl (JSON lines), .csv or .tsv (a table of the same "
+            "columns), or .npy (a sentence encoder's vectors); name it so"
         )
     check_output_dir(str(out.parent), "--output", "the folder of --output")
     if Path(input_path).exists() and out.resolve() == Path(input_path).resolve():
@@ -258,8 +273,9 @@ def predict_file(
     dimensions: int | None = None,
     precision: str | None = None,
 ) -> int:
-    """Write one JSON line per input row (in input order), or a sentence encoder's vectors (a .npy matrix when
-    `output_path` ends in .npy); returns the number of rows. Left out (None): the default of PredictOptions."""
+    """Write one JSON line (a table's row for a .csv or .tsv) per input row (in input order), or a sentence encoder's
+    vectors (a .npy matrix when `output_path` ends in .npy); returns the number of rows.
+    Left out (None): the default of PredictOptions."""
     paths = {"model_dir": model_dir, "input": input_path, "output": output_path}
     given = {"text_column": text_columns, "batch_size": batch_size, "max_length": max_length}
     options = parse_options(PredictOptions, {**paths, **given, "dimensions": dimensions, "precision": precision})
@@ -281,15 +297,27 @@ def predict_file(
         return written
     extra = {"dimensions": options.dimensions} if vectors else {}
     preds = predictor.predict(items, batch_size=options.batch_size, **extra)
+    write_predictions(out, [{"index": i, **p} for i, p in enumerate(preds)])
+    note_cuts(predictor)
+    return len(preds)
+
+
+def write_predictions(out: Path, rows: list[dict]) -> None:
+    """`rows` as JSON lines, or as a table where `out`'s name says .csv or .tsv (a list or dict in a cell as its
+    JSON text, a missing or undefined number as an empty cell, as pandas writes it)."""
+    separator = OUTPUT_FORMATS[out.suffix.lower()]
     out.parent.mkdir(parents=True, exist_ok=True)
     with (
         replacing(out, what="--output", then=NO_ROOM_THEN) as tmp,
-        open(tmp, "w", encoding="utf-8") as fh,
+        open(tmp, "w", encoding="utf-8", newline="") as fh,
     ):  # never leave a half-written file
-        for i, p in enumerate(preds):
-            fh.write(json_text({"index": i, **p}) + "\n")
-    note_cuts(predictor)
-    return len(preds)
+        if separator == "lines":
+            fh.writelines(json_text(row) + "\n" for row in rows)
+            return
+        import pandas as pd
+
+        nested = [{k: json_text(v) if isinstance(v, (list, dict)) else v for k, v in row.items()} for row in rows]
+        pd.DataFrame(nested).to_csv(fh, sep=separator, index=False)
 
 
 def note_cuts(predictor) -> None:
