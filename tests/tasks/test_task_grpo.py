@@ -435,6 +435,51 @@ def test_no_reward_logs_under_another_ones_key():
     assert eval_keys(specs, metric_names(specs)) == ["accuracy", "reward_accuracy_1"]
 
 
+def trl_reward_logs(steps: list[torch.Tensor], weights: torch.Tensor, names: list[str]) -> dict:
+    """TRL's GRPOTrainer's reward logs of a logging window: each step's gathered [completions, functions] rewards give
+    a mean and a nanstd of each function and of the weighted total (nan where a function applies to none, or to one
+    only); the log line averages each over the window's steps, leaving out nan values."""
+    from trl.trainer.utils import nanstd
+
+    kept: dict[str, list[float]] = {}
+    for table in steps:
+        total = (table * weights).nansum(dim=1).masked_fill(torch.isnan(table).all(dim=1), float("nan"))
+        for i, name in enumerate(names):
+            kept.setdefault(f"reward_{name}", []).append(torch.nanmean(table[:, i]).item())
+            kept.setdefault(f"reward_{name}_std", []).append(nanstd(table[:, i]).item())
+        kept.setdefault("reward", []).append(torch.nanmean(total).item())
+        kept.setdefault("reward_std", []).append(nanstd(total).item())
+    valid = {key: [v for v in values if v == v] for key, values in kept.items()}
+    return {key: sum(values) / len(values) if values else None for key, values in valid.items()}
+
+
+def test_reward_means_and_stds_are_trls_over_a_window_of_steps_and_ranks():
+    """`reward_std` (and each `reward_NAME_std`) was the std of every reward of the logging window pooled, which
+    counts the steps' change of mean as spread: TRL logs each step's std (over all ranks) averaged over the window;
+    a step where a function applied to none or to one only (TRL's nan) counted as a std of 0."""
+    from types import SimpleNamespace
+
+    from tuneforge.tasks.grpo import StepWindow
+    from tuneforge.tasks.grpo_loss import group_advantages, total_rewards
+
+    nan, names, weights = float("nan"), ["accuracy", "format"], torch.tensor([1.0, 0.5], dtype=torch.float64)
+    steps = [
+        torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, nan]], dtype=torch.float64),
+        torch.tensor([[3.0, nan], [3.0, nan], [2.0, nan], [nan, nan]], dtype=torch.float64),  # format: 1 step only
+        torch.tensor([[nan, 4.0], [5.0, nan], [nan, nan], [nan, nan]], dtype=torch.float64),  # one reward each
+    ]
+    ranks = [StepWindow(2), StepWindow(2)]
+    for table in steps:
+        for rank, rows in zip(ranks, (slice(0, 2), slice(2, 4))):  # a group of 2 on each rank
+            completions = [SimpleNamespace(token_ids=[1, 2], stop_token=None, finish_reason="stop")] * 2
+            rewards = total_rewards(table[rows], weights)
+            rank.add_rollout(table[rows], rewards, group_advantages(rewards, 2, "group")[1], completions, 2)
+    logs = StepWindow.merged(ranks).logs(names, with_kl=False)
+    expected = trl_reward_logs(steps, weights, names)
+    assert {key: logs[key] for key in expected} == pytest.approx(expected, rel=1e-7)  # (TRL's Bessel factor: fp32)
+    assert expected["reward_std"] != pytest.approx(0.0)
+
+
 def test_a_completion_no_reward_applies_to_is_warned_of_as_trl_does(tiny_llama, cache_dir, tmp_path, caplog):
     """Every function returned None for a completion: it is unscorable (reward nan, advantage 0: it trains nothing,
     as in TRL 1.x), and TRL warns with the row; it passed in silence. One warning a run, not one a step."""

@@ -12,11 +12,11 @@ Exactness: the loss is summed per micro-batch and divided by its count over the 
 every rank), as the Trainer does for every task; sampling is seeded by (seed, epoch, the prompt's row, the
 completion's number), so a resumed run, also on another world size, samples what the interrupted one did.
 
-Logged per logging interval: each reward function's mean and std, the total reward, completion length (mean,
-max, share truncated), clip ratios, KL (beta > 0), the share of groups with equal rewards (no signal), generation
-and training tokens/s; a few completions with their rewards go to OUTPUT_DIR/completions.jsonl. Evaluation:
-greedy completions of the validation prompts, each reward function's mean (`accuracy` for the built-in accuracy
-reward).
+Logged per logging interval: each reward function's mean and std and the total reward's (TRL's: each step's, over
+all ranks, averaged over the interval's steps), completion length (mean, max, share truncated), clip ratios, KL
+(beta > 0), the share of groups with equal rewards (no signal), generation and training tokens/s; a few
+completions with their rewards go to OUTPUT_DIR/completions.jsonl. Evaluation: greedy completions of the validation
+prompts, each reward function's mean (`accuracy` for the built-in accuracy reward).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import inspect
+import itertools
 import json
 import logging
 import time
@@ -735,26 +736,20 @@ class StepWindow:
     """One rank's sums since the last log line (picklable: the ranks' windows are gathered and added)."""
 
     def __init__(self, functions: int) -> None:
-        self.sums = torch.zeros(functions, dtype=torch.float64)
-        self.squares = torch.zeros(functions, dtype=torch.float64)
-        self.seen = torch.zeros(functions, dtype=torch.float64)
+        self.functions = functions
+        # each generated step's [completions, functions + 1] rewards (the last column the total; nan: none): TRL
+        # logs each step's means and stds, averaged over the window
+        self.reward_steps: list[torch.Tensor] = []
         self.values: dict[str, float] = dict.fromkeys(
-            ("reward", "reward_sq", "scored", "completions", "tokens", "truncated", "groups", "flat_groups",
-             *LOSS_TERMS), 0.0
-        )  # fmt: skip
+            ("completions", "tokens", "truncated", "groups", "flat_groups", *LOSS_TERMS), 0.0
+        )
         self.loss_terms: torch.Tensor | None = None  # LOSS_TERMS' sums on the training device (`settled` reads them)
         self.longest = 0
         self.gen_s = self.train_s = 0.0
 
     def add_rollout(self, per_function, rewards, flat, completions, group: int) -> None:
-        v, seen = self.values, ~torch.isnan(per_function)
-        self.sums += torch.nansum(per_function, 0)
-        self.squares += torch.nansum(per_function**2, 0)
-        self.seen += seen.sum(0)
-        scored = rewards[~torch.isnan(rewards)]
-        v["reward"] += float(scored.sum())
-        v["reward_sq"] += float((scored**2).sum())
-        v["scored"] += scored.numel()
+        v = self.values
+        self.reward_steps.append(torch.cat([per_function, rewards.unsqueeze(1)], dim=1).double().cpu())
         lengths = [len(c.token_ids) + (c.stop_token is not None) for c in completions]
         v["completions"] += len(lengths)
         v["tokens"] += sum(lengths)
@@ -784,11 +779,12 @@ class StepWindow:
 
     @classmethod
     def merged(cls, windows: list[StepWindow]) -> StepWindow:
-        out = cls(len(windows[0].sums))
+        out = cls(windows[0].functions)
+        # the ranks' rewards of one step together (every rank generates at the same steps; none is no crash)
+        none = torch.empty(0, out.functions + 1, dtype=torch.float64)
+        steps = itertools.zip_longest(*(w.reward_steps for w in windows), fillvalue=none)
+        out.reward_steps = [torch.cat(tables) for tables in steps]
         for w in windows:
-            out.sums += w.sums
-            out.squares += w.squares
-            out.seen += w.seen
             for k in out.values:
                 out.values[k] += w.values[k]
             out.longest = max(out.longest, w.longest)
@@ -800,10 +796,8 @@ class StepWindow:
         reuses batches), clipping and KL where one was trained on."""
         v, out = self.values, {}
         if v["completions"]:
-            for i, name in enumerate(names):
-                mean_std = _mean_std(self.sums[i], self.squares[i], self.seen[i])
-                out[f"reward_{name}"], out[f"reward_{name}_std"] = mean_std
-            out["reward"], out["reward_std"] = _mean_std(v["reward"], v["reward_sq"], v["scored"])
+            for i, key in enumerate([f"reward_{name}" for name in names] + ["reward"]):
+                out[key], out[f"{key}_std"] = _step_mean_std(self.reward_steps, i)
             out["completion_length"] = v["tokens"] / v["completions"]
             out["completion_length_max"] = self.longest
             out["truncated"] = v["truncated"] / v["completions"]
@@ -819,10 +813,13 @@ class StepWindow:
         return out
 
 
-def _mean_std(total, squares, n) -> tuple[float | None, float | None]:
-    n, total, squares = float(n), float(total), float(squares)
-    if not n:
-        return None, None
-    mean = total / n
-    var = (squares - total * total / n) / (n - 1) if n > 1 else 0.0
-    return mean, max(0.0, var) ** 0.5
+def _step_mean_std(steps: list[torch.Tensor], column: int) -> tuple[float | None, float | None]:
+    """TRL's logged mean and std of a reward: each step's mean and unbiased std of the rewards there are (none
+    where there is none, or one only for the std), averaged over the steps that have one."""
+
+    def averaged(values: list[float]) -> float | None:
+        kept = [x for x in values if x == x]  # (nan: the step had none)
+        return sum(kept) / len(kept) if kept else None
+
+    means = [float(torch.nanmean(table[:, column])) for table in steps]
+    return averaged(means), averaged([float(grpo_loss.nanstd(table[:, column])) for table in steps])

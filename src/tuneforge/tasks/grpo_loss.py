@@ -18,14 +18,15 @@ STD_EPS = 1e-4  # TRL's: advantages / (std + 1e-4)
 
 
 def nanstd(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """The unbiased (n - 1) standard deviation of the non-nan values (TRL's `nanstd`)."""
+    """The unbiased (n - 1) standard deviation of the non-nan values (TRL's `nanstd`): nan where there are fewer
+    than two."""
     if dim is None:
         x, dim = x.flatten(), 0
     valid = ~torch.isnan(x)
     n = valid.sum(dim)
     mean = torch.nansum(x, dim) / n
     sq = torch.where(valid, (x - mean.unsqueeze(dim)) ** 2, torch.zeros_like(x)).sum(dim)
-    return (sq / (n - 1)).sqrt()
+    return torch.where(n > 1, (sq / (n - 1)).sqrt(), torch.nan)  # (none: -0.0 else, counted as a std of 0)
 
 
 def total_rewards(per_function: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
