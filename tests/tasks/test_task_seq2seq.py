@@ -170,6 +170,31 @@ def test_bart_trains_on_datasets_through_the_python_api(tiny_bart, tmp_path, cac
     assert len(generator.generate(["A man is riding a red bike."], max_new_tokens=4)) == 1
 
 
+def test_gen_len_counts_the_generated_tokens_as_the_transformers_recipe_does(tiny_bart, parallel_files, capsys):
+    """gen_len left out every special token (the decoder's start and end tokens); run_translation and
+    run_summarization count every token of `generate`'s output but padding: np.count_nonzero(pred != pad_token_id)."""
+    import numpy as np
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from tuneforge.tasks.seq2seq import generated_lengths
+
+    validation = {key: value for key, value in parallel_files.items() if key.startswith("validation_")}
+    flags = cli_flags(task="seq2seq", **validation, generation_max_length=8, batch_size=4, quiet=True, json=True)
+    code, out, err = cli_main(capsys, "eval", tiny_bart, *flags)
+    assert code == 0, err
+    tokenizer, model = AutoTokenizer.from_pretrained(tiny_bart), AutoModelForSeq2SeqLM.from_pretrained(tiny_bart)
+    sources = [line for line in open(validation["validation_source_file"], encoding="utf-8").read().splitlines()]
+    with torch.no_grad():
+        inputs = tokenizer(sources, return_tensors="pt", padding=True, return_token_type_ids=False)
+        preds = model.generate(**inputs, max_new_tokens=8).numpy()
+    expected = np.mean([np.count_nonzero(pred != tokenizer.pad_token_id) for pred in preds])
+    assert last_json(out)["gen_len"] == pytest.approx(expected)
+    start = eos = tokenizer.sep_token_id  # the tiny BART's decoder start and end tokens
+    pad = tokenizer.pad_token_id
+    ended = torch.tensor([[start, 2023, eos, pad, pad], [start, 2023, 2003, 1037, eos]])  # padded after its end
+    assert generated_lengths(ended, pad) == [np.count_nonzero(row != pad) for row in ended.numpy()] == [3, 5]
+
+
 def test_ddp_two_processes_train_save_and_exact_bleu(tiny_t5, parallel_files, tmp_path, cache_dir):
     from tuneforge.trainer import Trainer
 

@@ -5,7 +5,8 @@ optional source prefix ("translate English to German: " for T5), dynamic padding
 padding set to -100. Evaluation: the loss (summed over target tokens, exact across ranks) and
 sacreBLEU corpus BLEU of `generate` outputs (beam size `num_beams`, up to
 `generation_max_length` new tokens, so outputs are not cut at the HF default of 20), gathered
-from every rank. References are the decoded labels, as in the transformers translation recipe.
+from every rank. References are the decoded labels, and `gen_len` the mean count of an output's tokens but padding
+(its start and end tokens too), as in the transformers translation recipe.
 Sources and targets longer than `max_length` / `max_target_length` are cut there (their end token kept), counted
 in one log line per split; `max_target_length` and `generation_max_length` past the decoder's positions are refused
 in one line.
@@ -45,6 +46,12 @@ def corpus_bleu(predictions: list[str], references: list[str]) -> float:
     if not predictions:
         return 0.0
     return float(sacrebleu.corpus_bleu(predictions, [references]).score)
+
+
+def generated_lengths(generated: torch.Tensor, pad_id: int) -> list[int]:
+    """Each row's tokens of `generate`'s output but padding, the decoder's start and end tokens counted: gen_len as
+    the transformers translation and summarization recipes count it (np.count_nonzero(pred != pad_token_id))."""
+    return (generated != pad_id).sum(dim=1).tolist()
 
 
 class GenerationStream(MetricStream):
@@ -382,9 +389,7 @@ class Seq2SeqTask(Task):
         predictions = [t.strip() for t in tokenizer.batch_decode(generated, skip_special_tokens=True)]
         labels = batch["labels"].masked_fill(batch["labels"] == -100, pad_id)
         references = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
-        special = set(tokenizer.all_special_ids)
-        lengths = [sum(1 for t in row if t not in special) for row in generated.tolist()]
-        stream.update(outputs, batch, valid, predictions, references, lengths)
+        stream.update(outputs, batch, valid, predictions, references, generated_lengths(generated, pad_id))
 
     def metric_stream(self):
         return GenerationStream(self)
