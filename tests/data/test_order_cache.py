@@ -42,3 +42,23 @@ def test_small_epochs_and_unidentified_data_are_never_stored(tmp_path):
     big = np.ones(order_cache.MIN_EXAMPLES, dtype=np.int64)
     OrderCache(tmp_path, writes=True, data_key={}).order(lambda: np.arange(len(big)), big, **what)
     assert not (tmp_path / "data-order").exists()
+
+
+def test_an_order_that_finds_no_room_is_computed_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """A write that failed (a full disk) left its `.epoch-N.npy.PID.tmp` behind, taking the room."""
+    import resource
+
+    from conftest import run_forked
+
+    monkeypatch.setattr(order_cache, "MIN_EXAMPLES", 100)
+    lengths = np.ones(1000, dtype=np.int64)
+    what = dict(seed=1, epoch=0, global_batch=8, group_by_length=False, mixture=None)
+
+    def without_room() -> int:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, resource.RLIM_INFINITY))  # EFBIG, as a full disk's ENOSPC
+        order = OrderCache(tmp_path, writes=True, data_key={"x": "y"}).order(lambda: np.arange(1000), lengths, **what)
+        return 0 if np.array_equal(order, np.arange(1000)) else 3
+
+    proc = run_forked(without_room, ["order"], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "data-order").iterdir()) == []

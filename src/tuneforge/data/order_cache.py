@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tuneforge.errors import NoRoomError
+from tuneforge.files import replacing
+
 FOLDER = "data-order"
 MIN_EXAMPLES = 1_000_000
 
@@ -46,13 +49,12 @@ class OrderCache:
 
     def _store(self, path: Path, order: np.ndarray) -> None:
         """`order` at `path`, written whole or not at all; the other epochs' orders this cache wrote are removed.
-        A folder that cannot be written only costs the next resume the computation."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with contextlib.suppress(OSError):
+        A folder that cannot be written (or has no room) only costs the next resume the computation; a failed write
+        leaves no temporary behind."""
+        with contextlib.suppress(OSError, NoRoomError):
             self.folder.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as fh:
+            with replacing(path) as tmp, open(tmp, "wb") as fh:
                 np.save(fh, order)
-            os.replace(tmp, path)
             for old in self.folder.glob("epoch-*.npy"):
                 if old != path:
                     old.unlink()
