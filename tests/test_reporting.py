@@ -31,3 +31,32 @@ def test_config_yaml_is_replaced_whole_too(tmp_path):
         TrainConfig(output_dir=str(tmp_path), batch_size=8).save(path)
         assert "batch_size: 4" in reader.read()
     assert "batch_size: 8" in path.read_text() and [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
+
+
+def test_a_plot_that_finds_no_room_leaves_the_one_before_whole(tmp_path):
+    """plot.png was saved in place: a full disk at the end of a run (a resumed one, or one run again into its folder)
+    left a truncated PNG where a good plot was, and no plot at all where there was none."""
+    import resource
+
+    from conftest import run_forked
+    from tuneforge.errors import NoRoomError
+    from tuneforge.reporting import plot_run
+
+    records = [{"split": "train", "step": s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = b"\x89PNG\r\n\x1a\n an earlier run's plot"
+    (tmp_path / "plot.png").write_bytes(before)
+
+    def without_room() -> int:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))  # a plot's 30 kB: EFBIG, as ENOSPC
+        try:
+            plot_run(tmp_path)
+        except NoRoomError as err:
+            print(err)
+            return 0
+        return 3
+
+    proc = run_forked(without_room, ["plot"], timeout=60)
+    assert proc.returncode == 0 and "plot.png' has no room" in proc.stdout, proc.stderr
+    assert (tmp_path / "plot.png").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "plot.png"]

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tuneforge.files import json_text, room_for, write_text
+from tuneforge.files import json_text, replacing, room_for, write_text
 from tuneforge.tracking import Resumption, Trackers, describe_run, points_of
 
 METRICS_FILE = "metrics.jsonl"
@@ -243,7 +243,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def plot_run(run_dir: Path) -> Path | None:
-    """training loss and eval metrics against steps, saved as RUN/plot.png."""
+    """training loss and eval metrics against steps, saved as RUN/plot.png (replaced whole)."""
     records = read_metrics(run_dir)
     if not records:
         return None
@@ -268,6 +268,9 @@ def plot_run(run_dir: Path) -> Path | None:
     fig.suptitle(str(run_dir))
     fig.tight_layout()
     out = Path(run_dir) / "plot.png"
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    try:
+        with replacing(out) as tmp:  # written whole: a full disk leaves the plot before, never a truncated one
+            fig.savefig(tmp, format="png", dpi=90)
+    finally:
+        plt.close(fig)
     return out
