@@ -335,3 +335,40 @@ def test_the_objective_ranks_a_harness_score_as_the_harness_does(metric, directi
 
     values = {"task": "clm", "model": "some-model", "data": {"train_file": "t.txt"}, "harness_after_train": "gsm8k"}
     assert objective(build_config(values), metric, None).direction == direction
+
+
+def test_a_study_that_cannot_be_written_stops_the_sweep_in_one_line_and_stays_resumable(tmp_path):
+    """A write of the study that failed (sqlite's 'database or disk is full' on a full disk, 'disk I/O error' past a
+    file size limit) ended the sweep in 'internal error': Optuna's StorageInternalError, whose own words blame
+    'invalid data in the commit'. It is one line with the database's words and --resume; the study is intact."""
+    import resource
+
+    from conftest import run_forked
+    from tuneforge.errors import UserError
+    from tuneforge.sweep.study import Objective, Plan, make_pruner, open_study, run_trials
+
+    storage = f"sqlite:///{tmp_path}/study.db"
+    record = {"space": {}, "metric": "loss", "seed": 0, "sampler": "tpe", "pruner": ["none", 0, 0]}
+    no_trial = lambda *args: pytest.fail("no trial starts")  # noqa: E731
+
+    def without_room() -> int:
+        study = open_study(storage, "s", "minimize", make_pruner("none", 0, 0), record)
+        study.ask({"optim.lr": CategoricalDistribution(LRS)})  # a killed sweep's trial, noted as this folder's again
+        plan = Plan(tmp_path, True, 1, 1, 0, "tpe", Objective("loss", "minimize", "--metric"),
+                    {"optim.lr": CategoricalDistribution(LRS)}, no_trial, 1, no_trial, storage)  # fmt: skip
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))  # EFBIG, as a full disk's ENOSPC
+        try:
+            run_trials(study, plan)
+        except UserError as err:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            print(err)
+            return 0
+        return 3
+
+    proc = run_forked(without_room, ["sweep"], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == (
+        f"the study in {storage!r} could not be written (disk I/O error); the sweep stopped, its unfinished trials "
+        "stay in the study: free space there (a full disk, a quota) and run the same command with --resume"
+    )
+    assert [t.state.name for t in optuna.load_study(study_name="s", storage=storage).trials] == ["RUNNING"]

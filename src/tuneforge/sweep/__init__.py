@@ -157,6 +157,7 @@ def _run(sweep: Sweep, study) -> None:
         write_config=lambda folder, params, number: write_trial_config(folder, trial_values(params), number),
         threads=_threads(options.parallel, config.nproc),
         after_trial=after_trial,
+        storage=sweep.storage,
     )
     count = f"{options.trials} trial{'s' if options.trials > 1 else ''}"
     print(

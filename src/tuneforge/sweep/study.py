@@ -10,7 +10,8 @@
   pruner asked after each one, in order; a pruned trial's process group is stopped (SIGTERM, then SIGKILL). The
   decision depends only on the evaluations, never on when the sweep read them.
 - Resuming: trials this sweep folder left RUNNING in the storage (the sweep was killed) are continued first, each
-  from its last checkpoint and told to the same Optuna trial, then new trials run until the study has --trials.
+  from its last checkpoint and told to the same Optuna trial, then new trials run until the study has --trials. A
+  study that cannot be written (a full disk) stops the sweep as a kill would, in one line with the database's words.
 - Several machines share a study through an RDB storage (Optuna's own mechanism): each sweep asks and tells its own
   trials and continues only the interrupted trials of its own folder.
 """
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneforge.errors import ConfigError
+from tuneforge.errors import ConfigError, UserError
 from tuneforge.harness import after_train
 from tuneforge.harness.options import is_harness_metric
 from tuneforge.sweep import trial as trials
@@ -99,7 +100,7 @@ def open_study(storage: str, name: str, direction: str, pruner, record: dict[str
             storage=storage, study_name=name, direction=direction, pruner=pruner, load_if_exists=True
         )
     except (ValueError, ImportError, optuna.exceptions.StorageInternalError, SQLAlchemyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        first = storage_failure(err) or (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
         raise ConfigError(f"cannot open the study {name!r} in --storage {storage!r}: {first}") from None
     shared = {k: record[k] for k in ("space", "metric", "seed", "sampler", "pruner")}
     earlier = study.user_attrs.get(RECORD_ATTR)
@@ -128,6 +129,7 @@ class Plan:
     write_config: Callable[[Path, dict[str, Any], int], Path]  # (trial folder, params, number) -> its YAML
     threads: int
     after_trial: Callable[[Any], None]  # (study) -> None: the sweep folder's outputs
+    storage: str  # the study's storage URL, for the line that says it could not be written
 
 
 @dataclass
@@ -267,10 +269,10 @@ def run_trials(study, plan: Plan) -> None:
     """Continue the interrupted trials, then run new ones until the study has plan.trials, plan.parallel at a time.
     A stop (Ctrl-C, SIGTERM) stops the running trials' processes and leaves them RUNNING in the storage, for
     --resume; it ends as KeyboardInterrupt."""
-    waiting = interrupted(study, plan.folder, plan.own_storage)
     running: list[Active] = []
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        waiting = interrupted(study, plan.folder, plan.own_storage)
         while True:
             for active in list(running):
                 _follow(active, plan.objective)
@@ -292,6 +294,16 @@ def run_trials(study, plan: Plan) -> None:
             active.process.stop()
             study.tell(active.trial, state=optuna.trial.TrialState.FAIL)
         raise
+    except Exception as err:
+        why = storage_failure(err)
+        if why is None:
+            raise
+        for active in running:  # left RUNNING in the study, as a stopped sweep's: --resume continues them
+            active.process.stop()
+        raise UserError(
+            f"the study in {plan.storage!r} could not be written ({why}); the sweep stopped, its unfinished trials "
+            "stay in the study: free space there (a full disk, a quota) and run the same command with --resume"
+        ) from None
     except KeyboardInterrupt:
         for active in running:
             active.process.stop()
@@ -301,6 +313,21 @@ def run_trials(study, plan: Plan) -> None:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def storage_failure(err: BaseException) -> str | None:
+    """The database's own words where `err` is a failed read or write of the study's storage ("database or disk is
+    full", "disk I/O error"), else None. Optuna's StorageInternalError blames "invalid data in the commit" for any
+    failure; the SQLAlchemy error it wraps (its cause) says what the database said."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's RDB storage is SQLAlchemy's
+
+    if isinstance(err, optuna.exceptions.StorageInternalError):
+        err = err.__cause__ or err
+    if not isinstance(err, (SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+        return None
+    said = str(getattr(err, "orig", None) or err).strip()  # (SQLAlchemy's own text adds the SQL and a link)
+    return (said.splitlines() or [type(err).__name__])[0][:200]
 
 
 def _raise_interrupt(signum, frame) -> None:
