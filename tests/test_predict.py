@@ -532,3 +532,41 @@ def test_a_cut_at_the_models_own_limit_is_not_told_to_raise_max_length(tmp_path,
     code, _, err = cli_main(capsys, "predict", model, *args)
     said = "note: 1 of 1 texts longer than max_length 128 tokens cut to their first 128 (the model reads no more than"
     assert code == 0 and f"{said} its 128 positions)" in err.splitlines()
+
+
+@pytest.mark.parametrize(
+    "head, inputs",
+    [
+        ("GPT2ForTokenClassification", ["John Smith visited Paris on Monday .", "Anna"]),
+        ("GPT2ForQuestionAnswering", [("where did John go ?", "John visited Paris ."), ("who ?", "Anna")]),
+        ("GPT2Model", ["a good film about a dog and a cat", "ok"]),
+    ],
+)
+def test_a_causal_lm_tagger_reader_or_encoder_without_a_pad_token_is_predicted(tmp_path, head, inputs):
+    """A GPT-2 tagger, reader or encoder (its tokenizer without a pad token) predicts a batch padded with its eos token,
+    each input as alone, as a classifier does (it was an internal error: 'Asking to pad but the tokenizer does not
+    have a padding token')."""
+    import numpy as np
+    import transformers
+    from transformers import GPT2Config
+
+    from conftest import bpe_tokenizer
+    from tuneforge.predict import load_predictor
+    from tuneforge.tasks.sentence_encoder import SentenceEncoder
+
+    tok = bpe_tokenizer(tmp_path)
+    torch.manual_seed(0)
+    tags = dict(num_labels=3, id2label={0: "O", 1: "B-PER", 2: "I-PER"}, label2id={"O": 0, "B-PER": 1, "I-PER": 2})
+    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64, **tags)
+    getattr(transformers, head)(config).save_pretrained(tmp_path)
+    if head == "GPT2Model":
+        (tmp_path / "tuneforge.json").write_text(json.dumps({"task": "embedding"}))
+        encoder = SentenceEncoder(tmp_path)
+        alone = np.concatenate([encoder.encode([text]) for text in inputs])
+        assert np.allclose(encoder.encode(inputs), alone, atol=1e-5)
+        return
+    predictor = load_predictor(tmp_path)
+    batched, alone = predictor.predict(inputs), [predictor.predict([one])[0] for one in inputs]
+    assert json.loads(json.dumps(batched), parse_float=lambda s: round(float(s), 5)) == json.loads(
+        json.dumps(alone), parse_float=lambda s: round(float(s), 5)
+    )

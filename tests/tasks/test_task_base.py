@@ -190,3 +190,15 @@ def test_max_train_samples_counts_the_examples_the_model_sees(tmp_path, tiny_ber
     )
     clm.fit()
     assert len(clm.train_data) == 5 and all(n == 8 for n in clm.train_data["length"])  # 5 blocks, not 5 lines
+
+
+@pytest.mark.parametrize("task", ["ner", "qa", "embedding"])
+def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token(tiny_gpt2, task):
+    """A tagger's, reader's or encoder's batches are padded: a GPT-2-style tokenizer without a pad token pads with its
+    eos token there, as a classifier's does (TRL's rule); its first batch was an internal error ('Asking to pad but
+    the tokenizer does not have a padding token')."""
+    tokenizer = quiet_task(task, tiny_gpt2, max_length=32).load_tokenizer()
+    batch = tokenizer.pad({"input_ids": [[5, 6, 7], [8]]}, return_tensors="pt", padding_side="right")
+    assert tokenizer.pad_token == tokenizer.eos_token == "<|endoftext|>"
+    assert batch["input_ids"][1].tolist() == [8, tokenizer.eos_token_id, tokenizer.eos_token_id]
+    assert batch["attention_mask"][1].tolist() == [1, 0, 0]

@@ -80,6 +80,19 @@ def open_predictor_folder(model_dir, max_length: int | None) -> PredictorFolder:
     return PredictorFolder(path, read_model_info(path), from_pretrained(AutoConfig, path, "the model config"))
 
 
+def set_pad_token(tokenizer, model_dir: str) -> None:
+    """A tokenizer without a pad token (GPT-2's, Llama's) pads with its eos token (TRL's rule): a classifier's,
+    scorer's, tagger's, reader's or encoder's batches are padded."""
+    if tokenizer.pad_token is not None:
+        return
+    if tokenizer.eos_token is None:
+        raise ConfigError(
+            f"the tokenizer of {model_dir!r} has neither a pad nor an eos token, and its batches are padded; add a pad "
+            "token to it (tokenizer.add_special_tokens) or use another model"
+        )
+    tokenizer.pad_token = tokenizer.eos_token
+
+
 def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:
     """A predictor's max_length: the user's, else the trained one (tuneforge.json), else `default`, within the
     model's position limit: the user's above it is one ConfigError line, the others are cut to it."""

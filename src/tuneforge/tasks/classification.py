@@ -35,6 +35,7 @@ from tuneforge.tasks.base import (
     open_predictor_folder,
     predict_max_length,
     set_dropout,
+    set_pad_token,
 )
 from tuneforge.tasks.glue import GLUE, glue_files
 from tuneforge.tasks.length_runs import length_batches
@@ -122,19 +123,6 @@ class ClassificationStream(MetricStream):
         out["loss"] = float(totals[0] / totals[1]) if totals[1] > 0 else float("nan")
         out["num_examples"] = int(len(labels))
         return out
-
-
-def set_pad_token(tokenizer, model_dir: str) -> None:
-    """A tokenizer without a pad token (GPT-2's, Llama's) pads with its eos token (TRL's rule): a sequence
-    classifier's or scorer's batches are padded."""
-    if tokenizer.pad_token is not None:
-        return
-    if tokenizer.eos_token is None:
-        raise ConfigError(
-            f"the tokenizer of {model_dir!r} has neither a pad nor an eos token, and classifier batches are padded; "
-            "add a pad token to it (tokenizer.add_special_tokens) or use another model"
-        )
-    tokenizer.pad_token = tokenizer.eos_token
 
 
 class ClassificationTask(Task):

@@ -76,7 +76,7 @@ from tuneforge.data.sources import (
 from tuneforge.data.tokenize import Cut, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions, comma_list
-from tuneforge.tasks.base import Task, empty_check, set_dropout
+from tuneforge.tasks.base import Task, empty_check, set_dropout, set_pad_token
 from tuneforge.tasks.embedding_eval import EmbeddingStream
 from tuneforge.tasks.embedding_ops import (
     PACK_WIDTH,
@@ -590,6 +590,11 @@ class EmbeddingTask(Task):
         return ds.add_column("query_id", query_ids).add_column("doc_ids", doc_ids)
 
     # ---- model -------------------------------------------------------------------------------------------------
+    def load_tokenizer(self):
+        tokenizer = super().load_tokenizer()
+        set_pad_token(tokenizer, self.model_path())  # each text column is padded into a batch
+        return tokenizer
+
     def load_model(self, tokenizer):
         from transformers import AutoConfig, AutoModel
 

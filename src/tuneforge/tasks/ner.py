@@ -45,6 +45,7 @@ from tuneforge.tasks.base import (
     open_predictor_folder,
     predict_max_length,
     set_dropout,
+    set_pad_token,
 )
 from tuneforge.tasks.length_runs import length_batches
 
@@ -56,7 +57,7 @@ WORD = regex.compile(r"\w+|[^\w\s]\p{M}*")
 
 def word_tokenizer(path: str):
     """The model's tokenizer, set up for words given one by one: fast (it maps sub-tokens to words), and with
-    byte-level BPE a space before each word, as the words had in running text."""
+    byte-level BPE a space before each word, as the words had in running text; a pad token for its batches."""
     tokenizer = load_tokenizer(path)
     if not tokenizer.is_fast:
         raise ConfigError(
@@ -67,6 +68,7 @@ def word_tokenizer(path: str):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)
+    set_pad_token(tokenizer, path)
     return tokenizer
 
 

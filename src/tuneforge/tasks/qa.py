@@ -47,6 +47,7 @@ from tuneforge.tasks.base import (
     open_predictor_folder,
     predict_max_length,
     set_dropout,
+    set_pad_token,
 )
 from tuneforge.tasks.length_runs import length_batches
 
@@ -347,6 +348,7 @@ class QuestionAnsweringTask(Task):
         path = self.model_path()
         tokenizer = load_tokenizer(path)
         require_fast(tokenizer, path)
+        set_pad_token(tokenizer, path)
         model_config = from_pretrained(AutoConfig, path, "the model config")
         self._fit_to_model(model_config)
         self.check_max_length(tokenizer, model_config)
@@ -539,6 +541,7 @@ class AnswerPredictor:
         self.threshold = float(info.get("null_score_diff_threshold") or 0.0)
         self.tokenizer = load_tokenizer(model_dir)
         require_fast(self.tokenizer, model_dir)
+        set_pad_token(self.tokenizer, model_dir)
         self.model = load_pretrained_model(
             AutoModelForQuestionAnswering, model_dir, "a question-answering model"
         ).eval()

@@ -37,8 +37,8 @@ from tuneforge.data import chat, preference
 from tuneforge.data.tokenize import CutCount, encode_within
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import Task, set_dropout
-from tuneforge.tasks.classification import ClassificationPredictor, set_pad_token
+from tuneforge.tasks.base import Task, set_dropout, set_pad_token
+from tuneforge.tasks.classification import ClassificationPredictor
 from tuneforge.tasks.dpo import PreferenceStream, pairwise_loss
 from tuneforge.tasks.length_runs import length_batches
 

@@ -22,7 +22,7 @@ from tuneforge.artifacts import (
     sentence_transformers_layout,
 )
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import ServingPrecision, open_predictor_folder, predict_max_length
+from tuneforge.tasks.base import ServingPrecision, open_predictor_folder, predict_max_length, set_pad_token
 from tuneforge.tasks.embedding_ops import cut, embed
 from tuneforge.tasks.length_runs import length_batches
 
@@ -82,6 +82,7 @@ class SentenceEncoder:
         folder = open_predictor_folder(model_dir, max_length)
         model_dir, self.info, config = folder.path, folder.info, folder.config
         self.tokenizer = load_tokenizer(model_dir)
+        set_pad_token(self.tokenizer, model_dir)
         layout = sentence_transformers_layout(model_dir)  # its texts prompted, lowercased and cut as it says
         folder_length = layout.max_seq_length if layout else None
         self.lowercase, self.prompt = (layout.lowercase, layout.prompt) if layout else (False, "")
