@@ -297,6 +297,28 @@ def test_model_folder_without_tokenizer_files(tmp_path, tiny_bert, files, capsys
     assert not (tmp_path / "out").exists()
 
 
+def test_a_tokenizer_with_more_tokens_than_the_models_embeddings(capfd, tmp_path, tiny_bert, minilm_dir, files):
+    """A token added to the tokenizer and not to the model (tokenizer.add_tokens without resize_token_embeddings)
+    has no embedding: training (and predict) stopped at its first text holding it as an internal error
+    ('IndexError: index out of range in self'); it is one line before any data work, naming both sizes."""
+    from transformers import AutoTokenizer
+
+    from conftest import save_tiny_classifier
+
+    added = tmp_path / "added"
+    save_tiny_classifier(added, minilm_dir, {0: "neg", 1: "pos"})
+    tokenizer = AutoTokenizer.from_pretrained(added)
+    tokenizer.add_tokens(["zorblax"])
+    tokenizer.save_pretrained(added)
+    said = f"the tokenizer of {str(added)!r} has 30523 tokens, more than the 30522 rows of the model's embeddings"
+    rows = "a zorblax film,pos\na dull film,neg\n"
+    train, val = "text,label\n" + rows * 4, "text,label\n" + rows
+    assert_refused(train_on(capfd, tmp_path, str(added), files, train=train, val=val), tmp_path, said)
+    (tmp_path / "in.csv").write_text("text\na zorblax film\n")
+    predict = ["predict", added, "--input", tmp_path / "in.csv", "--output", tmp_path / "out"]
+    assert_refused(in_process(capfd, *predict), tmp_path, said)
+
+
 def test_model_folder_with_corrupt_weights(tmp_path, tiny_bert, files, capsys):
     broken = tmp_path / "broken"
     broken.mkdir()

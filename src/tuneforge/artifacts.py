@@ -355,6 +355,20 @@ def load_tokenizer(model: str):
         raise ConfigError(f"could not load a tokenizer from {model!r}: {first_error_line(err)}") from None
 
 
+def check_vocabulary_fits(tokenizer, model_config, model: str) -> None:
+    """One ConfigError line where the tokenizer holds more tokens than the model's embeddings have rows (its config's
+    vocab_size): a token added to the tokenizer and not to the model has no embedding, an IndexError at its first
+    text."""
+    rows = getattr(model_config, "vocab_size", None)
+    if isinstance(rows, int) and 0 < rows < len(tokenizer):
+        raise ConfigError(
+            f"the tokenizer of {model!r} has {len(tokenizer)} tokens, more than the {rows} rows of the model's "
+            "embeddings (tokens added to the tokenizer and not to the model have no embedding); resize the model to "
+            "its tokenizer (model.resize_token_embeddings(len(tokenizer))) and save both, or use the model's own "
+            "tokenizer"
+        )
+
+
 # ---- what the model is --------------------------------------------------------------------------
 def import_model_code(model_config) -> None:
     """Import the transformers modules of `model_config`'s architecture (a process about to fork its workers

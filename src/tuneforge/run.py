@@ -210,6 +210,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     task.log = report.print  # the task's notes (held-out splits, label schemes) go where the run's go
     task.use_data_parallel(data_parallel_group(backend))
     tokenizer = given.tokenizer or task.load_tokenizer()
+    if given.model is None:
+        task.check_vocabulary(tokenizer)
     if not training:
         task.adopt_model_labels(given.model.config if given.model is not None else None)
     if training and config.adapter == "lora":  # a target that matches no layer: one line before any data work

@@ -18,6 +18,7 @@ from tuneforge.artifacts import (
     capability_info,
     check_max_length_fits,
     check_model_path,
+    check_vocabulary_fits,
     context_length,
     from_pretrained,
     load_tokenizer,
@@ -270,6 +271,10 @@ class Task:
 
     def load_tokenizer(self):
         return load_tokenizer(self.model_path())
+
+    def check_vocabulary(self, tokenizer) -> None:
+        """One line, before any data work, where the tokenizer holds more tokens than the model's embeddings."""
+        check_vocabulary_fits(tokenizer, self.peek_model_config(), self.model_path())
 
     def pretrained_kwargs(self) -> dict:
         """Extra `from_pretrained` arguments of the model to train: the 4-bit base of --quantize (QLoRA), its task

@@ -14,7 +14,13 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import from_pretrained, generation_family, inference_device, load_tokenizer
+from tuneforge.artifacts import (
+    check_vocabulary_fits,
+    from_pretrained,
+    generation_family,
+    inference_device,
+    load_tokenizer,
+)
 from tuneforge.data.sources import (
     bundled_bbc_news,
     check_file,
@@ -515,6 +521,7 @@ class ClassificationPredictor:
             )
         self.max_length = predict_max_length(max_length, self.info.get("max_length"), 512, config)
         self.tokenizer = load_tokenizer(model_dir)
+        check_vocabulary_fits(self.tokenizer, config, model_dir)
         set_pad_token(self.tokenizer, model_dir)  # a hub causal LM's classifier: batches pad with eos, as it trains
         self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
         if self.model.config.pad_token_id is None:  # its head scores the last token before the padding

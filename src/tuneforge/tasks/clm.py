@@ -200,6 +200,9 @@ class CausalLMTask(Task):
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
 
+    def check_vocabulary(self, tokenizer) -> None:
+        pass  # load_model grows the embeddings to the tokenizer (run_clm's rule)
+
     def _model_config(self):
         from transformers import AutoConfig
 

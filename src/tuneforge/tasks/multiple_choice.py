@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import check_vocabulary_fits, from_pretrained, inference_device, load_tokenizer
 from tuneforge.config import EVAL
 from tuneforge.data.choices import (
     check_choice_counts,
@@ -299,6 +299,7 @@ class ChoicePredictor:
         folder = open_predictor_folder(model_dir, max_length)
         self.max_length = predict_max_length(max_length, folder.info.get("max_length"), 512, folder.config)
         self.tokenizer = load_tokenizer(model_dir)
+        check_vocabulary_fits(self.tokenizer, folder.config, model_dir)
         self.model = load_pretrained_model(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
         self.device = inference_device(device)
         self.model.to(self.device)

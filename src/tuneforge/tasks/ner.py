@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import check_vocabulary_fits, from_pretrained, inference_device, load_tokenizer
 from tuneforge.data.conll import (
     check_lengths,
     check_tagged_file,
@@ -419,6 +419,7 @@ class EntityPredictor:
         folder = open_predictor_folder(model_dir, max_length)
         self.max_length = predict_max_length(max_length, folder.info.get("max_length"), 512, folder.config)
         self.tokenizer = word_tokenizer(model_dir)
+        check_vocabulary_fits(self.tokenizer, folder.config, model_dir)
         self.model = load_pretrained_model(AutoModelForTokenClassification, model_dir, "a token-classification model")
         self.model.eval()
         self.device = inference_device(device)

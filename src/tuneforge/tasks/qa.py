@@ -33,7 +33,14 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import check_max_length_fits, context_length, from_pretrained, inference_device, load_tokenizer
+from tuneforge.artifacts import (
+    check_max_length_fits,
+    check_vocabulary_fits,
+    context_length,
+    from_pretrained,
+    inference_device,
+    load_tokenizer,
+)
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.squad import check_examples, check_squad_file, find_split_files, from_hf, read_squad
 from tuneforge.errors import ConfigError, DataError
@@ -541,6 +548,7 @@ class AnswerPredictor:
         self.threshold = float(info.get("null_score_diff_threshold") or 0.0)
         self.tokenizer = load_tokenizer(model_dir)
         require_fast(self.tokenizer, model_dir)
+        check_vocabulary_fits(self.tokenizer, config, model_dir)
         set_pad_token(self.tokenizer, model_dir)
         self.model = load_pretrained_model(
             AutoModelForQuestionAnswering, model_dir, "a question-answering model"

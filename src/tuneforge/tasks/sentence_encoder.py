@@ -17,6 +17,7 @@ import torch
 
 from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
+    check_vocabulary_fits,
     inference_device,
     load_tokenizer,
     sentence_transformers_layout,
@@ -82,6 +83,7 @@ class SentenceEncoder:
         folder = open_predictor_folder(model_dir, max_length)
         model_dir, self.info, config = folder.path, folder.info, folder.config
         self.tokenizer = load_tokenizer(model_dir)
+        check_vocabulary_fits(self.tokenizer, config, model_dir)
         set_pad_token(self.tokenizer, model_dir)
         layout = sentence_transformers_layout(model_dir)  # its texts prompted, lowercased and cut as it says
         folder_length = layout.max_seq_length if layout else None
