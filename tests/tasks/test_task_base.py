@@ -133,7 +133,7 @@ def test_eval_step_uses_only_its_tools(tmp_path):
     assert calls["generate"]["input_ids"] is batch["input_ids"] and "synced_gpus" not in calls["generate"]
     assert calls["generate"]["max_new_tokens"] == task.options.generation_max_length
     assert stream.predictions == ["4 3", "2"] and stream.references == ["4 3", "2 2 2"]
-    assert stream.generated_tokens == 3
+    assert stream.generated_tokens == 5  # every token but padding, the start token too (the recipes' gen_len)
 
 
 @pytest.mark.parametrize("sharded, world_size, synced", [(False, 2, False), (True, 1, False), (True, 2, True)])
