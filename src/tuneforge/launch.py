@@ -41,6 +41,7 @@ import tempfile
 import traceback
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
@@ -49,6 +50,7 @@ from tuneforge.files import write_text
 LAUNCHED_FLAG = "TUNEFORGE_LAUNCHED"
 RESULT_FILE_VAR = "TUNEFORGE_RESULT_FILE"  # where the main worker hands its result back
 USER_ERROR_FILE_VAR = "TUNEFORGE_USER_ERROR_FILE"  # where a worker hands its user error back (the first rank's)
+PEER_ERROR_KEY = "tuneforge/user-error"  # the world's store's: a worker's user error, for the other nodes' workers
 
 
 class WorkerFailure(UserError):
@@ -341,17 +343,49 @@ def hand_back(result: dict, is_main: bool) -> dict:
 def report_user_error(err: UserError) -> None:
     """A user error's one `error:` line on stderr; in a worker we launched, handed to the launching process instead
     (the first rank's only), which shows it once for all ranks and exits as the command itself would."""
+    if not _hand_to_launcher(_user_error_payload(err)):
+        print(f"error: {err}", file=sys.stderr, flush=True)
+
+
+def _user_error_payload(err: UserError, prefix: str = "") -> str:
+    return json.dumps({"kind": type(err).__name__, "message": f"{prefix}{err}", "exit_code": err.exit_code})
+
+
+def _hand_to_launcher(payload: str) -> bool:
+    """In a worker we launched: a user error (`_user_error_payload`) written for the launching process, unless
+    another rank's was written first; False where no launcher reads one (or its folder is gone)."""
     target = os.environ.get(USER_ERROR_FILE_VAR)
-    if target:
-        try:
-            with open(target, "x", encoding="utf-8") as fh:  # "x": another rank's, written first, stays
-                json.dump({"kind": type(err).__name__, "message": str(err), "exit_code": err.exit_code}, fh)
-            return
-        except FileExistsError:
-            return
-        except OSError:
-            pass  # the launcher's folder is gone: the line is shown here
-    print(f"error: {err}", file=sys.stderr, flush=True)
+    if not target:
+        return False
+    try:
+        with open(target, "x", encoding="utf-8") as fh:  # "x": another rank's, written first, stays
+            fh.write(payload)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def pass_user_error_across_nodes(err: Exception) -> None:
+    """In a worker we launched on one of several nodes, as an error stops it (before its process group is torn
+    down): a user error goes to this node's launcher and into the world's store (node 0's launcher holds it);
+    another error (a collective whose peer on another node left) that finds a peer's user error there hands that
+    one to this node's launcher. So every node says the one line, naming the node it came from, and exits 2, not
+    'training workers failed' after a gloo traceback. Best effort: a store gone with node 0's launcher is skipped."""
+    import torch.distributed as dist
+
+    if not launched_by_us() or _env_int("GROUP_WORLD_SIZE", 1) < 2 or not dist.is_initialized():
+        return
+    with suppress(Exception):
+        store = dist.distributed_c10d._get_default_store()
+        store.set_timeout(timedelta(seconds=5))
+        if isinstance(err, UserError):
+            report_user_error(err)  # before the store: this node's other ranks read the file first
+            where = f"node {os.environ.get('GROUP_RANK', '?')} ({socket.gethostname()}): "
+            store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(err, where))
+        elif not user_error_reported() and store.check([PEER_ERROR_KEY]):
+            _hand_to_launcher(store.get(PEER_ERROR_KEY).decode())
 
 
 def user_error_reported() -> bool:
