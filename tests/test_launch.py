@@ -556,3 +556,13 @@ def test_stopping_the_launcher_stops_its_workers_quietly(tmp_path, tiny_bert, da
     assert "Traceback" not in stderr and "training workers failed" not in stderr
     expected = f"error: {line}; its workers were stopped too" if line else "interrupted"
     assert stderr.strip().splitlines()[-1] == expected
+
+
+def test_rank_and_world_size_without_a_rendezvous_say_why_nproc_launches_nothing(tmp_path, capsys, monkeypatch, data):
+    """RANK and WORLD_SIZE left in the shell, no MASTER_ADDR/PORT: the line said to 'run with --nproc N', which the
+    command had done (the variables make it a launched rank, which starts no workers)."""
+    launcher_variables(monkeypatch, RANK="0", WORLD_SIZE="2")
+    rc = cli.main(train_command(data, backend="ddp", nproc=2, output_dir=tmp_path / "run"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: RANK=0 and WORLD_SIZE=2 are set") and err.count("\n") == 1, err
+    assert "MASTER_ADDR and MASTER_PORT not" in err and "unset RANK and WORLD_SIZE" in err

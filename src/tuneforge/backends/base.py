@@ -139,9 +139,12 @@ class Backend:
                 # no launcher (nproc 1): a world of one, no port needed; a sharded checkpoint still loads
                 dist.init_process_group(backend=pg, store=dist.HashStore(), rank=0, world_size=1)
             elif self.env.missing:
+                # RANK and WORLD_SIZE say a launcher started this process, so it launches nothing (--nproc neither)
                 raise ConfigError(
-                    f"backend {self.name!r} needs a distributed launch ({', '.join(self.env.missing)} unset); "
-                    "run with --nproc N, or under torchrun/Slurm"
+                    f"RANK={self.env.rank} and WORLD_SIZE={self.env.world_size} are set, as a launcher sets them, but "
+                    f"{' and '.join(self.env.missing)} not, so backend {self.name!r} cannot meet the other ranks and "
+                    "tuneforge starts no workers of its own (whatever --nproc says): unset RANK and WORLD_SIZE (left "
+                    "in this shell?) to run alone or with --nproc N, or start it under torchrun/Slurm"
                 )
             else:
                 try:
