@@ -398,6 +398,16 @@ def test_multi_host_hostfile_without_pdsh_is_one_clear_error(tmp_path, capsys, m
             "node_rank 2 must be below nnodes 2",
         ),
         (["--backend", "ddp", "--hostfile", "no-such-hostfile"], "hostfile 'no-such-hostfile' does not exist"),
+        # torch retried the name for its rendezvous timeout (900 s), a warning every few seconds
+        (
+            ["--backend", "ddp", "--nnodes", "2", "--node-rank", "1", "--master-port", "29999"]
+            + ["--master-addr", "node0.invalid"],
+            "--master-addr 'node0.invalid' does not resolve",
+        ),
+        (
+            ["--backend", "ddp", "--nnodes", "2", "--rdzv-endpoint", "node0.invalid:29999"],
+            "--rdzv-endpoint's host 'node0.invalid' does not resolve",
+        ),
     ],
 )
 def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, message):

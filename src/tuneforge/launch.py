@@ -238,6 +238,7 @@ def agent_flags(config) -> list[str]:
     """torchrun's flags for this run's workers, nodes and rendezvous (its own parser reads them)."""
     flags = [f"--nproc-per-node={config.nproc}", f"--max-restarts={config.max_restarts}"]
     if config.rdzv_endpoint:
+        _check_resolves(config.rdzv_endpoint.rsplit(":", 1)[0].strip("[]"), "--rdzv-endpoint's host")
         return flags + [
             f"--nnodes={config.nnodes}",
             "--rdzv-backend=c10d",
@@ -249,6 +250,7 @@ def agent_flags(config) -> list[str]:
             raise ConfigError(
                 "multi-node runs need --master-port (the same on every node), or --rdzv-endpoint HOST:PORT"
             )
+        _check_resolves(config.master_addr, "--master-addr")
         return flags + [
             f"--nnodes={config.nnodes}",
             f"--node-rank={config.node_rank}",
@@ -265,6 +267,19 @@ def agent_flags(config) -> list[str]:
             "--rdzv-id=tuneforge",
         ]
     return flags + ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={config.master_port or free_port()}"]
+
+
+def _check_resolves(host: str, what: str) -> None:
+    """One line for a host name that no resolver knows: torch would retry it for the rendezvous' 900 s, a warning
+    every few seconds. A resolver that fails for now (EAI_AGAIN) is left to torch's retries."""
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as err:
+        if err.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise ConfigError(
+                f"{what} {host!r} does not resolve ({err.strerror}); give node 0's address as every node reaches it "
+                "(its IP, or a name this node's resolver knows)"
+            ) from None
 
 
 def read_hostfile(path: str) -> dict[str, int]:
