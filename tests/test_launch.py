@@ -408,6 +408,9 @@ def test_multi_host_hostfile_without_pdsh_is_one_clear_error(tmp_path, capsys, m
             ["--backend", "ddp", "--nnodes", "2", "--rdzv-endpoint", "node0.invalid:29999"],
             "--rdzv-endpoint's host 'node0.invalid' does not resolve",
         ),
+        # internal errors: torch's ValueError
+        (["--backend", "ddp", "--nnodes", "2", "--rdzv-endpoint", "node0:http"], "port number of the rendezvous"),
+        (["--backend", "ddp", "--nnodes", "2", "--rdzv-endpoint", ":29999"], "is not HOST:PORT: The hostname"),
     ],
 )
 def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, message):

@@ -238,7 +238,7 @@ def agent_flags(config) -> list[str]:
     """torchrun's flags for this run's workers, nodes and rendezvous (its own parser reads them)."""
     flags = [f"--nproc-per-node={config.nproc}", f"--max-restarts={config.max_restarts}"]
     if config.rdzv_endpoint:
-        _check_resolves(config.rdzv_endpoint.rsplit(":", 1)[0].strip("[]"), "--rdzv-endpoint's host")
+        _check_resolves(_rdzv_host(config.rdzv_endpoint), "--rdzv-endpoint's host")
         return flags + [
             f"--nnodes={config.nnodes}",
             "--rdzv-backend=c10d",
@@ -267,6 +267,16 @@ def agent_flags(config) -> list[str]:
             "--rdzv-id=tuneforge",
         ]
     return flags + ["--nnodes=1", "--master-addr=127.0.0.1", f"--master-port={config.master_port or free_port()}"]
+
+
+def _rdzv_host(endpoint: str) -> str:
+    """The host of an --rdzv-endpoint HOST[:PORT], as torch's rendezvous reads it; a bad one is one line."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    try:
+        return parse_rendezvous_endpoint(endpoint, default_port=29400)[0]
+    except ValueError as err:  # a port that is no port (0 to 65535), a host that is no name
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT: {str(err).rstrip('.')}") from None
 
 
 def _check_resolves(host: str, what: str) -> None:
