@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -579,3 +580,21 @@ def test_rank_and_world_size_without_a_rendezvous_say_why_nproc_launches_nothing
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("error: RANK=0 and WORLD_SIZE=2 are set") and err.count("\n") == 1, err
     assert "MASTER_ADDR and MASTER_PORT not" in err and "unset RANK and WORLD_SIZE" in err
+
+
+def test_nodes_that_never_join_are_one_line_on_node_0(tmp_path):
+    """`--nnodes 2` started on node 0 only: after the rendezvous' wait (900 s; 0.3 s here, on the same store torch's
+    agent makes) node 0 ended in 'internal error (a bug in tuneforge ...): DistStoreError: Timed out ...'."""
+    from datetime import timedelta
+
+    from torch.distributed import DistStoreError, TCPStore
+
+    from tuneforge.config import TrainConfig
+
+    port = launch.free_port()
+    config = TrainConfig(output_dir=str(tmp_path / "run"), backend="ddp", nnodes=3, master_port=port)
+    with pytest.raises(DistStoreError) as waited:
+        TCPStore("127.0.0.1", port, 3, True, timedelta(seconds=0.3), multi_tenant=True)  # as the agent on node 0
+    err = launch.nodes_did_not_meet(waited.value, config)
+    assert isinstance(err, launch.ConfigError) and re.search(rf"node 0 waited \d+ s at 127.0.0.1:{port} ", str(err))
+    assert "1 of 3 joined (itself included): start the others with --nnodes 3, --node-rank 1 to 2" in str(err)

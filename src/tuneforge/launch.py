@@ -529,7 +529,7 @@ def _run_agent(config, forked_work) -> int:
     """torch's elastic agent, in this process, with the launch config torchrun would make of `agent_flags`:
     it starts the workers (forked to run `forked_work`, or running this command again), restarts them up to
     max_restarts times, and stops them all when one fails. Returns the exit code of the first failure, or 0."""
-    from torch.distributed import DistNetworkError
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -556,8 +556,8 @@ def _run_agent(config, forked_work) -> int:
         return 0
     except ChildFailedError as failed:
         return next(iter(failed.failures.values())).exitcode
-    except DistNetworkError as err:  # before any worker starts: the agent's rendezvous store
-        raise rendezvous_failed(err) from None
+    except (DistNetworkError, DistStoreError) as err:  # before any worker starts: the agent's rendezvous store
+        raise nodes_did_not_meet(err, config) or rendezvous_failed(err) from None
     except SignalException as stopped:  # the agent stopped the workers; stop as the signal asks
         if stopped.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
@@ -565,6 +565,30 @@ def _run_agent(config, forked_work) -> int:
     finally:
         for sig, handler in handlers.items():  # the agent's handlers raise its own exception
             signal.signal(sig, handler)
+
+
+def nodes_did_not_meet(err: Exception, config) -> ConfigError | None:
+    """A multi-node run's rendezvous that timed out (torch's 900 s, as torchrun's) as one line: on node 0, the
+    store's wait for the other nodes ('... 1/2 clients joined', an internal error before); on another node, its
+    connection to node 0. None for another failure."""
+    if config.nnodes < 2 or config.rdzv_endpoint:
+        return None
+    text, where = str(err), f"{config.master_addr}:{config.master_port}"
+    waited = re.search(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined", text)
+    if waited:
+        seconds, joined, nodes = waited.groups()
+        return ConfigError(
+            f"node 0 waited {seconds} s at {where} for the other nodes and {joined} of {nodes} joined (itself "
+            f"included): start the others with --nnodes {nodes}, --node-rank 1 to {int(nodes) - 1} and the same "
+            "--master-addr and --master-port, or lower --nnodes"
+        )
+    if config.node_rank > 0 and "timed out" in text:
+        return ConfigError(
+            f"node {config.node_rank} could not reach node 0 at {where} ({text.strip().splitlines()[0]}): start "
+            "node 0 (--node-rank 0) with that --master-port, and check that --master-addr is node 0's address as "
+            "this node reaches it (no firewall between them)"
+        )
+    return None
 
 
 def rendezvous_failed(err: Exception) -> ConfigError:
