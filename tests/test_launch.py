@@ -598,3 +598,24 @@ def test_nodes_that_never_join_are_one_line_on_node_0(tmp_path):
     err = launch.nodes_did_not_meet(waited.value, config)
     assert isinstance(err, launch.ConfigError) and re.search(rf"node 0 waited \d+ s at 127.0.0.1:{port} ", str(err))
     assert "1 of 3 joined (itself included): start the others with --nnodes 3, --node-rank 1 to 2" in str(err)
+
+
+def test_stopping_one_nodes_launcher_stops_every_node_with_one_line(tmp_path, tiny_bert, data, cache_dir):
+    """kill (SIGTERM) of node 1's launcher mid-run: node 0's worker lost its peer, and node 0 said so with gloo's
+    'Connection closed by peer' traceback and 'training workers failed (exit code 1); the worker's error is shown
+    above'. It says node 1 was stopped, in one line (exit 1); node 1 says it was stopped (143); neither hangs."""
+    port, procs = str(launch.free_port()), []
+    for node in (0, 1):
+        ddp = dict(backend="ddp", batch_size=8, nnodes=2, node_rank=node, master_addr="127.0.0.1", master_port=port)
+        args = train_args(tiny_bert, data, cache_dir, tmp_path / f"node{node}", **ddp)
+        env = clean_env(OMP_NUM_THREADS="1")
+        procs.append(start(cli_command(*args, "--max-steps", "100000"), tmp_path / f"node{node}-log", env))
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "node0" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)  # training has begun on both nodes
+    procs[1].send_signal(signal.SIGTERM)
+    (rc0, _, err0), (rc1, _, err1) = finish(procs, [tmp_path / f"node{n}-log" for n in (0, 1)], timeout=60)
+    assert (rc0, rc1) == (1, 143), (err0[-2000:], err1[-2000:])
+    assert err0.startswith("error: node 1 (") and err0.count("\n") == 1, err0[-3000:]
+    assert "was stopped by SIGTERM, and this node's workers with it" in err0
+    assert err1.strip().splitlines()[-1] == "error: stopped by SIGTERM; its workers were stopped too"

@@ -392,23 +392,29 @@ def _hand_to_launcher(payload: str) -> bool:
     return True
 
 
-def pass_user_error_across_nodes(err: Exception) -> None:
+def pass_failure_across_nodes(err: Exception) -> None:
     """In a worker we launched on one of several nodes, as an error stops it (before its process group is torn
-    down): a user error goes to this node's launcher and into the world's store (node 0's launcher holds it);
-    another error (a collective whose peer on another node left) that finds a peer's user error there hands that
-    one to this node's launcher. So every node says the one line, naming the node it came from, and exits 2, not
+    down), through the world's store (node 0's launcher holds it): a user error goes to this node's launcher and
+    into the store, where the other nodes' workers find it; so does the stop of this node's launcher (kill,
+    Ctrl-C). Another error (a collective whose peer on another node left) that finds one there hands it to this
+    node's launcher: every node says the one line, naming the node it came from (a user error: exit 2), not
     'training workers failed' after a gloo traceback. Best effort: a store gone with node 0's launcher is skipped."""
     import torch.distributed as dist
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     if not launched_by_us() or _env_int("GROUP_WORLD_SIZE", 1) < 2 or not dist.is_initialized():
         return
+    node = f"node {os.environ.get('GROUP_RANK', '?')} ({socket.gethostname()})"
     with suppress(Exception):
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(timedelta(seconds=5))
         if isinstance(err, UserError):
             report_user_error(err)  # before the store: this node's other ranks read the file first
-            where = f"node {os.environ.get('GROUP_RANK', '?')} ({socket.gethostname()}): "
-            store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(err, where))
+            store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(err, f"{node}: "))
+        elif isinstance(err, SignalException):  # the agent stopping this node's workers: its launcher was stopped
+            how = signal.Signals(err.sigval).name
+            stopped = WorkerFailure(f"{node} was stopped by {how}, and this node's workers with it")
+            store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(stopped))
         elif not user_error_reported() and store.check([PEER_ERROR_KEY]):
             _hand_to_launcher(store.get(PEER_ERROR_KEY).decode())
 

@@ -246,7 +246,7 @@ class Trainer:
         try:
             return launch.hand_back(work(backend), backend.is_main)
         except Exception as err:
-            launch.pass_user_error_across_nodes(err)  # while the world's store is still there
+            launch.pass_failure_across_nodes(err)  # while the world's store is still there
             raise
         finally:
             backend.teardown()
