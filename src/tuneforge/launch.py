@@ -20,7 +20,9 @@
 - Multi-node (`--nnodes N --node-rank R --master-addr A --master-port P` on every node): the
   main rank, on node 0, writes the run folder (config, metrics, model, result); other nodes
   write nothing there and their parents return {}. Checkpoints are the exception: every rank
-  adds its own state file, so saving checkpoints needs an output dir that all nodes share.
+  adds its own state file, so saving checkpoints needs an output dir that all nodes share. A worker's
+  user error, or the stop of one node's launcher, reaches the other nodes' launchers through the
+  world's store (`pass_failure_across_nodes`): each says the one line, naming that node.
 
 This module and config.py are the only places that read the environment: `dist_env()` hands a
 process's place in the world (`DistEnv`) to the backends, which never read it themselves.
