@@ -429,6 +429,9 @@ def test_bad_launch_input_is_one_clear_line(tmp_path, capsys, data, args, messag
         ("node-a slots=2\nnode-b slots=0\n", "gives node-b slots=0"),
         ("# only a comment\n\n", "is malformed"),
         ("localhost slots=1\nlocalhost slots=1\n", "multiple entries for localhost"),
+        # DeepSpeed reads the leading digits: 1 and 2 workers, silently
+        ("# hosts\nlocalhost slots=1.5\n", "line 2 ('localhost slots=1.5'): slots=1.5 is not a whole number"),
+        ("node-a slots=2\n\nnode-b slots=2x\n", "line 3 ('node-b slots=2x'): slots=2x is not a whole number"),
     ],
 )
 def test_bad_hostfile_is_one_clear_error(tmp_path, capsys, data, hosts, message):

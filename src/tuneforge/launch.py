@@ -307,6 +307,7 @@ def read_hostfile(path: str) -> dict[str, int]:
         raise ConfigError(f"hostfile {path!r} is malformed ({err}); write lines like 'node1 slots=2'") from None
     if not pool:
         raise ConfigError(f"hostfile {path!r} lists no hosts; write lines like 'node1 slots=2'")
+    _check_slots_are_numbers(path, hosts.read_text(encoding="utf-8", errors="replace"))
     idle = [host for host, slots in pool.items() if slots < 1]
     if idle:  # DeepSpeed would start no worker there (or none at all): a world it cannot build
         raise ConfigError(
@@ -314,6 +315,18 @@ def read_hostfile(path: str) -> dict[str, int]:
             "slots=1 or more, or remove its line"
         )
     return dict(pool)
+
+
+def _check_slots_are_numbers(path: str, text: str) -> None:
+    """DeepSpeed reads a slots count's leading digits only ('slots=1.5' as 1, 'slots=2x' as 2): one line instead."""
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if len(fields) < 2 or fields[0].startswith("#") or re.fullmatch(r"slots=[0-9]+", fields[1]):
+            continue
+        raise ConfigError(
+            f"hostfile {path!r} line {number} ({line.strip()!r}): {fields[1]} is not a whole number of slots; "
+            "write lines like 'node1 slots=2'"
+        )
 
 
 def hostfile_command(config) -> list[str]:
