@@ -323,24 +323,32 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_bert, data, cach
     assert_matches_baseline(tmp_path / "node0", baseline)
 
 
-def test_a_user_error_on_one_node_is_every_nodes_one_line(tmp_path, tiny_bert, data, cache_dir):
+@pytest.mark.parametrize("launcher", ["nodes", "slurm"])
+def test_a_user_error_on_one_node_is_every_nodes_one_line(tmp_path, tiny_bert, data, cache_dir, launcher):
     """Node 1's copy of the training file lacks the text column (a file that differs between nodes): its worker finds
-    it, and node 0's worker only lost its peer (gloo's 'Connection closed by peer' traceback, then 'training workers
-    failed', exit 1). Node 0 says node 1's line too, naming node 1, and both exit 2."""
+    it, and node 0's worker only lost its peer: gloo's 'Connection closed by peer' traceback, then 'training workers
+    failed', exit 1 (under Slurm, rank 0 said 'internal error (a bug in tuneforge ...)'). Node 0 says node 1's line
+    too, naming it, and both exit 2."""
     train, val = data
     node1_train = tmp_path / "train.csv"
     node1_train.write_text(train.read_text().replace("text,label", "txt,label", 1))
     node_data = {0: data, 1: (node1_train, val)}
     port, procs = str(launch.free_port()), []
     for node in (0, 1):
-        ddp = dict(backend="ddp", batch_size=8, nnodes=2, node_rank=node, master_addr="127.0.0.1", master_port=port)
-        cmd = cli_command(*train_args(tiny_bert, node_data[node], cache_dir, tmp_path / f"node{node}", **ddp))
-        procs.append(start(cmd, tmp_path / f"node{node}-log", clean_env(OMP_NUM_THREADS="1")))
+        if launcher == "nodes":
+            flags = dict(nnodes=2, node_rank=node, master_addr="127.0.0.1", master_port=port)
+            env = clean_env(OMP_NUM_THREADS="1")
+        else:  # one task per node, started by hand as srun would
+            flags = {}
+            env = clean_env(OMP_NUM_THREADS="1", SLURM_PROCID=str(node), SLURM_NTASKS="2", MASTER_PORT=port)
+        args = train_args(tiny_bert, node_data[node], cache_dir, tmp_path / f"node{node}", backend="ddp", **flags)
+        procs.append(start(cli_command(*args, "--batch-size", "8"), tmp_path / f"node{node}-log", env))
     results = finish(procs, [tmp_path / f"node{n}-log" for n in (0, 1)], timeout=120)
     line = "no text column found; columns are: txt, label"
     for node, (rc, _, stderr) in enumerate(results):
         assert rc == 2 and stderr.count("\n") == 1, stderr[-3000:]
-        assert stderr.startswith("error: node 1 (" if node == 0 else "error: no text") and line in stderr
+        said_by_node_0 = f"error: {'node' if launcher == 'nodes' else 'rank'} 1 ("
+        assert stderr.startswith(said_by_node_0 if node == 0 else "error: no text") and line in stderr
 
 
 def test_slurm_tasks_started_by_hand_train_together(tmp_path, tiny_bert, data, cache_dir, baseline):

@@ -22,7 +22,8 @@
   write nothing there and their parents return {}. Checkpoints are the exception: every rank
   adds its own state file, so saving checkpoints needs an output dir that all nodes share. A worker's
   user error, or the stop of one node's launcher, reaches the other nodes' launchers through the
-  world's store (`pass_failure_across_nodes`): each says the one line, naming that node.
+  world's store (`pass_failure_across_ranks`): each says the one line, naming that node (under
+  torchrun or Slurm, a rank's user error reaches the other ranks so).
 
 This module and config.py are the only places that read the environment: `dist_env()` hands a
 process's place in the world (`DistEnv`) to the backends, which never read it themselves.
@@ -407,31 +408,36 @@ def _hand_to_launcher(payload: str) -> bool:
     return True
 
 
-def pass_failure_across_nodes(err: Exception) -> None:
-    """In a worker we launched on one of several nodes, as an error stops it (before its process group is torn
-    down), through the world's store (node 0's launcher holds it): a user error goes to this node's launcher and
-    into the store, where the other nodes' workers find it; so does the stop of this node's launcher (kill,
-    Ctrl-C). Another error (a collective whose peer on another node left) that finds one there hands it to this
-    node's launcher: every node says the one line, naming the node it came from (a user error: exit 2), not
-    'training workers failed' after a gloo traceback. Best effort: a store gone with node 0's launcher is skipped."""
+def pass_failure_across_ranks(err: Exception) -> UserError | None:
+    """As an error stops a rank of a world of several (before its process group is torn down), through the world's
+    store (under tuneforge's launcher: node 0's launcher holds it; used across nodes only, a node's ranks share a
+    file): a user error goes there, and so does the stop of this node's launcher (kill, Ctrl-C). Another error that
+    finds one there (a collective whose peer left) follows from it: that one is returned, to be raised in its place,
+    so that every node's launcher (or under torchrun, Slurm: every rank) says its one line, naming where it came
+    from, and not gloo's traceback with 'training workers failed' or an internal error. Best effort: a store
+    gone with node 0's launcher is skipped."""
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    if not launched_by_us() or _env_int("GROUP_WORLD_SIZE", 1) < 2 or not dist.is_initialized():
-        return
-    node = f"node {os.environ.get('GROUP_RANK', '?')} ({socket.gethostname()})"
+    ours = launched_by_us()
+    if not dist.is_initialized() or dist.get_world_size() < 2 or (ours and _env_int("GROUP_WORLD_SIZE", 1) < 2):
+        return None
+    where = f"node {os.environ.get('GROUP_RANK', '?')}" if ours else f"rank {dist.get_rank()}"
+    where = f"{where} ({socket.gethostname()})"
     with suppress(Exception):
         store = dist.distributed_c10d._get_default_store()
         store.set_timeout(timedelta(seconds=5))
         if isinstance(err, UserError):
-            report_user_error(err)  # before the store: this node's other ranks read the file first
-            store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(err, f"{node}: "))
+            if ours:
+                report_user_error(err)  # before the store: this node's other ranks read the file first
+            store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(err, f"{where}: "))
         elif isinstance(err, SignalException):  # the agent stopping this node's workers: its launcher was stopped
             how = signal.Signals(err.sigval).name
-            stopped = WorkerFailure(f"{node} was stopped by {how}, and this node's workers with it")
+            stopped = WorkerFailure(f"{where} was stopped by {how}, and this node's workers with it")
             store.compare_set(PEER_ERROR_KEY, "", _user_error_payload(stopped))
         elif not user_error_reported() and store.check([PEER_ERROR_KEY]):
-            _hand_to_launcher(store.get(PEER_ERROR_KEY).decode())
+            return _user_error_from(store.get(PEER_ERROR_KEY).decode())
+    return None
 
 
 def user_error_reported() -> bool:
@@ -444,11 +450,19 @@ def user_error_reported() -> bool:
 def _workers_user_error(error_file: Path) -> UserError | None:
     """The user error a worker handed back (`report_user_error`), as its own kind (ConfigError, DataError, ...) with
     its exit code; None where none did."""
+    try:
+        return _user_error_from(error_file.read_text(encoding="utf-8"))
+    except OSError:
+        return None
+
+
+def _user_error_from(payload: str) -> UserError | None:
+    """The user error of a `_user_error_payload`; None where it cannot be read."""
     from tuneforge import errors
 
     try:
-        reported = json.loads(error_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        reported = json.loads(payload)
+    except ValueError:
         return None
     kind = getattr(errors, str(reported.get("kind")), None)
     known = isinstance(kind, type) and issubclass(kind, UserError)  # a worker's own class (WorkerFailure): UserError

@@ -246,7 +246,9 @@ class Trainer:
         try:
             return launch.hand_back(work(backend), backend.is_main)
         except Exception as err:
-            launch.pass_failure_across_nodes(err)  # while the world's store is still there
+            peer_error = launch.pass_failure_across_ranks(err)  # while the world's store is still there
+            if peer_error is not None:  # this rank's failure follows from a peer's user error (or stop)
+                raise peer_error from None
             raise
         finally:
             backend.teardown()
