@@ -63,7 +63,7 @@ def test_each_command_builds_its_own_arguments(command):
         (["train", "--bogus", "1"], ("tuneforge train: unrecognized arguments: --bogus", "tuneforge train --help")),
         (["serve", "m", "--port", "1", "extra"], ("tuneforge serve: unrecognized arguments: extra",)),
         (["predict", "m"], ("the following arguments are required: --input, --output",)),
-        (["trian"], ("invalid choice: 'trian'", "train")),
+        (["trian"], ("unknown command 'trian'", "did you mean 'train'?", "tuneforge --help` lists the commands")),
         ([], ("the following arguments are required: command",)),
     ],
 )
@@ -75,6 +75,26 @@ def test_argparse_refusals_are_one_error_line(capfd, tmp_path, argv, needles):
     proc = in_process(capfd, *argv)
     assert_refused(proc, tmp_path, *needles)
     assert proc.stderr.startswith("error: tuneforge") and "usage:" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        # a unique prefix was taken silently (`--out` as --output-dir, `--max-len` as --max-length) while a prefix of
+        # two flags was refused: abbreviations are refused alike, naming the flag meant
+        # (--batch-size 0: were the abbreviation taken, the run stops there, before any work)
+        (["train", "--out", "x", "--batch-size", "0"], ("unrecognized arguments: --out", "mean --output-dir?")),
+        (["train", "--max-len=64", "--batch-size", "0"], ("arguments: --max-len=64", "did you mean --max-length?")),
+        (["train", "--lable-column", "y"], ("did you mean --label-column?",)),
+        (["predict", "m", "--input", "i", "--output", "o", "--batch", "8"], ("--batch 8", "mean --batch-size?")),
+        (["train", "--sav", "1"], ("did you mean --save-steps, --save-strategy or --save-total-limit?",)),
+        (["tran"], ("unknown command 'tran'", "did you mean 'train'?")),
+    ],
+)
+def test_an_abbreviated_or_misspelt_flag_is_refused_naming_the_flag_meant(capfd, tmp_path, argv, needles):
+    from test_bad_input import assert_refused, in_process
+
+    assert_refused(in_process(capfd, *argv), tmp_path, *needles)
 
 
 def test_help_still_shows_the_usage(capfd):

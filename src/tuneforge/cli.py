@@ -8,6 +8,7 @@ its traceback was written, exit 1.
 from __future__ import annotations
 
 import argparse
+import difflib
 import functools
 import importlib
 import re
@@ -394,18 +395,26 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 class OneLineParser(argparse.ArgumentParser):
     """argparse's own refusals (an unknown flag, a value outside a flag's choices, a missing argument) as one
     `error:` line and exit 2, like every other bad input; the usage block argparse prints before them buried the
-    reason. `--help` shows the usage; the subcommands' parsers are of this class too (argparse makes them so)."""
+    reason. `--help` shows the usage; the subcommands' parsers are of this class too (argparse makes them so).
+
+    A flag is taken only as written: argparse's abbreviations (`--out` taken as --output-dir, while `--save`, a prefix
+    of three flags, was refused) made a typo's meaning depend on which flags exist, and a flag added later would break
+    a script's abbreviation; an unknown flag or command names the ones it is closest to instead, as config keys do."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.commands: dict[str, argparse.ArgumentParser] = {}  # the top level's: each command's parser, by name
 
     def error(self, message: str):
-        self.exit(2, f"error: {self.prog}: {message} (`{self.prog} --help` lists the flags)\n")
+        listed = "commands" if self.commands else "flags"
+        self.exit(2, f"error: {self.prog}: {message} (`{self.prog} --help` lists the {listed})\n")
 
     def parse_command(self, argv: list[str]) -> argparse.Namespace:
         """`parse_args`, a command's unknown flags refused by that command's parser (argparse's top level refuses
         them as its own: "tuneforge: unrecognized arguments", pointing at the wrong --help)."""
+        if self.commands and argv and not argv[0].startswith("-") and argv[0] not in self.commands:
+            self.error(f"unknown command {argv[0]!r}{_did_you_mean(argv[0], self.commands, quote=True)}")
         ns, extra = self.parse_known_args(argv)
         command = self.commands.get(ns.command, self)
         listed = _listed_positional(command)
@@ -413,8 +422,24 @@ class OneLineParser(argparse.ArgumentParser):
             # `train CONFIG --max-steps 2 epochs=3`: argparse fills a list positional only before the first flag
             setattr(ns, listed, [*getattr(ns, listed), *extra])
         elif extra:
-            command.error(f"unrecognized arguments: {' '.join(extra)}")
+            flags = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
+            unknown = next((item.split("=", 1)[0] for item in extra if item.startswith("--")), "")
+            command.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(unknown, flags)}")
         return ns
+
+
+def _did_you_mean(given: str, known, quote: bool = False) -> str:
+    """'; did you mean --output-dir?' naming what `given` abbreviates (the closest 3 of them), else the one it is a
+    near miss of among `known`; '' where nothing is close."""
+    known = list(known)
+    if not given:
+        return ""
+    longer = [name for name in known if name.startswith(given)]
+    close = difflib.get_close_matches(given, longer, n=3, cutoff=0) or difflib.get_close_matches(given, known, 1, 0.8)
+    if not close:
+        return ""
+    names = [repr(name) if quote else name for name in close]
+    return f"; did you mean {' or '.join(names) if len(names) < 3 else f'{names[0]}, {names[1]} or {names[2]}'}?"
 
 
 def _listed_positional(parser: argparse.ArgumentParser) -> str | None:
