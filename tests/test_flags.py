@@ -232,3 +232,39 @@ def test_a_leading_tilde_in_a_commands_path_is_the_home_folder(command, tmp_path
     assert {v for v in given_values(options) if str(v).startswith(str(tmp_path))} == expanded
     kept = {"~/not a path: a prompt"} if command == "generate" else set()
     assert {v for v in given_values(options) if str(v).startswith("~")} == kept
+
+
+def every_commands_help() -> dict[tuple[str, str], str]:
+    """{(command, flag): its help text} of every command's flags, as `--help` shows them."""
+    from tuneforge.cli import build_parser
+
+    parser = build_parser(None)
+    return {
+        (name, action.option_strings[-1]): action.help or ""
+        for name, sub in parser.commands.items()
+        for action in sub._actions
+        if action.option_strings and action.dest != "help"
+    }
+
+
+def test_every_flag_has_help_and_states_its_default():
+    """Each flag says what it does, and its default where it has one: a description with the word 'default' in it
+    hid the default (train's --epochs 2 and --lr 8e-05, serve's --generation-config auto), a list's default_factory
+    showed as 'PydanticUndefined' (--reward), eval's --output-dir and --json and env's --json had no help, and a
+    switch outside a run's config (serve's --pack-weights, sweep's --plots) said its default was 'the task's'."""
+    helps = every_commands_help()
+    assert not [flag for flag, text in helps.items() if not text.strip()]
+    assert not [flag for flag, text in helps.items() if "Undefined" in text]
+    shown = {
+        ("train", "--epochs"): "(default: 2)",
+        ("train", "--lr"): "(default: 8e-05)",
+        ("train", "--attn-implementation"): "(default: auto)",
+        ("serve", "--generation-config"): "(default: auto)",
+        ("serve", "--no-pack-weights"): "(default: on; --no-pack-weights turns it off)",
+        ("sweep", "--no-plots"): "(default: on; --no-plots turns it off)",
+        ("train", "--no-packing"): "(default: on, or the task's;",
+        ("eval", "--output-dir"): "default: runs/harness",
+        ("train", "--save-total-limit"): "plus the best",
+    }
+    for flag, text in shown.items():
+        assert text in helps[flag], f"{flag}: {helps[flag]!r}"

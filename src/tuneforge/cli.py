@@ -329,13 +329,19 @@ def _eval_arguments(p: argparse.ArgumentParser) -> None:
     )
     _add_flags(p, eval_flags())
     add_harness_flags(p)
-    p.add_argument("--output-dir", default=None, type=expanduser)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--output-dir",
+        default=None,
+        type=expanduser,
+        help="with --harness: the folder results.json and results.md go to (default: runs/harness); a task's "
+        "evaluation writes nothing",
+    )
+    p.add_argument("--json", action="store_true", help="last stdout line: the metrics as JSON")
     p.set_defaults(func=cmd_eval)
 
 
 def _env_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print it as one JSON object")
     p.set_defaults(func=cmd_env)
 
 

@@ -369,7 +369,9 @@ class TrainConfig(Options):
     save_steps: int | None = Field(
         None, gt=0, le=MAX_STEPS, description="save every N steps (alone: implies save_strategy steps)"
     )
-    save_total_limit: int | None = Field(None, gt=0, le=MAX_STEPS, description="keep only the newest N checkpoints")
+    save_total_limit: int | None = Field(
+        None, gt=0, le=MAX_STEPS, description="keep the newest N checkpoints, plus the best one (by metric_for_best)"
+    )
     resume: str | None = Field(
         None,
         description="'latest' (the flag alone) or a checkpoint folder",
@@ -406,7 +408,10 @@ class TrainConfig(Options):
 
     # output
     quiet: bool = Field(
-        False, description="no progress bar or log lines, only errors (and --json)", json_schema_extra=EVAL
+        False,
+        description="no progress bar or log lines: only errors and the result (its last lines; with --json the JSON "
+        "line alone)",
+        json_schema_extra=EVAL,
     )
     # experiment trackers (tuneforge/tracking/, which names them); metrics.jsonl is written whatever this says
     report_to: list[str] = Field(

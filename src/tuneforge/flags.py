@@ -76,16 +76,17 @@ def field_flag(name: str, field, key: str) -> tuple[str, tuple[str, dict[str, An
         kind = kinds[0] if len(kinds) == 1 else kind
     help_text = field.description or ""
     if kind is bool and field.default is True:
-        help_text = f"{help_text} (default: on, or the task's; --no-{flag.removeprefix('--')} turns it off)"
+        whose = ", or the task's" if "." in key else ""  # a run's task_options.* and data.*: a task may turn it off
+        help_text = f"{help_text} (default: on{whose}; --no-{flag.removeprefix('--')} turns it off)"
     kwargs = _type_kwargs(kind, field, key)
     if "choices" not in kwargs and kind is not bool and not positional:
         kwargs["metavar"] = name.upper()
     if field.is_required() and not positional:
         kwargs["required"] = True
     kwargs.update(extra.get("flag_kwargs", {}))
-    shown = None if field.is_required() else field.get_default(call_default_factory=True)
-    if kind is not bool and shown not in (None, "", []) and "default" not in help_text:
-        shown = " ".join(map(str, shown)) if isinstance(shown, list) else shown
+    shown = None if field.is_required() else field.get_default(call_default_factory=True)  # a factory's: its value
+    shown = " ".join(map(str, shown)) if isinstance(shown, list) else shown  # (an empty list: "", not shown)
+    if kind is not bool and shown not in (None, "") and "default:" not in help_text:  # one the description states
         help_text = f"{help_text} (default: {shown})" if help_text else f"default: {shown}"
     kwargs["help"] = help_text.replace("%", "%%")
     return flag, (key, kwargs)
