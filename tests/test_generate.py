@@ -93,9 +93,9 @@ def test_seq2seq_decodes_as_its_evaluation_did_unless_a_flag_says(tiny_t5, tmp_p
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     ids = AutoTokenizer.from_pretrained(model_dir)(prefix + source, return_tensors="pt")
 
-    def transformers_text(**options) -> str:
+    def transformers_text(inputs=ids, **options) -> str:
         with torch.no_grad():
-            out = model.generate(**ids, do_sample=False, **options)
+            out = model.generate(**inputs, do_sample=False, **options)
         return AutoTokenizer.from_pretrained(model_dir).decode(out[0], skip_special_tokens=True)
 
     # what `eval` scored: beam search of num_beams, up to generation_max_length new tokens (was greedy, 50 tokens)
@@ -115,6 +115,12 @@ def test_seq2seq_decodes_as_its_evaluation_did_unless_a_flag_says(tiny_t5, tmp_p
     code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", source, *sampled)
     assert code == 0 and out.strip() == transformers_text(num_beams=1, max_new_tokens=4), err
     assert err.strip().endswith("source_prefix 'summarize: ', max_length 64")
+    # --max-length in place of the trained max_length, as predict's and serve's (the line said a flag overrides it,
+    # and generate had no such flag)
+    cut = AutoTokenizer.from_pretrained(model_dir)(prefix + source, truncation=True, max_length=4, return_tensors="pt")
+    code, out, err = cli_main(capsys, "generate", str(model_dir), "--prompt", source, "--max-length", "4")
+    assert code == 0 and out.strip() == transformers_text(cut, num_beams=3, max_new_tokens=9), err
+    assert err.strip().endswith("source_prefix 'summarize: ', num_beams 3, generation_max_length 9")
 
 
 def test_cli_prints_prompt_and_continuation(tiny_gpt2, capsys):
@@ -186,6 +192,28 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
 def test_bad_generation_options(tiny_gpt2, capsys, flags, message):
     code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man", *flags)
     assert code == 2 and err.strip() == message
+
+
+@pytest.mark.parametrize(
+    "command, flags, named",
+    [
+        ("generate", ["--temperature", "0.7"], "--temperature sets"),
+        ("generate", ["--top-k", "5", "--top-p", "0.9"], "--top-k and --top-p set"),
+        ("chat", ["--top-p", "0.9"], "--top-p sets"),
+    ],
+)
+def test_a_sampling_setting_without_do_sample_is_refused(tiny_gpt2, capsys, command, flags, named):
+    """Greedy decoding reads no temperature, top-k or top-p: they were dropped without a word (transformers warns)."""
+    prompt = ["--prompt", "A man"] if command == "generate" else []
+    code, out, err = cli_main(capsys, command, tiny_gpt2, *prompt, *flags)
+    assert code == 2 and err.strip() == (
+        f"error: {named} how to sample, but decoding is greedy without --do-sample: add --do-sample, or leave them out"
+    )
+
+
+def test_max_length_is_refused_for_a_causal_lm(tiny_gpt2, capsys):
+    code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man", "--max-length", "4")
+    assert code == 2 and "is a causal LM, whose prompt is never cut" in err
 
 
 def test_missing_model_folder(tmp_path, capsys):

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge.artifacts import context_length
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
-from tuneforge.generate import Generator, MaxNewTokens, Seed, Temperature, TopP, not_utf8
+from tuneforge.generate import Generator, MaxNewTokens, Seed, Temperature, TopP, check_sampling_asked, not_utf8
 from tuneforge.options import PATH
 
 
@@ -31,6 +31,7 @@ class ChatOptions(BaseModel):
     loads."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    _sampling_asked = model_validator(mode="after")(check_sampling_asked)
 
     model_dir: str = Field(
         description="a chat model folder (OUTPUT_DIR/model of an --task sft run)",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge import slot_cache
 from tuneforge.adapters import load_pretrained_model
@@ -51,6 +51,7 @@ from tuneforge.options import PATH
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch
 
 MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
+MAX_LENGTH = 1 << 20  # --max-length's bound, as predict's and serve's
 MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
 BETWEEN = "{flag} must be between {ge} and {le} (got {value})"
 AT_LEAST = "{flag} must be at least {ge} (got {value})"
@@ -93,11 +94,26 @@ Seed = Annotated[
 ]
 
 
+def check_sampling_asked(options: BaseModel) -> BaseModel:
+    """A model validator: temperature, top-k or top-p without do_sample is refused, as other settings that would do
+    nothing are: greedy and beam search read none of them (transformers' generate warns and ignores them)."""
+    given = [
+        f"--{name.replace('_', '-')}" for name in ("temperature", "top_k", "top_p") if getattr(options, name, None)
+    ]
+    if given and not options.do_sample:
+        raise ValueError(
+            f"{' and '.join(given)} {'sets' if len(given) == 1 else 'set'} how to sample, but decoding is greedy "
+            "without --do-sample: add --do-sample, or leave them out"
+        )
+    return options
+
+
 class Sampling(BaseModel):
     """How one `Generator.generate` call decodes: greedy by default, sampling with --do-sample, beam search with
     --num-beams. Checked in one step: a bad value is one line naming its flag."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    _sampling_asked = model_validator(mode="after")(check_sampling_asked)
 
     max_new_tokens: MaxNewTokens = 50
     do_sample: bool = Field(False, description="sample instead of greedy / beam search")
@@ -123,6 +139,14 @@ class GenerateOptions(Sampling):
         json_schema_extra={**POSITIONAL, **PATH},
     )
     prompt: list[str] = Field(description="input text; repeat for several")
+    max_length: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_LENGTH,
+        description="a seq2seq model's inputs cut to this many tokens (default: the training max_length); a causal "
+        "LM's prompt is never cut",
+        json_schema_extra={"refusal": BETWEEN},
+    )
     print_json: bool = Field(
         False,
         description="one JSON line: {generations: [{prompt, generated}]}",
@@ -440,11 +464,11 @@ def context_room(
 # ---- CLI ---------------------------------------------------------------------------------
 def cmd_generate(ns: argparse.Namespace) -> int:
     options = parse_options(GenerateOptions, ns)  # every flag checked before the model loads
-    generator = Generator(options.model_dir)
+    generator = Generator(options.model_dir, max_length=options.max_length)
     for note in generator.defaults.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     given = {key: getattr(ns, key, None) for key in Sampling.model_fields}  # None: the flag was left out
-    line = generator.trained_settings_line(given)
+    line = generator.trained_settings_line({**given, "max_length": options.max_length})
     if line:
         print(line, file=sys.stderr, flush=True)
     outputs = generator.generate(options.prompt, **given)
