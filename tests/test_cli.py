@@ -150,6 +150,13 @@ def test_eval_takes_the_settings_a_folder_was_trained_with(tmp_path, capsys, inf
         (["train", "--lr", "1", "a.yaml", "--seed", "1", "lora_r=4", "epochs=3"], ["a.yaml", "lora_r=4", "epochs=3"]),
         (["prepare", "run.yaml", "--num-workers", "2", "task=clm"], ["run.yaml", "task=clm"]),
         (["sweep", "run.yaml", "--space", "s.yaml", "backend=ddp", "seed=1"], ["run.yaml", "backend=ddp", "seed=1"]),
+        # --report-to takes several words: an override or the config after it was refused as a tracker's name
+        (["train", "run.yaml", "--report-to", "tensorboard", "epochs=2"], ["run.yaml", "epochs=2"]),
+        (["train", "--report-to", "mlflow", "run.yaml"], ["run.yaml"]),
+        (
+            ["train", "a.yaml", "--seed", "1", "epochs=3", "--report-to", "mlflow", "epochs=2"],
+            ["a.yaml", "epochs=3", "epochs=2"],
+        ),
     ],
 )
 def test_overrides_may_follow_flags(argv, positionals):
@@ -157,7 +164,9 @@ def test_overrides_may_follow_flags(argv, positionals):
     was refused as an unrecognized argument); the overrides keep their order."""
     from tuneforge.cli import build_parser
 
-    assert list(build_parser(argv[0]).parse_command(argv).config) == positionals
+    ns = build_parser(argv[0]).parse_command(argv)
+    assert list(ns.config) == positionals
+    assert getattr(ns, "report_to", None) in (None, ["tensorboard"], ["mlflow"])
 
 
 def test_an_unknown_flag_among_overrides_is_still_refused(capfd, tmp_path):

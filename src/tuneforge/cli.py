@@ -424,14 +424,39 @@ class OneLineParser(argparse.ArgumentParser):
         ns, extra = self.parse_known_args(argv)
         command = self.commands.get(ns.command, self)
         listed = _listed_positional(command)
+        if listed:
+            _reclaim_positionals(command, ns, listed, argv)
         if extra and listed and not any(item.startswith("-") for item in extra):
             # `train CONFIG --max-steps 2 epochs=3`: argparse fills a list positional only before the first flag
-            setattr(ns, listed, [*getattr(ns, listed), *extra])
+            words = [*getattr(ns, listed), *extra]
+            setattr(ns, listed, sorted(words, key=lambda word: argv.index(word) if word in argv else -1))
         elif extra:
             flags = [o for action in command._actions for o in action.option_strings if o.startswith("--")]
             unknown = next((item.split("=", 1)[0] for item in extra if item.startswith("--")), "")
             command.error(f"unrecognized arguments: {' '.join(extra)}{_did_you_mean(unknown, flags)}")
         return ns
+
+
+def _reclaim_positionals(parser: argparse.ArgumentParser, ns: argparse.Namespace, listed: str, argv: list[str]):
+    """`train CONFIG --report-to mlflow epochs=2`: a flag of several words (nargs '+') takes every word up to the
+    next flag, so an override after it was refused as a tracker's name. Its words that are a key=VALUE override or a
+    .yaml config, which no such flag takes, go back to the config positional `listed`, in the order typed."""
+
+    def positional(word) -> bool:
+        if not isinstance(word, str):
+            return False
+        key, equals, _ = word.partition("=")
+        return bool(equals and OVERRIDE_KEY.fullmatch(key)) or word.lower().endswith((".yaml", ".yml"))
+
+    for action in parser._actions:
+        values = getattr(ns, action.dest, None)
+        if action.nargs != argparse.ONE_OR_MORE or not isinstance(values, list):
+            continue
+        words = [word for word in values if positional(word)]
+        if words and len(words) < len(values):  # (a flag left with no word of its own keeps them: refused as is)
+            setattr(ns, action.dest, [word for word in values if not positional(word)])
+            moved = [*getattr(ns, listed), *words]
+            setattr(ns, listed, sorted(moved, key=lambda word: argv.index(word) if word in argv else -1))
 
 
 def _did_you_mean(given: str, known, quote: bool = False) -> str:
