@@ -143,8 +143,7 @@ class GenerateOptions(Sampling):
         None,
         ge=1,
         le=MAX_LENGTH,
-        description="a seq2seq model's inputs cut to this many tokens (default: the training max_length); a causal "
-        "LM's prompt is never cut",
+        description="truncate inputs (default: the training max_length); a causal LM's prompt is never cut",
         json_schema_extra={"refusal": BETWEEN},
     )
     print_json: bool = Field(
