@@ -366,3 +366,14 @@ def test_a_resume_with_another_schedule_trains_its_first_step_at_the_new_schedul
     more = {"max_steps": 4, "resume": "latest", "optim": {"lr": 1e-3}, **changed}
     Trainer(tiny_run_config(tmp_path, tiny_bert, cache_dir, **more), callbacks=[spy]).fit()
     assert spy.lr == pytest.approx(1e-3 * multiplier, rel=1e-6)
+
+
+@pytest.mark.parametrize("word, hinted", [("epochs=3", True), ("configs/glue-mrpc.yaml", True), ("ckpt-9", False)])
+def test_a_word_resume_took_from_the_command_line_is_named(tmp_path, word, hinted):
+    """`train --resume epochs=3` (or `--resume CONFIG`): the flag takes the word after it; the line says so."""
+    from tuneforge.checkpoint import find_checkpoint
+    from tuneforge.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=f"checkpoint '{word}' does not exist") as refused:
+        find_checkpoint(word, str(tmp_path / "run"))
+    assert ("--resume takes the word after it" in str(refused.value)) == hinted

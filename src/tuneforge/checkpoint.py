@@ -475,7 +475,12 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
         return ckpts[-1]
     path = Path(resume)
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {resume!r} does not exist; pass a checkpoint-STEP folder or --resume latest")
+        # `train --resume epochs=3`: the flag took the override (or config) after it as its checkpoint
+        taken = "=" in resume or resume.lower().endswith((".yaml", ".yml"))
+        hint = "; --resume takes the word after it: put the config and key=value overrides before it" if taken else ""
+        raise CheckpointError(
+            f"checkpoint {resume!r} does not exist; pass a checkpoint-STEP folder or --resume latest{hint}"
+        )
     if not (path / MANIFEST).exists():
         raise CheckpointError(
             f"{resume!r} is not a complete tuneforge checkpoint (no {MANIFEST}: not a checkpoint, or its write did "
