@@ -197,6 +197,13 @@ def test_max_length_above_model_limit(capfd, tmp_path, tiny_bert, files):
     assert_refused(proc, tmp_path, "max_length 256", "limit of 128", "--max-length 128")
 
 
+def test_an_unset_max_length_past_the_models_positions(capfd, tmp_path, tiny_bert, files):
+    """max_length null (a config's, an override's) cut texts at the tokenizer's model_max_length (MiniLM's 512, a hub
+    tokenizer's ~1e30: nowhere) on a model of 128 positions: an internal error at the first long text."""
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "data.max_length=null"))
+    assert_refused(proc, tmp_path, "max_length is unset (null)", "model_max_length 512", "--max-length 128")
+
+
 @pytest.mark.parametrize(
     "flag, value, said",
     [("--text-column", "txt", "column 'txt' not found"), ("--max-length", "256", "use --max-length 128 or less")],

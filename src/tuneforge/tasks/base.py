@@ -552,7 +552,18 @@ class Task:
 
     # --- saving -------------------------------------------------------------------------
     def check_max_length(self, tokenizer, model_config) -> None:
-        check_max_length_fits(self.config.data.max_length, model_config)
+        """max_length within the model's positions; unset (null), texts are cut at the tokenizer's model_max_length
+        (transformers' truncation), which must then be within them too (a hub tokenizer's ~1e30 is no limit)."""
+        max_length = self.config.data.max_length
+        limit = context_length(model_config)
+        stated = getattr(tokenizer, "model_max_length", None)
+        if max_length is None and limit and not (isinstance(stated, int) and stated <= limit):
+            cut = f"at its model_max_length {stated}" if isinstance(stated, int) and stated < 1 << 30 else "nowhere"
+            raise ConfigError(
+                f"max_length is unset (null), so texts are cut where the tokenizer says ({cut}), past the model's "
+                f"{limit} positions; give --max-length {limit} or less"
+            )
+        check_max_length_fits(max_length, model_config)
 
 
 def mean_over_ranks(backend, loss_sum: torch.Tensor, count: torch.Tensor) -> float:
