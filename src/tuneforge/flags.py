@@ -25,12 +25,26 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from tuneforge.errors import ConfigError
 from tuneforge.options import home_expanded
 
 POSITIONAL: dict[str, Any] = {"positional": True}  # json_schema_extra of a positional argument (MODEL_DIR)
+MAX_INPUT_LENGTH = 1 << 20  # --max-length's bound where a command reads a trained model (predict, generate, serve)
+
+
+def input_max_length_field(description: str):
+    """The --max-length of a command that runs a trained model: inputs cut to it, its default the training's."""
+    return Field(
+        None,
+        ge=1,
+        le=MAX_INPUT_LENGTH,
+        description=description,
+        json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value}"},
+    )
+
+
 BOUNDS = ("ge", "gt", "le", "lt")
 
 FlagTable = dict[str, tuple[str, dict[str, Any]]]  # flag -> (options key, argparse kwargs)

@@ -45,13 +45,12 @@ from tuneforge.artifacts import (
     trained_settings_line,
 )
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.flags import POSITIONAL, add_model_flags, input_max_length_field, parse_options
 from tuneforge.generation_defaults import SAMPLING_EPS, checked_defaults
 from tuneforge.options import PATH
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch
 
 MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
-MAX_LENGTH = 1 << 20  # --max-length's bound, as predict's and serve's
 MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
 BETWEEN = "{flag} must be between {ge} and {le} (got {value})"
 AT_LEAST = "{flag} must be at least {ge} (got {value})"
@@ -139,12 +138,8 @@ class GenerateOptions(Sampling):
         json_schema_extra={**POSITIONAL, **PATH},
     )
     prompt: list[str] = Field(description="input text; repeat for several")
-    max_length: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_LENGTH,
-        description="truncate inputs (default: the training max_length); a causal LM's prompt is never cut",
-        json_schema_extra={"refusal": BETWEEN},
+    max_length: int | None = input_max_length_field(
+        "truncate inputs (default: the training max_length); a causal LM's prompt is never cut"
     )
     print_json: bool = Field(
         False,

@@ -40,7 +40,7 @@ from tuneforge.artifacts import (
 )
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.files import json_text, replacing
-from tuneforge.flags import POSITIONAL, add_model_flags, parse_options
+from tuneforge.flags import POSITIONAL, add_model_flags, input_max_length_field, parse_options
 from tuneforge.options import PATH
 from tuneforge.paths import check_local
 from tuneforge.tasks.classification import ClassificationPredictor as Predictor  # the name of before
@@ -48,7 +48,6 @@ from tuneforge.tasks.classification import ClassificationPredictor as Predictor 
 # the table files train reads, each also compressed whole (rows.jsonl.gz, rows.csv.zst): not a .txt corpus, whose
 # lines are a language model's text, nor CoNLL's token-per-line .txt
 PREDICT_FORMATS = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
-MAX_LENGTH = 1 << 20
 MAX_DIMENSIONS = 1 << 20
 NO_ROOM_THEN = " or choose another --output"  # a write of --output that failed for want of room
 VECTOR_FORMAT = ".npy"  # --output of a sentence encoder's vectors as one matrix
@@ -78,12 +77,8 @@ class PredictOptions(BaseModel):
         None, description="the input's text column; twice for sentence pairs (default: the columns it trained on)"
     )
     batch_size: int = Field(64, ge=1, description="rows in one forward pass")
-    max_length: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_LENGTH,
-        description="truncate inputs to this many tokens (default: the training max_length)",
-        json_schema_extra={"refusal": "{flag} must be between {ge} and {le}, got {value}"},
+    max_length: int | None = input_max_length_field(
+        "truncate inputs to this many tokens (default: the training max_length)"
     )
     dimensions: int | None = Field(
         None,

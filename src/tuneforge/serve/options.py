@@ -8,11 +8,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tuneforge.flags import POSITIONAL
+from tuneforge.flags import POSITIONAL, input_max_length_field
 from tuneforge.options import PATH
 
 API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
-MAX_LENGTH = 1 << 20
 MAX_BATCH_SIZE = 32  # the defaults that the engine and the batcher take too (serve/engine.py, serve/batching.py)
 MAX_QUEUE = 256
 
@@ -43,12 +42,8 @@ class ServeOptions(BaseModel):
     port: int = Field(
         8000, ge=0, le=65535, description="port to listen on (0: any free one)", json_schema_extra={"refusal": BETWEEN}
     )
-    max_length: int | None = Field(
-        None,
-        ge=1,
-        le=MAX_LENGTH,
-        description="truncate inputs (default: the training max_length); a causal LM's prompt is never cut",
-        json_schema_extra={"refusal": BETWEEN},
+    max_length: int | None = input_max_length_field(
+        "truncate inputs (default: the training max_length); a causal LM's prompt is never cut"
     )
     api_key: str | None = Field(
         None,
