@@ -379,6 +379,8 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
         return [llama, out, *gguf, "--quant", "q5_k"], ("--quant 'q5_k' is not a GGUF type", "q4_0")
     if case == "quant without gguf":
         return [llama, str(tmp_path / "out"), "--quant", "q8_0"], ("--quant q8_0 goes with --format gguf",)
+    if case == "a .gguf name without --format gguf":  # it was a checkpoint's refusal, which did not say why
+        return [llama, out], ("names a .gguf file", "add --format gguf")
     if case == "unknown format":
         return [llama, out, "--format", "onnx"], ("--format 'onnx' is not one tuneforge writes",)
     if case == "not a .gguf path":
@@ -434,6 +436,7 @@ BAD_CASES = [
     "sentencepiece tokenizer",
     "unknown quant",
     "quant without gguf",
+    "a .gguf name without --format gguf",
     "unknown format",
     "not a .gguf path",
     "destination is a folder",

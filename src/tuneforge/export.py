@@ -422,6 +422,10 @@ class ExportOptions(BaseModel):
             raise ValueError("--base goes with --merge (the model an adapter is merged into)")
         if self.quant and self.format != "gguf":
             raise ValueError(f"--quant {self.quant} goes with --format gguf (an HF folder keeps the model's dtype)")
+        if self.format == "hf" and self.out_dir.lower().endswith(".gguf"):  # a folder named so, then a checkpoint error
+            raise ValueError(
+                f"{self.out_dir!r} names a .gguf file: add --format gguf (without it export writes a folder)"
+            )
         return self
 
 
