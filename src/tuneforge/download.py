@@ -102,7 +102,8 @@ def download(
         why = "offline mode is on (HF_HUB_OFFLINE=1)" if constants.HF_HUB_OFFLINE else "the hub could not be reached"
         raise ConfigError(
             f"could not download {what}: {why}; connect to the internet (unset HF_HUB_OFFLINE), "
-            "or copy the model folder to this machine and pass its path to --model"
+            "or copy the files to this machine and give their folder where the repo id would go (train --model or "
+            "--data-dir, predict, serve)"
         ) from None
     except GatedRepoError:
         raise ConfigError(

@@ -367,7 +367,7 @@ def cmd_predict(ns: argparse.Namespace) -> int:
         options.dimensions,
         options.precision,
     )
-    print(f"wrote {n} predictions to {options.output}", flush=True)
+    print(f"wrote {n} prediction{'' if n == 1 else 's'} to {options.output}", flush=True)
     return 0
 
 
