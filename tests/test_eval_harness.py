@@ -475,10 +475,13 @@ def test_a_field_a_template_reads_only_where_another_is_not_defined_is_not_requi
     long_llama, shared_data, tmp_path, capsys
 ):
     """gsm8k_llama's target is `answer.split(...) if answer is defined else target`: GSM8K's rows, with an answer and
-    no target, are what it reads."""
-    args = harness_eval(
-        long_llama, tmp_path / "out", f"gsm8k_llama={shared_data / 'gsm8k'}", harness_limit=1, harness_max_gen_toks=2
-    )
+    no target, are what it reads (three of the shared rows per split: the task's few-shot examples come from train)."""
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    for split in ("train", "test"):
+        with open(shared_data / "gsm8k" / f"{split}.jsonl", encoding="utf-8") as rows:
+            (folder / f"{split}.jsonl").write_text("".join(next(rows) for _ in range(3)), encoding="utf-8")
+    args = harness_eval(long_llama, tmp_path / "out", f"gsm8k_llama={folder}", harness_limit=1, harness_max_gen_toks=2)
     code, _, err = cli_main(capsys, *args)
     assert code == 0, err
     assert strict_json(tmp_path / "out" / "results.json")["n-samples"]["gsm8k_llama"]["effective"] == 1

@@ -39,31 +39,43 @@ def _full_index():
 
 
 @functools.cache
-def _yaml_texts() -> tuple[bytes, ...]:
-    return tuple(path.read_bytes() for path in _tasks_root().rglob("*.yaml"))
+def _yaml_files() -> tuple[tuple[Path, bytes], ...]:
+    return tuple((path, path.read_bytes()) for path in _tasks_root().rglob("*.yaml"))
 
 
 NAMED = re.compile(rb"^\s*(?:-\s*)?(?:task|group|tag):\s*['\"]?([A-Za-z0-9_.\-]+)", re.MULTILINE)
 
 
-def task_manager(names: tuple[str, ...]):
-    """A TaskManager that knows each of `names`, else one line naming the unknown ones. One over the folders named
-    like them (lm_eval/tasks/piqa, .../arc for arc_easy) where those hold each name as a single task, which takes
-    milliseconds; else the whole index, which reads every task's YAML (many seconds) unless a name is written in
-    none of them (a typo: refused after a plain text scan)."""
+def _single_tasks_in(folders: list[Path], names: tuple[str, ...]):
+    """A TaskManager over `folders` only, if it holds each of `names` as a single task; else None."""
     from lm_eval.tasks import TaskManager
 
+    if not folders:
+        return None
+    small = TaskManager(include_defaults=False, include_path=[str(f) for f in folders])
+    return small if all(_entry_yaml(small.task_index.get(n)) for n in names) else None
+
+
+def task_manager(names: tuple[str, ...]):
+    """A TaskManager that knows each of `names`, else one line naming the unknown ones. One over the folders named
+    like them (lm_eval/tasks/piqa, .../arc for arc_easy), or else over the folders of the YAML files that write
+    `task: NAME` (llama3/instruct/gsm8k for gsm8k_llama), where those hold each name as a single task, which takes
+    a second; else the whole index, which reads every task's YAML (many seconds) unless a name is written in none
+    of them (a typo: refused after a plain text scan)."""
     root = _tasks_root()
     folders = {root / n for n in names} | {root / n.split("_")[0] for n in names}
     # the harness's own task folders only: a name that is a path ('/', '..', ~/data) names none of them
     folders = sorted(f for f in folders if f.parent == root and f.name != ".." and f.is_dir())
-    if folders:
-        small = TaskManager(include_defaults=False, include_path=[str(f) for f in folders])
-        if all(_entry_yaml(small.task_index.get(n)) for n in names):
-            return small
-    nowhere = [n for n in names if not any(n.encode() in text for text in _yaml_texts())]
+    manager = _single_tasks_in(folders, names)
+    if manager is None:
+        wanted = {n.encode() for n in names}
+        writing = sorted({path.parent for path, text in _yaml_files() if wanted & set(NAMED.findall(text))})
+        manager = _single_tasks_in(writing, names)
+    if manager is not None:
+        return manager
+    nowhere = [n for n in names if not any(n.encode() in text for _, text in _yaml_files())]
     if nowhere:
-        refuse_unknown(nowhere, sorted({m.decode() for text in _yaml_texts() for m in NAMED.findall(text)}))
+        refuse_unknown(nowhere, sorted({m.decode() for _, text in _yaml_files() for m in NAMED.findall(text)}))
     manager = _full_index()
     unknown = [n for n in names if n not in manager.task_index]
     if unknown:
