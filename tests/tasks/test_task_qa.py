@@ -303,7 +303,7 @@ def test_the_best_span_over_all_windows_answers_whatever_rank_scored_them(tiny_b
 # ---- train, eval, predict, serve --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, minilm_dir):
-    """MiniLM fine-tuned on questions about people's profiles: 40 steps (its run folder, data folder, result)."""
+    """MiniLM fine-tuned on questions about people's profiles: 20 steps (its run folder, data folder, result)."""
 
     def write_data(root: Path) -> Path:
         data = root / "data"
@@ -314,8 +314,8 @@ def trained(tmp_path_factory, minilm_dir):
         return data
 
     def command(data: Path, run: Path) -> list[str]:
-        flags = dict(train_file=data / "train.json", validation_file=data / "dev.json", max_length=64, max_steps=40)
-        return qa_train(minilm_dir, run, lr="2e-4", batch_size=16, json=True, quiet=True, **flags)
+        flags = dict(train_file=data / "train.json", validation_file=data / "dev.json", max_length=64, max_steps=20)
+        return qa_train(minilm_dir, run, lr="4e-4", batch_size=16, json=True, quiet=True, **flags)
 
     run, data, stdout = trained_once(tmp_path_factory, "qa-trained", write_data, command)
     return run, data, json.loads(stdout.strip().splitlines()[-1])
