@@ -246,6 +246,20 @@ def test_ddp_two_processes_train_resume_and_exact_perplexity(tiny_gpt2, text_fil
     assert first["perplexity"] == pytest.approx(single["perplexity"], rel=1e-5)
 
 
+def test_an_encoders_causal_lm_head_attends_to_earlier_tokens_only(tiny_bert, text_files, cache_dir):
+    """BERT's causal-LM class (BertLMHeadModel) attends both ways unless its config says is_decoder, as
+    transformers' warning asks: trained so, each token sees the one it predicts. The task's model is causal."""
+    task = clm_task(tiny_bert, *text_files, cache_dir)
+    model = task.load_model(task.load_tokenizer()).eval()
+    ids = torch.tensor([[101, 2023, 2003, 1037, 3231, 102]])
+    changed = ids.clone()
+    changed[0, -1] = 2154
+    with torch.no_grad():
+        first, second = (model(input_ids=x).logits[0, :-1] for x in (ids, changed))
+    assert model.config.is_decoder
+    assert torch.equal(first, second)
+
+
 # ---- bad input: one line, exit code 2 --------------------------------------------------------
 def test_block_size_above_the_models_context(tiny_gpt2, text_files, tmp_path, capsys):
     args = train_command(text_files, tiny_gpt2, task="clm", block_size=128, output_dir=tmp_path / "r")

@@ -246,6 +246,10 @@ class CausalLMTask(Task):
             )
         self.resolve_block_size()
         config = set_dropout(copy.deepcopy(model_config), self.config.dropout)
+        if getattr(config, "is_decoder", None) is False and not getattr(config, "is_encoder_decoder", False):
+            # an encoder's causal-LM class (BertLMHeadModel) attends both ways unless told: each token would see the
+            # one it predicts (transformers' own warning asks for is_decoder=True)
+            config.is_decoder = True
         if is_adapter_folder(path):  # a LoRA run's export: its base with the adapter merged in (eval, a new run)
             return self._fit_tokenizer(
                 load_pretrained_model(AutoModelForCausalLM, path, "the model", config=config), tokenizer
