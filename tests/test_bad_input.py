@@ -633,3 +633,65 @@ def test_the_token_and_span_tasks_without_data_load_the_hub_and_say_so_offline(t
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: could not load {dataset} from the Hugging Face hub") and "pass --data-dir" in line
     assert not (tmp_path / "out").exists()
+
+
+def write_family_case_data(folder: Path, task: str) -> list[str]:
+    """A small training file of `task`'s kind in `folder`, as the flags that pass it."""
+    import json
+
+    from conftest import write_conll, write_parallel
+
+    if task == "ner":
+        return ["--train-file", str(write_conll(folder / "train.txt", 8))]
+    if task == "seq2seq":
+        en, de = write_parallel(folder, "train", 8)
+        return ["--source-file", str(en), "--target-file", str(de)]
+    context = "Anna lives in Paris and works for Siemens."
+    rows = {
+        "qa": {
+            "question": "Where does Anna live?",
+            "context": context,
+            "answers": {"text": ["Paris"], "answer_start": [14]},
+        },
+        "multiple-choice": {"question": "Anna lives in", "choices": ["Paris.", "the sea."], "label": 0},
+        "clm": {"text": context},
+    }
+    train = folder / "train.jsonl"
+    train.write_text(json.dumps(rows[task]) + "\n" + json.dumps(rows[task]) + "\n", encoding="utf-8")
+    return ["--train-file", str(train)]
+
+
+@pytest.mark.parametrize(
+    "task,model,family,kind,usual",
+    [
+        ("multiple-choice", "tiny_gpt2", "gpt2", "multiple-choice model", "bert, roberta or deberta-v2"),
+        ("ner", "tiny_gemma3", "gemma3_text", "token-classification model", "bert, roberta or deberta-v2"),
+        ("qa", "tiny_gemma3", "gemma3_text", "question-answering model", "bert, roberta or deberta-v2"),
+        ("clm", "tiny_t5", "t5", "causal language model", "llama, qwen2 or gpt2"),
+        ("seq2seq", "tiny_gpt2", "gpt2", "sequence-to-sequence model", "t5 or bart"),
+    ],
+)
+def test_a_model_family_without_the_tasks_head_before_any_data_work(
+    request, tmp_path, capfd, task, model, family, kind, usual
+):
+    """transformers has no class of the task's kind for the model's family (no GPT2ForMultipleChoice, no Gemma 3
+    reader or tagger): the run tokenized all its data, then stopped in transformers' words ('Unrecognized
+    configuration class <class '...Gemma3TextConfig'> for this kind of AutoModel: AutoModelForQuestionAnswering');
+    it is one line naming the family and the task, before the data are read."""
+    if model == "tiny_gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        from conftest import save_tiny_causal_lm
+
+        sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, head_dim=16)
+        path = save_tiny_causal_lm(tmp_path / "gemma3", Gemma3ForCausalLM, Gemma3TextConfig, **sizes)
+    else:
+        path = request.getfixturevalue(model)
+    where = cli_flags(task=task, model=path, output_dir=tmp_path / "out", cache_dir=tmp_path / "cache")
+    proc = in_process(capfd, "train", *write_family_case_data(tmp_path, task), *where, "--max-length", "32")
+    assert_refused(
+        proc,
+        tmp_path,
+        f"model {path!r} is of the {family} family, for which transformers has no {kind} (task {task!r} needs one); "
+        f"give a model of a family that has one, such as {usual}",
+    )

@@ -211,6 +211,7 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     task.use_data_parallel(data_parallel_group(backend))
     tokenizer = given.tokenizer or task.load_tokenizer()
     if given.model is None:
+        task.check_model_family()
         task.check_vocabulary(tokenizer)
     if not training:
         task.adopt_model_labels(given.model.config if given.model is not None else None)

@@ -276,6 +276,29 @@ class Task:
         """One line, before any data work, where the tokenizer holds more tokens than the model's embeddings."""
         check_vocabulary_fits(tokenizer, self.peek_model_config(), self.model_path())
 
+    def check_model_family(self) -> None:
+        """One line, before any data work, where --model is of a family that transformers has no class of this task's
+        kind for (GPT-2 for multiple choice, Gemma for QA, OPT for NER, T5 for a causal LM): loading it failed only
+        after the data were tokenized, in transformers' words ('Unrecognized configuration class ...')."""
+        from transformers.models.auto import modeling_auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        model_config = self.peek_model_config() if self.config.model and self.model_classes else None
+        family = getattr(model_config, "model_type", None)
+        if family not in CONFIG_MAPPING_NAMES or getattr(model_config, "auto_map", None):
+            return  # not read here, or a model with its own code (trust_remote_code), outside transformers' tables
+        table = getattr(modeling_auto, self.model_classes)
+        if family in table:
+            return
+        usual = ("llama", "qwen2", "gpt2", "t5", "bart") if self.generates else ("bert", "roberta", "deberta-v2")
+        *others, last = [name for name in usual if name in table][:3]
+        kind = self.model_kind.removeprefix("a ").removeprefix("an ")
+        raise ConfigError(
+            f"model {self.config.model!r} is of the {family} family, for which transformers has no {kind} (task "
+            f"{self.config.task!r} needs one); give a model of a family that has one, such as {', '.join(others)} or "
+            f"{last}"
+        )
+
     def pretrained_kwargs(self) -> dict:
         """Extra `from_pretrained` arguments of the model to train: the 4-bit base of --quantize (QLoRA), its task
         head kept in full precision (`unquantized_modules`)."""
