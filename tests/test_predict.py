@@ -331,6 +331,34 @@ def test_a_max_length_above_the_models_positions_is_one_error_line(
     assert "internal error" not in err
 
 
+@pytest.mark.parametrize(
+    ("task", "model_class", "row", "max_length", "said"),
+    [
+        ("classification", "BertForSequenceClassification", {"text": "word " * 300}, 1, "a text: its tokenizer adds 2"),
+        ("classification", "BertForSequenceClassification", {"text": "word " * 300}, 2, "give at least 3"),
+        ("ner", "BertForTokenClassification", {"text": "John lives in Paris"}, 2, "give at least 3"),
+        ("multiple-choice", "BertForMultipleChoice", {"question": "q " * 300, "choices": ["a.", "b."]}, 2, "least 5"),
+        ("embedding", "BertModel", {"text": "word " * 300}, 1, "give at least 3"),
+        ("qa", "BertForQuestionAnswering", {"question": "where?", "context": "in Lima"}, 4, "give at least 7"),
+    ],
+)
+def test_a_max_length_that_holds_no_text_is_one_error_line(
+    tmp_path, minilm_dir, capsys, task, model_class, row, max_length, said
+):
+    """A --max-length below the special tokens the tokenizer adds ([CLS] and [SEP]) and a token of each text: the
+    tokenizer cannot cut to it and left the input whole (internal error: the size of tensor a (302) must match ...
+    (128)), cut a tagger's words to none (no entities, not a word said) or a reader's room for the question to -3;
+    one line saying the least it takes, exit 2, nothing written."""
+    model = tiny_task_folder(tmp_path / "model", minilm_dir, task, model_class)
+    (tmp_path / "in.jsonl").write_text(json.dumps(row) + "\n")
+    columns = ["--text-column", "question", "--text-column", "context"] if task == "qa" else []
+    out = tmp_path / "p.jsonl"
+    args = ["--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--max-length", str(max_length), *columns]
+    code, _, err = cli_main(capsys, "predict", model, *args)
+    assert code == 2 and f"--max-length {max_length} leaves no room for" in err and said in err, err
+    assert "internal error" not in err and err.count("error:") == 1 and not out.exists()
+
+
 def test_a_codah_tsv_given_to_predict_is_told_what_predict_reads(tmp_path, minilm_dir, capsys):
     """CODAH's headerless TSV given to predict of a multiple-choice model: the refusal named a flag predict does not
     take ('pass --data-format codah', then: unrecognized arguments)."""

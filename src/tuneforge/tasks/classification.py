@@ -35,6 +35,7 @@ from tuneforge.tasks.base import (
     MetricStream,
     ServingPrecision,
     Task,
+    check_room_for_text,
     empty_check,
     held_out_rows,
     hold_out_validation,
@@ -523,6 +524,8 @@ class ClassificationPredictor:
         self.tokenizer = load_tokenizer(model_dir)
         check_vocabulary_fits(self.tokenizer, config, model_dir)
         set_pad_token(self.tokenizer, model_dir)  # a hub causal LM's classifier: batches pad with eos, as it trains
+        trained_pairs = len(self.info.get("text_columns") or ()) == 2
+        check_room_for_text(self.max_length, self.tokenizer, 2 if trained_pairs else 1)  # (pairs of another: predict)
         self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
         if self.model.config.pad_token_id is None:  # its head scores the last token before the padding
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
@@ -547,6 +550,7 @@ class ClassificationPredictor:
         if len(widths) != 1 or not widths <= {1, 2}:
             raise DataError("inputs must be all single texts or all (text, text) pairs")
         texts = dict(zip(("text", "text_pair"), (list(col) for col in zip(*pairs))))
+        check_room_for_text(self.max_length, self.tokenizer, len(texts))
         enc, cut = encode_within(self.tokenizer, texts, self.max_length)
         self.last_cut = CutCount(sum(cut), len(pairs), "texts" if len(texts) == 1 else "text pairs", self.max_length)
         lengths = [len(ids) for ids in enc["input_ids"]]

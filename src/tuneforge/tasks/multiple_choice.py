@@ -35,6 +35,7 @@ from tuneforge.tasks.base import (
     ServingPrecision,
     Task,
     architecture_ends,
+    check_room_for_text,
     empty_check,
     open_predictor_folder,
     predict_max_length,
@@ -299,6 +300,7 @@ class ChoicePredictor:
         folder = open_predictor_folder(model_dir, max_length)
         self.max_length = predict_max_length(max_length, folder.info.get("max_length"), 512, folder.config)
         self.tokenizer = load_tokenizer(model_dir)
+        check_room_for_text(self.max_length, self.tokenizer, 2)  # (context, prefix + ending)
         check_vocabulary_fits(self.tokenizer, folder.config, model_dir)
         self.model = load_pretrained_model(AutoModelForMultipleChoice, model_dir, "a multiple-choice model").eval()
         self.device = inference_device(device)

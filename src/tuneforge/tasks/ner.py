@@ -41,6 +41,7 @@ from tuneforge.tasks.base import (
     ServingPrecision,
     Task,
     architecture_ends,
+    check_room_for_text,
     empty_check,
     open_predictor_folder,
     predict_max_length,
@@ -419,6 +420,7 @@ class EntityPredictor:
         folder = open_predictor_folder(model_dir, max_length)
         self.max_length = predict_max_length(max_length, folder.info.get("max_length"), 512, folder.config)
         self.tokenizer = word_tokenizer(model_dir)
+        check_room_for_text(self.max_length, self.tokenizer)
         check_vocabulary_fits(self.tokenizer, folder.config, model_dir)
         self.model = load_pretrained_model(AutoModelForTokenClassification, model_dir, "a token-classification model")
         self.model.eval()

@@ -128,6 +128,18 @@ def question_room(tokenizer, max_length: int, stride: int) -> int:
     return max_length - tokenizer.num_special_tokens_to_add(pair=True) - stride - 1
 
 
+def check_window_room(tokenizer, max_length: int, stride: int) -> None:
+    """ConfigError where windows of `max_length` tokens sharing `stride` hold no question token (each question
+    would be refused as too long for a room below 1), naming the least --max-length that does (sharing a third)."""
+    if question_room(tokenizer, max_length, stride) >= 1:
+        return
+    least = next(n for n in range(max_length + 1, MAX_TOKENS) if question_room(tokenizer, n, n // 3) >= 1)
+    raise ConfigError(
+        f"--max-length {max_length} leaves no room for a question: a window holds it, the special tokens and more "
+        f"than the {stride} tokens consecutive windows share; give at least {least}"
+    )
+
+
 def question_lengths(tokenizer, questions: list[str]) -> list[int]:
     ids = tokenizer([q.lstrip() for q in questions], add_special_tokens=False)["input_ids"]
     return [len(x) for x in ids]
@@ -548,6 +560,7 @@ class AnswerPredictor:
         self.threshold = float(info.get("null_score_diff_threshold") or 0.0)
         self.tokenizer = load_tokenizer(model_dir)
         require_fast(self.tokenizer, model_dir)
+        check_window_room(self.tokenizer, self.max_length, self.doc_stride)
         check_vocabulary_fits(self.tokenizer, config, model_dir)
         set_pad_token(self.tokenizer, model_dir)
         self.model = load_pretrained_model(
