@@ -328,6 +328,27 @@ def test_a_word_with_combining_marks_stays_one_word(trained):
             assert text[e["start"] : e["end"]] == e["text"]
 
 
+@pytest.mark.parametrize(
+    "text", ["我住在北京和上海。", "東京に住んでいる田中さん", "Merkel besuchte 北京 (Peking).", "葛\U000e0100飾区"]
+)
+def test_chinese_characters_are_words_of_their_own_as_the_tokenizer_splits_them(minilm_dir, text):
+    """Chinese NER data has a tag per character (CoNLL files of a character a line) and BERT's tokenizer splits each
+    ideograph off as a word, as transformers' token-classification pipeline tags them: a run of Chinese characters was
+    one word tagged at its first, so "我住在北京和上海" was one entity or none (a variation selector stays with its
+    character, as a combining mark does)."""
+    from transformers import AutoTokenizer
+
+    from tuneforge.tasks.ner import text_words
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    starts = {word: start for word, (start, _) in reversed(list(zip(enc.word_ids(), enc["offset_mapping"])))}
+    words = text_words(text)
+    assert [start for _, start, end in words if tokenizer.tokenize(text[start:end])] == sorted(starts.values())
+    assert all(text[start:end] == word for word, start, end in words)
+    assert [w for w, _, _ in words if w.startswith("葛")] in ([], ["葛\U000e0100"])
+
+
 def test_a_text_longer_than_max_length_is_tagged_to_its_last_word(trained):
     """A text of more tokens than the model's max_length (128 here: a page, not a sentence) is tagged in windows of
     whole words: the entities of its end are found as those of its start (words past the first 128 tokens were cut

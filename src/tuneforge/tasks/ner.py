@@ -51,9 +51,15 @@ from tuneforge.tasks.base import (
 from tuneforge.tasks.length_runs import length_batches
 
 IGNORE = -100
-# raw text -> words as CoNLL splits them: runs of letters/digits, punctuation. `regex`'s \w holds combining marks (an
-# NFD accent, a Devanagari vowel sign), which `re`'s leaves out: each mark would be a word of its own
-WORD = regex.compile(r"\w+|[^\w\s]\p{M}*")
+# raw text -> words as CoNLL splits them: runs of letters/digits, punctuation, and each Chinese character alone (Chinese
+# NER data tags each; BERT's tokenizer splits each off). `regex`'s \w holds combining marks (an NFD accent, a Devanagari
+# vowel sign, a variation selector), which `re`'s leaves out: each mark would be a word of its own
+WORD = regex.compile(r"\p{Han}\p{M}*|[^\W\p{Han}]+|[^\w\s]\p{M}*")
+
+
+def text_words(text: str) -> list[tuple[str, int, int]]:
+    """(word, start, end) of each word of a raw text, as NER predicts on them (WORD)."""
+    return [(m.group(), m.start(), m.end()) for m in WORD.finditer(text)]
 
 
 def word_tokenizer(path: str):
@@ -405,10 +411,10 @@ def word_windows(sizes: list[int], room: int, overlap: int) -> list[tuple[int, i
 class EntityPredictor:
     """`EntityPredictor("runs/ner/model").predict(["Peter lives in Berlin."])` -> per text, its entities:
     {"entity": type, "text", "start", "end" (character offsets), "score" (mean of its words' tag
-    probabilities)}. Words are split as CoNLL splits them (a combining mark stays in its word); each word's tag is
-    read at its first sub-token (a word with none, such as a zero-width space, is in no entity). A text of more tokens
-    than max_length is tagged in overlapping windows of whole words, so every word has its tag, read in the window
-    where it has the most words around it."""
+    probabilities)}. Words are split as CoNLL splits them (a combining mark stays in its word, a Chinese character is a
+    word of its own); each word's tag is read at its first sub-token (a word with none, such as a zero-width space, is
+    in no entity). A text of more tokens than max_length is tagged in overlapping windows of whole words, so every word
+    has its tag, read in the window where it has the most words around it."""
 
     regression = False
     accepts = ("texts",)  # what `tuneforge serve` takes for it
@@ -438,7 +444,7 @@ class EntityPredictor:
     def predict(self, texts: list[str], batch_size: int = 32) -> list[dict]:
         if any(not isinstance(t, str) for t in texts):
             raise DataError("NER predicts on plain texts (strings), one per input")
-        spans = [[(m.group(), m.start(), m.end()) for m in WORD.finditer(t)] for t in texts]
+        spans = [text_words(t) for t in texts]
         windows, tokens = self._windows(spans)
         tagged: list[list[tuple]] = [[] for _ in windows]  # per window: (word index, tag, score) of its tagged words
         for run in length_batches(tokens, batch_size, on_cpu=self.device.type == "cpu"):
