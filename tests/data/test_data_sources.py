@@ -2,6 +2,7 @@
 in every supported format (labels as strings or integers, one or two text columns)."""
 
 import json
+import re
 import time
 
 import datasets
@@ -216,3 +217,24 @@ def test_mixed_types_and_null_text_are_clear_errors(tmp_path):
     train.write_text('{"text": "fine", "label": 1}\n{"text": "bad", "label": "neg"}\n')
     with pytest.raises(DataError, match="mixed value types"):
         task.load_raw()
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "said"),
+    [
+        ("rows.jsonl", '{"text": "a"}\n\n[1, 2]\n', "line 3: [1, 2] is not a row"),
+        ("rows.jsonl", '{"text": "a"}\nnull\n', "line 2: null is not a row"),
+        ("rows.jsonl", '{"text": "a"}\n5\n', "line 2: 5 is not a row"),
+        ("rows.jsonl", '{"text": "a"}\n"just a text"\n', 'line 2: "just a text" is not a row'),
+        ("rows.json", '[{"text": "a"}, true]', "item 2: true is not a row"),
+    ],
+)
+def test_a_json_row_that_is_no_object_is_named(tmp_path, name, content, said):
+    """A JSON lines row (or array item) that is a list, a number, null or true was an internal error (TypeError:
+    'int' object is not iterable), a text one 'could not be parsed (dictionary update sequence element #0 has length
+    1; 2 is required)'; one line naming the row."""
+    from tuneforge.data.sources import read_table
+
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=re.escape(said)):
+        read_table(tmp_path / name)

@@ -192,7 +192,7 @@ def read_table(
                 df = _read_large_jsonl(p)
             else:
                 text = text if packed is not None else decode_text(p.read_bytes(), p)  # (a BOM is not data)
-                df = pd.read_json(io.StringIO(text), lines=lines, orient=None if lines else "records", dtype=False)
+                df = _read_json_rows(text, lines, p)
         elif kind == "parquet":
             df = pd.read_parquet(p if packed is None else io.BytesIO(packed))
         else:  # txt: one example per line
@@ -209,6 +209,35 @@ def read_table(
     if len(df) == 0:
         raise DataError(f"file {str(p)!r} has no examples; it needs at least one row")
     return df
+
+
+def _read_json_rows(text: str, lines: bool, p: Path) -> pd.DataFrame:
+    """JSON lines (or a JSON array) of row objects as a DataFrame; a row that is no object (a list, a number, null,
+    a text: pandas' TypeError, or a ValueError that says nothing of where) is one DataError naming it."""
+    try:
+        return pd.read_json(io.StringIO(text), lines=lines, orient=None if lines else "records", dtype=False)
+    except (TypeError, ValueError) as err:
+        stray = _row_not_an_object(text, lines)
+        if stray is None:
+            raise ValueError(_first_line(err)) from None  # (bad JSON: said as such by read_table)
+        raise DataError(
+            f'file {str(p)!r}, {stray} is not a row (an object of columns, such as {{"text": ...}}); fix or drop it'
+        ) from None
+
+
+def _row_not_an_object(text: str, lines: bool) -> str | None:
+    """'line N: VALUE' (a JSON array's 'item N: VALUE') of the first row that is valid JSON but no object, else None."""
+    import json
+
+    try:
+        if lines:  # numbered as the file's lines, blank ones too
+            rows = [(n, json.loads(line)) for n, line in enumerate(text.split("\n"), 1) if line.strip()]
+        else:
+            rows = list(enumerate(json.loads(text), 1))
+    except (TypeError, ValueError):
+        return None
+    where = "line" if lines else "item"
+    return next((f"{where} {n}: {json.dumps(row)[:60]}" for n, row in rows if not isinstance(row, dict)), None)
 
 
 def _has_bom(p: Path) -> bool:
