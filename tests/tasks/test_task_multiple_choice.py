@@ -159,6 +159,20 @@ def test_a_null_swag_ending_is_an_absent_one(tmp_path):
     assert read["choices"] == [["red.", "blue."], ["red.", "blue.", "green."]] and read["prefix"] == ["It is", ""]
 
 
+@pytest.mark.parametrize("need_labels", [True, False], ids=["train", "predict"])
+def test_an_empty_swag_ending_before_a_given_one_is_named(tmp_path, need_labels):
+    """An empty SWAG ending before a given one was dropped, so the endings after it moved down: the label (2: 'green.')
+    named 'yellow.', trained on as the right one, and predict's label and scores indexed no ending column."""
+    from tuneforge.data.choices import read_choices
+    from tuneforge.errors import DataError
+
+    endings = {"ending0": "red.", "ending1": "", "ending2": "green.", "ending3": "yellow."}
+    rows = [{"sent1": "The car is green.", "sent2": "It is", **endings, "label": 2}]
+    pd.DataFrame(rows).to_csv(tmp_path / "swag.csv", index=False)
+    with pytest.raises(DataError, match=r"swag.csv'?, row 1: ending1 is empty and ending2 after it is not"):
+        read_choices(tmp_path / "swag.csv", need_labels=need_labels)
+
+
 def test_the_shared_codah_fold_reads(shared_data):
     from tuneforge.data.choices import read_choices
 

@@ -68,9 +68,8 @@ def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
     endings = sorted((int(m.group(1)), c) for c in cols if (m := ENDING.match(c)))
     if {"sent1", "ending0"} <= set(cols):  # SWAG: sent1, sent2, ending0..ending3, label
         prefix = _prefixes(df, "sent2", p)
-        choices = [
-            [str(e) for e in r if not _null(e) and str(e).strip()] for r in df[[c for _, c in endings]].values.tolist()
-        ]
+        columns = [c for _, c in endings]
+        choices = [swag_endings(r, columns, row, p) for row, r in enumerate(df[columns].values.tolist(), 1)]
         rows = {"context": df["sent1"].tolist(), "prefix": prefix, "choices": choices}
     elif {"question", "choices"} <= set(cols):
         df["choices"] = [c.tolist() if isinstance(c, np.ndarray) else c for c in df["choices"]]  # parquet's lists
@@ -103,6 +102,22 @@ def _read_named_columns(p: Path, need_labels: bool) -> tuple[dict, list]:
     else:
         labels = [-1] * len(df)
     return rows, labels
+
+
+def swag_endings(values: list, columns: list[str], row: int, p: Path) -> list[str]:
+    """A SWAG row's endings, the empty (or null) ones at its end left out (a row of fewer choices); an empty one
+    before a given one is a DataError naming both: the label, and predict's answer, index the endings as they stand."""
+    given = [not _null(v) and bool(str(v).strip()) for v in values]
+    kept = len(given) - given[::-1].index(True) if any(given) else 0
+    gap = next((k for k in range(kept) if not given[k]), None)
+    if gap is not None:
+        after = columns[next(k for k in range(gap, kept) if given[k])]
+        raise DataError(
+            f"file {str(p)!r}, row {row}: {columns[gap]} is empty and {after} after it is not; a row's endings are "
+            "ending0, ending1, ... without a gap (the label counts them): fill it, or move the later endings (and "
+            "the label) up"
+        )
+    return [str(v) for v in values[:kept]]
 
 
 def _prefixes(df, column: str, p: Path) -> list:
