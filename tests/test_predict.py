@@ -186,6 +186,17 @@ def test_predict_sentence_pairs(tmp_path, tiny_classifier):
     check_against_reference(read_jsonl(out), reference(tiny_classifier, firsts, seconds))
 
 
+def test_one_column_given_twice_as_a_pair_is_refused_as_training_refuses_it(tmp_path, tiny_classifier, capsys):
+    """--text-column text --text-column text predicted each text paired with itself, not a word said (train says
+    'names it twice'); the same line, nothing written."""
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "a fine film", "other": "a dull one"}) + "\n")
+    out = tmp_path / "p.jsonl"
+    args = ["--input", str(tmp_path / "in.jsonl"), "--output", str(out), "--text-column", "text", "--text-column"]
+    code, _, err = cli_main(capsys, "predict", tiny_classifier, *args, "text")
+    assert code == 2 and "--text-column names 'text' twice; a sentence pair needs two different columns" in err
+    assert not out.exists()
+
+
 def test_predictor_regression_returns_the_score(tmp_path, minilm_dir):
     from transformers import BertForSequenceClassification
 

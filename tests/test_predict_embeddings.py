@@ -133,7 +133,7 @@ def classifier(tmp_path_factory, minilm_dir) -> str:
         (TEXTS, ("--dimensions", "33"), ("--dimensions 33 is outside the 32 dimensions", "give 1 to 32")),
         (TEXTS, ("--dimensions", "0"), ("--dimensions must be between 1 and",)),
         (["a cat", "", "a dog"], (), ("input 2 is empty",)),
-        (TEXTS, ("--text-column", "text", "--text-column", "text"), ("holds several texts", "one --text-column")),
+        (TEXTS, ("--text-column", "text", "--text-column", "text"), ("--text-column names 'text' twice",)),
         (TEXTS, ("--text-column", "text", "--text-column", "id"), ("row 1 of", "column 'id' holds 0, not text")),
         (TEXTS, ("--text-column", "body"), ("column 'body' not found",)),
         # JSON values that are not text: training refuses them; predict embedded their Python str ('True', "['a']")

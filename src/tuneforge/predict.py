@@ -176,6 +176,8 @@ def read_inputs(model_dir: str, input_path: str, text_columns: list[str] | None 
         cols = guesses[:1]
     if len(cols) > 2:
         raise ConfigError(f"--text-column takes one or two columns (a sentence pair), got {len(cols)}")
+    if len(cols) == 2 and cols[0] == cols[1]:  # each text paired with itself: refused as training refuses it
+        raise ConfigError(f"--text-column names {cols[0]!r} twice; a sentence pair needs two different columns")
     require_columns(list(df.columns), cols, repr(input_path), "--text-column (once, or twice for pairs)")
     for c in cols:
         check_texts(df[c].tolist(), c, input_path)
