@@ -295,6 +295,19 @@ def test_seq2seq_stops_at_the_decoders_positions_and_refuses_a_longer_input(tiny
     assert code == 2 and err.strip().startswith("error: input 1 has ") and "reads at most 128" in err
 
 
+@pytest.mark.parametrize("max_length", ["1", "2"])
+def test_a_max_length_that_holds_no_input_text_is_one_line(tiny_bart, capsys, max_length):
+    """A seq2seq --max-length at or below the special tokens ([CLS] and [SEP]) the tokenizer adds: 1 was not cut at
+    all ('input 1 has 212 tokens ...: shorten it'), 2 cut each input to [CLS] [SEP] and generated from nothing."""
+    long = " ".join(["a man is riding a red bike"] * 30)
+    code, out, err = cli_main(capsys, "generate", tiny_bart, "--prompt", long, "--max-length", max_length)
+    assert code == 2 and not out, err
+    assert err.strip() == (
+        f"error: --max-length {max_length} leaves no room for a text: its tokenizer adds 2 special tokens to each "
+        "input; give at least 3"
+    )
+
+
 def test_a_prompt_that_is_not_utf8_is_one_line(tiny_gpt2, capsys):
     # a byte a terminal sent in another encoding reaches argv as a lone surrogate (Python's surrogateescape)
     code, out, err = cli_main(capsys, "generate", tiny_gpt2, "--prompt", "A man", "--prompt", "caf\udce9 au lait")

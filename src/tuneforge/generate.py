@@ -266,6 +266,10 @@ class Generator:
             check_max_length_fits(max_length, model_config)
             info = {**info, "max_length": max_length}
         tokenizer = load_tokenizer(model_dir)
+        if max_length is not None:
+            from tuneforge.data.tokenize import check_room_for_text  # (datasets loads with it: not at every import)
+
+            check_room_for_text(max_length, tokenizer)
         model = load_pretrained_model(getattr(transformers, family.auto_class), model_dir, "the model").eval()
         model.to(inference_device(device))
         self._bind(model, tokenizer, family, info, model_dir)

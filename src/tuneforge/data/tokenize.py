@@ -7,7 +7,8 @@ second identical run reuses the cache and any other tokenizer or setting never d
 Cuts: `encode_within` truncates a batch to a task's length limit and says which rows it cut; the task keeps those
 flags as a column of its cached features (so a cached run counts them again without tokenizing), and `report_cuts`
 turns them into one log line per split (how many of how many rows, the limit, the flag to raise) and drops them.
-A predictor keeps the `CutCount` of its last inputs, which `tuneforge predict` says in one note line.
+A predictor keeps the `CutCount` of its last inputs, which `tuneforge predict` says in one note line;
+`check_room_for_text` refuses a predictor's or generator's limit that holds no text beside the special tokens.
 
 A process that reads a key's files holds a shared lock on the key's lock file (`.KEY.lock`) until it ends, as
 data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the files it copied into prepared shards
@@ -96,6 +97,19 @@ def encode_within(tokenizer, inputs: dict, limit: int | None) -> tuple[Any, list
         return _slow_encode_within(tokenizer, inputs, limit or tokenizer.model_max_length)
     enc = tokenizer(**inputs, truncation=True, max_length=limit)
     return enc, [bool(encoding.overflowing) for encoding in enc.encodings]
+
+
+def check_room_for_text(max_length: int, tokenizer, texts: int = 1) -> None:
+    """ConfigError where `max_length` leaves no token for a text of an input of `texts` texts (2: a pair) beside the
+    special tokens the tokenizer adds: the tokenizer would cut every text to nothing, or, below the special tokens,
+    cut nothing and pass the input whole (past the model's positions)."""
+    added = tokenizer.num_special_tokens_to_add(pair=texts == 2)
+    if max_length < added + texts:
+        what = "a text pair" if texts == 2 else "a text"
+        raise ConfigError(
+            f"--max-length {max_length} leaves no room for {what}: its tokenizer adds {added} special tokens to "
+            f"each input; give at least {added + texts}"
+        )
 
 
 def _slow_encode_within(tokenizer, inputs: dict, limit: int) -> tuple[dict, list[bool]]:

@@ -103,19 +103,6 @@ def predict_max_length(max_length: int | None, trained: int | None, default: int
     return min(chosen, limit) if limit else chosen
 
 
-def check_room_for_text(max_length: int, tokenizer, texts: int = 1) -> None:
-    """ConfigError where `max_length` leaves no token for a text of an input of `texts` texts (2: a pair) beside the
-    special tokens the tokenizer adds: the tokenizer would cut every text to nothing, or, below the special tokens,
-    cut nothing and pass the input whole (past the model's positions)."""
-    added = tokenizer.num_special_tokens_to_add(pair=texts == 2)
-    if max_length < added + texts:
-        what = "a text pair" if texts == 2 else "a text"
-        raise ConfigError(
-            f"--max-length {max_length} leaves no room for {what}: its tokenizer adds {added} special tokens to "
-            f"each input; give at least {added + texts}"
-        )
-
-
 class ServingPrecision:
     """The precision a predictor's forwards run in (the predictor's `precision`, which `serve` and `predict` set): as
     loaded until `use` (what `--precision` asks for; auto: bf16 where the hardware does it natively, else fp32) keeps

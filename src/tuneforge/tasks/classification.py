@@ -29,13 +29,12 @@ from tuneforge.data.sources import (
     read_split,
     require_columns,
 )
-from tuneforge.data.tokenize import Cut, CutCount, encode_within, report_cuts
+from tuneforge.data.tokenize import Cut, CutCount, check_room_for_text, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.tasks.base import (
     MetricStream,
     ServingPrecision,
     Task,
-    check_room_for_text,
     empty_check,
     held_out_rows,
     hold_out_validation,

@@ -27,7 +27,7 @@ from tuneforge.data.choices import (
     read_choices,
 )
 from tuneforge.data.sources import check_file
-from tuneforge.data.tokenize import Cut, CutCount, encode_within, report_cuts
+from tuneforge.data.tokenize import Cut, CutCount, check_room_for_text, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
@@ -35,7 +35,6 @@ from tuneforge.tasks.base import (
     ServingPrecision,
     Task,
     architecture_ends,
-    check_room_for_text,
     empty_check,
     open_predictor_folder,
     predict_max_length,

@@ -33,7 +33,7 @@ from tuneforge.data.conll import (
     read_tagged,
     to_iob2,
 )
-from tuneforge.data.tokenize import Cut, encode_within, report_cuts
+from tuneforge.data.tokenize import Cut, check_room_for_text, encode_within, report_cuts
 from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import (
@@ -41,7 +41,6 @@ from tuneforge.tasks.base import (
     ServingPrecision,
     Task,
     architecture_ends,
-    check_room_for_text,
     empty_check,
     open_predictor_folder,
     predict_max_length,

@@ -23,13 +23,7 @@ from tuneforge.artifacts import (
     sentence_transformers_layout,
 )
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.tasks.base import (
-    ServingPrecision,
-    check_room_for_text,
-    open_predictor_folder,
-    predict_max_length,
-    set_pad_token,
-)
+from tuneforge.tasks.base import ServingPrecision, open_predictor_folder, predict_max_length, set_pad_token
 from tuneforge.tasks.embedding_ops import cut, embed
 from tuneforge.tasks.length_runs import length_batches
 
@@ -96,6 +90,8 @@ class SentenceEncoder:
         self.lowercase, self.prompt = (layout.lowercase, layout.prompt) if layout else (False, "")
         trained = self.info.get("max_length") or folder_length or tokenizer_limit(self.tokenizer)
         self.max_length = predict_max_length(max_length, trained, 512, config)
+        from tuneforge.data.tokenize import check_room_for_text  # (datasets loads with it: not at every import)
+
         check_room_for_text(self.max_length, self.tokenizer)
         self.size = getattr(config, "hidden_size", None)
         self.model = load_pretrained_model(AutoModel, model_dir, "a sentence encoder").eval()
