@@ -204,6 +204,15 @@ def test_an_unset_max_length_past_the_models_positions(capfd, tmp_path, tiny_ber
     assert_refused(proc, tmp_path, "max_length is unset (null)", "model_max_length 512", "--max-length 128")
 
 
+@pytest.mark.parametrize("value", ["1", "2"])
+def test_a_max_length_that_holds_no_text(capfd, tmp_path, tiny_bert, files, value):
+    """A max_length at or below the special tokens the tokenizer adds ([CLS], [SEP]): 1 cut nothing (an internal error
+    at the first text past the model's positions: the size of tensor a (302) must match ... (128)), 2 cut every text
+    to nothing and trained on that; one line, as predict says it."""
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--max-length", value))
+    assert_refused(proc, tmp_path, f"--max-length {value} leaves no room for a text", "give at least 3")
+
+
 @pytest.mark.parametrize(
     "flag, value, said",
     [("--text-column", "txt", "column 'txt' not found"), ("--max-length", "256", "use --max-length 128 or less")],

@@ -575,9 +575,14 @@ class Task:
 
     # --- saving -------------------------------------------------------------------------
     def check_max_length(self, tokenizer, model_config) -> None:
-        """max_length within the model's positions; unset (null), texts are cut at the tokenizer's model_max_length
-        (transformers' truncation), which must then be within them too (a hub tokenizer's ~1e30 is no limit)."""
+        """max_length within the model's positions and above the tokenizer's special tokens (data/tokenize.py's
+        `check_room_for_text`); unset (null), texts are cut at the tokenizer's model_max_length (transformers'
+        truncation), which must then be within them too (a hub tokenizer's ~1e30 is no limit)."""
+        from tuneforge.data.tokenize import check_room_for_text
+
         max_length = self.config.data.max_length
+        if max_length is not None:
+            check_room_for_text(max_length, tokenizer)
         limit = context_length(model_config)
         stated = getattr(tokenizer, "model_max_length", None)
         if max_length is None and limit and not (isinstance(stated, int) and stated <= limit):
