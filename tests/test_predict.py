@@ -267,6 +267,22 @@ def test_a_multi_label_classifier_scores_each_label_as_transformers_pipeline_doe
         assert (pred["label"], pred["score"]) == (want[0]["label"], pytest.approx(want[0]["score"], abs=1e-5))
 
 
+def test_a_regressor_of_several_outputs_scores_each_as_transformers_pipeline_does(tmp_path, minilm_dir):
+    """A plain HF folder of problem_type regression with 3 outputs (valence, arousal, dominance): each output's own
+    value, as transformers' text-classification pipeline gives it (a softmax across them made three numbers that
+    share 1, and a 'label' of the largest, as a classifier's)."""
+    from transformers import BertForSequenceClassification, pipeline
+
+    torch.manual_seed(2)
+    labels = {0: "valence", 1: "arousal", 2: "dominance"}
+    ids = dict(num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()}, problem_type="regression")
+    model = save_tiny_bert(tmp_path / "vad", minilm_dir, BertForSequenceClassification, initializer_range=0.3, **ids)
+    preds = Predictor(model).predict(TEXTS[:8], batch_size=3)
+    reference = pipeline("text-classification", model=model, top_k=None)
+    for pred, want in zip(preds, reference(TEXTS[:8]), strict=True):
+        assert pred == {"scores": pytest.approx({w["label"]: w["score"] for w in want}, abs=1e-5)}
+
+
 def test_predict_mrpc_dev_matches_transformers(tmp_path, shared_data, tiny_bert, cache_dir):
     """Train a tiny model a few steps on MRPC, then predict all of dev.tsv (BOM, quote characters)."""
     folder = shared_data / "glue" / "MRPC"

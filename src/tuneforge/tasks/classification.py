@@ -534,14 +534,17 @@ class ClassificationPredictor:
         self.regression = config.num_labels == 1
         # labels that each hold or not (a toxicity model): each its own sigmoid, as transformers' pipeline scores them
         self.multi_label = config.problem_type == "multi_label_classification"
+        # a regressor of several outputs (valence, arousal, ...): each its own value, as the pipeline gives them
+        self.outputs = config.problem_type == "regression" and not self.regression
         self.labels = [config.id2label[i] for i in sorted(config.id2label)] if not self.regression else []
         self.text_columns = self.info.get("text_columns")
         self.last_cut: CutCount | None = None  # of the last inputs predicted (`tuneforge predict` says it)
 
     @torch.inference_mode()
     def predict(self, inputs: Sequence[str | tuple[str, str]], batch_size: int = 64) -> list[dict]:
-        """One dict per input, in input order: label, label_id, score, scores (or score for regression); scores
-        are a softmax across the labels, or each label's sigmoid for a multi-label model (as transformers' pipeline)."""
+        """One dict per input, in input order: label, label_id, score, scores (or score for regression; scores alone,
+        each output's value, for a regressor of several); scores are a softmax across the labels, or each label's
+        sigmoid for a multi-label model (as transformers' pipeline)."""
         pairs = [tuple(x) if isinstance(x, (tuple, list)) else (x,) for x in inputs]
         if not pairs:
             return []
@@ -562,6 +565,10 @@ class ClassificationPredictor:
             if self.regression:
                 for i, v in zip(idx, logits.squeeze(-1).tolist()):
                     results[i] = {"score": v}
+                continue
+            if self.outputs:
+                for i, values in zip(idx, logits.tolist()):
+                    results[i] = {"scores": dict(zip(self.labels, values))}
                 continue
             probs = logits.sigmoid() if self.multi_label else logits.softmax(-1)
             top = probs.argmax(-1).tolist()
