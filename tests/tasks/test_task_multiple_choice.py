@@ -217,7 +217,7 @@ def trained(tmp_path_factory, minilm_dir):
         tmp_path_factory,
         "mc-trained",
         write_data,
-        lambda data, run: mc_train(minilm_dir, data, run, max_steps=20, lr="2e-4", json=True, quiet=True),
+        lambda data, run: mc_train(minilm_dir, data, run, max_steps=12, lr="3e-4", json=True, quiet=True),
     )
     return run, data, json.loads(stdout.strip().splitlines()[-1])
 
