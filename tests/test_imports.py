@@ -126,6 +126,7 @@ FLOORS = {
         "tuneforge.schedules",
         "tuneforge.freezing",
         "tuneforge.launch",
+        "tuneforge.processes",
         "tuneforge.reporting",
         "tuneforge.tracking",
         "tuneforge.callbacks",

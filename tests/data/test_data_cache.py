@@ -1,11 +1,17 @@
 """Tokenization cache: an identical second run reuses it (and says so); another tokenizer,
 max_length, column choice or data never does."""
 
+import contextlib
 import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
-from conftest import cli_flags, run_cli, train_command, write_sentiment_csv
+from conftest import Forked, cli_flags, run_cli, train_command, write_sentiment_csv
 from tuneforge.configure import build_config
 from tuneforge.tasks.classification import ClassificationTask
 
@@ -123,6 +129,73 @@ def test_a_second_run_with_several_workers_says_it_reuses_the_cache(tmp_path, ra
     again, line = tokenize(task, raw, tok)
     assert "reusing tokenized cache" in line and "tokenizing" not in line
     assert ids(again) == ids(first)
+
+
+def group_ended(pgid: int, timeout: float) -> bool:
+    """Whether every process of the group `pgid` has ended (a zombie waiting for init to reap it counts as ended)
+    within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(state != "Z" for state, group in process_states() if group == pgid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def process_states() -> list[tuple[str, int]]:
+    """(state, process group) of every process in /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after the command's name, which may hold spaces
+            found.append((fields[0], int(fields[2])))
+    return found
+
+
+@pytest.mark.parametrize(
+    "stop, to_group, exit_code",
+    [(signal.SIGINT, True, 130), (signal.SIGTERM, False, -signal.SIGTERM)],
+    ids=["ctrl-c-in-the-terminal", "kill-of-the-run"],
+)
+def test_a_map_with_workers_stopped_ends_them_with_it(tmp_path, minilm_dir, stop, to_group, exit_code):
+    """Ctrl-C (SIGINT to the terminal's whole process group) during a tokenization with --num-workers 2 printed each
+    worker's KeyboardInterrupt traceback and ended in 'internal error ... TimeoutError' (datasets waits 0.05 s for
+    the workers' results over the interrupt), or hung; a kill of the run alone (SIGTERM) left the workers running
+    for ever, holding the run folder's lock ('in use by another tuneforge run that is still going')."""
+    import datasets
+    from transformers import AutoTokenizer
+
+    from tuneforge.data.tokenize import cached_map
+
+    tok, started = AutoTokenizer.from_pretrained(minilm_dir), tmp_path / "started"
+
+    def slow(batch):  # in a worker: says it has begun, then takes far longer than the test
+        started.touch()
+        time.sleep(60)
+        return batch
+
+    def tokenize() -> int:
+        ds = datasets.Dataset.from_dict({"text": ["a text"] * 8})
+        try:
+            cached_map(ds, slow, tokenizer=tok, settings={}, cache_dir=tmp_path / "cache", desc="x", num_proc=2)
+        except KeyboardInterrupt:
+            return 130
+        return 0
+
+    with tempfile.TemporaryFile() as err:
+        child = Forked(tokenize, err.fileno(), err.fileno())
+        try:
+            while not started.exists():
+                assert child.poll() is None, "the map ended before it was stopped"
+                time.sleep(0.02)
+            (os.killpg if to_group else os.kill)(child.pid, stop)
+            assert child.wait(20) == exit_code
+            assert group_ended(child.pid, 5), "a tokenizing worker outlived the run"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        err.seek(0)
+        assert "Traceback" not in err.read().decode()
 
 
 def error_line(err: str) -> str:

@@ -13,6 +13,11 @@ A predictor keeps the `CutCount` of its last inputs, which `tuneforge predict` s
 A process that reads a key's files holds a shared lock on the key's lock file (`.KEY.lock`) until it ends, as
 data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the files it copied into prepared shards
 (`drop_key`) only where no other process holds them (a run of the same data, a second rank about to open them).
+
+A map with workers (`--num-workers N`) forks them, and datasets' process serving their queue, so that they end with
+the run however it ends (a kill of the run alone left them running, holding its folder's lock) and leave Ctrl-C to
+it (the terminal sends it to every process: each worker printed its traceback, and datasets' wait for them turned
+the interrupt into a TimeoutError or a hang); the run stops them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import io
 import json
 import os
 import re
+import signal
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ import pyarrow as pa
 from tuneforge.data import reading
 from tuneforge.errors import ConfigError
 from tuneforge.files import NO_ROOM
+from tuneforge.processes import end_with_parent
 
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
 SHARD_SUFFIX = re.compile(r"_(\d{5})_of_(\d{5})\.arrow")  # datasets' name of a shard a map with workers writes
@@ -207,17 +214,18 @@ def cached_map(
     else:
         log(f"{desc}: tokenizing {len(ds)} examples (cached at {path})")
     try:
-        return ds.map(
-            fn,
-            batched=True,
-            batch_size=1000,
-            remove_columns=ds.column_names,
-            cache_file_name=str(path),
-            load_from_cache_file=True,
-            new_fingerprint=key,
-            desc=desc,
-            num_proc=num_proc if num_proc > 1 and len(ds) >= 2 * num_proc else None,
-        )
+        with _forking_workers():
+            return ds.map(
+                fn,
+                batched=True,
+                batch_size=1000,
+                remove_columns=ds.column_names,
+                cache_file_name=str(path),
+                load_from_cache_file=True,
+                new_fingerprint=key,
+                desc=desc,
+                num_proc=num_proc if num_proc > 1 and len(ds) >= 2 * num_proc else None,
+            )
     except BaseException as err:  # a row the map function refused: leave no cache folder this call made
         _let_go(folder, key)
         for made in created:  # innermost first; a folder something else wrote into stays
@@ -228,7 +236,34 @@ def cached_map(
                 f"{desc}: the tokenization cache {str(folder)!r} has no room for the features ({err.strerror}); "
                 "free space there or choose another --cache-dir"
             ) from None
+        if isinstance(err.__context__, KeyboardInterrupt):  # datasets' 0.05 s wait for the workers, after Ctrl-C
+            raise KeyboardInterrupt from None
         raise
+
+
+_forking_for: list[int] = []  # the pid of a process inside `_forking_workers`, in that process and its forks
+
+
+@contextlib.contextmanager
+def _forking_workers():
+    """Processes forked inside the block are the map's: they end with this one and ignore SIGINT (see the module's
+    docstring)."""
+    _forking_for.append(os.getpid())
+    try:
+        yield
+    finally:
+        _forking_for.pop()
+
+
+def _as_map_worker() -> None:
+    if _forking_for:
+        parent = _forking_for[-1]
+        _forking_for.clear()  # (what the worker forks in turn is not the map's)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        end_with_parent(parent)
+
+
+os.register_at_fork(after_in_child=_as_map_worker)
 
 
 def is_cached(folder: Path, key: str) -> bool:

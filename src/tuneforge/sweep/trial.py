@@ -32,6 +32,7 @@ import yaml
 from tuneforge import checkpoint
 from tuneforge.files import write_text
 from tuneforge.harness.options import is_harness_metric
+from tuneforge.processes import end_with_parent
 from tuneforge.reporting import METRICS_FILE, NOT_METRICS, read_metrics_lines
 
 TRIAL_CONFIG = "sweep-trial.yaml"
@@ -39,7 +40,6 @@ TRIAL_LOG = "sweep-trial.log"
 TRIAL_FILES = (TRIAL_CONFIG, TRIAL_LOG)  # what the sweep writes in a trial's run folder, beside the run's own
 RESULT_FILE = "result.json"
 STOP_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
-PR_SET_PDEATHSIG = 1
 
 
 def trial_folder(sweep_dir: Path, number: int) -> Path:
@@ -162,7 +162,7 @@ def _child(config_file: Path, flags: dict[str, Any], log_fd: int, threads: int, 
     code = 1
     try:
         os.setpgid(0, 0)
-        _end_with_parent(parent)
+        end_with_parent(parent)  # the sweep dies: so does the trial
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
@@ -228,19 +228,6 @@ def warm_up(config) -> None:
         transformers.AutoTokenizer  # noqa: B018  (the tokenizers' modules)
     except Exception:  # noqa: BLE001  (an optimisation only: the trial itself reports any problem)
         pass
-
-
-def _end_with_parent(parent: int) -> None:
-    """Linux: this process gets SIGTERM when the sweep process ends, however it ends (prctl PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent:  # the sweep died before the call above
-        os._exit(1)
 
 
 # ---- what a trial has written ----------------------------------------------------------------------------------
