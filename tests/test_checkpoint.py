@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import cli_flags, run_cli, save_tiny_bert, sentiment_split, train_command
+from conftest import cli_flags, read_jsonl, run_cli, save_tiny_bert, sentiment_split, train_command
 from tuneforge import checkpoint
 from tuneforge.configure import build_config
 from tuneforge.progress import Progress
@@ -176,6 +176,26 @@ def test_the_last_step_is_saved_where_the_cadence_does_not_save_it(
     Trainer(run_config(out, files, tiny_bert, cache_dir, max_steps=3, eval_strategy="no", **cadence)).fit()
     assert sorted(p.name for p in out.glob("checkpoint-*")) == saved
     assert (out / "latest").read_text().strip() == "checkpoint-3"
+
+
+def test_a_run_stopped_after_its_last_checkpoint_resumes_to_the_uninterrupted_records(
+    tmp_path, files, tiny_bert, cache_dir
+):
+    """Stopped after the last step's checkpoint (in the final evaluation, or the export of the model, the largest
+    write): the resumed run logged that evaluation as of epoch 0 where the uninterrupted run logged epoch 1."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    cfg = run_config(whole, files, tiny_bert, cache_dir, epochs=1, batch_size=48, save_strategy="steps", save_steps=2)
+    Trainer(cfg).fit()
+    shutil.copytree(whole, stopped)
+    shutil.rmtree(stopped / "model")
+    (stopped / "result.json").unlink()
+    Trainer(cfg.model_copy(update={"output_dir": str(stopped), "resume": "latest"})).fit()
+
+    def records(out):
+        return [{k: v for k, v in row.items() if k != "time_s"} for row in read_jsonl(out / "metrics.jsonl")]
+
+    assert records(stopped) == records(whole)
+    assert records(whole)[-1]["split"] == "eval" and records(whole)[-1]["epoch"] == 1
 
 
 # ---- bad checkpoints: one clear line, exit 2 ---------------------------------------------------

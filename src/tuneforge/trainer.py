@@ -312,8 +312,12 @@ class Trainer:
         step logged and then heard by the callbacks (evaluation, checkpoint); an epoch's end likewise."""
         run, st, plan = self.run, self.state, self.run.plan
         lengths = run.data.length_column()
-        while st.step < plan.total_steps and not st.stop:
+        # past the plan's last step with the epoch's data used up: a resume from the run's last checkpoint, written
+        # before the epoch's end was counted (stopped in the final evaluation or export); it is counted as it was
+        while not st.stop and (st.step < plan.total_steps or st.consumed):
             steps, order_size = plan.epoch_steps(lengths, st, run.backend.dp_rank, run.orders)
+            if st.step >= plan.total_steps and len(steps):  # the run ends inside this epoch (--max-steps)
+                break
             st.order_digest = steps.order_digest
             run.feed = Prefetch(functools.partial(self._collate, run.train_data), steps, on_wait=self._waited)
             run.epoch_last_step = st.step + len(steps)
