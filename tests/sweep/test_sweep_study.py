@@ -223,6 +223,39 @@ def test_a_killed_sweep_resumes_to_the_same_trials(setup, reference, tmp_path):
     assert table(out) == table(reference[0])
 
 
+def test_a_stop_while_a_trial_is_forked_stops_the_sweep(setup, tmp_path):
+    """A kill (SIGTERM) or Ctrl-C coming while the sweep forked a trial (a fork of the sweep's process, torch loaded,
+    takes a while) was raised in logging's at-fork hook, where Python drops it ('Exception ignored in: <function
+    _releaseLock>', a traceback): the sweep went on and ran every trial. (Both signals raise KeyboardInterrupt in
+    the sweep: one is tried.)"""
+    from tuneforge.cli import main
+
+    out = tmp_path / "sweep"
+    first_log = out / "trial-0000" / "sweep-trial.log"  # written just before the first trial's fork
+
+    def sweep() -> int:
+        stopped = []
+
+        def stop_in_the_fork() -> None:
+            if not stopped and first_log.exists():
+                stopped.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        os.register_at_fork(before=stop_in_the_fork)  # (in this child only)
+        return main(setup.args(out))
+
+    with open(tmp_path / "out", "w") as stdout, open(tmp_path / "err", "w") as stderr:
+        proc = Forked(sweep, stdout.fileno(), stderr.fileno())
+    assert proc.wait(120) == 130
+    err = (tmp_path / "err").read_text()
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert err.strip().splitlines()[-2:] == [
+        "stopped: trial 0 stays unfinished in the study; the same command with --resume continues it",
+        "interrupted",
+    ]
+    assert [state for _, state, *_ in table(out)] == ["RUNNING"]
+
+
 def test_the_trials_of_a_moved_folder_or_another_host_are_continued_where_the_study_is_the_folder_s(tmp_path):
     """A killed sweep whose folder was then moved (or whose machine came back with another hostname: a new
     container) left its trial RUNNING for good: --resume took only trials of its own path and host, so the trial

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -283,7 +284,8 @@ def run_trials(study, plan: Plan) -> None:
                     plan.after_trial(study)
             while len(running) < plan.parallel and (waiting or len(study.get_trials(deepcopy=False)) < plan.trials):
                 trial, resumed = (waiting.pop(0), True) if waiting else (_ask(study, plan), False)
-                running.append(_launch(study, plan, trial, resumed))
+                with _stops_held():
+                    running.append(_launch(study, plan, trial, resumed))
             if not running:
                 return
             time.sleep(POLL_S)
@@ -332,6 +334,17 @@ def storage_failure(err: BaseException) -> str | None:
 
 def _raise_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stops_held():
+    """Ctrl-C and SIGTERM held while a trial is forked and taken after, with the trial among the running ones: one
+    that came in the fork was raised in an at-fork hook (logging's), where Python drops it, and the sweep went on."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, trials.STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def cpu_threads(parallel: int, nproc: int) -> int:

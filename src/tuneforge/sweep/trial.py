@@ -40,6 +40,7 @@ TRIAL_LOG = "sweep-trial.log"
 TRIAL_FILES = (TRIAL_CONFIG, TRIAL_LOG)  # what the sweep writes in a trial's run folder, beside the run's own
 RESULT_FILE = "result.json"
 STOP_GRACE_S = 10.0  # SIGTERM, then this long before SIGKILL
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # held by the sweep while it forks a trial
 
 
 def trial_folder(sweep_dir: Path, number: int) -> Path:
@@ -165,6 +166,7 @@ def _child(config_file: Path, flags: dict[str, Any], log_fd: int, threads: int, 
         end_with_parent(parent)  # the sweep dies: so does the trial
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # (held while the sweep forked it)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
