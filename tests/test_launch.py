@@ -559,7 +559,8 @@ def session_members(session: int) -> list[int]:
 def test_stopping_the_launcher_stops_its_workers_quietly(tmp_path, tiny_bert, data, cache_dir, stop, code, line, how):
     """kill (SIGTERM) or Ctrl-C (SIGINT) of `tuneforge train --nproc 2` (or `--hostfile`): the workers stop with it,
     and the command says so in one line (as one process would), not with a traceback per worker nor as a worker's
-    failure, and leaves no worker training alone."""
+    failure (nor after torch's warnings 'Received 15 death signal, shutting down workers' and 'Closing process N via
+    signal SIGTERM' per worker), and leaves no worker training alone."""
     out = tmp_path / "run"
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
@@ -579,6 +580,7 @@ def test_stopping_the_launcher_stops_its_workers_quietly(tmp_path, tiny_bert, da
             os.kill(pid, signal.SIGKILL)
     assert rc == code, stderr[-3000:]
     assert "Traceback" not in stderr and "training workers failed" not in stderr
+    assert "death signal" not in stderr and "Closing process" not in stderr  # torch's lines of what the last says
     expected = f"error: {line}; its workers were stopped too" if line else "interrupted"
     assert stderr.strip().splitlines()[-1] == expected
 

@@ -481,12 +481,17 @@ ELASTIC_LOGGERS = (
 
 
 @contextmanager
-def _quiet_on_user_error(error_file: Path):
+def _quiet_elastic(error_file: Path):
     """torch elastic's report of a failed worker (its ProcessExitedException traceback, the other workers stopped)
-    dropped once a worker has handed back a user error: the launcher's one line of it says it all."""
+    dropped once a worker has handed back a user error, and its report of a stop by a signal ('Received 15 death
+    signal, shutting down workers', 'Closing process N via signal SIGTERM' per worker) always: the launcher's one
+    line of it says it all."""
+    stopping: list[bool] = []
 
-    def quiet(_record: logging.LogRecord) -> bool:
-        return not error_file.exists()
+    def quiet(record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Received %s death signal"):
+            stopping.append(True)
+        return not (stopping or error_file.exists())
 
     loggers = [logging.getLogger(name) for name in ELASTIC_LOGGERS]
     for logger in loggers:
@@ -521,7 +526,7 @@ def launch_workers(config, forked_work=None) -> dict:
             code = _run_stopping_with_us(hostfile_command(config), {**os.environ, **env})
         else:
             # the agent hands this process's environment to the workers it starts
-            with _environment(env), _quiet_on_user_error(error_file):
+            with _environment(env), _quiet_elastic(error_file):
                 code = _run_agent(config, forked_work if forked_work and forks_workers(config) else None)
         if code != 0:
             failure = WorkerFailure(f"training workers failed (exit code {code}); the worker's error is shown above")
