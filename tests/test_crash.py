@@ -39,6 +39,11 @@ def start(flags, out, log, **env):
 
 def kill_in_save(flags, out, log, stage, step, marker):
     """Run until the save of `step` reaches `stage`, then SIGKILL the process there."""
+    assert stop_in_save(flags, out, log, stage, step, marker, signal.SIGKILL) == -signal.SIGKILL
+
+
+def stop_in_save(flags, out, log, stage, step, marker, stop) -> int:
+    """Run until the save of `step` reaches `stage`, then send `stop` to the process there; its exit code."""
     proc = start(
         flags,
         out,
@@ -53,9 +58,10 @@ def kill_in_save(flags, out, log, stage, step, marker):
         assert proc.poll() is None, f"the run ended before the pause: {log.read_text()[-2000:]}"
         assert time.monotonic() < deadline, "the run never reached the pause"
         time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
+    os.kill(proc.pid, stop)
+    code = proc.wait(60)
     marker.unlink()
+    return code
 
 
 def resumed_from(log) -> str:
@@ -116,3 +122,13 @@ def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(crash_setup, t
         "checkpoint-9",
     ]
     assert not list(out.glob(".tmp-*"))
+
+
+def test_ctrl_c_in_a_checkpoint_write_frees_what_it_took(crash_setup, tmp_path):
+    """Ctrl-C while a checkpoint was written left its temporary folder (the weights and optimizer state, gigabytes
+    on a large model) until a later save of a resumed run; the save removes it, as on any other failure."""
+    _, flags = crash_setup
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    assert stop_in_save(flags, out, log, "mid-write", 3, tmp_path / "paused", signal.SIGINT) == 130
+    assert log.read_text().strip().splitlines()[-1] == "interrupted"
+    assert not list(out.glob(".tmp-*")) and not (out / "latest").exists()

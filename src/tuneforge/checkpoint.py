@@ -357,7 +357,7 @@ class Checkpointer:
                     fsync_dir(out)
                     _pause_hook("before-latest", step)
                     write_text(out / "latest", final.name + "\n")
-        except Exception:
+        except BaseException:  # (Ctrl-C too)
             if b.is_main:  # what it took of the disk is freed
                 remove(tmp)
             raise
