@@ -143,6 +143,22 @@ def test_a_sigkilled_run_resumes_bit_for_bit(tiny_llama, data, cache_dir, tmp_pa
     assert (out / "completions.jsonl").read_text() == (reference / "completions.jsonl").read_text()
 
 
+def test_a_resume_keeps_the_whole_sample_lines_a_killed_run_wrote(tiny_llama, tmp_path):
+    """A kill while the run appended a step's samples to completions.jsonl leaves a torn last line; the run resumed
+    from the checkpoint before that step stopped on it as an internal error (JSONDecodeError: Unterminated string).
+    It keeps the whole lines of the steps before its own, and writes its own after them."""
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    options = {"reward": ["accuracy"]}
+    task = get_task(build_config(task="grpo", model=tiny_llama, output_dir=str(tmp_path), task_options=options))
+    path, line = tmp_path / "completions.jsonl", lambda step, text: json.dumps({"step": step, "completion": text})
+    path.write_text(f"{line(1, 'two')}\n{line(2, 'four')}\n{line(3, 'six')}"[:-9])  # torn in step 3's line
+    task.samples = [{"step": 2, "completion": "four again"}]
+    task._write_samples(2)
+    assert path.read_text() == f"{line(1, 'two')}\n{line(2, 'four again')}\n"
+
+
 def test_num_iterations_trains_each_generated_batch_several_times(tiny_llama, data, cache_dir, tmp_path):
     """mu = 2: steps 1-2 train on one generated batch, 3-4 on the next (samples logged at 1 and 3); the second update
     of a batch compares with the log-probs it was sampled with, so its ratios move off 1 and some clip."""

@@ -40,6 +40,7 @@ from tuneforge.config import EVAL, INPUT, MAX_TOKENS
 from tuneforge.data import chat
 from tuneforge.data.tokenize import Cut, report_cuts
 from tuneforge.errors import ConfigError, DataError, UserError
+from tuneforge.files import write_text
 from tuneforge.options import TaskOptions, comma_list, one_or_list
 from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, quoted_prompt, score
 from tuneforge.tasks import grpo_loss
@@ -696,8 +697,8 @@ class GRPOTask(CausalLMTask):
         path = Path(self.config.output_dir) / SAMPLES_FILE
         lines = [json.dumps(s) for s in self.samples]
         if not self._samples_started and path.is_file():  # a resumed run: the interrupted one's later lines go
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] < step]
-            path.write_text("".join(x + "\n" for x in kept))
+            kept = [line for line in _whole_lines(path) if json.loads(line)["step"] < step]
+            write_text(path, "".join(x + "\n" for x in kept), durable=False)  # whole: a kill keeps the lines before
         self._samples_started = True
         with path.open("a") as f:
             f.write("".join(x + "\n" for x in lines))
@@ -823,3 +824,14 @@ def _step_mean_std(steps: list[torch.Tensor], column: int) -> tuple[float | None
 
     means = [float(torch.nanmean(table[:, column])) for table in steps]
     return averaged(means), averaged([float(grpo_loss.nanstd(table[:, column])) for table in steps])
+
+
+def _whole_lines(path: Path) -> list[str]:
+    """The lines of a JSON-lines file an interrupted run appended to, but its last where a kill tore it."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line]
+    if lines:
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            lines.pop()
+    return lines
