@@ -255,7 +255,7 @@ def test_missing_checkpoint_is_refused(tmp_path, files, tiny_bert, cache_dir, ca
     out.mkdir()
     (out / ".tmp-checkpoint-6-123-456").mkdir()  # only a crashed write
     code, line = tuneforge(capsys, *cli_args(out, files, tiny_bert, cache_dir), "--resume")
-    assert code == 2 and "no complete checkpoint in" in line
+    assert code == 2 and "no complete checkpoint in" in line and "starts again with --overwrite" in line
 
 
 def test_resuming_in_a_folder_that_is_not_there_says_to_name_its_new_place(

@@ -354,9 +354,9 @@ def bad_case(case: str, tmp_path: Path, fixtures: dict[str, str]) -> tuple[list[
     llama, out = fixtures["tiny_llama"], str(tmp_path / "out" / "m.gguf")
     gguf = ["--format", "gguf"]
     if case == "bert model":  # a model folder: no advice to export it without --format (that takes a checkpoint)
-        return [fixtures["tiny_bert"], out, *gguf], ("is a bert model", "Llama-family", "a checkpoint of it")
+        return [fixtures["tiny_bert"], out, *gguf], ("is of the bert family", "Llama-family", "a checkpoint of it")
     if case == "gpt2 model":
-        return [fixtures["tiny_gpt2"], out, *gguf], ("is a gpt2 model",)
+        return [fixtures["tiny_gpt2"], out, *gguf], ("is of the gpt2 family",)
     if case == "llama classifier":
         shutil.copytree(llama, tmp_path / "cls")
         config = json.loads((tmp_path / "cls" / "config.json").read_text())

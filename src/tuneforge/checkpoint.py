@@ -470,7 +470,7 @@ def find_checkpoint(resume: str, output_dir: str) -> Path:
         if not ckpts:
             raise CheckpointError(
                 f"no complete checkpoint in {str(out)!r} to resume from; train with --save-steps N or "
-                "--save-strategy epoch first"
+                "--save-strategy epoch first (a run stopped before its first checkpoint starts again with --overwrite)"
             )
         return ckpts[-1]
     path = Path(resume)

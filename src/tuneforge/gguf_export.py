@@ -90,8 +90,9 @@ def check_model(config, architecture: str | None, where: str) -> None:
     linear or Llama 3 rotary scaling and no sliding window. Checked on the config alone, before weights load."""
     kind = getattr(config, "model_type", None)
     if kind not in SUPPORTED:
+        family = f"of the {kind} family" if kind else "of no family transformers names"
         raise ConfigError(
-            f"{where} is a {kind or 'unknown'} model; --format gguf writes Llama-family causal LMs "
+            f"{where} is {family}; --format gguf writes Llama-family causal LMs "
             f"({', '.join(SUPPORTED)}; e.g. SmolLM2, Llama 3), not this one (a checkpoint of it exports as an HF "
             "folder without --format)"
         )
