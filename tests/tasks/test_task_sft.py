@@ -211,6 +211,85 @@ def test_a_packed_block_gives_each_token_the_loss_it_has_alone(tiny_llama, templ
     assert (leaky - alone).abs().max() > 1e-4
 
 
+# ---- sliding-window attention -------------------------------------------------------------------
+WINDOWED = {  # tiny_llama's sizes with a window of 4 tokens, shorter than every conversation
+    "mistral": ("MistralForCausalLM", "MistralConfig", dict(sliding_window=4)),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config", dict(sliding_window=4, head_dim=8, attn_implementation="eager")),
+    "gemma3_text": ("Gemma3ForCausalLM", "Gemma3TextConfig", dict(sliding_window=4, head_dim=8)),
+    "llama": ("LlamaForCausalLM", "LlamaConfig", {}),  # no window at all
+}
+SHORT = [("the cat", "on the mat"), ("a dog", "by the tree"), ("the fox", "in the house"), ("my bird", "up high")]
+
+
+def tiny_windowed(family: str, vocab_size: int):
+    """A random causal LM of `family` with tiny_llama's sizes (seed 0), built in memory."""
+    import transformers
+
+    model_class, config_class, changes = WINDOWED[family]
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=64, **heads)
+    config = getattr(transformers, config_class)(vocab_size=vocab_size, **sizes, **changes)
+    torch.manual_seed(0)
+    return getattr(transformers, model_class)(config).eval()
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "no-packing"])
+@pytest.mark.parametrize("family", list(WINDOWED))
+def test_each_conversation_gets_the_logits_it_has_alone_under_a_sliding_window(
+    tiny_llama, template, cache_dir, tmp_path, family, packing
+):
+    """A batch's logits, token by token, equal each conversation run alone with no mask (as inference runs it),
+    where the model's sliding window is shorter than the conversations: a 4-D mask would lift the window."""
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in SHORT]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    data = dict(train_file=str(train), validation_file=str(train), block_size=40, packing=packing)
+    task = sft_task(tiny_llama, template, cache_dir, **data)
+    tokenizer = task.load_tokenizer()
+    feats = task.tokenize(task.load_raw(), tokenizer)["train"]
+    model = tiny_windowed(family, len(tokenizer))
+    assert_each_conversation_as_alone(task, model, feats, tokenizer)
+
+
+def assert_each_conversation_as_alone(task, model, feats, tokenizer) -> None:
+    """The logits of the task's batch of `feats`, conversation by conversation, equal the model's on it alone."""
+    batch = task.collate(feats[:], tokenizer)
+    with torch.no_grad():
+        logits = task.forward(model, batch).logits
+        for r, (ids, lengths) in enumerate(zip(feats["input_ids"], feats["segments"])):
+            start = 0
+            for length in lengths:
+                alone = model(input_ids=torch.tensor([ids[start : start + length]])).logits[0]
+                assert (logits[r, start : start + length] - alone).abs().max() < 1e-5, (r, start)
+                start += length
+
+
+def test_a_family_that_builds_its_mask_without_position_ids_is_refused_packed(
+    tiny_llama, template, cache_dir, tmp_path
+):
+    """OPT's mask ignores the position ids: its packed conversations would see each other, so the first packed
+    batch is refused in one line; one conversation per row (a 2-D padding mask) trains it."""
+    from transformers import OPTConfig, OPTForCausalLM
+
+    from tuneforge.errors import ConfigError
+
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in SHORT]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    sizes = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=32)
+    for packing in (True, False):
+        data = dict(train_file=str(train), validation_file=str(train), block_size=40, packing=packing)
+        task = sft_task(tiny_llama, template, cache_dir, **data)
+        tokenizer = task.load_tokenizer()
+        feats = task.tokenize(task.load_raw(), tokenizer)["train"]
+        torch.manual_seed(0)
+        model = OPTForCausalLM(OPTConfig(vocab_size=len(tokenizer), max_position_embeddings=64, **sizes)).eval()
+        if packing:
+            with pytest.raises(ConfigError, match="the opt model does not keep conversations packed .* --no-packing"):
+                task.forward(model, task.collate(feats[:], tokenizer))
+            assert model.training is False  # the probe left the model as it found it
+        else:
+            assert_each_conversation_as_alone(task, model, feats, tokenizer)
+
+
 # ---- training through the CLI ----------------------------------------------------------------------
 def test_sft_with_lora_trains_evaluates_on_assistant_tokens_and_exports(tiny_llama, template, cache_dir, tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", chats(48, seed=1))

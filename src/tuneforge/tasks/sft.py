@@ -16,9 +16,12 @@ nothing of (an empty reply; for every conversation, a template that writes no as
 are logged per split.
 
 Packing (default; `--no-packing`: one conversation per row): whole conversations per block
-(data/chat_blocks.py). Each keeps positions 0, 1, ... (position_ids) and the collator's 4-D attention mask is
-causal within a conversation and closed across them, so a packed block gives every token the loss
-it has when its conversation runs alone; a padding position sees only itself.
+(data/chat_blocks.py). Each keeps positions 0, 1, ... (position_ids), and a packed batch carries no attention
+mask: transformers finds the conversations from the restarting positions and builds each layer's mask, causal within
+a conversation and closed across them, sliding windows included (Mistral, Gemma 2/3), so a packed block gives every
+token the loss it has when its conversation runs alone; a padding position sees only itself. A model whose family
+builds its mask without the position ids (OPT, BLOOM) is refused at the first packed batch (`--no-packing`
+trains it, with a 2-D padding mask).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ class ChatSFTTask(CausalLMTask):
     name = "sft"
     Options = ChatSFTOptions
     model_kind = "a chat model"
+    packing_checked = False  # whether the model was seen to keep packed conversations apart (`_check_packing`)
 
     @property
     def pads_batches(self) -> bool:  # blocks of different lengths, and a mask between conversations
@@ -208,31 +212,66 @@ class ChatSFTTask(CausalLMTask):
         return blocks
 
     def collate(self, rows, tokenizer):
-        """Right-padded blocks; position ids restart with each conversation; a 4-D additive attention mask,
-        causal within a conversation and closed across conversations (padding sees only itself)."""
+        """Right-padded blocks; position ids restart with each conversation. A batch with a packed row carries no
+        attention mask: from the restarting positions transformers builds each layer's own mask, causal within a
+        conversation, closed across them, sliding windows included (a 4-D mask would be used as it is, lifting
+        the window); a padding position, at 0, sees only itself. A batch of one conversation per row carries the
+        usual 2-D padding mask."""
         width = max(len(x) for x in rows["input_ids"])
         n = len(rows["input_ids"])
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         input_ids = torch.full((n, width), pad_id, dtype=torch.long)
         labels = torch.full((n, width), chat.IGNORE, dtype=torch.long)
         positions = torch.zeros((n, width), dtype=torch.long)
-        segment = torch.arange(width).repeat(n, 1) + width  # padding: a segment of its own per position
+        real = torch.zeros((n, width), dtype=torch.long)
         for r, (x, y, lengths) in enumerate(zip(rows["input_ids"], rows["labels"], rows["segments"])):
             input_ids[r, : len(x)] = torch.tensor(x)
             labels[r, : len(y)] = torch.tensor(y)
+            real[r, : len(x)] = 1
             start = 0
-            for k, length in enumerate(lengths):
+            for length in lengths:
                 positions[r, start : start + length] = torch.arange(length)
-                segment[r, start : start + length] = k
                 labels[r, start] = chat.IGNORE  # a conversation's first token is predicted from nothing of its own
                 start += length
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        allowed = (segment[:, :, None] == segment[:, None, :]) & causal
-        mask = torch.zeros((n, 1, width, width)).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min)
-        return {"input_ids": input_ids, "attention_mask": mask, "position_ids": positions, "labels": labels}
+        batch = {"input_ids": input_ids, "position_ids": positions, "labels": labels}
+        if all(len(lengths) <= 1 for lengths in rows["segments"]):
+            batch["attention_mask"] = real
+        return batch
 
     def model_inputs(self, batch):
-        return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        # no cache: with one, transformers reads no conversations from the position ids
+        return {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch} | {
+            "use_cache": False
+        }
+
+    def forward(self, model, batch):
+        if "attention_mask" not in batch and not self.packing_checked:
+            self._check_packing(model, batch["input_ids"][0])
+        return model(**self.model_inputs(batch))
+
+    def _check_packing(self, model, row: torch.Tensor) -> None:
+        """ConfigError where the model does not keep packed conversations apart by their position ids (its family
+        builds its masks without them): a short probe of two conversations from `row`'s tokens, run once."""
+        first, second = row[:6], row[:4]
+        joined = torch.cat([first, second])[None]
+        positions = torch.cat([torch.arange(len(first)), torch.arange(len(second))]).to(row.device)[None]
+        was_training = model.training
+        model.eval()  # no dropout in the comparison
+        try:
+            with torch.no_grad():
+                alone = model(input_ids=second[None], use_cache=False).logits[0]
+                packed = model(input_ids=joined, position_ids=positions, use_cache=False).logits[0, len(first) :]
+                leaky = model(input_ids=joined, use_cache=False).logits[0, len(first) :]
+        finally:
+            model.train(was_training)
+        # a tenth of what seeing the conversation before would change: rounding, not attention across them
+        if (packed - alone).abs().max() > 0.1 * (leaky - alone).abs().max():
+            family = getattr(getattr(model, "module", model).config, "model_type", "this")
+            raise ConfigError(
+                f"the {family} model does not keep conversations packed into one block apart (transformers builds "
+                "its attention mask without their position ids); pass --no-packing"
+            )
+        self.packing_checked = True
 
     def export_info(self) -> dict:
         return {
