@@ -20,7 +20,7 @@ Packing (default; `--no-packing`: one conversation per row): whole conversations
 mask: transformers finds the conversations from the restarting positions and builds each layer's mask, causal within
 a conversation and closed across them, sliding windows included (Mistral, Gemma 2/3), so a packed block gives every
 token the loss it has when its conversation runs alone; a padding position sees only itself. A model whose family
-builds its mask without the position ids (OPT, BLOOM) is refused at the first packed batch (`--no-packing`
+builds its mask without the position ids (OPT, BLOOM) is refused at the first forward (`--no-packing`
 trains it, with a 2-D padding mask).
 """
 
@@ -245,7 +245,9 @@ class ChatSFTTask(CausalLMTask):
         }
 
     def forward(self, model, batch):
-        if "attention_mask" not in batch and not self.packing_checked:
+        # at the first forward of every rank alike (a sharded engine's forward is collective), not at its first
+        # batch that holds a packed row, which ranks reach at different steps
+        if self.options.packing and not self.packing_checked:
             self._check_packing(model, batch["input_ids"][0])
         return model(**self.model_inputs(batch))
 
