@@ -227,12 +227,12 @@ def test_a_word_without_tokens_does_not_shift_the_scored_tags(tiny_bert, tmp_pat
 # ---- train, eval, predict, serve --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, minilm_dir):
-    """MiniLM fine-tuned on the synthetic CoNLL files: 30 steps (its run folder and data folder)."""
+    """MiniLM fine-tuned on the synthetic CoNLL files: 18 steps (its run folder and data folder)."""
     run, data, stdout = trained_once(
         tmp_path_factory,
         "ner-trained",
         lambda root: write_conll_dir(root / "conll"),
-        lambda data, run: ner_train(minilm_dir, data, run, max_steps=30, lr="3e-4", json=True, quiet=True),
+        lambda data, run: ner_train(minilm_dir, data, run, max_steps=18, lr="5e-4", json=True, quiet=True),
     )
     return run, data, json.loads(stdout.strip().splitlines()[-1])
 
