@@ -202,3 +202,35 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_eos_token(tiny_gpt2, task
     assert tokenizer.pad_token == tokenizer.eos_token == "<|endoftext|>"
     assert batch["input_ids"][1].tolist() == [8, tokenizer.eos_token_id, tokenizer.eos_token_id]
     assert batch["attention_mask"][1].tolist() == [1, 0, 0]
+
+
+def save_in_dtype(model_dir: str, out, dtype) -> str:
+    """The model folder `model_dir` (weights and tokenizer) saved again with its weights in `dtype`, as hub models
+    ship in bf16 or fp16 (config.json's `dtype` names it)."""
+    import transformers
+
+    model_class = getattr(transformers, transformers.AutoConfig.from_pretrained(model_dir).architectures[0])
+    model_class.from_pretrained(model_dir, dtype=dtype).save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.parametrize(
+    ("task", "labels", "dtype"),
+    [
+        ("classification", ["neg", "pos"], torch.float16),
+        ("ner", ["O", "B-PER", "I-PER"], torch.bfloat16),
+        ("embedding", None, torch.bfloat16),
+        ("clm", None, torch.float16),
+    ],
+)
+def test_a_half_precision_model_folder_trains_on_float32_weights(tmp_path, tiny_bert, tiny_llama, task, labels, dtype):
+    """transformers loads a folder in the dtype its config.json names: an fp16 or bf16 model trained its weights in
+    that dtype (an fp16 classifier's loss was nan at step 2 on a CPU) though the run said 'fp32'; the precision
+    (autocast) computes in half, the weights the optimizer steps stay float32."""
+    model = save_in_dtype(tiny_llama if task == "clm" else tiny_bert, tmp_path / "half", dtype)
+    built = quiet_task(task, model, max_length=32)
+    if labels:
+        built.use_labels(labels)
+    loaded = built.load_model(built.load_tokenizer())
+    assert {p.dtype for p in loaded.parameters()} == {torch.float32}

@@ -300,13 +300,18 @@ class Task:
         )
 
     def pretrained_kwargs(self) -> dict:
-        """Extra `from_pretrained` arguments of the model to train: the 4-bit base of --quantize (QLoRA), its task
-        head kept in full precision (`unquantized_modules`)."""
+        """Extra `from_pretrained` arguments of the model to train: float32 weights, whatever dtype its config.json
+        names (transformers loads a bf16 or fp16 folder as such: the optimizer would step half-precision weights,
+        where the run's precision is autocast's), or the 4-bit base of --quantize (QLoRA), its task head kept in
+        full precision (`unquantized_modules`)."""
+        import torch
+
         from tuneforge import adapters
 
         kwargs = adapters.quantization_kwargs(self.config)
-        if kwargs:
-            kwargs["quantization_config"].llm_int8_skip_modules = self.unquantized_modules()
+        if not kwargs:
+            return {"dtype": torch.float32}
+        kwargs["quantization_config"].llm_int8_skip_modules = self.unquantized_modules()
         return kwargs
 
     def unquantized_modules(self) -> list[str] | None:

@@ -252,7 +252,8 @@ class CausalLMTask(Task):
             config.is_decoder = True
         if is_adapter_folder(path):  # a LoRA run's export: its base with the adapter merged in (eval, a new run)
             return self._fit_tokenizer(
-                load_pretrained_model(AutoModelForCausalLM, path, "the model", config=config), tokenizer
+                load_pretrained_model(AutoModelForCausalLM, path, "the model", config=config, dtype=torch.float32),
+                tokenizer,
             )
         try:
             model = AutoModelForCausalLM.from_pretrained(path, config=config, **self.pretrained_kwargs())
