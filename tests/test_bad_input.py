@@ -348,6 +348,40 @@ def test_model_folder_with_corrupt_weights(tmp_path, tiny_bert, files, capsys):
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
+def weights_renamed(model_dir: str, out: Path, prefix: str) -> str:
+    """A copy of the model folder `model_dir` whose weights' names start with `prefix`, as a state dict saved from
+    a wrapper (DDP's 'module.') is named."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    for f in Path(model_dir).iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    weights = load_file(out / "model.safetensors")
+    save_file({prefix + k: v for k, v in weights.items()}, out / "model.safetensors", metadata={"format": "pt"})
+    return str(out)
+
+
+def test_a_folder_none_of_whose_weights_the_model_names_is_refused(capfd, tmp_path, minilm_dir, tiny_gpt2, files):
+    """transformers starts every weight it does not find random and says so in a warning the command line
+    silences: a folder of weights named 'module.bert...' trained, and predicted, from random weights without a
+    word; one line naming both namings (the causal LM's own loading too)."""
+    from conftest import save_tiny_classifier
+
+    wrapped = weights_renamed(
+        save_tiny_classifier(tmp_path / "c", minilm_dir, {0: "neg", 1: "pos"}), tmp_path / "w", "module."
+    )
+    said = ("none of the model's weights is in the folder (its weights are named like 'module.bert.", "random")
+    (tmp_path / "in.csv").write_text("text\na fine film\n")
+    predict = ["predict", wrapped, "--input", tmp_path / "in.csv", "--output", tmp_path / "out.jsonl"]
+    assert_refused(in_process(capfd, *predict), tmp_path, *said)
+    assert not (tmp_path / "out.jsonl").exists()
+    for model, extra in ((wrapped, ()), (weights_renamed(tiny_gpt2, tmp_path / "g", "module."), ("--task", "clm"))):
+        proc = train_on(capfd, tmp_path, model, files, *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "none of the model's weights is in the folder (its weights are named like 'module." in proc.stderr
+        assert not (tmp_path / "out" / "model").exists()
+
+
 def test_output_dir_that_cannot_be_created(capfd, tmp_path, tiny_bert, files):
     proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files)[:-6], "--output-dir", "/proc/forbidden/run")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -9,8 +9,9 @@ through this module, which imports nothing of tuneforge but errors.py, so any of
   generates text and its generation family); `trained_settings_line`, the line saying which of its settings a
   command takes.
 - the folder itself: `check_model_path` (an HF model folder, not a checkpoint or a run's output dir),
-  `load_tokenizer`, `from_pretrained` (a config, tokenizer or plain model, one error line), `save_pretrained`
-  (a model's folder written without importing DeepSpeed), `bundled_minilm` (where the default model folder is).
+  `load_tokenizer`, `from_pretrained` (a config, tokenizer or plain model, one error line; so is a model none of
+  whose weights the folder holds), `save_pretrained` (a model's folder written without importing DeepSpeed),
+  `bundled_minilm` (where the default model folder is).
 - what the model is: `context_length` (the one position-limit rule), `generation_family` (declared, else from
   the architecture) and `inference_device` (where predict, generate, serve and chat run it).
 
@@ -278,7 +279,11 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
     if loads_a_model(loader):
         check_generation_config_file(path)
     try:
-        return loader.from_pretrained(path, **kwargs)
+        if not loads_a_model(loader) or "output_loading_info" in kwargs:
+            return loader.from_pretrained(path, **kwargs)
+        model, loading = loader.from_pretrained(path, output_loading_info=True, **kwargs)
+        check_weights_loaded(model, loading, path, what)
+        return model
     except (OSError, ValueError, SafetensorError, StrictDataclassError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
     except RuntimeError as err:
@@ -288,6 +293,23 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
             f"could not load {what} from {path!r}: its weights' shapes differ from those its config.json gives (a "
             "size edited there, or another model's weights)"
         ) from None
+
+
+def check_weights_loaded(model, loading: dict, path: str, what: str) -> None:
+    """ConfigError where none of the model's weights came from the folder (`loading`: from_pretrained's
+    output_loading_info): transformers starts each missing weight random and says so in a warning the command line
+    silences, so a state dict saved from a wrapper ('module.bert...') trained or predicted from random weights."""
+    names = [name for name, _ in model.named_parameters()]
+    missing = set(loading.get("missing_keys") or ())
+    if not names or any(name not in missing for name in names):
+        return
+    theirs = sorted(loading.get("unexpected_keys") or ())
+    found = f"its weights are named like {theirs[0]!r}" if theirs else "it holds no weights"
+    raise ConfigError(
+        f"could not load {what} from {path!r}: none of the model's weights is in the folder ({found}, a "
+        f"{type(model).__name__}'s like {sorted(names)[0]!r}), so it would run on random weights; save the model "
+        "with save_pretrained"
+    )
 
 
 def shapes_differ(err: RuntimeError) -> bool:

@@ -28,6 +28,7 @@ from tuneforge.adapters import load_pretrained_model
 from tuneforge.artifacts import (
     FAMILY_CAUSAL,
     check_model_path,
+    check_weights_loaded,
     context_length,
     from_pretrained,
     is_adapter_folder,
@@ -256,11 +257,14 @@ class CausalLMTask(Task):
                 tokenizer,
             )
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, config=config, **self.pretrained_kwargs())
+            model, loading = AutoModelForCausalLM.from_pretrained(
+                path, config=config, output_loading_info=True, **self.pretrained_kwargs()
+            )
         except (ValueError, OSError, SafetensorError) as err:  # no causal-LM head for this config; bad weights
             raise ConfigError(
                 f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}"
             ) from None
+        check_weights_loaded(model, loading, path, "a causal language model")
         return self._fit_tokenizer(model, tokenizer)
 
     @staticmethod
