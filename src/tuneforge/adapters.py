@@ -35,6 +35,7 @@ import torch
 
 from tuneforge.artifacts import (
     ADAPTER_CONFIG,
+    check_weights_loaded,
     first_error_line,
     from_pretrained,
     is_adapter_folder,
@@ -439,17 +440,46 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
         return PeftModel.from_pretrained(model, folder).merge_and_unload()
 
 
-def load_pretrained_model(loader, path: str, what: str, **kwargs):
+def start_new_head(model, mismatched: list, path: str, what: str, log) -> None:
+    """Says, through `log`, that the head of `model` starts new where its shapes differ from the folder's
+    (`mismatched`: from_pretrained's (name, the folder's shape, the model's shape)); a refusal where a weight outside
+    the head differs (a size edited in config.json, another model's weights)."""
+    if not mismatched:
+        return
+    heads = head_modules(model)
+    if any(name.split(".")[0] not in heads for name, *_ in mismatched):
+        raise ConfigError(
+            f"could not load {what} from {path!r}: its weights' shapes differ from those its config.json gives (a "
+            "size edited there, or another model's weights)"
+        )
+    name, theirs, ours = mismatched[0]
+    log(
+        f"model {path!r}: its head ({', '.join(heads)}) has other shapes than this run's ({name}: {list(theirs)} in "
+        f"the folder, {list(ours)} here); it starts from random weights"
+    )
+
+
+def load_pretrained_model(loader, path: str, what: str, new_head=None, **kwargs):
     """The model of a model folder, by `loader` (AutoModelFor..., BertFor...): an adapter folder's base with its
     adapter merged in (`load_merged`), any other folder through `artifacts.from_pretrained`; a folder that cannot be
-    loaded is one ConfigError line.
+    loaded is one ConfigError line. `new_head` (a task that trains the model: its log): a task head of other shapes
+    than the folder's (a classifier of 2 labels trained on 3, a sentence classifier given to NER) starts new, said
+    there, as transformers' ignore_mismatched_sizes does; without it, or elsewhere than in the head, a refusal.
 
     It lives here, not in artifacts.py with `from_pretrained`: merging needs peft and the base's fingerprint (this
     module's), and artifacts.py sits below every module that reads a model folder, this one included."""
     from safetensors import SafetensorError
 
     if not (loads_a_model(loader) and is_adapter_folder(path)):
-        return from_pretrained(loader, path, what, **kwargs)
+        if new_head is None:
+            return from_pretrained(loader, path, what, **kwargs)
+        model, loading = from_pretrained(
+            loader, path, what, ignore_mismatched_sizes=True, output_loading_info=True, **kwargs
+        )
+        check_weights_loaded(model, loading, path, what)
+        mismatched = sorted(loading.get("mismatched_keys") or (), key=lambda each: each[0])
+        start_new_head(model, mismatched, path, what, new_head)
+        return model
     try:
         return load_merged(loader, path, **kwargs)  # an adapter run's OUTPUT_DIR/model
     except (OSError, ValueError, SafetensorError) as err:

@@ -234,3 +234,28 @@ def test_a_half_precision_model_folder_trains_on_float32_weights(tmp_path, tiny_
         built.use_labels(labels)
     loaded = built.load_model(built.load_tokenizer())
     assert {p.dtype for p in loaded.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize(("task", "labels"), [("classification", ["a", "b", "c"]), ("ner", ["O", "B-PER", "I-PER"])])
+def test_a_head_of_other_labels_starts_new_with_a_word_and_the_rest_loads(tmp_path, minilm_dir, task, labels):
+    """A classifier of 2 labels trained on 3 labels, or given to --task ner: its head's shapes differ from the run's.
+    The run stopped with 'its weights' shapes differ from those its config.json gives (a size edited there, or
+    another model's weights)', neither of which was so; the head starts new, said in a line, the body is the
+    folder's (as transformers' ignore_mismatched_sizes)."""
+    from safetensors.torch import load_file
+
+    from conftest import save_tiny_classifier
+
+    folder = save_tiny_classifier(tmp_path / "two-labels", minilm_dir, {0: "neg", 1: "pos"})
+    built = quiet_task(task, folder, max_length=32)
+    said = []
+    built.log = said.append
+    built.use_labels(labels)
+    model = built.load_model(built.load_tokenizer())
+    assert said == [
+        f"model {folder!r}: its head (classifier) has other shapes than this run's (classifier.bias: [2] in the "
+        "folder, [3] here); it starts from random weights"
+    ]
+    saved = load_file(f"{folder}/model.safetensors")["bert.encoder.layer.1.output.dense.weight"]
+    assert torch.equal(model.state_dict()["bert.encoder.layer.1.output.dense.weight"], saved)
+    assert model.classifier.weight.shape == (3, 32)

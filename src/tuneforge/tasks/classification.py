@@ -468,6 +468,7 @@ class ClassificationTask(Task):
             path,
             "a sequence-classification model",
             config=model_config,
+            new_head=self.log,
             **self.pretrained_kwargs(),
         )
         if model.config.pad_token_id is None:  # a causal LM's head scores the last token before the padding

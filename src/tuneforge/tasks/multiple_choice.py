@@ -135,7 +135,12 @@ class MultipleChoiceTask(Task):
         model_config = set_dropout(from_pretrained(AutoConfig, path, "the model config"), self.config.dropout)
         self.check_max_length(tokenizer, model_config)
         return load_pretrained_model(
-            AutoModelForMultipleChoice, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
+            AutoModelForMultipleChoice,
+            path,
+            self.model_kind,
+            config=model_config,
+            new_head=self.log,
+            **self.pretrained_kwargs(),
         )
 
     # ---- raw data ----------------------------------------------------------------------

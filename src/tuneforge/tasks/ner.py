@@ -180,7 +180,12 @@ class TokenClassificationTask(Task):
         set_dropout(model_config, self.config.dropout)
         self.check_max_length(tokenizer, model_config)
         return load_pretrained_model(
-            AutoModelForTokenClassification, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
+            AutoModelForTokenClassification,
+            path,
+            self.model_kind,
+            config=model_config,
+            new_head=self.log,
+            **self.pretrained_kwargs(),
         )
 
     # ---- raw data ----------------------------------------------------------------------

@@ -383,7 +383,12 @@ class QuestionAnsweringTask(Task):
         set_dropout(model_config, self.config.dropout)
         self.check_max_length(tokenizer, model_config)
         return load_pretrained_model(
-            AutoModelForQuestionAnswering, path, self.model_kind, config=model_config, **self.pretrained_kwargs()
+            AutoModelForQuestionAnswering,
+            path,
+            self.model_kind,
+            config=model_config,
+            new_head=self.log,
+            **self.pretrained_kwargs(),
         )
 
     def check_max_length(self, tokenizer, model_config) -> None:

@@ -211,6 +211,7 @@ class RewardModelTask(Task):
             path,
             "a sequence scorer",
             config=model_config,
+            new_head=self.log,
             **self.pretrained_kwargs(),
         )
         model.config.pad_token_id = tokenizer.pad_token_id  # a causal LM's head scores the last token before padding
