@@ -314,6 +314,32 @@ def test_a_sentence_transformers_folder_tuneforge_cannot_embed_alike_is_refused(
     assert not out.exists()
 
 
+def test_a_sentence_transformers_folder_of_the_old_layout_names_its_model_subfolder(capfd, tmp_path, tiny_encoder):
+    """sentence-transformers before 2.x kept the model (config.json, weights, tokenizer) in 0_Transformer, which
+    SentenceTransformer(folder) still loads: predict and train said the folder was 'not a Hugging Face model folder
+    (no config.json)'; one line naming the subfolder."""
+    import shutil
+
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_encoder, folder)
+    (folder / "0_Transformer").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (folder / name).rename(folder / "0_Transformer" / name)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules[0]["path"] = "0_Transformer"
+    (folder / "modules.json").write_text(json.dumps(modules))
+    said = (
+        f"model {str(folder)!r} is a sentence-transformers folder with its model in the subfolder '0_Transformer', not "
+        f"in its root; pass {str(folder / '0_Transformer')!r} to train from it"
+    )
+    texts = write_texts(tmp_path / "t.jsonl", TEXTS)
+    assert_refused(
+        in_process(capfd, "predict", folder, "--input", texts, "--output", tmp_path / "o.npy"), tmp_path, said
+    )
+    train = ["train", "--task", "embedding", "--model", folder, "--train-file", texts, "--output-dir", tmp_path / "out"]
+    assert_refused(in_process(capfd, *train), tmp_path, said)
+
+
 def test_a_bare_encoder_folder_is_refused_with_what_to_do(capfd, tmp_path, tiny_bert):
     """A BertModel folder without sentence-transformers' modules.json: no vectors without a pooling, and no advice to
     `tuneforge generate` it (a bare encoder does not generate)."""

@@ -210,6 +210,13 @@ def _check_folder_kind(model: str, p: Path) -> None:
     if not (p / "config.json").exists():
         if (p / "model" / "config.json").is_file():
             raise ConfigError(f"model {model!r} is a run's output dir, not a model folder; pass {str(p / 'model')!r}")
+        layout = sentence_transformers_layout(p)
+        if layout is not None and layout.weights and (p / layout.weights / "config.json").is_file():
+            raise ConfigError(  # sentence-transformers before 2.x kept the model in a subfolder (0_Transformer)
+                f"model {model!r} is a sentence-transformers folder with its model in the subfolder "
+                f"{layout.weights!r}, not in its root; pass {str(p / layout.weights)!r} to train from it, or save it "
+                "again with a recent sentence-transformers"
+            )
         raise ConfigError(
             f"model {model!r} is not a Hugging Face model folder (no config.json); "
             "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
