@@ -172,6 +172,26 @@ def test_a_classifier_predicts_in_bf16_with_float32s_labels(capfd, tmp_path, cla
     assert bf16 != fp32 and np.allclose(bf16, fp32, atol=2e-2)
 
 
+def test_a_bf16_folder_predicts_in_float32_when_fp32_is_asked(capfd, tmp_path, classifier):
+    """transformers loads a folder in the dtype its config.json names: a classifier saved in bf16 ran every forward
+    in bf16 (norms and softmax too) under --precision fp32, predict's default; its float32 forwards now, as those of
+    the same weights loaded in float32."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = tmp_path / "bf16"
+    AutoModelForSequenceClassification.from_pretrained(classifier, dtype=torch.bfloat16).save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(classifier)
+    tokenizer.save_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32)
+    with torch.no_grad():
+        want = model(**tokenizer(TEXTS[:2], padding=True, return_tensors="pt")).logits.softmax(-1)[:, 0]
+    out = tmp_path / "out.jsonl"
+    inp = write_texts(tmp_path / "texts.jsonl", TEXTS[:2])
+    assert in_process(capfd, "predict", folder, "--input", inp, "--output", out).returncode == 0
+    assert np.allclose([row["scores"]["neg"] for row in read_jsonl(out)], want.numpy(), atol=1e-6, rtol=0)
+
+
 def test_an_existing_npy_file_is_never_replaced(capfd, tmp_path, tiny_encoder):
     theirs = tmp_path / "vectors.npy"
     np.save(theirs, np.arange(3.0))

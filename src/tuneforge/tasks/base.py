@@ -122,6 +122,9 @@ class ServingPrecision:
 
         resolved = resolve_precision(precision, self.device)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(resolved)
+        # a folder saved in bf16 or fp16 loads so (transformers reads config.json's dtype): float32 first, for fp32's
+        # forwards and autocast's float32 norms and softmax
+        self.model.float()
         if self.dtype is not None:
             store_frozen_linears(self.model.requires_grad_(False), self.dtype)
         return resolved
