@@ -299,6 +299,25 @@ def test_model_folder_without_weights(capfd, tmp_path, tiny_bert, files):
     )
 
 
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        ("tf_model.h5", "holds TensorFlow weights only (tf_model.h5)"),
+        ("flax_model.msgpack", "holds Flax weights only (flax_model.msgpack)"),
+    ],
+)
+def test_a_tensorflow_or_flax_model_folder_is_one_line_before_any_data_work(
+    capfd, tmp_path, tiny_bert, files, weights, said
+):
+    """A folder of TensorFlow or Flax weights only (older hub models) passed the weights check: the data were
+    tokenized, then loading said 'no file named model.safetensors, or pytorch_model.bin' without a word of why."""
+    folder = tmp_path / "other-framework"
+    folder.mkdir()
+    for f in Path(tiny_bert).iterdir():
+        (folder / (weights if f.suffix == ".safetensors" else f.name)).write_bytes(f.read_bytes())
+    assert_refused(in_process(capfd, *train_args(tmp_path, str(folder), *files)), tmp_path, said, "PyTorch weights")
+
+
 def test_model_folder_without_tokenizer_files(tmp_path, tiny_bert, files, capsys):
     """transformers would build a 5-token tokenizer from config.json alone; training would run on it."""
     no_tok = tmp_path / "no-tokenizer"

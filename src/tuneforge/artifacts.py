@@ -33,7 +33,9 @@ from tuneforge.paths import read_from_here
 
 MODEL_INFO = "tuneforge.json"
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the folder holds an adapter, not a model
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")  # model.safetensors, pytorch_model.bin, shards
+WEIGHT_SUFFIXES = (".safetensors", ".bin")  # model.safetensors, pytorch_model.bin, shards
+# weights of the frameworks transformers dropped (5.x), which tuneforge never asks 4.x to convert (from_tf, from_flax)
+OTHER_FRAMEWORK_WEIGHTS = {"tf_model.h5": "TensorFlow", "model.ckpt.index": "TensorFlow", "flax_model.msgpack": "Flax"}
 CHECKPOINT_MARKERS = ("trainer_state.json", "manifest.json")  # an OUTPUT_DIR/checkpoint-STEP folder
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt")
 TOKENIZER_SUFFIXES = (".model", ".tiktoken")  # sentencepiece (spiece.model, tokenizer.model), tiktoken
@@ -228,7 +230,15 @@ def _check_weights(model: str, p: Path) -> None:
     from safetensors import SafetensorError, safe_open
 
     files = [f for f in p.iterdir() if f.is_file()]
-    if not any(f.suffix in WEIGHT_SUFFIXES or f.name == "model.ckpt.index" for f in files):
+    others = [f.name for f in files if f.name in OTHER_FRAMEWORK_WEIGHTS]
+    if others and not any(f.suffix in WEIGHT_SUFFIXES for f in files):
+        framework = OTHER_FRAMEWORK_WEIGHTS[others[0]]
+        raise ConfigError(
+            f"model {model!r} holds {framework} weights only ({others[0]}); tuneforge loads PyTorch weights "
+            "(model.safetensors or pytorch_model.bin): convert them with transformers 4 (from_pretrained(..., "
+            f"from_{'tf' if framework == 'TensorFlow' else 'flax'}=True), then save_pretrained)"
+        )
+    if not any(f.suffix in WEIGHT_SUFFIXES for f in files):
         raise ConfigError(
             f"model {model!r} has a config.json but no weights (model.safetensors or pytorch_model.bin); "
             "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
