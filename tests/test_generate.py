@@ -325,3 +325,27 @@ def test_a_generation_config_that_is_json_but_no_object_is_one_error_line(tiny_l
     code, _, err = cli_main(capsys, "generate", str(folder), "--prompt", "The dog")
     said = f"error: {folder}/generation_config.json holds a JSON list, not an object of generation settings: fix it "
     assert code == 2 and err.strip() == said + "or remove it"
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "outside"),
+    [("forced_eos_token_id", 99999, 99999), ("bad_words_ids", [[7], [99999]], 99999), ("suppress_tokens", [5, -3], -3)],
+)
+def test_a_generation_config_token_outside_the_vocabulary_is_left_out_with_a_note(
+    tiny_llama, tmp_path, capsys, setting, value, outside
+):
+    """transformers' generate indexes the logits with these: an id the model does not have was an internal error at
+    the first prompt (IndexError: index 99999 is out of bounds; ValueError: The model vocabulary size is 320, but the
+    following tokens were being biased); each is left out with a note, as a sampling default out of bounds is."""
+    import shutil
+
+    folder = tmp_path / "odd"
+    shutil.copytree(tiny_llama, folder)
+    settings = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**settings, setting: value}))
+    code, out, err = cli_main(capsys, "generate", str(folder), "--prompt", "The dog", "--max-new-tokens", "3")
+    assert code == 0 and out.strip(), err
+    assert err.strip() == (
+        f"note: generation_config.json's {setting} {value!r} is left out (token {outside} is outside the model's 320 "
+        "tokens)"
+    )

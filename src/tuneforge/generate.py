@@ -288,7 +288,8 @@ class Generator:
         self.model, self.tokenizer, self.kind, self.info = model, tokenizer, family, info
         self.family, self.model_dir = family.name, model_dir
         # the model's own sampling defaults, each within the API's bounds (one outside is dropped, with a note)
-        self.defaults = checked_defaults(getattr(model, "generation_config", None), model_dir)
+        vocab_size = getattr(model.config.get_text_config(), "vocab_size", None)
+        self.defaults = checked_defaults(getattr(model, "generation_config", None), model_dir, vocab_size)
         self.device = next(model.parameters()).device
         if tokenizer.pad_token is None and tokenizer.eos_token is not None:
             tokenizer.pad_token = tokenizer.eos_token

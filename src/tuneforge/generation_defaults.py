@@ -5,8 +5,8 @@ min_p, repetition_penalty, and max_new_tokens as max_tokens), which transformers
 `checked_defaults` holds each to the bounds of the OpenAI API that `tuneforge serve` speaks (the numbers of
 serve/openai_api.py's SamplingRequest): one outside them or of the wrong kind (a string, a boolean, NaN) is dropped
 from the model's generation config with a note, so that neither the server nor `tuneforge generate`/`chat` samples
-with it or fails on it. A generation_config.json that is not JSON gets a note too (transformers reads none of it).
-Imports nothing heavy."""
+with it or fails on it; so is a token setting that names a token outside the model's vocabulary. A
+generation_config.json that is not JSON gets a note too (transformers reads none of it). Imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -60,11 +60,14 @@ class ModelDefaults:
         return line + "".join(f"; {note}" for note in self.notes)
 
 
-def checked_defaults(generation_config, model_dir: str | None = None) -> ModelDefaults:
+def checked_defaults(generation_config, model_dir: str | None = None, vocab_size: int | None = None) -> ModelDefaults:
     """The sampling defaults of a model's `generation_config` (transformers' GenerationConfig, None: none), each
     value outside the API's bounds dropped from it (set to None, transformers' unset) with a note; `model_dir`:
-    where its generation_config.json is, noted when that is not JSON."""
+    where its generation_config.json is, noted when that is not JSON; `vocab_size`: the model's tokens, outside which
+    a token setting (`TOKEN_FIELDS`) is dropped so too."""
     notes = [] if model_dir is None else unreadable_file(Path(model_dir) / FILE)
+    if vocab_size is not None and generation_config is not None:
+        notes += tokens_outside_vocabulary(generation_config, vocab_size)
     values = {}
     for name in FIELDS:
         value = getattr(generation_config, name, None)
@@ -77,6 +80,39 @@ def checked_defaults(generation_config, model_dir: str | None = None) -> ModelDe
             notes.append(f"{FILE}'s {name} {value!r} is left out ({why[:1].lower() + why[1:]})")
         setattr(generation_config, name, values.get(name))  # a checked float for an int (transformers wants one)
     return ModelDefaults(values, tuple(notes))
+
+
+# token settings transformers' generate indexes the logits with (an id outside them: an IndexError or ValueError at
+# the first generate call)
+TOKEN_FIELDS = (
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "bad_words_ids",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+)
+
+
+def token_ids(value) -> list:
+    """The ids of a token setting: an id, a list of ids, or a list of lists (bad_words_ids)."""
+    if isinstance(value, (list, tuple)):
+        return [each for part in value for each in token_ids(part)]
+    return [value]
+
+
+def tokens_outside_vocabulary(generation_config, vocab_size: int) -> list[str]:
+    """Notes on the token settings (`TOKEN_FIELDS`) naming a token the model does not have, each dropped."""
+    notes = []
+    for name in TOKEN_FIELDS:
+        value = getattr(generation_config, name, None)
+        outside = [i for i in token_ids(value) if type(i) is not int or not 0 <= i < vocab_size]
+        if value is not None and outside:
+            notes.append(
+                f"{FILE}'s {name} {value!r} is left out (token {outside[0]!r} is outside the model's {vocab_size} "
+                "tokens)"
+            )
+            setattr(generation_config, name, None)
+    return notes
 
 
 def unreadable_file(path: Path) -> list[str]:
