@@ -401,6 +401,41 @@ def test_a_folder_none_of_whose_weights_the_model_names_is_refused(capfd, tmp_pa
         assert not (tmp_path / "out" / "model").exists()
 
 
+LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:" + b"ab" * 32 + b"\nsize 438011953\n"
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("cut short", "(PytorchStreamReader failed reading zip archive: failed finding central directory)"),
+        ("a Git LFS pointer", "pytorch_model.bin is a Git LFS pointer, not the weights"),
+    ],
+)
+def test_a_pytorch_model_bin_that_is_no_readable_pytorch_file_is_one_line(
+    capfd, tmp_path, tiny_bert, tiny_gpt2, files, damage, said
+):
+    """A pytorch_model.bin cut short (a download stopped) or the pointer Git LFS leaves where it fetched nothing was
+    an internal error (RuntimeError: PytorchStreamReader failed ...; UnpicklingError) in training, generate and
+    predict, where a broken model.safetensors is one line; so is it, the causal LM's own loading too."""
+    import torch
+    from safetensors.torch import load_file
+
+    for model, extra in ((tiny_bert, ()), (tiny_gpt2, ("--task", "clm"))):
+        folder = tmp_path / f"bin-{Path(model).name}"
+        folder.mkdir()
+        for f in Path(model).iterdir():
+            if f.suffix != ".safetensors":
+                (folder / f.name).write_bytes(f.read_bytes())
+        torch.save(load_file(Path(model) / "model.safetensors"), folder / "pytorch_model.bin")
+        whole = (folder / "pytorch_model.bin").read_bytes()
+        (folder / "pytorch_model.bin").write_bytes(whole[: len(whole) // 2] if damage == "cut short" else LFS)
+        proc = train_on(capfd, tmp_path, str(folder), files, *extra)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert said in proc.stderr.strip().splitlines()[-1]
+    proc = in_process(capfd, "generate", folder, "--prompt", "The dog")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and said in proc.stderr, proc.stderr
+
+
 def test_output_dir_that_cannot_be_created(capfd, tmp_path, tiny_bert, files):
     proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files)[:-6], "--output-dir", "/proc/forbidden/run")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

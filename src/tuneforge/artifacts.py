@@ -34,6 +34,7 @@ from tuneforge.paths import read_from_here
 MODEL_INFO = "tuneforge.json"
 ADAPTER_CONFIG = "adapter_config.json"  # peft's: the folder holds an adapter, not a model
 WEIGHT_SUFFIXES = (".safetensors", ".bin")  # model.safetensors, pytorch_model.bin, shards
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a Git LFS pointer file starts
 # weights of the frameworks transformers dropped (5.x), which tuneforge never asks 4.x to convert (from_tf, from_flax)
 OTHER_FRAMEWORK_WEIGHTS = {"tf_model.h5": "TensorFlow", "model.ckpt.index": "TensorFlow", "flax_model.msgpack": "Flax"}
 CHECKPOINT_MARKERS = ("trainer_state.json", "manifest.json")  # an OUTPUT_DIR/checkpoint-STEP folder
@@ -225,6 +226,14 @@ def _check_folder_kind(model: str, p: Path) -> None:
         )
 
 
+def is_lfs_pointer(file: Path) -> bool:
+    """Whether `file` is the small text Git LFS leaves for a large file it did not fetch."""
+    if file.stat().st_size > 1024:
+        return False
+    with file.open("rb") as opened:
+        return opened.read(len(LFS_POINTER)) == LFS_POINTER
+
+
 def _check_weights(model: str, p: Path) -> None:
     """The folder holds weights, and each safetensors file's header reads."""
     from safetensors import SafetensorError, safe_open
@@ -244,6 +253,11 @@ def _check_weights(model: str, p: Path) -> None:
             "pass a folder saved with save_pretrained, e.g. OUTPUT_DIR/model"
         )
     for f in files:
+        if f.suffix in WEIGHT_SUFFIXES and is_lfs_pointer(f):
+            raise ConfigError(
+                f"model {model!r}: {f.name} is a Git LFS pointer, not the weights (the repository was cloned without "
+                "git-lfs); run `git lfs pull` in the folder, or download the model with `tuneforge download`"
+            )
         if f.suffix == ".safetensors":
             try:  # reads the header only: a truncated or foreign file fails here, not after tokenizing
                 with safe_open(str(f), framework="pt"):
@@ -288,6 +302,8 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
 
     Not an adapter folder's model: merging the adapter into its base is adapters.load_pretrained_model's (it
     needs peft, a layer above this one), so a model loader given one is a programming error here."""
+    import pickle
+
     from huggingface_hub.errors import StrictDataclassError  # a config.json value of the wrong type
     from safetensors import SafetensorError
 
@@ -303,7 +319,9 @@ def from_pretrained(loader, path: str, what: str, **kwargs):
         return model
     except (OSError, ValueError, SafetensorError, StrictDataclassError) as err:
         raise ConfigError(f"could not load {what} from {path!r}: {first_error_line(err)}") from None
-    except RuntimeError as err:
+    except (RuntimeError, pickle.UnpicklingError) as err:
+        if unreadable_torch_file(err):
+            raise ConfigError(f"could not load {what} from {path!r}: {unreadable_torch_file(err)}") from None
         if not shapes_differ(err):
             raise
         raise ConfigError(
@@ -326,6 +344,19 @@ def check_weights_loaded(model, loading: dict, path: str, what: str) -> None:
         f"could not load {what} from {path!r}: none of the model's weights is in the folder ({found}, a "
         f"{type(model).__name__}'s like {sorted(names)[0]!r}), so it would run on random weights; save the model "
         "with save_pretrained"
+    )
+
+
+def unreadable_torch_file(err: Exception) -> str | None:
+    """What to say of torch.load's refusal of a .bin weights file that is no readable PyTorch file (cut short:
+    'PytorchStreamReader failed reading zip archive'; not one at all: an UnpicklingError); None for another error."""
+    import pickle
+
+    if not isinstance(err, pickle.UnpicklingError) and "PytorchStreamReader" not in str(err):
+        return None
+    return (
+        f"its .bin weights are not a readable PyTorch file ({str(err).split('. ')[0]}); save the model again with "
+        "save_pretrained"
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import pickle
 from pathlib import Path
 
 import datasets
@@ -33,6 +34,7 @@ from tuneforge.artifacts import (
     from_pretrained,
     is_adapter_folder,
     save_pretrained,
+    unreadable_torch_file,
 )
 from tuneforge.config import EVAL, MAX_TOKENS
 from tuneforge.data.mapped import is_large, read_mapped
@@ -263,6 +265,12 @@ class CausalLMTask(Task):
         except (ValueError, OSError, SafetensorError) as err:  # no causal-LM head for this config; bad weights
             raise ConfigError(
                 f"model {path!r} cannot be loaded as a causal language model: {str(err).splitlines()[0]}"
+            ) from None
+        except (RuntimeError, pickle.UnpicklingError) as err:
+            if not unreadable_torch_file(err):
+                raise
+            raise ConfigError(
+                f"model {path!r} cannot be loaded as a causal language model: {unreadable_torch_file(err)}"
             ) from None
         check_weights_loaded(model, loading, path, "a causal language model")
         return self._fit_tokenizer(model, tokenizer)
