@@ -436,6 +436,28 @@ def test_a_pytorch_model_bin_that_is_no_readable_pytorch_file_is_one_line(
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and said in proc.stderr, proc.stderr
 
 
+def test_a_hub_cache_folder_names_its_snapshot_which_loads(capfd, tmp_path, minilm_dir, files):
+    """~/.cache/huggingface/hub/models--ORG--NAME holds the model in snapshots/REVISION, its files links to blobs:
+    the cache folder itself was 'not a Hugging Face model folder (no config.json)'; one line naming the snapshot
+    refs/main names and the hub id, and the snapshot, links and all, predicts."""
+    from conftest import save_tiny_classifier
+
+    model = Path(save_tiny_classifier(tmp_path / "classifier", minilm_dir, {0: "neg", 1: "pos"}))
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / ("a1" * 20)
+    for folder in (repo / "blobs", repo / "refs", snapshot):
+        folder.mkdir(parents=True)
+    (repo / "refs" / "main").write_text("a1" * 20)
+    for i, f in enumerate(sorted(model.iterdir())):
+        (repo / "blobs" / f"blob{i}").write_bytes(f.read_bytes())
+        (snapshot / f.name).symlink_to(f"../../blobs/blob{i}")
+    said = f"is a hub cache folder, not a model folder; pass {str(snapshot)!r} or the hub id 'org/tiny'"
+    assert_refused(in_process(capfd, *train_args(tmp_path, str(repo), *files)), tmp_path, said)
+    (tmp_path / "in.csv").write_text("text\na fine film\n")
+    predict = ["predict", snapshot, "--input", tmp_path / "in.csv", "--output", tmp_path / "out.jsonl"]
+    assert in_process(capfd, *predict).returncode == 0 and (tmp_path / "out.jsonl").read_text().count("label_id") == 1
+
+
 def test_output_dir_that_cannot_be_created(capfd, tmp_path, tiny_bert, files):
     proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files)[:-6], "--output-dir", "/proc/forbidden/run")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

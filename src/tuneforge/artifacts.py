@@ -203,6 +203,16 @@ def first_error_line(err: BaseException) -> str:
     return lines[0][:200]
 
 
+def hub_snapshot(repo: Path) -> str:
+    """The model folder of a hub cache folder (models--ORG--NAME): the snapshot its refs/main names, else
+    snapshots/REVISION."""
+    try:
+        revision = (repo / "refs" / "main").read_text(encoding="utf-8").strip()
+    except OSError:
+        revision = ""
+    return str(repo / "snapshots" / (revision or "REVISION"))
+
+
 def _check_folder_kind(model: str, p: Path) -> None:
     """A folder that is a checkpoint, a run's output dir or no HF model folder at all: one line naming it."""
     if any((p / m).is_file() for m in CHECKPOINT_MARKERS):
@@ -213,6 +223,11 @@ def _check_folder_kind(model: str, p: Path) -> None:
     if not (p / "config.json").exists():
         if (p / "model" / "config.json").is_file():
             raise ConfigError(f"model {model!r} is a run's output dir, not a model folder; pass {str(p / 'model')!r}")
+        if p.name.startswith("models--") and (p / "snapshots").is_dir():
+            raise ConfigError(
+                f"model {model!r} is a hub cache folder, not a model folder; pass {hub_snapshot(p)!r} or the hub id "
+                f"{p.name.removeprefix('models--').replace('--', '/')!r}"
+            )
         layout = sentence_transformers_layout(p)
         if layout is not None and layout.weights and (p / layout.weights / "config.json").is_file():
             raise ConfigError(  # sentence-transformers before 2.x kept the model in a subfolder (0_Transformer)
