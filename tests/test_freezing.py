@@ -3,6 +3,8 @@ backward is skipped."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -17,6 +19,7 @@ from conftest import (
     train_command,
 )
 from tuneforge.freezing import freeze_bottom, transformer_layers
+from tuneforge.run import enable_gradient_checkpointing
 
 
 def classifier(layers: int = 3):
@@ -59,6 +62,23 @@ def test_embeddings_alone_get_no_gradient_and_every_layer_does():
         frozen = name.startswith("bert.embeddings.")
         assert p.requires_grad is not frozen, name
         assert (p.grad is None) is frozen, name
+
+
+def test_gradient_checkpointing_still_skips_the_frozen_layers_backward():
+    # transformers' checkpointing makes the embeddings' output require grad (reentrant checkpointing needs it):
+    # with frozen embeddings that ran the backward of every frozen layer, for no gradient
+    model = classifier(3)
+    freeze_bottom(model, 2)
+    backend = SimpleNamespace(supports_gradient_checkpointing=True)
+    enable_gradient_checkpointing(model, SimpleNamespace(gradient_checkpointing=True), backend)
+    assert all(layer.gradient_checkpointing for layer in model.bert.encoder.layer)
+    carries_grad = []  # whether a layer's output takes part in the backward
+    for layer in model.bert.encoder.layer:
+        layer.register_forward_hook(lambda module, args, output: carries_grad.append(output[0].requires_grad))
+    model.train()
+    model(input_ids=torch.randint(1000, 2000, (2, 7)), labels=torch.tensor([0, 1])).loss.backward()
+    assert carries_grad == [False, False, True]
+    assert model.bert.encoder.layer[2].output.dense.weight.grad is not None
 
 
 def test_layer_stacks_of_other_architectures():

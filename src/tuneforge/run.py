@@ -364,6 +364,11 @@ def enable_gradient_checkpointing(model, config, backend) -> None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers also hooks the embeddings' output to require grad, which only reentrant checkpointing needs (as
+    # peft notes); frozen embeddings' output would then run the backward of every frozen layer, for no gradient
+    disable = getattr(model, "disable_input_require_grads", None)
+    if disable is not None:
+        disable()
 
 
 def make_checkpointer(run: Run, task) -> Checkpointer:
