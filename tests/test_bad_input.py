@@ -213,6 +213,13 @@ def test_a_max_length_that_holds_no_text(capfd, tmp_path, tiny_bert, files, valu
     assert_refused(proc, tmp_path, f"--max-length {value} leaves no room for a text", "give at least 3")
 
 
+def test_flex_attention_training_on_a_cpu(capfd, tmp_path, tiny_bert, files):
+    """torch's FlexAttention has no backward on a CPU: training with it was an internal error at the first step
+    (NotImplementedError: FlexAttention does not support backward on CPU), after all the data work."""
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--attn-implementation", "flex_attention"))
+    assert_refused(proc, tmp_path, "'flex_attention' cannot train on a CPU", "use auto, eager or sdpa")
+
+
 @pytest.mark.parametrize(
     "flag, value, said",
     [("--text-column", "txt", "column 'txt' not found"), ("--max-length", "256", "use --max-length 128 or less")],

@@ -215,6 +215,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
         task.check_vocabulary(tokenizer)
     if not training:
         task.adopt_model_labels(given.model.config if given.model is not None else None)
+    if training:
+        check_trainable_attention(config.attn_implementation, backend.device)
     if training and config.adapter == "lora":  # a target that matches no layer: one line before any data work
         adapters.check_targets(task.peek_model_config(), config.lora_targets)
         adapters.check_quantize(config)
@@ -331,6 +333,16 @@ def set_attention(model, wanted: str, backend, task) -> None:
             raise ConfigError(
                 f"attn_implementation {wanted!r} is not available for this model: {e}. Use auto, eager or sdpa"
             ) from None
+
+
+def check_trainable_attention(wanted: str, device: torch.device) -> None:
+    """One line before any data work for a kernel that cannot train here: torch's FlexAttention has no backward on a
+    CPU (an internal error at the first step)."""
+    if "flex_attention" in wanted and device.type == "cpu":
+        raise ConfigError(
+            f"attn_implementation {wanted!r} cannot train on a CPU (torch's FlexAttention has no backward there); "
+            "use auto, eager or sdpa"
+        )
 
 
 def freeze(model, config, log) -> None:
