@@ -682,6 +682,12 @@ def test_a_saved_config_of_one_task_refuses_another_tasks_option_it_sets():
         (["--task", "qa", "--block-size", "64"], "'clm' or 'sft' or 'dpo'"),
         (["--task", "ner", "--num-beams", "4"], "'seq2seq'"),
         (["--task", "sft", "--data-format", "codah"], "'multiple-choice'"),
+        # a value at its owner's default (a config file's is dropped) was accepted and did nothing
+        (["--packing"], "'clm' or 'sft'"),
+        (["--task", "qa", "--pack-texts"], "'embedding'"),
+        (["--task", "clm", "--kl-importance-correction"], "'grpo'"),
+        (["task_options.packing=true"], "'clm' or 'sft'"),
+        (["packing=true"], "'clm' or 'sft'"),
     ],
 )
 def test_a_flag_of_another_task_is_one_line_naming_its_task(capsys, tmp_path, args, owner):

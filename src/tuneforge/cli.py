@@ -154,14 +154,16 @@ def machine() -> str:
 
 def cmd_train(ns: argparse.Namespace) -> int:
     from tuneforge.config import apply_overrides, check_given_now
-    from tuneforge.configure import config_from_sources
+    from tuneforge.configure import check_options_given, config_from_sources
     from tuneforge.trainer import Trainer
 
     yaml_path, overrides = _split_positionals(ns.config)
     flags = _flags(ns, train_flags())
     # no --task: the config infers it from the data files (config._task_from_files)
     config = config_from_sources(yaml_path, overrides, flags)
-    check_given_now(config, flags, apply_overrides({}, overrides))  # what would do nothing (a config file's may)
+    typed = apply_overrides({}, overrides)
+    check_given_now(config, flags, typed)  # what would do nothing (a config file's may)
+    check_options_given(config, flags, typed)
     if config.resume:  # a checkpoint of another task or model, or none: one line before any work
         from tuneforge.checkpoint import check_resumable
 
@@ -190,13 +192,15 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 def cmd_prepare(ns: argparse.Namespace) -> int:
     from tuneforge.config import apply_overrides, check_given_now
-    from tuneforge.configure import config_from_sources
+    from tuneforge.configure import check_options_given, config_from_sources
     from tuneforge.prepare import prepare
 
     yaml_path, overrides = _split_positionals(ns.config)
     flags = _flags(ns, train_flags())
     config = config_from_sources(yaml_path, overrides, flags)
-    check_given_now(config, flags, apply_overrides({}, overrides))  # the command line `train` takes, checked alike
+    typed = apply_overrides({}, overrides)
+    check_given_now(config, flags, typed)  # the command line `train` takes, checked alike
+    check_options_given(config, flags, typed)
     result = prepare(config, log=lambda line: print(line, file=sys.stderr, flush=True))
     rows = f"{result['train_rows']:,} training and {result['validation_rows']:,} validation examples"
     _emit(result, ns.json, f"prepared {rows} in {result['wall_s']:.0f} s; `tuneforge train` of this config reads them")

@@ -115,9 +115,10 @@ def _sort_options(given: TrainConfig, models: dict, owners: dict) -> dict[str, d
     return out
 
 
-def _refuse_foreign(key: str, name: str, value: Any, models: dict, owners: dict) -> None:
+def _refuse_foreign(key: str, name: str, value: Any, models: dict, owners: dict, given_now: bool = False) -> None:
     """A pending key that the run's task and backend do not have: dropped when it is another owner's option
-    at that owner's default (a config file of an earlier version lists them all), else one line."""
+    at that owner's default (a config file of an earlier version lists them all) unless `given_now` (typed on this
+    command line), else one line."""
     section = key.partition(".")[0] if "." in key else ""
     if section not in ("", "data", *SECTIONS):
         raise ConfigError(f"unknown config key '{key}'")
@@ -125,7 +126,7 @@ def _refuse_foreign(key: str, name: str, value: Any, models: dict, owners: dict)
         names = found.get(name)
         if not names:
             continue
-        if all(_default_of(kind, owner, name) == value for owner in names):
+        if not given_now and all(_default_of(kind, owner, name) == value for owner in names):
             return
         mine = owners[f"{kind}_options"][1]
         raise ConfigError(
@@ -133,6 +134,21 @@ def _refuse_foreign(key: str, name: str, value: Any, models: dict, owners: dict)
             f"{kind} {mine!r}; add --{kind} {names[0]}, or drop it"
         )
     raise ConfigError(_unknown_key(key, section, models, owners))
+
+
+def check_options_given(config: TrainConfig, flags: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
+    """The task and backend options typed on this command line (flags, key=value overrides) that the run's task and
+    backend do not have: one line, at their owner's default too (`--packing` on a classifier would do nothing)."""
+    models = {"task_options": type(config.task_options), "backend_options": type(config.backend_options)}
+    owners = {"task_options": ("task", config.task), "backend_options": ("backend", config.backend)}
+    foreign = {*task_option_owners(), *option_owners()} - {*models["task_options"].model_fields}
+    foreign -= {*models["backend_options"].model_fields}
+    typed = [name for section, _, name in (key.partition(".") for key in flags) if section in SECTIONS]
+    for section, value in overrides.items():  # flat, or under task_options: / backend_options: / data:
+        typed += list(value) if section in ("data", *SECTIONS) and isinstance(value, dict) else [section]
+    for name in typed:
+        if name in foreign:
+            _refuse_foreign(name, name, None, models, owners, given_now=True)
 
 
 def _default_of(kind: str, owner: str, name: str) -> Any:
