@@ -632,3 +632,18 @@ def test_stopping_one_nodes_launcher_stops_every_node_with_one_line(tmp_path, ti
     assert err0.startswith("error: node 1 (") and err0.count("\n") == 1, err0[-3000:]
     assert "was stopped by SIGTERM, and this node's workers with it" in err0
     assert err1.strip().splitlines()[-1] == "error: stopped by SIGTERM; its workers were stopped too"
+
+
+@pytest.mark.parametrize("given, threads", [("3", 3), ("2,1", 2), ("", None), ("abc", None), ("0", None), (None, None)])
+def test_worker_threads_read_omp_num_threads_as_openmp_does(monkeypatch, given, threads):
+    """OMP_NUM_THREADS empty, not a number, or an OpenMP list (2,1: 2 threads, then 1 in nested regions) was an
+    internal error under --nproc 2 (ValueError: invalid literal for int()); a number is taken (a list's first),
+    else the cores this process may use (its affinity) shared by the node's workers."""
+    from tuneforge.configure import build_config
+
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert launch.worker_threads(build_config(backend="ddp", nproc=2)) == (threads or share)

@@ -369,6 +369,16 @@ def procs_on_this_node(config) -> int:
     return config.nproc
 
 
+def worker_threads(config) -> int:
+    """CPU threads of each worker on this node: OMP_NUM_THREADS where it names a number (an OpenMP list's first, as
+    4,2), else the cores this process may use (its affinity: taskset, a container's cpuset) shared by the workers."""
+    given = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // procs_on_this_node(config))
+
+
 def hand_back(result: dict, is_main: bool) -> dict:
     """In a worker we launched: the main rank writes its result for the waiting parent.
 
@@ -511,7 +521,7 @@ def launch_workers(config, forked_work=None) -> dict:
     here (a forked child cannot use it), re-runs this process's command in each worker. The caller checks
     the config first (`backends.check_launchable`): a bad one is one line, not a line per worker.
     """
-    threads = os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // procs_on_this_node(config))))
+    threads = str(worker_threads(config))
     with tempfile.TemporaryDirectory(prefix="tuneforge-launch-") as tmp:
         result_file, error_file = Path(tmp) / "result.json", Path(tmp) / "user-error.json"
         env = {
