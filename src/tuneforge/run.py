@@ -187,6 +187,9 @@ def set_up_training(
     warning = warmup_warning(config.optim.scheduler, config.optim.warmup_steps, plan.total_steps)
     if warning:
         report.warn(warning)
+    note = backend.precision_plugin.emulated_note()
+    if note:
+        report.print(note)
     check_plateau_schedule(run.scheduler, config)
     run.checkpointer = make_checkpointer(run, task)
     # the epoch order is built in units of one optimizer step, so accumulation equals the large batch

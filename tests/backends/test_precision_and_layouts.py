@@ -77,6 +77,18 @@ def test_backend_delegates_precision_autocast_and_attention():
     assert fp32.default_attention(padded=True) is None
 
 
+@pytest.mark.parametrize("requested", ["bf16", "auto", "fp32"])
+def test_bf16_asked_for_on_a_cpu_without_native_bf16_is_said_to_be_slower(requested):
+    """--precision bf16 on an AVX2 CPU trained in emulated bf16, slower than auto's fp32 there, without a word."""
+    from tuneforge.backends.precision import cpu_has_native_bf16
+
+    note = single_backend(precision=requested).precision_plugin.emulated_note()
+    if requested == "bf16" and not cpu_has_native_bf16():
+        assert note.startswith("note: this CPU has no native bf16") and "--precision auto" in note
+    else:
+        assert note is None
+
+
 def test_fp16_refusals_are_one_line_each():
     with pytest.raises(ConfigError, match=r"^precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32$"):
         Precision("fp16", "single").setup(CPU)

@@ -84,6 +84,16 @@ class Precision:
         if self.name == "fp16" and self.device.type == "cpu":
             raise ConfigError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
 
+    def emulated_note(self) -> str | None:
+        """A note where bf16 was asked for by name on a CPU without native bf16: it runs there (as torch runs it),
+        slower than fp32, which `auto` would have picked."""
+        if self.requested != "bf16" or self.device.type != "cpu" or cpu_has_native_bf16():
+            return None
+        return (
+            "note: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 runs slower here than fp32, which "
+            "--precision auto picks on it"
+        )
+
     # ---- compute ------------------------------------------------------------------------------
     # frozen linear layers may keep their weights in the autocast dtype (`frozen_weight_dtype`)
     stores_frozen_weights = True
