@@ -63,3 +63,33 @@ def test_token_losses_accumulated_equal_the_large_batch(task, tmp_path, tiny_ber
     assert max(abs(large[s] - accumulated[s]) for s in large) < 1e-5, (large, accumulated)
     assert large[1] != large[3]  # the loss moves: the check can fail
     assert max_weight_diff(tmp_path / "large" / "model", tmp_path / "accum" / "model") < 1e-5
+
+
+def test_a_micro_batchs_outputs_are_let_go_after_its_backward(tmp_path, tiny_bert, cache_dir):
+    """Each micro-batch's outputs (its logits, and a causal LM's key/value cache) stayed alive through the next
+    micro-batch's forward and backward and through the optimizer step: the largest tensor of a step held twice."""
+    import weakref
+
+    from conftest import tiny_run_config
+    from tuneforge.trainer import Trainer
+
+    alive = []  # (when, whether the last micro-batch's logits were still held)
+
+    class Probe(Trainer):
+        last = None
+
+        def forward_step(self, model, batch):
+            if self.model.training and self.last is not None:
+                alive.append(("forward", self.last() is not None))
+            outputs = super().forward_step(model, batch)
+            self.last = weakref.ref(outputs.logits)
+            return outputs
+
+    class AtOptimizerStep:
+        def on_train_begin(self, trainer):
+            trainer.optimizer.register_step_pre_hook(lambda *_: alive.append(("step", trainer.last() is not None)))
+
+    values = dict(max_steps=2, grad_accum=2, batch_size=8, eval_strategy="no")
+    Probe(tiny_run_config(tmp_path, tiny_bert, cache_dir, **values), callbacks=[AtOptimizerStep()]).fit()
+    assert [when for when, _ in alive] == ["forward", "step", "forward", "forward", "step"]
+    assert not any(held for _, held in alive), alive

@@ -383,6 +383,9 @@ class Trainer:
                 outputs = self.forward_step(self.model, batch)
                 loss_sum = summed_loss(self.compute_loss(outputs, batch))
                 b.backward(loss_sum * scale, self.model)
+            # the logits (and a causal LM's key/value cache) go now, not held through the next micro-batch's
+            # forward and backward and the optimizer step
+            del outputs
             total += loss_sum.detach().float()
         try:
             b.step(self.model, self.optimizer, loss=total)
