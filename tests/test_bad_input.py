@@ -213,6 +213,24 @@ def test_a_max_length_that_holds_no_text(capfd, tmp_path, tiny_bert, files, valu
     assert_refused(proc, tmp_path, f"--max-length {value} leaves no room for a text", "give at least 3")
 
 
+@pytest.mark.parametrize("family", ["mpnet", "albert"])
+def test_gradient_checkpointing_of_a_model_that_cannot(capfd, tmp_path, minilm_dir, files, family):
+    """MPNet (all-mpnet-base-v2's family) and ALBERT have no activation checkpointing in transformers: the data were
+    tokenized, then an internal error (ValueError: MPNetForSequenceClassification does not support activation
+    checkpointing)."""
+    from transformers import AlbertConfig, AlbertModel, AutoTokenizer, MPNetConfig, MPNetModel
+
+    from conftest import save_random
+
+    sizes = dict(vocab_size=30527, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    config_class, model_class = {"mpnet": (MPNetConfig, MPNetModel), "albert": (AlbertConfig, AlbertModel)}[family]
+    model = save_random(tmp_path / family, model_class, config_class(**sizes))
+    AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(model)
+    proc = in_process(capfd, *train_args(tmp_path, model, *files, "--gradient-checkpointing"))
+    said = assert_refused(proc, tmp_path, "ForSequenceClassification does not support gradient checkpointing")
+    assert "drop --gradient-checkpointing" in said
+
+
 def test_flex_attention_training_on_a_cpu(capfd, tmp_path, tiny_bert, files):
     """torch's FlexAttention has no backward on a CPU: training with it was an internal error at the first step
     (NotImplementedError: FlexAttention does not support backward on CPU), after all the data work."""

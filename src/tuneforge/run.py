@@ -28,6 +28,7 @@ from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
 from tuneforge.schedules import rates_at_restored_step, warmup_warning
+from tuneforge.tasks.base import no_checkpointing
 from tuneforge.training_data import TrainingData, load_mixture, load_single
 
 MakeScheduler = Callable[..., Any]  # (optimizer, total_steps, start_step=0) -> LR scheduler
@@ -216,6 +217,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if given.model is None:
         task.check_model_family()
         task.check_vocabulary(tokenizer)
+        if training:
+            task.check_checkpointing()
     if not training:
         task.adopt_model_labels(given.model.config if given.model is not None else None)
     if training:
@@ -374,6 +377,8 @@ def enable_gradient_checkpointing(model, config, backend) -> None:
         raise ConfigError(
             f"backend {backend.name!r} does not support gradient checkpointing; drop --gradient-checkpointing"
         )
+    if not getattr(model, "supports_gradient_checkpointing", False):  # a given model, or one with its own code
+        raise ConfigError(no_checkpointing(type(model).__name__))
     enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5; the old name warns
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})

@@ -56,6 +56,14 @@ class PredictorFolder:
     config: Any
 
 
+def no_checkpointing(model_class: str) -> str:
+    """The refusal of --gradient-checkpointing for a model class transformers cannot checkpoint."""
+    return (
+        f"{model_class} does not support gradient checkpointing in transformers; drop --gradient-checkpointing "
+        "(a smaller --batch-size with --grad-accum also saves memory)"
+    )
+
+
 def architecture_ends(model_dir: str, suffix: str) -> bool:
     """Whether `model_dir`'s config.json names an architecture ending in `suffix` (ForTokenClassification, ...): a
     task's `claims_folder` of a plain HF folder (a hub model), read without loading transformers' config."""
@@ -301,6 +309,21 @@ class Task:
             f"{self.config.task!r} needs one); give a model of a family that has one, such as {', '.join(others)} or "
             f"{last}"
         )
+
+    def check_checkpointing(self) -> None:
+        """One line, before any data work, where --gradient-checkpointing meets a model class transformers cannot
+        checkpoint (MPNet, ALBERT, XLNet): its refusal came after the data were tokenized, as an internal error."""
+        import transformers
+        from transformers.models.auto import modeling_auto
+
+        model_config = self.peek_model_config() if self.config.gradient_checkpointing and self.config.model else None
+        family = getattr(model_config, "model_type", None)
+        name = getattr(modeling_auto, self.model_classes or "MODEL_MAPPING_NAMES").get(family)
+        if name is None or getattr(model_config, "auto_map", None):
+            return  # not read here, or a model with its own code
+        model_class = getattr(transformers, name if isinstance(name, str) else name[0], None)
+        if model_class is not None and not model_class.supports_gradient_checkpointing:
+            raise ConfigError(no_checkpointing(model_class.__name__))
 
     def pretrained_kwargs(self) -> dict:
         """Extra `from_pretrained` arguments of the model to train: float32 weights, whatever dtype its config.json
