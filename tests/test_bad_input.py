@@ -249,6 +249,18 @@ def test_bad_input_under_launched_workers_is_one_line(tmp_path, tiny_bert, files
     assert_refused(run_cli(*args, timeout=300), tmp_path, said)
 
 
+def test_fewer_training_examples_than_ranks_is_one_line(tmp_path, tiny_bert, files):
+    """1 example on 2 ranks: the plan counted a step per epoch, each rank's share of it was dropped (a rank needs one
+    example), and the loop went through empty epochs for ever (evaluating at each)."""
+    args = train_args(tmp_path, tiny_bert, *files, "--backend", "ddp", "--nproc", "2", "--max-train-samples", "1")
+    proc = run_cli(*args, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: 1 training example cannot be shared by 2 data-parallel ranks (each needs at least one); train on "
+        "at least 2 examples, or on fewer processes (--nproc)"
+    )
+
+
 def test_predict_bad_column_writes_nothing(capfd, tmp_path, tiny_bert):
     """predict checks its input before loading the model and never leaves a partial output."""
     inp = write_sentiment_csv(tmp_path / "in.csv", 4)

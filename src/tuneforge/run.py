@@ -22,7 +22,7 @@ from tuneforge.callbacks import BestModel, Callback, built_in_callbacks
 from tuneforge.checkpoint import Checkpointer
 from tuneforge.data.fingerprint import check_unchanged
 from tuneforge.data.order_cache import OrderCache
-from tuneforge.errors import CheckpointError, ConfigError
+from tuneforge.errors import CheckpointError, ConfigError, DataError
 from tuneforge.freezing import freeze_bottom
 from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
@@ -177,6 +177,7 @@ def set_up_training(
     make_optimizer, make_scheduler = checked_overrides(make_optimizer, make_scheduler)
     report = Reporter(config, is_main=backend.is_main)
     model, tokenizer, data, adapter = _load(config, task, backend, report, given, training=True)
+    check_rows_per_rank(data.epoch_rows, backend.dp_size)
     enable_gradient_checkpointing(model, config, backend)
     model.train()
     model, optimizer = backend.wrap(model, make_optimizer)
@@ -204,6 +205,16 @@ def set_up_training(
     # loss sum and item count since the last log line, per rank (a resume continues the saved window)
     run.window = torch.tensor([state.log_loss, state.log_count], dtype=torch.float32, device=backend.device)
     return run, state
+
+
+def check_rows_per_rank(rows: int, dp_size: int) -> None:
+    """Each data-parallel rank needs an example of every step (a last batch smaller than the ranks is dropped):
+    with fewer examples than ranks an epoch had no step, and the loop went through empty epochs for ever."""
+    if rows < dp_size:
+        raise DataError(
+            f"{rows} training example{'s' if rows != 1 else ''} cannot be shared by {dp_size} data-parallel ranks "
+            f"(each needs at least one); train on at least {dp_size} examples, or on fewer processes (--nproc)"
+        )
 
 
 def _load(config, task, backend, report: Reporter, given: Given, training: bool):
