@@ -386,6 +386,9 @@ class Forked:
         code = 1
         try:
             os.setsid()
+            # Ctrl-C as a terminal's foreground process takes it: a test run started in the background (a CI job
+            # started with &) inherits SIGINT ignored, and Python then installs no handler of its own
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
             os.dup2(stdout, 1)
             os.dup2(stderr, 2)
