@@ -49,6 +49,7 @@ from pathlib import Path
 
 from tuneforge.errors import ConfigError, UserError
 from tuneforge.files import write_text
+from tuneforge.processes import usable_cores
 
 LAUNCHED_FLAG = "TUNEFORGE_LAUNCHED"
 RESULT_FILE_VAR = "TUNEFORGE_RESULT_FILE"  # where the main worker hands its result back
@@ -375,7 +376,7 @@ def worker_threads(config) -> int:
     given = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if given.isdigit() and int(given) > 0:
         return int(given)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, cores // procs_on_this_node(config))
 
 

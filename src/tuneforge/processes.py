@@ -1,5 +1,6 @@
 """Child processes that end with the process that forked them: on Linux the kernel sends them SIGTERM when it ends,
-however it ends (even by SIGKILL), so none outlives it holding its files and locks."""
+however it ends (even by SIGKILL), so none outlives it holding its files and locks; and the cores this process may
+give its children (`usable_cores`)."""
 
 from __future__ import annotations
 
@@ -22,3 +23,8 @@ def end_with_parent(parent: int) -> None:
             pass
     if os.getppid() != parent:
         os._exit(1)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (taskset, a container's cpuset), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -19,7 +19,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 from tuneforge.errors import ConfigError, UserError
 from tuneforge.harness import after_train
 from tuneforge.harness.options import is_harness_metric
+from tuneforge.processes import usable_cores
 from tuneforge.sweep import trial as trials
 from tuneforge.sweep.outputs import FOLDER_ATTR
 from tuneforge.sweep.trial import TrialProcess
@@ -349,5 +349,5 @@ def _stops_held():
 
 def cpu_threads(parallel: int, nproc: int) -> int:
     """Threads for each trial's process: this machine's cores shared by the trials at once and their processes."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     return max(1, cores // (parallel * max(1, nproc)))

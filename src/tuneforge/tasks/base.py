@@ -287,19 +287,25 @@ class Task:
         """One line, before any data work, where the tokenizer holds more tokens than the model's embeddings."""
         check_vocabulary_fits(tokenizer, self.peek_model_config(), self.model_path())
 
+    def _known_family(self, wanted: bool) -> tuple[str | None, dict]:
+        """(model_type, transformers' auto table of this task's model classes) of --model where `wanted` and
+        transformers' own tables know its family; (None, {}) where not read, or for a model with its own code
+        (trust_remote_code), which stands outside those tables."""
+        from transformers.models.auto import modeling_auto
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        model_config = self.peek_model_config() if wanted and self.config.model else None
+        family = getattr(model_config, "model_type", None)
+        if family not in CONFIG_MAPPING_NAMES or getattr(model_config, "auto_map", None):
+            return None, {}
+        return family, getattr(modeling_auto, self.model_classes or "MODEL_MAPPING_NAMES")
+
     def check_model_family(self) -> None:
         """One line, before any data work, where --model is of a family that transformers has no class of this task's
         kind for (GPT-2 for multiple choice, Gemma for QA, OPT for NER, T5 for a causal LM): loading it failed only
         after the data were tokenized, in transformers' words ('Unrecognized configuration class ...')."""
-        from transformers.models.auto import modeling_auto
-        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-        model_config = self.peek_model_config() if self.config.model and self.model_classes else None
-        family = getattr(model_config, "model_type", None)
-        if family not in CONFIG_MAPPING_NAMES or getattr(model_config, "auto_map", None):
-            return  # not read here, or a model with its own code (trust_remote_code), outside transformers' tables
-        table = getattr(modeling_auto, self.model_classes)
-        if family in table:
+        family, table = self._known_family(bool(self.model_classes))
+        if family is None or family in table:
             return
         usual = ("llama", "qwen2", "gpt2", "t5", "bart") if self.generates else ("bert", "roberta", "deberta-v2")
         *others, last = [name for name in usual if name in table][:3]
@@ -314,13 +320,11 @@ class Task:
         """One line, before any data work, where --gradient-checkpointing meets a model class transformers cannot
         checkpoint (MPNet, ALBERT, XLNet): its refusal came after the data were tokenized, as an internal error."""
         import transformers
-        from transformers.models.auto import modeling_auto
 
-        model_config = self.peek_model_config() if self.config.gradient_checkpointing and self.config.model else None
-        family = getattr(model_config, "model_type", None)
-        name = getattr(modeling_auto, self.model_classes or "MODEL_MAPPING_NAMES").get(family)
-        if name is None or getattr(model_config, "auto_map", None):
-            return  # not read here, or a model with its own code
+        family, table = self._known_family(self.config.gradient_checkpointing)
+        name = table.get(family)
+        if name is None:
+            return
         model_class = getattr(transformers, name if isinstance(name, str) else name[0], None)
         if model_class is not None and not model_class.supports_gradient_checkpointing:
             raise ConfigError(no_checkpointing(model_class.__name__))
