@@ -489,19 +489,34 @@ def test_predict_of_a_model_that_generates_names_the_commands_that_run_it(tmp_pa
     assert "use `tuneforge generate` for it, or `tuneforge serve` (its OpenAI routes)" in err
 
 
-def test_a_plain_causal_lm_classifier_without_a_pad_token_is_predicted(tmp_path):
-    """A hub GPT-2 sequence classifier (its tokenizer without a pad token): batches pad with its eos token, as its
-    training and a reward model's predictor do, and each text scores as alone (it crashed as an internal error:
-    'Asking to pad but the tokenizer does not have a padding token')."""
-    from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification
+CAUSAL_CLASSIFIERS = {
+    "gpt2": ("GPT2", dict(n_embd=32, n_layer=2, n_head=4, n_positions=64)),
+    # OPT's config names pad token 1 (its tokenizer's <pad>): a tokenizer without one pads with eos
+    "opt": (
+        "OPT",
+        dict(hidden_size=32, word_embed_proj_dim=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4),
+    ),
+}
+
+
+@pytest.mark.parametrize("family", CAUSAL_CLASSIFIERS)
+def test_a_plain_causal_lm_classifier_without_a_pad_token_is_predicted(tmp_path, family):
+    """A hub GPT-2 or OPT sequence classifier (its tokenizer without a pad token): batches pad with its eos token, as
+    its training and a reward model's predictor do, and each text scores as alone (it crashed as an internal error:
+    'Asking to pad but the tokenizer does not have a padding token'; OPT's config.pad_token_id, another token, had
+    its head read a short text's score at a padding position)."""
+    import transformers
+    from transformers import AutoModelForSequenceClassification
 
     from conftest import bpe_tokenizer
 
     tok = bpe_tokenizer(tmp_path)
     torch.manual_seed(0)
-    sizes = dict(n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=None, eos_token_id=None)
+    prefix, sizes = CAUSAL_CLASSIFIERS[family]
     labels = dict(num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
-    GPT2ForSequenceClassification(GPT2Config(vocab_size=len(tok), **sizes, **labels)).save_pretrained(tmp_path)
+    config = getattr(transformers, f"{prefix}Config")(vocab_size=len(tok), bos_token_id=None, eos_token_id=None)
+    config.update({**sizes, **labels})
+    getattr(transformers, f"{prefix}ForSequenceClassification")(config).save_pretrained(tmp_path)
     texts = ["a good film", "a bad and long and boring film", "ok"]
     preds = Predictor(tmp_path).predict(texts, batch_size=8)
     model = AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()

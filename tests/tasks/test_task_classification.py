@@ -141,19 +141,29 @@ def test_integer_labels_and_pairs_are_saved_with_the_model(tmp_path, tiny_bert, 
         assert last_json(proc.stdout)["num_examples"] == 16
 
 
-def test_a_causal_lm_without_a_pad_token_trains_and_evaluates_as_a_classifier(tmp_path, tiny_llama, cache_dir, capsys):
+@pytest.mark.parametrize("config_pad", [None, 7], ids=["no-config-pad", "config-pad-differs"])
+def test_a_causal_lm_without_a_pad_token_trains_and_evaluates_as_a_classifier(
+    tmp_path, tiny_llama, cache_dir, capsys, config_pad
+):
     """tiny_llama's tokenizer has no pad token (as GPT-2's and Llama's): batches pad with its eos token and the head
-    reads the last token before the padding, as the reward task does (it once crashed inside tokenizer.pad)."""
+    reads the last token before the padding, as the reward task does (it once crashed inside tokenizer.pad). A config
+    naming another pad token (Llama-2's 0, OPT's 1) read the score at a padding position: the eval at another batch
+    size scored otherwise, and the export kept it."""
+    import shutil
+
     from conftest import cli_main, sentiment_split
 
+    model = shutil.copytree(tiny_llama, tmp_path / "base")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "pad_token_id": config_pad}))
     files = sentiment_split(tmp_path, 24, 8)
     common = cli_flags(max_length=32, cache_dir=cache_dir, json=True, quiet=True)
     out = tmp_path / "run"
     steps = cli_flags(task="classification", max_steps=1, batch_size=8, output_dir=out)
-    code, stdout, err = cli_main(capsys, *train_command(files, tiny_llama), *steps, *common)
+    code, stdout, err = cli_main(capsys, *train_command(files, str(model)), *steps, *common)
     assert code == 0, err
     trained = last_json(stdout)
-    assert json.loads((out / "model" / "config.json").read_text())["pad_token_id"] is not None
+    assert json.loads((out / "model" / "config.json").read_text())["pad_token_id"] == config["eos_token_id"]
     evaluation = cli_flags(validation_file=files[1], output_dir=tmp_path / "eval", eval_batch_size=4)
     code, stdout, err = cli_main(capsys, "eval", str(out / "model"), *evaluation, *common)
     assert code == 0, err

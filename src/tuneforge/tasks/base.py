@@ -102,6 +102,23 @@ def set_pad_token(tokenizer, model_dir: str) -> None:
     tokenizer.pad_token = tokenizer.eos_token
 
 
+def score_last_token_of(model, tokenizer) -> None:
+    """A decoder's sequence classifier (GPT-2, OPT, Llama) scores the last token that is not config.pad_token_id, so
+    that must be the pad token its batches are padded with: a config without one, or naming another (OPT's 1,
+    Llama-2's 0, where the tokenizer pads with eos), read a short text's score at a padding position. Set on the model
+    trained, evaluated or predicted, it is saved with the export. An encoder keeps its own (its embeddings' padding
+    index and RoBERTa's positions are built from it)."""
+    from transformers.models.auto import modeling_auto
+
+    model_config = model.config
+    family = getattr(model_config, "model_type", None)
+    decoder = family in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not (
+        family in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_config.is_encoder_decoder
+    )
+    if model_config.pad_token_id is None or decoder:
+        model_config.pad_token_id = tokenizer.pad_token_id
+
+
 def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:
     """A predictor's max_length: the user's, else the trained one (tuneforge.json), else `default`, within the
     model's position limit: the user's above it is one ConfigError line, the others are cut to it."""

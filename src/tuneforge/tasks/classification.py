@@ -40,6 +40,7 @@ from tuneforge.tasks.base import (
     hold_out_validation,
     open_predictor_folder,
     predict_max_length,
+    score_last_token_of,
     set_dropout,
     set_pad_token,
 )
@@ -471,8 +472,7 @@ class ClassificationTask(Task):
             new_head=self.log,
             **self.pretrained_kwargs(),
         )
-        if model.config.pad_token_id is None:  # a causal LM's head scores the last token before the padding
-            model.config.pad_token_id = tokenizer.pad_token_id
+        score_last_token_of(model, tokenizer)
         return model
 
     def compute_loss(self, outputs, batch, row_mask=None):
@@ -527,8 +527,7 @@ class ClassificationPredictor:
         trained_pairs = len(self.info.get("text_columns") or ()) == 2
         check_room_for_text(self.max_length, self.tokenizer, 2 if trained_pairs else 1)  # (pairs of another: predict)
         self.model = load_pretrained_model(AutoModelForSequenceClassification, model_dir, "the model").eval()
-        if self.model.config.pad_token_id is None:  # its head scores the last token before the padding
-            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        score_last_token_of(self.model, self.tokenizer)
         self.device = inference_device(device)
         self.model.to(self.device)
         self.precision = ServingPrecision(self.model, self.device)
