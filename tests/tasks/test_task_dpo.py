@@ -415,3 +415,37 @@ def test_a_chat_template_whose_code_fails_on_a_pair_names_the_row(tiny_llama, ca
     )
     with pytest.raises(ConfigError, match="fails.jinja' fails on row 3 of .*train.jsonl': division by zero"):
         task.tokenize(task.load_raw(), task.load_tokenizer(), log=lambda _: None)
+
+
+@pytest.fixture
+def bert_lm(tmp_path, minilm_dir) -> str:
+    """A tiny random BERT with its masked-LM head (the head a causal LM of the BERT family loads)."""
+    from transformers import BertForMaskedLM
+
+    from conftest import save_tiny_bert
+
+    torch.manual_seed(0)
+    return save_tiny_bert(tmp_path / "bert-lm", minilm_dir, BertForMaskedLM, dropout=0.0)
+
+
+@pytest.mark.parametrize("base", ["bert_lm", "tiny_llama"])
+def test_the_recorded_reference_of_an_untrained_export_scores_as_the_export(base, request, data, cache_dir, tmp_path):
+    """An export evaluated outside training is compared with the recorded reference, loaded as training loaded its
+    base: an encoder's causal LM attends one way (is_decoder), so an export equal to its base has rewards of 0 and
+    a loss of log 2 a pair. The reference of a BERT base was loaded with its own config, attending both ways."""
+    base = request.getfixturevalue(base)
+    train, _ = data
+    task = quiet_task("dpo", base, cache_dir=cache_dir, validation_file=str(train))
+    tokenizer = task.load_tokenizer()
+    export = tmp_path / "export"
+    task.load_model(tokenizer).save_pretrained(export)
+    tokenizer.save_pretrained(export)
+    (export / "tuneforge.json").write_text(json.dumps({**task.export_info(), "reference_model": base}))
+    evaluated = quiet_task("dpo", str(export), cache_dir=cache_dir, validation_file=str(train))
+    batch = evaluated.collate(evaluated.tokenize(evaluated.load_raw(), tokenizer)["validation"][:6], tokenizer)
+    model = evaluated.load_model(tokenizer).eval()
+    with torch.no_grad():
+        outputs = evaluated.forward(model, batch)
+        loss_sum, pairs = evaluated.compute_loss(outputs, batch)
+    assert (outputs.logps - outputs.ref_logps).abs().max() < 1e-5
+    assert loss_sum.item() == pytest.approx(pairs.item() * math.log(2), abs=1e-5)

