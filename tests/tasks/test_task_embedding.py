@@ -508,21 +508,50 @@ def test_a_bf16_run_packs_its_batches(tiny_bert):
     assert torch.bfloat16 in {p.dtype for p in model.parameters() if not p.requires_grad and p.dim() == 2}
 
 
-def test_a_model_that_counts_positions_its_own_way_is_not_packed(minilm_dir, tmp_path):
-    """RoBERTa numbers positions from its padding index, not from 0: its packed embeddings differ, so the first
-    batch's check keeps it unpacked (said in one line), and the step is split_by_length's, loss and gradients."""
+def save_roberta(folder: Path) -> None:
+    """A tiny random RoBERTa: it numbers positions from its padding index, not from 0."""
     from transformers import RobertaConfig, RobertaModel
 
-    torch.manual_seed(0)
     config = RobertaConfig(
         vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=130, pad_token_id=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
     )  # fmt: skip
-    RobertaModel(config).save_pretrained(tmp_path)
+    RobertaModel(config).save_pretrained(folder)
+
+
+def save_modernbert(folder: Path) -> None:
+    """A tiny random ModernBERT whose local layers attend within 16 tokens (8 either side), as its 128 do."""
+    from transformers import ModernBertConfig, ModernBertModel
+
+    config = ModernBertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64,
+        local_attention=16, max_position_embeddings=128, pad_token_id=0, cls_token_id=101, sep_token_id=102,
+        bos_token_id=101, eos_token_id=102,
+    )  # fmt: skip
+    ModernBertModel(config).save_pretrained(folder)
+
+
+# RoBERTa's packed embeddings differ on the first batch; ModernBERT's first batch (short texts, each within its
+# window) packs exactly, where a later one of long texts would lose the window
+UNPACKED_MODELS = {
+    "roberta": (save_roberta, uneven_rows, "position ids from 0"),
+    "modernbert": (save_modernbert, rows, "sliding window"),
+}
+
+
+@pytest.mark.parametrize("family", UNPACKED_MODELS)
+def test_a_model_that_counts_positions_its_own_way_or_attends_in_a_window_is_not_packed(minilm_dir, tmp_path, family):
+    """RoBERTa numbers positions from its padding index, not from 0: its packed embeddings differ, so the first
+    batch's check keeps it unpacked (said in one line), and the step is split_by_length's, loss and gradients. A
+    model whose layers attend within a sliding window (ModernBERT) is not packed either: the packed rows' 4D mask is
+    used as it is, lifting the window, which a first batch of short texts does not show."""
     from transformers import AutoTokenizer
 
+    save, make_rows, said = UNPACKED_MODELS[family]
+    torch.manual_seed(0)
+    save(tmp_path)
     AutoTokenizer.from_pretrained(minilm_dir).save_pretrained(tmp_path)
-    items, columns = uneven_rows(8, seed=1), ("anchor", "positive", "negative")
+    items, columns = make_rows(8, seed=1), ("anchor", "positive", "negative")
     task = embedding_task(str(tmp_path), loss="mnrl")
     notes = []
     task.log = notes.append
@@ -530,7 +559,7 @@ def test_a_model_that_counts_positions_its_own_way_is_not_packed(minilm_dir, tmp
     model = task.load_model(tokenizer).train()
     batch = batch_of(task, tokenizer, items, columns)
     total, _ = task.compute_loss(task.forward(model, batch), batch)
-    assert task.packs is False and len(notes) == 1 and "pack_texts" in notes[0]
+    assert task.packs is False and len(notes) == 1 and "pack_texts" in notes[0] and said in notes[0]
     split_loss, _ = cached_step(str(tmp_path), {"loss": "mnrl", "pack_texts": False}, items, columns)
     assert total.item() == pytest.approx(split_loss, abs=1e-5)
 

@@ -81,6 +81,7 @@ from tuneforge.tasks.embedding_eval import EmbeddingStream
 from tuneforge.tasks.embedding_ops import (
     PACK_WIDTH,
     agreed_count,
+    attention_window,
     cosent_loss,
     cosine_mse_losses,
     cut,
@@ -648,7 +649,16 @@ class EmbeddingTask(Task):
         """pack_texts: whether this model's packed embeddings are its padded ones, checked once, on the first training
         batch, in fp32 (the frozen weights a bf16 run keeps in bf16 cast up for it; a model whose trained weights are
         in lower precision rounds the two differently and is not packed); every data-parallel rank decides the same
-        (the forwards of the ranks pair up)."""
+        (the forwards of the ranks pair up). A model attending within a sliding window is not packed: a first batch
+        of texts shorter than the window would pass the check."""
+        window = attention_window(model) if self.packs is None else None
+        if window is not None:
+            self.packs = False
+            self.log(
+                f"pack_texts: this model's layers attend within a sliding window (sliding_window {window} in its "
+                "config), which packed texts' attention mask would lift: its batches are not packed "
+                "(--split-by-length decides)"
+            )
         if self.packs is None:
             with torch.autocast(attention_mask.device.type, enabled=False), frozen_weights_in_float32(model):
                 holds = packing_holds(model, input_ids, attention_mask, self._length_groups(attention_mask))

@@ -200,6 +200,17 @@ def frozen_weights_in_float32(model):
             param.data = data
 
 
+def attention_window(model) -> int | None:
+    """The sliding window some of the model's layers attend within (its config's sliding_window: ModernBERT's local
+    layers, Gemma 3's sliding ones), which `embed_packed`'s 4D mask lifts (transformers uses a 4D mask as it is
+    given); None where every layer attends to the whole text. A data-parallel wrapper's `module` is looked through."""
+    model_config = getattr(getattr(model, "module", model), "config", None)
+    layer_types = getattr(model_config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return getattr(model_config, "sliding_window", None)
+
+
 def packing_holds(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]) -> bool:
     """Whether `embed_packed` gives this model's `embed_grouped` embeddings of these rows (within
     PACKING_TOLERANCE, relative), without grad. A model that ignores `position_ids` or the 4D mask, or counts
