@@ -327,9 +327,49 @@ def test_a_generation_config_that_is_json_but_no_object_is_one_error_line(tiny_l
     assert code == 2 and err.strip() == said + "or remove it"
 
 
+MALFORMED_GENERATION_SETTINGS = {
+    "watermark-unknown-key": ("watermarking_config", {"bias": 2.0, "colour": "green"}, "unexpected keyword argument"),
+    "watermark-bad-value": ("watermarking_config", {"seeding_scheme": "nope"}, "seeding_scheme"),
+    "watermark-not-object": ("watermarking_config", "on", "not a JSON object"),
+    "bias-pair-without-list": ("sequence_bias", [[5, 1.0]], "non-empty list of lists"),
+    "bias-not-list": ("sequence_bias", "oops", "non-empty dictionary, or non-empty list of lists"),
+}
+
+
+@pytest.mark.parametrize("command", ["generate", "train"])
+@pytest.mark.parametrize("case", MALFORMED_GENERATION_SETTINGS)
+def test_a_generation_setting_transformers_cannot_use_is_one_error_line(
+    tiny_llama, cache_dir, tmp_path, capsys, case, command
+):
+    """A watermarking_config of keys transformers does not know (or values it refuses), or a sequence_bias not of
+    [[token ids], bias] pairs: an internal error loading the model (TypeError: WatermarkingConfig.__init__() got an
+    unexpected keyword argument) or at generate's first prompt (ValueError: Each element in `sequence_bias` ...), in
+    training after the data were read; one line naming the file and the setting, before any work."""
+    import shutil
+
+    key, value, why = MALFORMED_GENERATION_SETTINGS[case]
+    folder = tmp_path / "odd"
+    shutil.copytree(tiny_llama, folder)
+    settings = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**settings, key: value}))
+    (tmp_path / "train.txt").write_text("the cat sat on the mat\n" * 8)
+    args = ["generate", str(folder), "--prompt", "The dog"]
+    if command == "train":
+        args = ["train", "--task", "clm", "--model", str(folder), "--train-file", str(tmp_path / "train.txt")]
+        args += ["--cache-dir", cache_dir, "--output-dir", str(tmp_path / "run")]
+    code, _, err = cli_main(capsys, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: {folder}/generation_config.json's {key} ") and why in err, err
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "outside"),
-    [("forced_eos_token_id", 99999, 99999), ("bad_words_ids", [[7], [99999]], 99999), ("suppress_tokens", [5, -3], -3)],
+    [
+        ("forced_eos_token_id", 99999, 99999),
+        ("bad_words_ids", [[7], [99999]], 99999),
+        ("suppress_tokens", [5, -3], -3),
+        ("sequence_bias", [[[7, 99999], 1.5]], 99999),
+    ],
 )
 def test_a_generation_config_token_outside_the_vocabulary_is_left_out_with_a_note(
     tiny_llama, tmp_path, capsys, setting, value, outside

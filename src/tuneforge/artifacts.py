@@ -304,6 +304,7 @@ def check_model_path(model: str, weights: bool = True) -> None:
     _check_folder_kind(model, p)
     if weights:
         _check_weights(model, p)
+        check_generation_config_file(model)
 
 
 def loads_a_model(loader) -> bool:
@@ -383,8 +384,8 @@ def shapes_differ(err: RuntimeError) -> bool:
 
 def check_generation_config_file(folder: str) -> None:
     """ConfigError for a generation_config.json that is JSON but not an object (transformers fails on it with a
-    TypeError inside loading the model); one that is no JSON at all transformers skips (generation_defaults.py
-    notes it)."""
+    TypeError inside loading the model), or whose watermarking_config or sequence_bias transformers cannot use
+    (`generation_setting_fault`); one that is no JSON at all transformers skips (generation_defaults.py notes it)."""
     file = Path(folder) / "generation_config.json"
     try:
         parsed = json.loads(file.read_text(encoding="utf-8"))
@@ -394,6 +395,36 @@ def check_generation_config_file(folder: str) -> None:
         raise ConfigError(
             f"{file} holds a JSON {type(parsed).__name__}, not an object of generation settings: fix it or remove it"
         )
+    for key in ("watermarking_config", "sequence_bias"):
+        fault = generation_setting_fault(key, parsed.get(key))
+        if fault:
+            shown = json.dumps(parsed[key])
+            raise ConfigError(
+                f"{file}'s {key} {shown if len(shown) <= 80 else shown[:77] + '...'} is not one transformers can use "
+                f"({fault}): fix it or remove it"
+            )
+
+
+def generation_setting_fault(key: str, value) -> str | None:
+    """Why transformers cannot use a generation_config.json's watermarking_config (built and validated as loading
+    the model does it: keys it does not know were a TypeError there) or sequence_bias (checked as generate's first
+    prompt does it); None where it can, or the setting is absent."""
+    if value is None:
+        return None
+    if key == "watermarking_config" and not isinstance(value, dict):
+        return f"a JSON {type(value).__name__}, not a JSON object of watermarking settings"
+    try:
+        if key == "watermarking_config":
+            from transformers.generation.configuration_utils import WatermarkingConfig
+
+            WatermarkingConfig.from_dict(value).validate()
+        else:
+            from transformers.generation.logits_process import SequenceBiasLogitsProcessor
+
+            SequenceBiasLogitsProcessor(value)
+    except (TypeError, ValueError) as err:
+        return first_error_line(err)
+    return None
 
 
 def save_pretrained(model, folder: str | os.PathLike, **kwargs) -> None:

@@ -90,11 +90,15 @@ TOKEN_FIELDS = (
     "bad_words_ids",
     "suppress_tokens",
     "begin_suppress_tokens",
+    "sequence_bias",
 )
 
 
-def token_ids(value) -> list:
-    """The ids of a token setting: an id, a list of ids, or a list of lists (bad_words_ids)."""
+def token_ids(value, name: str = "") -> list:
+    """The ids of a token setting: an id, a list of ids, a list of lists (bad_words_ids), or sequence_bias's
+    [[ids], bias] pairs (their form checked when the folder was: artifacts.check_generation_config_file)."""
+    if name == "sequence_bias" and isinstance(value, list):
+        return token_ids([pair[0] for pair in value])
     if isinstance(value, (list, tuple)):
         return [each for part in value for each in token_ids(part)]
     return [value]
@@ -105,7 +109,7 @@ def tokens_outside_vocabulary(generation_config, vocab_size: int) -> list[str]:
     notes = []
     for name in TOKEN_FIELDS:
         value = getattr(generation_config, name, None)
-        outside = [i for i in token_ids(value) if type(i) is not int or not 0 <= i < vocab_size]
+        outside = [i for i in token_ids(value, name) if type(i) is not int or not 0 <= i < vocab_size]
         if value is not None and outside:
             notes.append(
                 f"{FILE}'s {name} {value!r} is left out (token {outside[0]!r} is outside the model's {vocab_size} "
