@@ -224,9 +224,10 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     seed_everything(config.seed)  # same seed on every rank: identical head initialisation
     task.log = report.print  # the task's notes (held-out splits, label schemes) go where the run's go
     task.use_data_parallel(data_parallel_group(backend))
+    if given.model is None:  # before the tokenizer's checks (a max_length above the model's): a fix of those met it
+        task.check_model_family()
     tokenizer = given.tokenizer or task.load_tokenizer()
     if given.model is None:
-        task.check_model_family()
         task.check_vocabulary(tokenizer)
         if training:
             task.check_checkpointing()
