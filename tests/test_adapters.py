@@ -432,7 +432,8 @@ def merge_case(case: str, single: Path, tmp_path: Path, tiny_gpt2: str) -> tuple
         (adapter / "tuneforge.json").write_text(json.dumps(info))
         return [str(adapter), out], ("deleted-base", "is not there", "--merge --base DIR")
     if case == "base of another architecture":
-        return [str(adapter), out, "--base", tiny_gpt2], ("trained on a bert model", "is a gpt2 model")
+        said = ("trained on a model of the bert family", "is of the gpt2 family")  # no 'a' before a family's name
+        return [str(adapter), out, "--base", tiny_gpt2], said
     if case == "base of other sizes":  # transformers' size-mismatch RuntimeError: was an internal error
         from transformers import BertModel
 

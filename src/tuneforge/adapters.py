@@ -383,8 +383,8 @@ def _check_base_kind(folder: Path, base: str, config) -> None:
     want = getattr(config, "model_type", None)
     if want and base_type and base_type != want:
         raise ConfigError(
-            f"adapter {str(folder)!r} was trained on a {want} model, and the base {base!r} is a {base_type} model; "
-            "pass the base model's folder it was trained on"
+            f"adapter {str(folder)!r} was trained on a model of the {want} family, and the base {base!r} is of the "
+            f"{base_type} family; pass the base model's folder it was trained on"
         )
 
 

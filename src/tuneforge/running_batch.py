@@ -101,8 +101,9 @@ class CausalBatch:
     def __init__(self, model, pad_id: int) -> None:
         if (state := recurrent_state(model)) is not None:
             raise ConfigError(
-                f"a {model.config.model_type} model keeps a state other than a key and value per position in "
-                f"{state} (a recurrent state), which the serving engine's batch of key/value caches cannot hold; "
+                f"a model of the {model.config.model_type} family keeps a state other than a key and value per "
+                f"position in {state} (a recurrent state), which the serving engine's batch of key/value caches cannot "
+                "hold; "
                 "`tuneforge generate` runs it (transformers' generate)"
             )
         self.model = model

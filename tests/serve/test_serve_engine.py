@@ -187,6 +187,7 @@ def test_a_model_with_recurrent_state_is_refused_in_one_line(family, tmp_path):
     with pytest.raises(ConfigError, match="recurrent state") as refused:
         GenerationEngine(generator)
     assert "\n" not in str(refused.value) and "tuneforge generate" in str(refused.value)
+    assert str(refused.value).startswith(f"a model of the {family} family keeps")  # no 'a' before a family's name
 
 
 def test_a_full_waiting_list_is_refused(tiny_gpt2):
