@@ -1192,6 +1192,13 @@ def query_weights(base_model: str, trained_dir: Path, layer: int = 0) -> tuple:
     return start, load_file(Path(trained_dir) / "model.safetensors")["bert." + name]
 
 
+def caches_built(model) -> list[bool]:
+    """Whether each later forward of `model` returned a key/value cache (a forward hook on the real model)."""
+    built: list[bool] = []
+    model.register_forward_hook(lambda module, args, output: built.append(getattr(output, "cache", None) is not None))
+    return built
+
+
 def model_spy():
     """A Callback recording the attention kernel and the dropout probabilities the model trains with."""
     import torch

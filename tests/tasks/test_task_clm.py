@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import (
+    caches_built,
     cli_flags,
     cli_main,
     last_json,
@@ -129,6 +130,18 @@ def test_loss_is_the_shifted_next_token_loss_by_hand(tiny_gpt2, tmp_path, cache_
     assert torch.allclose(loss / n, hf_mean, atol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["tiny_gpt2", "tiny_llama"])
+def test_a_training_forward_builds_no_key_value_cache_and_leaves_the_models_use_cache(model, request, tmp_path):
+    """transformers' Trainer turns the cache off for training; a decoder's own use_cache=True built one per step."""
+    task = clm_task(request.getfixturevalue(model), None, tmp_path / "unused.txt", None)
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).train()
+    built = caches_built(model)
+    task.forward(model, task.collate({"input_ids": [[5, 9, 7, 3], [8, 2]]}, tokenizer))
+    assert built == [False]
+    assert model.config.use_cache is True  # what the export saves: generation keeps its cache
+
+
 def test_perplexity_is_over_exactly_the_eval_tokens(tiny_gpt2, text_files, cache_dir):
     from transformers import AutoModelForCausalLM
 
@@ -173,6 +186,7 @@ def test_gpt2_trains_saves_resumes_evaluates_and_generates(tiny_gpt2, text_files
     assert first["steps"] == 6 and first["perplexity"] == pytest.approx(math.exp(first["loss"]))
     assert (run / "checkpoint-3").is_dir() and (run / "model" / "model.safetensors").exists()
     assert json.loads((run / "model" / "tuneforge.json").read_text())["block_size"] == BLOCK
+    assert json.loads((run / "model" / "config.json").read_text())["use_cache"] is True  # as GPT-2's own config
 
     # resume from step 3 in a new folder: the same steps 4-6 give the same final model
     resume = cli_flags(resume=run / "checkpoint-3", output_dir=tmp_path / "resumed")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from conftest import quiet_task, read_jsonl, run_cli, train_losses
+from conftest import caches_built, quiet_task, read_jsonl, run_cli, train_losses
 from test_bad_input import assert_refused, in_process
 
 SUBJECTS = ["the cat", "a dog", "my bird", "the fox"]
@@ -195,6 +195,15 @@ def test_the_loss_and_rewards_are_the_dpo_formula_against_a_frozen_reference(tas
     chosen, rejected = outputs.rewards(beta)
     assert (chosen.double() - beta * (moved[:n] - original[:n])).abs().max() < 1e-5
     assert abs(loss_sum.item() - n * math.log(2)) > 1e-3  # the model moved: the check means something
+
+
+def test_neither_the_model_nor_its_reference_builds_a_key_value_cache(task_and_batch):
+    task, batch = task_and_batch
+    model = task.load_model(task.load_tokenizer()).train()
+    task.set_up_reference(model, adapter=None)
+    policy, reference = caches_built(model), caches_built(task.reference_model)
+    task.forward(model, batch)
+    assert policy == [False] and reference == [False]
 
 
 def test_with_lora_the_reference_is_the_model_with_its_adapters_off(task_and_batch, tiny_llama):

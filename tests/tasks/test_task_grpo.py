@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli, tokenized_fresh_then_cached, train_losses
+from conftest import caches_built, run_cli, tokenized_fresh_then_cached, train_losses
 from test_bad_input import assert_refused, in_process
 from test_crash import kill_in_save, records, start
 
@@ -377,6 +377,28 @@ def test_reward_functions_get_completion_ids_with_the_end_token_as_trl_does(tiny
     stopped, cut = Completion("ab", [5, 6], "stop", stop_token=2), Completion("c", [7], "length")
     batch = {"prompt": [json.dumps("hi")], "columns": [json.dumps({"answer": "1"})]}
     assert task._score([batch], [stopped, cut], 2)[:, 0].tolist() == [3.0, 1.0]
+
+
+def test_the_loss_forward_builds_no_key_value_cache(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    from tuneforge.configure import build_config
+    from tuneforge.tasks import get_task
+
+    task = get_task(build_config(task="grpo", model=tiny_llama, task_options={"reward": ["accuracy"]}))
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama).train()
+    built = caches_built(model)
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    task.forward(
+        model,
+        {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(6)[None],
+            "completion_ids": ids[:, -2:],
+        },
+    )
+    assert built == [False]
 
 
 def scoring_task(model: str, cache_dir: str, tmp_path: Path, reward: str, **options):

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from test_task_dpo import TEMPLATE, pairs, write_jsonl
 
-from conftest import cli_main, quiet_task, read_jsonl, run_cli, save_tiny_bert, serving, train_losses
+from conftest import caches_built, cli_main, quiet_task, read_jsonl, run_cli, save_tiny_bert, serving, train_losses
 from test_bad_input import assert_refused, in_process
 
 N_TRAIN, N_VALID = 8, 6
@@ -168,6 +168,15 @@ def test_the_loss_is_bradley_terry_and_equals_trl_reward_trainer(tiny_llama, cac
     from tuneforge.tasks.reward import encode_scored
 
     assert trl.train_dataset["chosen_ids"] == [encode_scored(tokenizer, p["prompt"], p["chosen"]) for p in chats]
+
+
+def test_a_decoders_training_forward_builds_no_key_value_cache(tiny_llama):
+    task = quiet_task("reward", tiny_llama, max_length=64)
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).train()
+    built = caches_built(model)
+    task.forward(model, task.collate({"chosen_ids": [[5, 6, 7]], "rejected_ids": [[9, 10]]}, tokenizer))
+    assert built == [False]
 
 
 def test_a_margin_column_shifts_the_loss_as_trl_reward_trainer_does(scorer, cache_dir, tmp_path):

@@ -7,6 +7,8 @@ examples or tokens), and streams metrics exactly across data-parallel ranks.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -44,6 +46,19 @@ def set_dropout(model_config, p: float | None):
         elif isinstance(value, float) and ("dropout" in name or "pdrop" in name):
             setattr(model_config, name, p)
     return model_config
+
+
+@functools.cache
+def _forward_takes_use_cache(model_class: type) -> bool:
+    return "use_cache" in inspect.signature(model_class.forward).parameters
+
+
+def no_cache(model) -> dict:
+    """{"use_cache": False} for a model whose forward takes it (decoders), else {} (encoders, the caller's own
+    modules). A decoder's config says use_cache=True for generation, and a loss forward would then build a key/value
+    cache of every layer that nothing reads (transformers' Trainer turns it off too); the config is left as it is,
+    so the exported model generates with its own setting."""
+    return {"use_cache": False} if _forward_takes_use_cache(type(getattr(model, "module", model))) else {}
 
 
 @dataclass(frozen=True)
@@ -541,7 +556,7 @@ class Task:
     def forward(self, model, batch: dict[str, torch.Tensor]):
         """The outputs `compute_loss` and the metric stream read, for one batch (the Trainer calls this under
         the run's autocast, with the backend's model)."""
-        return model(**self.model_inputs(batch))
+        return model(**self.model_inputs(batch), **no_cache(model))
 
     def use_data_parallel(self, group) -> None:
         """The process group of the run's data-parallel ranks (None: one process), told before any data or model

@@ -40,7 +40,7 @@ from tuneforge.config import EVAL, INPUT
 from tuneforge.data import chat, preference
 from tuneforge.data.tokenize import cut_phrase
 from tuneforge.errors import DataError, UserError
-from tuneforge.tasks.base import MetricStream
+from tuneforge.tasks.base import MetricStream, no_cache
 from tuneforge.tasks.clm import BlockOptions, CausalLMTask, attending_one_way
 
 IGNORE = -100
@@ -275,7 +275,7 @@ class DPOTask(CausalLMTask):
         return loaded.to(next(model.parameters()).dtype).requires_grad_(False).eval()
 
     def forward(self, model, batch):
-        inputs = self.model_inputs(batch)
+        inputs = self.model_inputs(batch) | no_cache(model)
         with torch.no_grad():
             ref_logps = self._reference_logps(model, inputs, batch["labels"])
         logps = sequence_logps(model(**inputs).logits, batch["labels"])

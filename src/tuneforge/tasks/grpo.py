@@ -44,7 +44,7 @@ from tuneforge.files import write_text
 from tuneforge.options import TaskOptions, comma_list, one_or_list
 from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec, load_rewards, quoted_prompt, score
 from tuneforge.tasks import grpo_loss
-from tuneforge.tasks.base import MetricStream, StepTools
+from tuneforge.tasks.base import MetricStream, StepTools, no_cache
 from tuneforge.tasks.clm import CausalLMTask
 
 SAMPLES_FILE = "completions.jsonl"
@@ -631,7 +631,7 @@ class GRPOTask(CausalLMTask):
     def _logps(self, model, batch) -> torch.Tensor:
         """The completion tokens' log-probabilities under `model` ([R, C])."""
         width = batch["completion_ids"].shape[1]
-        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")} | no_cache(model)
         if self._keeps_logits is None:
             forward = getattr(model, "module", model).forward
             self._keeps_logits = "logits_to_keep" in inspect.signature(forward).parameters
