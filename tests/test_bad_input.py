@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_flags, cli_main, run_cli, train_command, write_sentiment_csv
+from conftest import cli_flags, cli_main, gpu_here, run_cli, train_command, write_sentiment_csv
 
 
 @pytest.fixture
@@ -231,11 +231,23 @@ def test_gradient_checkpointing_of_a_model_that_cannot(capfd, tmp_path, minilm_d
     assert "drop --gradient-checkpointing" in said
 
 
-def test_flex_attention_training_on_a_cpu(capfd, tmp_path, tiny_bert, files):
-    """torch's FlexAttention has no backward on a CPU: training with it was an internal error at the first step
-    (NotImplementedError: FlexAttention does not support backward on CPU), after all the data work."""
-    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--attn-implementation", "flex_attention"))
-    assert_refused(proc, tmp_path, "'flex_attention' cannot train on a CPU", "use auto, eager or sdpa")
+@pytest.mark.parametrize(
+    "kernel, needles",
+    [
+        # torch's FlexAttention has no backward on a CPU: an internal error at the first step, after all the data work
+        ("flex_attention", ("'flex_attention' cannot train on a CPU", "use auto, eager or sdpa")),
+        # these two were refused only as the model loaded, after the data were tokenized
+        pytest.param(
+            "flash_attention_2",
+            ("'flash_attention_2' runs on a GPU only", "use auto, eager or sdpa"),
+            marks=pytest.mark.skipif(gpu_here(), reason="a GPU is here: the run is not on the CPU"),
+        ),
+        ("sdpaa", ("'sdpaa' is not a kernel transformers knows", "use one of auto, eager, flash_attention_2,", "sdpa")),
+    ],
+)
+def test_an_attention_kernel_that_cannot_run_here(capfd, tmp_path, tiny_bert, files, kernel, needles):
+    proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--attn-implementation", kernel))
+    assert_refused(proc, tmp_path, *needles)
 
 
 @pytest.mark.parametrize(

@@ -233,6 +233,7 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
             task.check_checkpointing()
     if not training:
         task.adopt_model_labels(given.model.config if given.model is not None else None)
+    check_attention_kernel(config.attn_implementation, backend.device)
     if training:
         check_trainable_attention(config.attn_implementation, backend.device)
     if training and config.adapter == "lora":  # a target that matches no layer: one line before any data work
@@ -351,6 +352,25 @@ def set_attention(model, wanted: str, backend, task) -> None:
             raise ConfigError(
                 f"attn_implementation {wanted!r} is not available for this model: {e}. Use auto, eager or sdpa"
             ) from None
+
+
+def check_attention_kernel(wanted: str, device: torch.device) -> None:
+    """One line before any data work for a kernel name transformers does not know (a misspelling), and for a flash
+    kernel on a CPU, where none runs: transformers refused both only as the model loaded, after the data work."""
+    from transformers.integrations.hub_kernels import is_kernel
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ["auto", "eager", *sorted(ALL_ATTENTION_FUNCTIONS.valid_keys())]
+    # transformers still takes the old paged|NAME spellings, and a Hub kernel by its repository (org/name)
+    if wanted not in known and wanted.removeprefix("paged|") not in known and not is_kernel(wanted):
+        raise ConfigError(
+            f"attn_implementation {wanted!r} is not a kernel transformers knows; use one of {', '.join(known)}, or a "
+            "Hub kernel as org/name"
+        )
+    if "flash" in wanted and device.type == "cpu":
+        raise ConfigError(
+            f"attn_implementation {wanted!r} runs on a GPU only, and this run is on the CPU; use auto, eager or sdpa"
+        )
 
 
 def check_trainable_attention(wanted: str, device: torch.device) -> None:
