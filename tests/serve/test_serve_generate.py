@@ -916,6 +916,17 @@ def test_bad_serve_flags_are_one_line(chat_model, capsys, flags, message):
     assert code == 2 and err.strip() == message
 
 
+def test_more_threads_than_cores_are_refused(chat_model, capsys):
+    """`serve --threads 1000` on a machine of a few cores started 1000 torch threads, each forward slowed by them."""
+    from tuneforge.processes import usable_cores
+
+    cores = usable_cores()
+    code, _, err = cli_main(capsys, "serve", chat_model, "--port", "0", "--threads", "1000")
+    assert code == 2 and err.strip() == (
+        f"error: --threads 1000 is above the {cores} cores this process may use; pass --threads {cores} or less"
+    )
+
+
 def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_model, ref):
     env = {k: v for k, v in os.environ.items() if k != "TUNEFORGE_API_KEY"}  # the module's server sets one
     proc, url = start_server(chat_model, env=env, max_batch_size=1, served_model_name=NAME)

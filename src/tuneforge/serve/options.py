@@ -131,9 +131,9 @@ class ServeOptions(BaseModel):
         None,
         ge=1,
         le=4096,
-        description="CPU threads of the model's forward passes (torch's intra-op threads); default: for classifiers "
-        "and sentence encoders (the batched routes) every core but one, which the HTTP server keeps (OpenMP's "
-        "waiting threads would take it), for generation every core",
+        description="CPU threads of the model's forward passes (torch's intra-op threads), at most the cores this "
+        "process may use; default: for classifiers and sentence encoders (the batched routes) every core but one, "
+        "which the HTTP server keeps (OpenMP's waiting threads would take it), for generation every core",
         json_schema_extra={"refusal": POSITIVE_UP_TO},
     )
     pack_weights: bool = Field(
