@@ -701,6 +701,25 @@ def test_a_flag_of_another_task_is_one_line_naming_its_task(capsys, tmp_path, ar
 
 
 @pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--num-beams", "1"], "num_beams (--num-beams) is an option of task 'seq2seq', not of task 'classification'"),
+        (["--packing"], "packing (--packing) is an option of task 'clm' or 'sft'"),
+        (
+            ["--zero-stage", "2"],
+            "zero_stage (--zero-stage) is an option of backend 'deepspeed', not of backend 'single'",
+        ),
+    ],
+)
+def test_eval_refuses_another_owners_option_at_its_default_as_train_does(capsys, tmp_path, tiny_bert, flags, said):
+    """eval dropped these without a word (they do nothing to a classifier's evaluation); train refuses them."""
+    rc, out, err = cli_main(
+        capsys, "eval", tiny_bert, "--task", "classification", *flags, "--output-dir", str(tmp_path)
+    )
+    assert rc == 2 and err.count("\n") == 1 and err.startswith(f"error: {said}"), err
+
+
+@pytest.mark.parametrize(
     "given, needle",
     [
         ({"lora_r": 8}, "lora_r=8 sets up LoRA adapters, and this run has none (--adapter none)"),

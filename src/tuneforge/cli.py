@@ -208,7 +208,7 @@ def cmd_prepare(ns: argparse.Namespace) -> int:
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from tuneforge.configure import build_config
+    from tuneforge.configure import build_config, check_options_given
     from tuneforge.harness.command import cmd_eval_harness, harness_given
 
     harness = harness_given(ns)
@@ -217,6 +217,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
         return cmd_eval_harness(ns, harness, [f for f, (key, _) in eval_flags().items() if key in flags])
     from tuneforge.trainer import Trainer
 
+    typed = dict(flags)  # the folder's own settings, merged in below, are its task's
     flags["quiet"] = flags.get("quiet", False)
     trained = _trained_task(ns.model_dir)
     if trained and flags.get("task", trained) == trained:  # the folder's own settings unless a flag says
@@ -230,6 +231,7 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     if trained:  # a folder tuneforge exported evaluates as the task it was trained for, unless --task says
         values.setdefault("task", trained)
     config = build_config(values)
+    check_options_given(config, typed, {})  # as train: another task's option does nothing, at its default too
     if trained:
         _check_same_kind(config.task, trained, ns.model_dir)
     metrics = Trainer(config, fork_workers=True).validate()

@@ -71,6 +71,26 @@ def test_a_bad_base_config_is_refused(capsys, tmp_path, base):
     assert "give one config file and key=value overrides" in one_error(code, err)
 
 
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("num_beams=1", "num_beams (--num-beams) is an option of task 'seq2seq', not of task 'classification'"),
+        ("task_options.packing=true", "packing (--packing) is an option of task 'clm' or 'sft'"),
+        ("backend_options.zero_stage=2", "zero_stage (--zero-stage) is an option of backend 'deepspeed'"),
+    ],
+)
+def test_another_owners_option_at_its_default_is_refused_as_train_refuses_it(capsys, tmp_path, base, override, said):
+    """The base config's key=value overrides are typed now, as train's: another task's or backend's option, at its
+    default too, does nothing to the trials (they ran without a word)."""
+    (tmp_path / "s.yaml").write_text("optim.lr: [0.1]\n")
+    out = tmp_path / "sweep"
+    code, _, err = cli_main(
+        capsys, "sweep", base, override, "--space", str(tmp_path / "s.yaml"), "--output-dir", str(out)
+    )
+    assert said in one_error(code, err)
+    assert not out.exists()
+
+
 def test_a_missing_space_file(capsys, tmp_path, base):
     code, _, err = cli_main(capsys, "sweep", base, "--space", str(tmp_path / "nope.yaml"))
     assert "space file" in one_error(code, err) and "does not exist" in err

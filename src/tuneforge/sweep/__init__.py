@@ -74,7 +74,7 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
     options = parse_options(SweepOptions, ns)  # every flag checked before any work: one line naming it
     _import_optuna()
     from tuneforge.config import apply_overrides, check_given_now, merge_sources
-    from tuneforge.configure import build_config
+    from tuneforge.configure import build_config, check_options_given
     from tuneforge.sweep import folder as sweep_folder
     from tuneforge.sweep.space import check_against_config, distributions, load_space
     from tuneforge.sweep.study import objective, open_study
@@ -87,7 +87,9 @@ def cmd_sweep(ns: argparse.Namespace) -> int:
         return merge_sources(yaml_path, overrides, params)
 
     config = build_config(values_of({}))
-    check_given_now(config, {}, apply_overrides({}, overrides))  # as `tuneforge train` checks them
+    typed = apply_overrides({}, overrides)
+    check_given_now(config, {}, typed)  # as `tuneforge train` checks them
+    check_options_given(config, {}, typed)
     check_against_config(space, lambda params: build_config(values_of(params)), options.space)
     check_trackers(config)  # a tracker's package or server: one line here, not every trial failing on it
     goal = objective(config, options.metric, options.direction)
