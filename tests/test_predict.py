@@ -197,6 +197,21 @@ def test_one_column_given_twice_as_a_pair_is_refused_as_training_refuses_it(tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize("precision", ["bf16", "auto"])
+def test_bf16_on_a_cpu_without_native_bf16_is_said_to_be_slower_as_train_says_it(
+    tmp_path, tiny_classifier, capsys, precision
+):
+    from tuneforge.backends.precision import cpu_has_native_bf16
+
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "a fine film"}) + "\n")
+    args = ["--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p.jsonl"), "--precision", precision]
+    code, _, err = cli_main(capsys, "predict", tiny_classifier, *args)
+    emulated = precision == "bf16" and not cpu_has_native_bf16() and not torch.cuda.is_available()
+    assert (
+        code == 0 and ("note: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 runs slower" in err) == emulated
+    )
+
+
 def test_predictor_regression_returns_the_score(tmp_path, minilm_dir):
     from transformers import BertForSequenceClassification
 

@@ -284,6 +284,10 @@ def predict_file(
     out = Path(output_path)
     predictor = load_predictor(model_dir, max_length=options.max_length)
     predictor.precision.use(options.precision)  # every predictor's forwards (tasks/base.ServingPrecision)
+    from tuneforge.backends.precision import emulated_bf16_note
+
+    if note := emulated_bf16_note(options.precision, predictor.precision.device):
+        print(note, file=sys.stderr, flush=True)
     items = [t[0] if isinstance(t, tuple) and len(t) == 1 else t for t in texts]
     vectors = getattr(predictor, "embedding_size", None) is not None  # a sentence encoder's
     if not vectors:

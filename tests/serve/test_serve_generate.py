@@ -608,6 +608,17 @@ def test_tool_results_and_image_parts_are_refused_for_a_template_without_tools(s
     assert joined.status_code == 200, joined.text
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_bf16_on_a_cpu_without_native_bf16_is_said_to_be_slower_as_train_says_it(chat_model, capfd, precision):
+    from tuneforge.backends.precision import cpu_has_native_bf16
+
+    with app_server(chat_model, precision=precision, pack_weights=False) as url:
+        wait_ready(url)
+        err = capfd.readouterr().err
+    emulated = precision == "bf16" and not cpu_has_native_bf16() and not torch.cuda.is_available()
+    assert ("note: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 runs slower here" in err) == emulated
+
+
 @pytest.mark.parametrize("log_format", ["text", "json"])
 def test_every_request_is_one_access_line_with_its_status_latency_tokens_and_refusal(chat_model, capfd, log_format):
     with app_server(chat_model, log_format=log_format) as url:

@@ -45,6 +45,17 @@ def cpu_has_native_bf16() -> bool:
     )
 
 
+def emulated_bf16_note(requested: str, device: torch.device) -> str | None:
+    """A note where bf16 was asked for by name on a CPU without native bf16: it runs there (as torch runs it),
+    slower than fp32, which `auto` would have picked. Training, predict and serve say it alike."""
+    if requested != "bf16" or device.type != "cpu" or cpu_has_native_bf16():
+        return None
+    return (
+        "note: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 runs slower here than fp32, which "
+        "--precision auto picks on it"
+    )
+
+
 class Precision:
     """Autocast and fp16 loss scaling with torch's own tools (single, ddp)."""
 
@@ -85,14 +96,7 @@ class Precision:
             raise ConfigError("precision fp16 needs a CUDA GPU; on CPU use --precision bf16 or fp32")
 
     def emulated_note(self) -> str | None:
-        """A note where bf16 was asked for by name on a CPU without native bf16: it runs there (as torch runs it),
-        slower than fp32, which `auto` would have picked."""
-        if self.requested != "bf16" or self.device.type != "cpu" or cpu_has_native_bf16():
-            return None
-        return (
-            "note: this CPU has no native bf16 (AVX512-BF16 or AMX), so bf16 runs slower here than fp32, which "
-            "--precision auto picks on it"
-        )
+        return emulated_bf16_note(self.requested, self.device)
 
     # ---- compute ------------------------------------------------------------------------------
     # frozen linear layers may keep their weights in the autocast dtype (`frozen_weight_dtype`)

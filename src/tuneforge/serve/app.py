@@ -261,6 +261,8 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     """Load the model (in a thread) and start its engine or batcher; `on_fatal` hears of the engine's death."""
     import torch
 
+    from tuneforge.backends.precision import emulated_bf16_note
+
     options = state.options
     served = await asyncio.to_thread(load)
     threads = serving_threads(isinstance(served, Generator), options.threads, state.owns_process)
@@ -274,6 +276,8 @@ async def load_served(state: ServerState, load: Callable[[], Any], on_fatal: Cal
     elif isinstance(served, Generator):
         state.precision = serving_precision(served, options.precision)
         model = served.model
+    if model is not None and (note := emulated_bf16_note(options.precision, next(model.parameters()).device)):
+        state.access_log.event(note)  # as training says it
     if options.pack_weights and model is not None:  # timed at the batch size, on the serving threads
         state.packed_layers = await asyncio.to_thread(pack_linear_layers, model, options.max_batch_size)
     if isinstance(served, Generator):
