@@ -130,12 +130,17 @@ def test_loss_is_the_shifted_next_token_loss_by_hand(tiny_gpt2, tmp_path, cache_
     assert torch.allclose(loss / n, hf_mean, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["tiny_gpt2", "tiny_llama"])
-def test_a_training_forward_builds_no_key_value_cache_and_leaves_the_models_use_cache(model, request, tmp_path):
-    """transformers' Trainer turns the cache off for training; a decoder's own use_cache=True built one per step."""
+@pytest.mark.parametrize("model, lora", [("tiny_gpt2", False), ("tiny_llama", False), ("tiny_llama", True)])
+def test_a_training_forward_builds_no_key_value_cache_and_leaves_the_models_use_cache(model, lora, request, tmp_path):
+    """transformers' Trainer turns the cache off for training; a decoder's own use_cache=True built one per step.
+    A LoRA run's model is peft's wrapper, whose forward passes the setting on to the model inside it."""
+    from peft import LoraConfig, get_peft_model
+
     task = clm_task(request.getfixturevalue(model), None, tmp_path / "unused.txt", None)
     tokenizer = task.load_tokenizer()
     model = task.load_model(tokenizer).train()
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     built = caches_built(model)
     task.forward(model, task.collate({"input_ids": [[5, 9, 7, 3], [8, 2]]}, tokenizer))
     assert built == [False]

@@ -58,7 +58,9 @@ def no_cache(model) -> dict:
     modules). A decoder's config says use_cache=True for generation, and a loss forward would then build a key/value
     cache of every layer that nothing reads (transformers' Trainer turns it off too); the config is left as it is,
     so the exported model generates with its own setting."""
-    return {"use_cache": False} if _forward_takes_use_cache(type(getattr(model, "module", model))) else {}
+    inner = getattr(model, "module", model)  # a data-parallel wrapper's model
+    inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner  # peft's passes the keywords on
+    return {"use_cache": False} if _forward_takes_use_cache(type(inner)) else {}
 
 
 @dataclass(frozen=True)
