@@ -508,6 +508,24 @@ def test_a_bf16_run_packs_its_batches(tiny_bert):
     assert torch.bfloat16 in {p.dtype for p in model.parameters() if not p.requires_grad and p.dim() == 2}
 
 
+@pytest.mark.parametrize("loss, columns", [("mnrl", ("anchor", "positive")), ("cosent", ("sentence1", "sentence2"))])
+def test_the_packing_check_under_dropout_packs_and_draws_no_random_numbers(tiny_bert, loss, columns):
+    """With dropout on (--dropout 0.1), the first batch's check compares the model's forwards without dropout: BERT
+    is packed, and the check draws nothing from the RNG, so a run resumed from a checkpoint (whose first batch is
+    checked again) draws the dropout masks of the run it continues."""
+    from tuneforge.tasks.embedding import stacked_columns
+
+    items = uneven_scored_rows(8, seed=3) if loss == "cosent" else uneven_rows(8, seed=3, negatives=False)
+    task = embedding_task(tiny_bert, loss=loss, dropout=0.1)
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).train()
+    batch = batch_of(task, tokenizer, items, columns, "score" if loss == "cosent" else None)
+    ids, mask = stacked_columns(batch, len(columns))
+    before = torch.get_rng_state()
+    assert task._packing_holds(model, ids, mask) is True
+    assert torch.equal(torch.get_rng_state(), before) and model.training
+
+
 def save_roberta(folder: Path) -> None:
     """A tiny random RoBERTa: it numbers positions from its padding index, not from 0."""
     from transformers import RobertaConfig, RobertaModel

@@ -214,13 +214,20 @@ def attention_window(model) -> int | None:
 def packing_holds(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, groups: list[list[int]]) -> bool:
     """Whether `embed_packed` gives this model's `embed_grouped` embeddings of these rows (within
     PACKING_TOLERANCE, relative), without grad. A model that ignores `position_ids` or the 4D mask, or counts
-    positions its own way (RoBERTa from its padding index), gives others or refuses the inputs."""
-    with torch.no_grad():
-        try:
-            packed = embed_packed(model, input_ids, attention_mask)
-        except (TypeError, ValueError, RuntimeError, IndexError):
-            return False
-        padded = embed_grouped(model, input_ids, attention_mask, groups)
+    positions its own way (RoBERTa from its padding index), gives others or refuses the inputs. Compared without
+    dropout: its masks would make the two differ, and drawing them would move the RNG of a run's first batch, which a
+    resumed run checks again."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            try:
+                packed = embed_packed(model, input_ids, attention_mask)
+            except (TypeError, ValueError, RuntimeError, IndexError):
+                return False
+            padded = embed_grouped(model, input_ids, attention_mask, groups)
+    finally:
+        model.train(was_training)
     gap = (packed - padded).abs().max() / padded.abs().max().clamp(min=1e-12)
     return bool(gap <= PACKING_TOLERANCE)
 
