@@ -308,13 +308,22 @@ def test_resuming_into_the_folder_of_another_run_needs_overwrite(
     assert steps and min(steps) > 10, steps  # the resumed steps' records, none of the replaced run's
 
 
-@pytest.mark.parametrize("change", [["--seed", "7"], ["--no-group-by-length"], ["--max-train-samples", "80"]])
-def test_a_resume_mid_epoch_onto_another_order_is_refused(change, run_copy, files, tiny_bert, cache_dir, capsys):
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (["--seed", "7"], "seed is 42 in its config.yaml, 7 here"),
+        (["--no-group-by-length"], "data.group_by_length is true in its config.yaml, false here"),
+        (["--max-train-samples", "80"], "data.max_train_samples is null in its config.yaml, 80 here"),
+    ],
+)
+def test_a_resume_mid_epoch_onto_another_order_is_refused(change, named, run_copy, files, tiny_bert, cache_dir, capsys):
     """checkpoint-10 stopped at example 64 of epoch 1: another order of that epoch would train some of its examples
-    twice and others never."""
+    twice and others never. The line names the setting that differs (a list of likely ones missed others that
+    order an epoch: sft's --no-packing, clm's --block-size)."""
     flags = [*cli_args(run_copy, files, tiny_bert, cache_dir), "--resume", str(run_copy / "checkpoint-10"), *change]
     code, line = tuneforge(capsys, *flags)
     assert code == 2 and "stopped in the middle of epoch 1 (example 64 of 96)" in line, line
+    assert f"otherwise ({named})" in line, line
     assert sorted(p.name for p in run_copy.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-12", "checkpoint-2"]
     assert (run_copy / "latest").read_text().strip() == "checkpoint-12"
 

@@ -93,6 +93,14 @@ MANIFEST = "manifest.json"
 MODEL_FILES = "model_files"  # the task's files for other libraries, copied into an exported folder
 LATEST = ("latest", "true", "True", "auto")  # --resume values that mean the latest checkpoint of the output dir
 RESTORED_OPTIM = ("lr", "weight_decay", "betas", "eps")  # the optimizer settings its state_dict restores
+# data settings that never order an epoch: left out where a resume names what orders it otherwise
+ORDER_FREE = (
+    "data.cache_dir",
+    "data.num_workers",
+    "data.allow_changed_data",
+    "data.validation_file",
+    "data.max_eval_samples",
+)
 CHECK_KEYS = ("task", "labels", "model_type", "architecture", "hidden_size", "num_layers", "vocab_size")
 
 
@@ -566,6 +574,26 @@ def check_same_optimizer(path: Path, config) -> None:
                 f"continues the optimizer state of {str(path)!r}, which holds it; resume with its value"
                 f"{new_run_hint(bool(read_meta(path).get('adapter')))}"
             )
+
+
+def order_settings_changed(path: Path, config) -> list[str]:
+    """The settings that may order an epoch (the seed, the data's and the task's) whose value in the checkpoint's
+    config.yaml is not `config`'s, each as 'KEY is OLD in its config.yaml, NEW here' (none where it has no config)."""
+    import yaml
+
+    from tuneforge.tracking import flat_config
+
+    try:
+        saved = flat_config(yaml.safe_load((Path(path) / "config.yaml").read_text()))
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return []
+    now = flat_config(config.to_dict())
+    keys = [k for k in now if (k == "seed" or k.startswith(("data.", "task_options."))) and k not in ORDER_FREE]
+    return [
+        f"{k} is {json.dumps(saved.get(k))} in its config.yaml, {json.dumps(now[k])} here"
+        for k in keys
+        if saved.get(k) != now[k]
+    ]
 
 
 def _read_state(path: Path) -> dict:

@@ -501,11 +501,14 @@ def _check_same_order(path: Path, st: Progress, run: Run) -> None:
         return
     steps, _ = run.plan.epoch_steps(run.data.length_column(), st, 0, run.orders)
     if steps.order_digest != st.order_digest:
+        changed = "; ".join(checkpoint.order_settings_changed(path, run.config)) or (
+            "another --seed, --max-train-samples, --max-length or --group-by-length than its config.yaml"
+        )
         raise CheckpointError(
             f"checkpoint {str(path)!r} stopped in the middle of epoch {st.epoch} (example {st.consumed} of {size}), "
-            "and this run orders that epoch's examples otherwise (another --seed, --max-train-samples, --max-length "
-            "or --group-by-length than its config.yaml), so some would be trained twice and others never; resume "
-            "with the checkpoint's settings (they may change at an epoch's end), or start a new run"
+            f"and this run orders that epoch's examples otherwise ({changed}), so some would be trained twice and "
+            "others never; resume with the checkpoint's settings (they may change at an epoch's end), or start a new "
+            "run"
         )
 
 
