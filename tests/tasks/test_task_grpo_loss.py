@@ -170,6 +170,47 @@ def test_on_policy_the_ratio_is_one_and_the_loss_is_minus_the_advantage(rollout)
     assert torch.allclose(logps.grad, -advantages[:, None] * mask)
 
 
+def trl_logged_clip_and_kl(coef_1, advantages, per_token_kl, mask, eps_low, eps_high):
+    """TRL's logged clip_ratio/low_mean, high_mean, region_mean and kl (grpo_trainer.py `_compute_loss`, its
+    `global_masked_mean`: a [B, 1] sequence-level tensor is averaged over the rows, a [B, T] one over the mask)."""
+
+    def global_masked_mean(x):
+        if x.shape[1] == 1:  # when importance_sampling_level == "sequence": one value per sequence
+            return x.sum() / x.shape[0]
+        return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+    advantages = advantages.unsqueeze(1)
+    is_low_clipped = (coef_1 < 1 - eps_low) & (advantages < 0)
+    is_high_clipped = (coef_1 > 1 + eps_high) & (advantages > 0)
+    is_region_clipped = is_low_clipped | is_high_clipped
+    return {
+        "clip_low": global_masked_mean(is_low_clipped.float()).item(),
+        "clip_high": global_masked_mean(is_high_clipped.float()).item(),
+        "clip_ratio": global_masked_mean(is_region_clipped.float()).item(),
+        "kl": global_masked_mean(per_token_kl).item(),
+    }
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_the_logged_clip_ratios_and_kl_are_trls(rollout, level):
+    """With GSPO's sequence ratio, TRL logs the share of sequences clipped; the logs gave the share of tokens, so a
+    clipped short completion weighed less than a long one (0.18 where TRL says 0.125 here). A truncated completion
+    masked out (DAPO) still counts as a sequence there, as in TRL."""
+    from tuneforge.tasks.grpo import StepWindow
+
+    mask = rollout["mask"].clone()
+    mask[5] = 0  # mask_truncated_completions
+    advantages = torch.tensor([1.2, -0.7, 0.4, -1.0, 0.9, -0.3, 1.5, -0.2], dtype=torch.float64)
+    clip = grpo_loss.Clip(0.2, 0.28, 0.04, level)
+    terms = grpo_loss.token_losses(rollout["logps"], rollout["old"], advantages, mask, clip, rollout["ref"])
+    window = StepWindow(1)
+    window.add_loss_terms(terms, mask, advantages, torch.ones(ROWS, 2 * WIDTH), clip)
+    logs = window.settled().logs(["r"], with_kl=True)
+    expected = trl_logged_clip_and_kl(terms.ratio, advantages, terms.kl, mask, 0.2, 0.28)
+    assert {key: logs[key] for key in expected} == pytest.approx(expected, rel=1e-6)  # (TRL: float masks)
+    assert 0 < expected["clip_ratio"] < 1, "nothing (or everything) clipped: the case would not test the counts"
+
+
 def test_token_logps_are_the_log_softmax_at_the_sampling_temperature():
     logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(1))
     tokens = torch.tensor([[1, 5, 10], [0, 0, 3]])

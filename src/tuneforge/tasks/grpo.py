@@ -730,7 +730,8 @@ class Rollout:
     uses: int
 
 
-LOSS_TERMS = ("clip_low", "clip_high", "clip_region", "loss_tokens", "kl", "train_tokens")
+# clip_count: the clip ratios' denominator, the mask's tokens (per-token ratio) or the rows (GSPO's, as TRL counts)
+LOSS_TERMS = ("clip_low", "clip_high", "clip_region", "clip_count", "loss_tokens", "kl", "train_tokens")
 
 
 class StepWindow:
@@ -762,11 +763,14 @@ class StepWindow:
     def add_loss_terms(self, terms, mask, advantages, attention_mask, clip) -> None:
         """A micro-batch's clipped tokens, KL and token counts, added on its device (no host copy per micro-batch)."""
         with torch.no_grad():
-            ratio, adv = terms.ratio.expand_as(mask), advantages.unsqueeze(1)
+            ratio, adv = terms.ratio, advantages.unsqueeze(1)
             low = (ratio < 1 - clip.epsilon) & (adv < 0)
             high = (ratio > 1 + clip.epsilon_high) & (adv > 0)
+            # TRL: a sequence-level ratio's clip ratios are shares of the rows (all of them), a token's of the mask
+            weight = mask.new_ones(ratio.shape) if clip.importance_sampling == "sequence" else mask
+            clipped = [(low * weight).sum(), (high * weight).sum(), ((low | high) * weight).sum(), weight.sum()]
             kl = (terms.kl * mask).sum() if terms.kl is not None else mask.new_zeros(())
-            sums = [(low * mask).sum(), (high * mask).sum(), ((low | high) * mask).sum(), mask.sum(), kl]
+            sums = [*clipped, mask.sum(), kl]
             row = torch.stack([*(x.double() for x in sums), attention_mask.sum().double()])
             self.loss_terms = row if self.loss_terms is None else self.loss_terms + row
 
@@ -804,12 +808,12 @@ class StepWindow:
             out["truncated"] = v["truncated"] / v["completions"]
             out["flat_groups"] = v["flat_groups"] / max(1.0, v["groups"])
             out["gen_tokens_per_s"] = round(v["tokens"] / self.gen_s, 1) if self.gen_s else None
-        if v["loss_tokens"]:
-            tokens = v["loss_tokens"]
-            out.update(clip_ratio=v["clip_region"] / tokens, clip_low=v["clip_low"] / tokens)
-            out["clip_high"] = v["clip_high"] / tokens
-            if with_kl:
-                out["kl"] = v["kl"] / tokens
+        if v["clip_count"]:
+            count = v["clip_count"]
+            out.update(clip_ratio=v["clip_region"] / count, clip_low=v["clip_low"] / count)
+            out["clip_high"] = v["clip_high"] / count
+        if v["loss_tokens"] and with_kl:
+            out["kl"] = v["kl"] / v["loss_tokens"]
         out["train_tokens_per_s"] = round(v["train_tokens"] / self.train_s, 1) if self.train_s else None
         return out
 
