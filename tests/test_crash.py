@@ -124,11 +124,21 @@ def test_sigkill_at_any_point_resumes_to_the_uninterrupted_result(crash_setup, t
     assert not list(out.glob(".tmp-*"))
 
 
-def test_ctrl_c_in_a_checkpoint_write_frees_what_it_took(crash_setup, tmp_path):
+@pytest.mark.parametrize(
+    "stop, code, line",
+    [
+        (signal.SIGINT, 130, "interrupted"),
+        (signal.SIGTERM, 143, "error: stopped by SIGTERM"),  # a scheduler's stop (Slurm's, at the time limit)
+    ],
+)
+def test_a_stop_in_a_checkpoint_write_frees_what_it_took(crash_setup, tmp_path, stop, code, line):
     """Ctrl-C while a checkpoint was written left its temporary folder (the weights and optimizer state, gigabytes
-    on a large model) until a later save of a resumed run; the save removes it, as on any other failure."""
+    on a large model) until a later save of a resumed run; the save removes it, as on any other failure. SIGTERM
+    (a scheduler's stop) killed the run at once, without a word, leaving that folder too (where `train --nproc 2`
+    said 'stopped by SIGTERM'); it stops the run as Ctrl-C does, exits 143 (128 + 15), resumable."""
     _, flags = crash_setup
     out, log = tmp_path / "run", tmp_path / "run.log"
-    assert stop_in_save(flags, out, log, "mid-write", 3, tmp_path / "paused", signal.SIGINT) == 130
-    assert log.read_text().strip().splitlines()[-1] == "interrupted"
-    assert not list(out.glob(".tmp-*")) and not (out / "latest").exists()
+    assert stop_in_save(flags, out, log, "mid-write", 6, tmp_path / "paused", stop) == code
+    assert log.read_text().strip().splitlines()[-1] == line
+    assert not list(out.glob(".tmp-*")) and (out / "latest").read_text().strip() == "checkpoint-3"
+    assert checkpoint.list_checkpoints(out) == [out / "checkpoint-3"]

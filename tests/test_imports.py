@@ -127,6 +127,7 @@ FLOORS = {
         "tuneforge.freezing",
         "tuneforge.launch",
         "tuneforge.processes",
+        "tuneforge.stops",
         "tuneforge.reporting",
         "tuneforge.tracking",
         "tuneforge.callbacks",

@@ -18,7 +18,7 @@ from os.path import expanduser
 from pathlib import Path
 from typing import Any
 
-from tuneforge import launch
+from tuneforge import launch, stops
 from tuneforge.errors import ConfigError, UserError
 from tuneforge.files import json_text
 from tuneforge.flags import model_flags
@@ -558,10 +558,15 @@ def main(argv: list[str] | None = None) -> int:
         return done.code if isinstance(done.code, int) else 2
     try:
         _quiet_libraries(ns.command)
-        return ns.func(ns)
+        with stops.stopping_as_ctrl_c():
+            return ns.func(ns)
     except UserError as err:
         launch.report_user_error(err)  # in a worker we launched: shown once, by the launching process
         return err.exit_code
+    except stops.StoppedBySignal as stopped:
+        if not launch.launched_by_us():  # a worker's launcher says it, once for all of them
+            print(f"error: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -153,31 +153,46 @@ def process_states() -> list[tuple[str, int]]:
 
 
 @pytest.mark.parametrize(
-    "stop, to_group, exit_code",
-    [(signal.SIGINT, True, 130), (signal.SIGTERM, False, -signal.SIGTERM)],
-    ids=["ctrl-c-in-the-terminal", "kill-of-the-run"],
+    "stop, to_group, exit_code, workers",
+    [
+        (signal.SIGINT, True, 130, 2),
+        (signal.SIGTERM, False, -signal.SIGTERM, 2),
+        (signal.SIGTERM, False, 143, 2),  # as the command takes it (stops.stopping_as_ctrl_c)
+        (signal.SIGTERM, True, 143, 2),  # to the whole group: a scheduler's stop of a job
+        (signal.SIGTERM, False, 143, 1),
+    ],
+    ids=["ctrl-c-in-the-terminal", "kill-of-the-run", "kill-of-the-command", "kill-of-the-job", "no-workers"],
 )
-def test_a_map_with_workers_stopped_ends_them_with_it(tmp_path, minilm_dir, stop, to_group, exit_code):
+def test_a_map_with_workers_stopped_ends_them_with_it(tmp_path, minilm_dir, stop, to_group, exit_code, workers):
     """Ctrl-C (SIGINT to the terminal's whole process group) during a tokenization with --num-workers 2 printed each
     worker's KeyboardInterrupt traceback and ended in 'internal error ... TimeoutError' (datasets waits 0.05 s for
     the workers' results over the interrupt), or hung; a kill of the run alone (SIGTERM) left the workers running
-    for ever, holding the run folder's lock ('in use by another tuneforge run that is still going')."""
+    for ever, holding the run folder's lock ('in use by another tuneforge run that is still going'). The command
+    takes SIGTERM as Ctrl-C (exit 143; killed at once, it left datasets' temporary file in the cache): its workers,
+    which inherit that, end as before, without a word, and a scheduler's SIGTERM to every process of the job (the
+    workers first) no longer leaves the run waiting for ever for the pool's lock a killed worker held."""
     import datasets
     from transformers import AutoTokenizer
 
+    from tuneforge import stops
     from tuneforge.data.tokenize import cached_map
 
     tok, started = AutoTokenizer.from_pretrained(minilm_dir), tmp_path / "started"
 
-    def slow(batch):  # in a worker: says it has begun, then takes far longer than the test
-        started.touch()
-        time.sleep(60)
+    def slow(batch):  # each process's second batch (the first one written): says so, then takes longer than the test
+        if batch["text"][0] == "slow":
+            started.touch()
+            time.sleep(60)
         return batch
 
     def tokenize() -> int:
-        ds = datasets.Dataset.from_dict({"text": ["a text"] * 8})
+        rows = (["fast"] * 1000 + ["slow"] * 1000) * 2  # cached_map's batches are of 1000 rows; a worker's, 2000
+        ds, cache = datasets.Dataset.from_dict({"text": rows}), tmp_path / "cache"
         try:
-            cached_map(ds, slow, tokenizer=tok, settings={}, cache_dir=tmp_path / "cache", desc="x", num_proc=2)
+            with stops.stopping_as_ctrl_c() if exit_code == 143 else contextlib.nullcontext():
+                cached_map(ds, slow, tokenizer=tok, settings={}, cache_dir=cache, desc="x", num_proc=workers)
+        except stops.StoppedBySignal as stopped:
+            return stopped.exit_code
         except KeyboardInterrupt:
             return 130
         return 0
@@ -196,6 +211,7 @@ def test_a_map_with_workers_stopped_ends_them_with_it(tmp_path, minilm_dir, stop
                 os.killpg(child.pid, signal.SIGKILL)
         err.seek(0)
         assert "Traceback" not in err.read().decode()
+        assert not [p.name for p in (tmp_path / "cache").rglob("*") if "tmp" in p.name]  # nothing of the map is left
 
 
 def error_line(err: str) -> str:

@@ -17,7 +17,9 @@ data/mapped.py does for the raw Arrow copies: `tuneforge prepare` removes the fi
 A map with workers (`--num-workers N`) forks them, and datasets' process serving their queue, so that they end with
 the run however it ends (a kill of the run alone left them running, holding its folder's lock) and leave Ctrl-C to
 it (the terminal sends it to every process: each worker printed its traceback, and datasets' wait for them turned
-the interrupt into a TimeoutError or a hang); the run stops them.
+the interrupt into a TimeoutError or a hang); the run stops them. A SIGTERM (the run's end, or a scheduler's stop of
+every process of a job) ends a worker by SystemExit, quietly: it lets go of the pool's locks and removes the
+temporary file it was writing (see stops.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import json
 import os
 import re
 import signal
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
+from tuneforge import stops
 from tuneforge.data import reading
 from tuneforge.errors import ConfigError
 from tuneforge.files import NO_ROOM
@@ -214,7 +218,7 @@ def cached_map(
     else:
         log(f"{desc}: tokenizing {len(ds)} examples (cached at {path})")
     try:
-        with _forking_workers():
+        with _forking_workers(folder):
             return ds.map(
                 fn,
                 batched=True,
@@ -237,18 +241,18 @@ def cached_map(
                 "free space there or choose another --cache-dir"
             ) from None
         if isinstance(err.__context__, KeyboardInterrupt):  # datasets' 0.05 s wait for the workers, after Ctrl-C
-            raise KeyboardInterrupt from None
+            raise err.__context__ from None  # (or a stop by SIGTERM: stops.StoppedBySignal)
         raise
 
 
-_forking_for: list[int] = []  # the pid of a process inside `_forking_workers`, in that process and its forks
+_forking_for: list[tuple[int, int, Path]] = []  # (pid, thread, cache folder) of a map inside `_forking_workers`
 
 
 @contextlib.contextmanager
-def _forking_workers():
-    """Processes forked inside the block are the map's: they end with this one and ignore SIGINT (see the module's
-    docstring)."""
-    _forking_for.append(os.getpid())
+def _forking_workers(folder: Path):
+    """Processes forked inside the block are the map's, writing into `folder`: they end with this one, removing
+    what they were writing, and ignore SIGINT (see the module's docstring)."""
+    _forking_for.append((os.getpid(), threading.get_ident(), folder))
     try:
         yield
     finally:
@@ -257,10 +261,29 @@ def _forking_workers():
 
 def _as_map_worker() -> None:
     if _forking_for:
-        parent = _forking_for[-1]
+        parent, thread, folder = _forking_for[-1]
         _forking_for.clear()  # (what the worker forks in turn is not the map's)
+        if threading.get_ident() != thread:
+            # forked by the pool's thread: a replacement for a worker that died, in a map that fails for it (datasets:
+            # 'One of the subprocesses has abruptly died'); one that lived would die at that thread's end (the
+            # parent-death signal is the forking thread's), maybe holding the task queue's lock, and the pool's
+            # terminate waited for it for ever
+            os._exit(1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        stops.exit_on_stop_in_child(lambda: _remove_open_temporaries(folder))
         end_with_parent(parent)
+
+
+def _remove_open_temporaries(folder: Path) -> None:
+    """The files named tmp* in `folder` that this process holds open: datasets' features of a worker's shard being
+    written (datasets removes it on an exception, not on SystemExit, and not once its manager's queue is gone)."""
+    where = Path(os.path.realpath(folder))  # as /proc names it
+    with contextlib.suppress(OSError):  # (no /proc: not Linux)
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+                if target.parent == where and target.name.startswith("tmp"):
+                    target.unlink()
 
 
 os.register_at_fork(after_in_child=_as_map_worker)
