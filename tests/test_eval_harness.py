@@ -642,3 +642,23 @@ def test_results_json_is_strict_json_where_the_harness_has_nan(tmp_path):
     safe = json_safe({"results": {"t": {"acc": np.float64(0.5), "acc_stderr": float("nan"), "n": np.int64(3)}}})
     assert safe == {"results": {"t": {"acc": 0.5, "acc_stderr": None, "n": 3}}}
     assert not math.isnan(json.loads(json.dumps(safe))["results"]["t"]["acc"])
+
+
+def harness_results(acc: float, stderr) -> dict:
+    """A harness results dict of one task (its shape as the harness returns it), scored `acc` +- `stderr`."""
+    task = {"alias": "piqa", "acc,none": acc, "acc_stderr,none": stderr}
+    return {"results": {"piqa": task}, "configs": {"piqa": {}}, "versions": {"piqa": 1.0}, "n-shot": {"piqa": 0}}
+
+
+def test_the_results_and_their_table_are_replaced_as_a_pair(tmp_path):
+    """results.json was written, then results.md: a table that could not be made, or a stop between the two, left
+    the new scores beside the earlier run's table (or none). Both are made before either is replaced."""
+    from tuneforge.harness.evaluate import write_results
+
+    out = tmp_path / "harness"
+    write_results(harness_results(0.25, 0.01), out)
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    assert "|piqa |" in before["results.md"] and "0.25" in before["results.md"]
+    with pytest.raises(TypeError):  # the harness's make_table formats a stderr as a number
+        write_results(harness_results(0.75, None), out)
+    assert {p.name: p.read_text() for p in out.iterdir()} == before

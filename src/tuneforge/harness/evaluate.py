@@ -33,7 +33,7 @@ from tuneforge.artifacts import (
     read_model_info,
 )
 from tuneforge.errors import ConfigError, DataError
-from tuneforge.files import TMP_PREFIX, finite_or_null, write_text
+from tuneforge.files import TMP_PREFIX, finite_or_null, replacing
 from tuneforge.harness.options import EVAL_SPELLING, HarnessSettings, Spelling
 from tuneforge.harness.tasks import build_tasks, task_manager, task_specs
 from tuneforge.paths import check_output_dir
@@ -240,12 +240,20 @@ def written_by_harness(path: Path) -> bool:
 
 
 def write_results(results: dict, folder: str | Path) -> dict:
-    """results.json and results.md into `folder` (each replaced in one rename); returns the JSON-safe results."""
+    """results.json and results.md into `folder`, a pair: both are made and written whole to temporaries, then
+    renamed into place back to back, so that a failure or a stop while they are made leaves the earlier run's pair
+    (the JSON written first, then the table, left a new JSON beside an earlier run's table, or none); returns the
+    JSON-safe results."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     safe = json_safe({k: v for k, v in results.items() if k != "samples"})
-    write_text(out / RESULTS_FILE, json.dumps(safe, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
-    write_text(out / TABLE_FILE, results_table(results))
+    scores, table = json.dumps(safe, indent=2, ensure_ascii=False, allow_nan=False) + "\n", results_table(results)
+    with (
+        replacing(out / RESULTS_FILE, durable=True) as scores_tmp,
+        replacing(out / TABLE_FILE, durable=True) as table_tmp,
+    ):
+        scores_tmp.write_text(scores, encoding="utf-8")
+        table_tmp.write_text(table, encoding="utf-8")
     return safe
 
 
