@@ -42,3 +42,36 @@ def test_a_signal_ignored_or_handled_already_is_left_as_it_is():
         assert signal.getsignal(signal.SIGTERM) is own and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(0.05)
+
+
+def test_a_second_ctrl_c_while_the_stopped_command_ends_is_ignored(tmp_path, tiny_bert, cache_dir):
+    """Ctrl-C pressed again after 'interrupted' (the libraries' exit handlers and `train --nproc`'s teardown take
+    seconds) was a KeyboardInterrupt's traceback from an exit handler, or the process died by SIGINT (exit -2);
+    the command's process ignores it and ends with its status. The child's second after main() is such an ending."""
+    import sys
+
+    from conftest import Forked, sentiment_split, train_command
+    from tuneforge.cli import main
+
+    out, log = tmp_path / "run", tmp_path / "log"
+    args = train_command(sentiment_split(tmp_path, 32, 8), tiny_bert, output_dir=out, cache_dir=cache_dir)
+
+    def the_command() -> int:
+        sys.argv = ["tuneforge", *args, "--max-steps", "100000"]  # main() reads them, as the program does
+        code = main()
+        time.sleep(1)
+        return code
+
+    with open(log, "w") as err:
+        proc = Forked(the_command, err.fileno(), err.fileno(), env={"OMP_NUM_THREADS": "1"})
+    try:
+        for wanted in (lambda: (out / "metrics.jsonl").exists(), lambda: "interrupted" in log.read_text()):
+            deadline = time.monotonic() + 120
+            while not wanted():
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+                time.sleep(0.02)
+            os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        proc.kill()
+    assert "Traceback" not in log.read_text() and log.read_text().strip().splitlines()[-1] == "interrupted"

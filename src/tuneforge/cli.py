@@ -549,7 +549,20 @@ def _internal_error(err: BaseException, argv: list[str]) -> int:
     return 1
 
 
+def _stopped(stop: KeyboardInterrupt, as_program: bool) -> int:
+    """Ctrl-C's line ('interrupted', 130) or a stop signal's ('error: stopped by SIGTERM', 143); the exit status."""
+    code = stop.exit_code if isinstance(stop, stops.StoppedBySignal) else 130
+    if code == 130:
+        print("interrupted", file=sys.stderr, flush=True)
+    elif not launch.launched_by_us():  # a worker's launcher says it, once for all of them
+        print(f"error: {stop}", file=sys.stderr, flush=True)
+    if as_program:
+        stops.ignore_further_stops()
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
+    as_program = argv is None  # the process's command (not a call from Python): it ends when this returns
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else "")
     try:
@@ -563,13 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         launch.report_user_error(err)  # in a worker we launched: shown once, by the launching process
         return err.exit_code
-    except stops.StoppedBySignal as stopped:
-        if not launch.launched_by_us():  # a worker's launcher says it, once for all of them
-            print(f"error: {stopped}", file=sys.stderr)
-        return stopped.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stopped:
+        return _stopped(stopped, as_program)
     except BrokenPipeError:  # stdout closed early (`tuneforge env | head -1`): not an error of ours
         import os
 

@@ -59,3 +59,13 @@ def exit_on_stop_in_child(before_exit: Callable[[], None]) -> None:
     signal.signal(signal.SIGTERM, exit_on_stop)
     if signal.getsignal(signal.SIGHUP) in (_raise_stop, signal.SIG_DFL):
         signal.signal(signal.SIGHUP, exit_on_stop)
+
+
+def ignore_further_stops() -> None:
+    """After the command has stopped and said so, in the process it ran in: another Ctrl-C or stop signal while the
+    process ends (the libraries' exit handlers, a launcher's teardown: a few seconds) is ignored, not a
+    KeyboardInterrupt's traceback from an exit handler or a death by the signal (exit -2). Ignored, not handled:
+    Python sets handled signals back to their default as it finalizes."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, *STOP_SIGNALS):
+            signal.signal(sig, signal.SIG_IGN)
