@@ -1,7 +1,9 @@
 """How a command stops on kill's SIGTERM (a scheduler's: Slurm, Kubernetes) and a closed terminal's SIGHUP: as on
 Ctrl-C, by an exception (`StoppedBySignal`, a KeyboardInterrupt) that unwinds the command, so what it was writing
 (a checkpoint's, the export's, predict's temporaries) is removed and its run folder stays resumable, then one line
-and exit status 128 + the signal's number, as a process killed by it (and `train --nproc`'s launcher) exits."""
+and exit status 128 + the signal's number, as a process killed by it (and `train --nproc`'s launcher) exits. Also:
+how a forked helper (a tokenization worker) ends on those signals (`exit_on_stop_in_child`), and that a stopped
+command's process ignores further stops while it ends (`ignore_further_stops`)."""
 
 from __future__ import annotations
 
