@@ -16,6 +16,7 @@ import torch
 
 from conftest import (
     Forked,
+    caches_built,
     made_once,
     max_weight_diff,
     quiet_task,
@@ -580,6 +581,29 @@ def test_a_model_that_counts_positions_its_own_way_or_attends_in_a_window_is_not
     assert task.packs is False and len(notes) == 1 and "pack_texts" in notes[0] and said in notes[0]
     split_loss, _ = cached_step(str(tmp_path), {"loss": "mnrl", "pack_texts": False}, items, columns)
     assert total.item() == pytest.approx(split_loss, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model, options",
+    [
+        ("tiny_llama", {"pack_texts": False, "split_by_length": False}),
+        ("tiny_gpt2", {}),  # the packing check and packed or grouped forwards
+        ("tiny_llama", {"grad_cache_chunk": 2}),
+    ],
+)
+def test_a_decoder_s_embedding_forward_builds_no_key_value_cache(model, options, request):
+    """A decoder's config says use_cache=True (for generation); a mean-pooled embedding reads no cache, so none is
+    built, in training and in evaluation, and the config keeps its setting for the export."""
+    task = embedding_task(request.getfixturevalue(model), loss="mnrl", data={"max_length": 64}, **options)
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer).train()
+    built = caches_built(model)
+    batch = batch_of(task, tokenizer, rows(6, seed=1, negatives=False), ("anchor", "positive"))
+    task.compute_loss(task.forward(model, batch), batch)[0].backward()
+    with torch.no_grad():
+        task.forward(model.eval(), batch)
+    assert built and not any(built)
+    assert model.config.use_cache is True
 
 
 def test_evaluation_embeds_each_distinct_text_of_a_batch_once(tiny_bert):

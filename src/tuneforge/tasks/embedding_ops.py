@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tuneforge.tasks.base import no_cache
+
 # a packed row's width (pack_texts): wider rows mean fewer rows, but each row's attention grows with its width
 # squared (benchmarks/README.md); a longer text gets a row of its own length
 PACK_WIDTH = 128
@@ -40,8 +42,8 @@ PACKING_TOLERANCE = 1e-3
 # ---- a batch of texts embedded: padded, distinct texts once, in runs of similar length, packed -----------------
 def embed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Mean of the last hidden states over the attention mask, in float32 (not normalised): sentence-transformers'
-    mean Pooling."""
-    hidden = model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state.float()
+    mean Pooling. A decoder builds no key/value cache (`no_cache`): nothing reads it."""
+    hidden = model(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)).last_hidden_state.float()
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
@@ -171,6 +173,7 @@ def embed_packed(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, w
         input_ids=ids.view_as(where["segment"]),
         position_ids=where["position_ids"],
         attention_mask=additive_mask(where["mask"]),
+        **no_cache(model),
     ).last_hidden_state.float()
     tokens = hidden.reshape(-1, hidden.shape[-1])[where["dest"]]
     sums = tokens.new_zeros(len(counts), tokens.shape[-1]).index_add(0, where["text"], tokens)
