@@ -179,6 +179,28 @@ def test_a_decoders_training_forward_builds_no_key_value_cache(tiny_llama):
     assert built == [False]
 
 
+@pytest.mark.parametrize("family", ["encoder", "decoder"])
+def test_a_decoder_scores_its_last_token_before_padding_and_an_encoder_keeps_its_pad_id(
+    family, scorer, tiny_llama, tmp_path
+):
+    """A decoder's head scores the last token that is not config.pad_token_id: the config takes the tokenizer's pad
+    (its eos). An encoder's embeddings were built from its own pad id (their padding index, RoBERTa's positions), so
+    it keeps it, and its export reloads as the model trained (classification's rule, and the predictor's)."""
+    import shutil
+
+    model_dir = shutil.copytree(scorer if family == "encoder" else tiny_llama, tmp_path / "base")
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "pad_token_id": 7}))
+    task = quiet_task("reward", str(model_dir), max_length=64)
+    tokenizer = task.load_tokenizer()
+    model = task.load_model(tokenizer)
+    if family == "encoder":
+        assert tokenizer.pad_token_id != 7
+        assert model.config.pad_token_id == 7 == model.get_input_embeddings().padding_idx
+    else:
+        assert model.config.pad_token_id == tokenizer.pad_token_id == config["eos_token_id"]
+
+
 def test_a_margin_column_shifts_the_loss_as_trl_reward_trainer_does(scorer, cache_dir, tmp_path):
     """TRL's RewardTrainer reads a `margin` column: -log sigmoid(r(chosen) - r(rejected) - margin), training and
     evaluating; the accuracy and the margin metric stay those of the scores."""

@@ -37,7 +37,7 @@ from tuneforge.data import chat, preference
 from tuneforge.data.tokenize import CutCount, encode_within
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.options import TaskOptions
-from tuneforge.tasks.base import Task, set_dropout, set_pad_token
+from tuneforge.tasks.base import Task, score_last_token_of, set_dropout, set_pad_token
 from tuneforge.tasks.classification import ClassificationPredictor
 from tuneforge.tasks.dpo import PreferenceStream, pairwise_loss
 from tuneforge.tasks.length_runs import length_batches
@@ -214,7 +214,7 @@ class RewardModelTask(Task):
             new_head=self.log,
             **self.pretrained_kwargs(),
         )
-        model.config.pad_token_id = tokenizer.pad_token_id  # a causal LM's head scores the last token before padding
+        score_last_token_of(model, tokenizer)
         return model
 
     # ---- raw data ----------------------------------------------------------------------------
