@@ -253,6 +253,29 @@ def test_validate_reads_a_given_models_own_label_order(tmp_path, tiny_bert, cach
     assert swapped["loss"] == pytest.approx(before["loss"], rel=1e-5) and swapped["accuracy"] == before["accuracy"]
 
 
+@pytest.mark.parametrize("config_pad", [None, 7], ids=["no-config-pad", "config-pad-differs"])
+def test_a_given_decoder_classifier_scores_its_last_token_before_padding(tmp_path, tiny_llama, cache_dir, config_pad):
+    """A causal LM's classifier given to validate() or fit() scores the last token that is not config.pad_token_id,
+    as the task's own does: batches pad with the tokenizer's pad (eos where it has none), and the config takes it
+    (None crashed in transformers at a batch of 2; another id read short texts' scores at padding positions, so the
+    loss changed with the batch size)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_llama, num_labels=2, pad_token_id=config_pad)
+    model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    tokenizer.pad_token = tokenizer.eos_token  # what transformers asks of a tokenizer without one
+    losses = [
+        Trainer(make_config(tmp_path, tiny_llama, cache_dir, eval_batch_size=size)).validate(
+            model=model, tokenizer=tokenizer, eval_dataset=raw_dataset(8)
+        )["loss"]
+        for size in (8, 1)
+    ]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert model.config.pad_token_id == tokenizer.eos_token_id
+
+
 def test_validate_after_fit_evaluates_the_trained_model_on_fits_eval_data(tmp_path, tiny_bert, cache_dir):
     """As transformers' evaluate() after train(): the model fit exported (not the config's, reloaded with a new
     random head) on fit's eval_dataset, so it scores what fit's result says; a model given still wins."""

@@ -28,7 +28,7 @@ from tuneforge.plan import StepPlan
 from tuneforge.progress import Progress
 from tuneforge.reporting import Reporter
 from tuneforge.schedules import rates_at_restored_step, warmup_warning
-from tuneforge.tasks.base import no_checkpointing
+from tuneforge.tasks.base import no_checkpointing, score_given_classifier_s_last_token
 from tuneforge.training_data import TrainingData, load_mixture, load_single
 
 MakeScheduler = Callable[..., Any]  # (optimizer, total_steps, start_step=0) -> LR scheduler
@@ -249,6 +249,7 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if given.model is not None:
         task.check_given_model_kind(model)
         task.name_given_model_labels(model)
+        score_given_classifier_s_last_token(model, tokenizer)
     set_attention(model, config.attn_implementation, backend, task)  # evaluation runs the kernel training runs
     adapter = None
     if training and config.adapter == "lora":  # LoRA layers in place: `model` keeps its class

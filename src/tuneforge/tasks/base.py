@@ -136,6 +136,13 @@ def score_last_token_of(model, tokenizer) -> None:
         model_config.pad_token_id = tokenizer.pad_token_id
 
 
+def score_given_classifier_s_last_token(model, tokenizer) -> None:
+    """`score_last_token_of` a transformers sequence classifier (or a subclass of one) that the caller gave fit() /
+    validate(), as the tasks' `load_model` does of their own; any other model is left as it is."""
+    if any(cls.__name__.endswith("ForSequenceClassification") for cls in type(model).__mro__):
+        score_last_token_of(model, tokenizer)
+
+
 def predict_max_length(max_length: int | None, trained: int | None, default: int, model_config=None) -> int:
     """A predictor's max_length: the user's, else the trained one (tuneforge.json), else `default`, within the
     model's position limit: the user's above it is one ConfigError line, the others are cut to it."""
