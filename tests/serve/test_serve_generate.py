@@ -938,6 +938,19 @@ def test_more_threads_than_cores_are_refused(chat_model, capsys):
     )
 
 
+def test_more_threads_than_cores_are_refused_from_python_too():
+    """The Python API's options (ServeOptions, which create_app takes) refuse them as the CLI does."""
+    from pydantic import ValidationError
+
+    from tuneforge.processes import usable_cores
+    from tuneforge.serve.options import ServeOptions
+
+    cores = usable_cores()
+    with pytest.raises(ValidationError, match=f"--threads {cores + 1} is above the {cores} cores this process may"):
+        ServeOptions(model_dir="model", threads=cores + 1)
+    assert ServeOptions(model_dir="model", threads=cores).threads == cores
+
+
 def test_sigterm_finishes_the_requests_in_flight_and_takes_no_new_ones(chat_model, ref):
     env = {k: v for k, v in os.environ.items() if k != "TUNEFORGE_API_KEY"}  # the module's server sets one
     proc, url = start_server(chat_model, env=env, max_batch_size=1, served_model_name=NAME)

@@ -30,7 +30,6 @@ import sys
 
 from tuneforge.errors import ConfigError
 from tuneforge.flags import add_model_flags, parse_options
-from tuneforge.processes import usable_cores
 from tuneforge.serve.options import API_KEY_VARIABLE, ServeOptions
 
 
@@ -47,16 +46,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def check_threads(threads: int | None) -> None:
-    """--threads above the cores this process may use (its affinity, as training counts them): torch started every
-    one, and threads that share a core wait for each other at each forward's barrier."""
-    cores = usable_cores()
-    if threads is not None and threads > cores:
-        raise ConfigError(
-            f"--threads {threads} is above the {cores} cores this process may use; pass --threads {cores} or less"
-        )
-
-
 def cmd_serve(ns: argparse.Namespace) -> int:
     from tuneforge.artifacts import check_model_path
     from tuneforge.launch import env_flag
@@ -64,7 +53,6 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     if ns.api_key is None:  # no --api-key: the environment's
         ns = argparse.Namespace(**{**vars(ns), "api_key": env_flag(API_KEY_VARIABLE)})
     options = parse_options(ServeOptions, ns)  # every flag checked before any work: one line naming it
-    check_threads(options.threads)
     check_model_path(options.model_dir)
     try:
         import fastapi  # noqa: F401  (the app's)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tuneforge.flags import POSITIONAL, input_max_length_field
 from tuneforge.options import PATH
+from tuneforge.processes import usable_cores
 
 API_KEY_VARIABLE = "TUNEFORGE_API_KEY"
 MAX_BATCH_SIZE = 32  # the defaults that the engine and the batcher take too (serve/engine.py, serve/batching.py)
@@ -145,6 +146,19 @@ class ServeOptions(BaseModel):
     log_format: Literal["text", "json"] = Field(
         "text", description="the access log's lines on stderr: text for people, json (an object a line) for machines"
     )
+
+    @model_validator(mode="after")
+    def _threads_within_the_cores(self):
+        """--threads above the cores this process may use (its affinity, as training counts them): torch started
+        every one, and threads that share a core wait for each other at each forward's barrier. Checked here, where
+        the CLI's flags and the Python API's options both enter."""
+        cores = usable_cores()
+        if self.threads is not None and self.threads > cores:
+            raise ValueError(
+                f"--threads {self.threads} is above the {cores} cores this process may use; pass --threads {cores} "
+                "or less"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
