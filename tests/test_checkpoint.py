@@ -328,6 +328,19 @@ def test_a_resume_mid_epoch_onto_another_order_is_refused(change, named, run_cop
     assert (run_copy / "latest").read_text().strip() == "checkpoint-12"
 
 
+def test_a_resume_with_other_data_or_task_settings_names_them(run_copy, files, tiny_bert, cache_dir, capsys):
+    """Settings that may change at an epoch's end (the loss's, the data's) were taken without a word: the resumed run
+    says which differ from the checkpoint's config.yaml."""
+    from tuneforge.cli import main
+
+    flags = [arg for arg in cli_args(run_copy, files, tiny_bert, cache_dir) if arg != "--quiet"]
+    capsys.readouterr()
+    assert main([*flags, "--resume", str(run_copy / "checkpoint-12"), "--max-length", "64"]) == 0
+    err = capsys.readouterr().err
+    said = "note: the resumed run trains on with settings other than its checkpoint's: data.max_length is "
+    assert f"{said}128 in its config.yaml, 64 here\n" in err, err
+
+
 @pytest.mark.parametrize("change", [["--lr", "5e-4"], ["--weight-decay", "0.5"], ["optim.betas=[0.8,0.9]"]])
 def test_a_resume_with_other_optimizer_settings_is_refused(change, run_copy, files, tiny_bert, cache_dir, capsys):
     """The optimizer state restored from the checkpoint holds them, so the resumed run would train with the old ones

@@ -576,9 +576,10 @@ def check_same_optimizer(path: Path, config) -> None:
             )
 
 
-def order_settings_changed(path: Path, config) -> list[str]:
-    """The settings that may order an epoch (the seed, the data's and the task's) whose value in the checkpoint's
-    config.yaml is not `config`'s, each as 'KEY is OLD in its config.yaml, NEW here' (none where it has no config)."""
+def settings_changed(path: Path, config) -> list[str]:
+    """The seed, data and task settings (those that may order an epoch or change the loss) whose value in the
+    checkpoint's config.yaml is not `config`'s, each as 'KEY is OLD in its config.yaml, NEW here' (none where it has
+    no config)."""
     import yaml
 
     from tuneforge.tracking import flat_config

@@ -464,6 +464,9 @@ def resume(run: Run, make_scheduler: MakeScheduler) -> tuple[Progress, dict | No
         _check_same_order(path, st, run)
     st.data_fingerprints = run.data_fingerprints  # (--allow-changed-data: the data the rest of the run trains on)
     report.print(f"resumed from {path} at step {st.step} (epoch {st.epoch}, example {st.consumed})")
+    changed = checkpoint.settings_changed(path, cfg)
+    if changed:  # (one that orders the epoch otherwise was refused mid-epoch, above)
+        report.print(f"note: the resumed run trains on with settings other than its checkpoint's: {'; '.join(changed)}")
     plan = run.plan.resumed_at(st, run.data.length_column(), run.orders)
     if plan.total_steps != run.plan.total_steps:  # the batch geometry changed: the schedule over the new total
         run.scheduler = make_scheduler(run.optimizer, plan.total_steps, start_step=st.step)
@@ -502,7 +505,7 @@ def _check_same_order(path: Path, st: Progress, run: Run) -> None:
         return
     steps, _ = run.plan.epoch_steps(run.data.length_column(), st, 0, run.orders)
     if steps.order_digest != st.order_digest:
-        changed = "; ".join(checkpoint.order_settings_changed(path, run.config)) or (
+        changed = "; ".join(checkpoint.settings_changed(path, run.config)) or (
             "another --seed, --max-train-samples, --max-length or --group-by-length than its config.yaml"
         )
         raise CheckpointError(
