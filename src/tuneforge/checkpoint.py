@@ -43,7 +43,8 @@ of (seed, epoch, global batch), so the trainer rebuilds it and slices from the c
 without iterating the batches before it. Data-order rule when the world size or batch size changed
 (e.g. a 2-process checkpoint resumed on 1 process): the interrupted epoch's order is rebuilt with
 the global batch that epoch was started with, and training continues from the consumed example
-count in batches of the new size, so no example of that epoch is skipped or seen twice; later
+count in batches of the new size, so no example of that epoch is seen twice, and none skipped but a
+last batch of fewer examples than processes (dropped, as in every epoch: each rank needs one); later
 epochs use the new global batch. The remaining steps are re-planned to finish the configured
 epochs (`plan.StepPlan.resumed_at`), and the Trainer re-makes the LR schedule over that total at the
 restored step.
