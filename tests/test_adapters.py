@@ -242,6 +242,24 @@ def test_lora_on_gpt2_conv1d_is_set_up_transposed_without_a_peft_warning(tiny_gp
     assert adapter.peft_model.peft_config["default"].fan_in_fan_out is True
 
 
+def test_a_t5_question_answering_head_trains_whole_and_is_saved(tiny_t5, tmp_path):
+    """T5's QA model holds its encoder and decoder itself (no `transformer` child, so its base_model is the model):
+    its qa_outputs, new and random, was left frozen and out of the adapter folder, a fresh random head at each
+    load. It trains whole and is saved, as peft's QUESTION_ANS task type saves qa_outputs."""
+    from transformers import AutoModelForQuestionAnswering
+
+    from tuneforge.adapters import add_lora
+    from tuneforge.configure import build_config
+
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_t5)
+    config = build_config(task="qa", model=tiny_t5, adapter="lora")
+    adapter = add_lora(model, config, tiny_t5, log=lambda line: None)
+    head = [p for name, p in model.named_parameters() if "qa_outputs" in name and "original_module" not in name]
+    assert head and all(p.requires_grad for p in head)
+    adapter.peft_model.save_pretrained(tmp_path)
+    assert any("qa_outputs" in key for key in load_file(tmp_path / "adapter_model.safetensors"))
+
+
 # ---- every backend -----------------------------------------------------------------------------
 PARALLEL = {
     "ddp": ("--backend", "ddp", "--nproc", "2", "--batch-size", "8"),

@@ -95,14 +95,21 @@ def all_transposed(model: torch.nn.Module, targets: list[str]) -> bool:
     return bool(named) and all(type(m).__name__ == "Conv1D" for m in named)
 
 
+# the heads peft's task types save (SEQ_CLS, TOKEN_CLS: classifier or score; QUESTION_ANS: qa_outputs)
+PEFT_TASK_HEADS = ("classifier", "score", "qa_outputs")
+
+
 def head_modules(model: torch.nn.Module) -> list[str]:
     """The task head that trains whole: a model that predicts no tokens (classifier, tagger, QA, multiple
     choice) has its base model (`base_model_prefix`) and a head beside it; a generating model's head is
-    its output embeddings (usually tied to the input ones), which stay fixed; a bare base model (an encoder
-    without a head, `model.base_model is model`) has none."""
+    its output embeddings (usually tied to the input ones), which stay fixed. A model that holds its base's
+    parts itself (`model.base_model is model`: a bare encoder, T5's QA model) has only the heads peft's task
+    types save."""
     has_lm_head = hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None
-    if has_lm_head or getattr(model, "base_model", None) is model:  # a bare base model (an encoder): no head
+    if has_lm_head:
         return []
+    if getattr(model, "base_model", None) is model:
+        return [name for name, _ in model.named_children() if name in PEFT_TASK_HEADS]
     base = getattr(model, "base_model_prefix", "")
     return [
         name
