@@ -333,6 +333,14 @@ def test_targets_that_match_no_layer_list_the_linear_layers(capfd, tmp_path, tin
     assert_refused(proc, tmp_path, "--lora-targets q_proj matches no linear layer", "query, value", "all-linear")
 
 
+def test_a_new_adapter_on_an_adapter_folder_is_one_line(capfd, tmp_path, single, files):
+    """--model a LoRA run's OUTPUT_DIR/model with --adapter lora trained the new adapter on the merged model, and its
+    folder could not be used: predict and export --merge failed to load its base (an adapter folder), and peft's
+    adapter_config.json named the first base, without the first adapter (other outputs, without a word)."""
+    proc = in_process(capfd, *train_args(tmp_path, str(single / "model"), *files, "--adapter", "lora"))
+    assert_refused(proc, tmp_path, "is an adapter folder", "tuneforge export --merge")
+
+
 def test_lora_rank_must_be_positive(capfd, tmp_path, tiny_bert, files):
     proc = in_process(capfd, *train_args(tmp_path, tiny_bert, *files, "--adapter", "lora", "--lora-r", "0"))
     assert_refused(proc, tmp_path, "lora_r", "greater than 0")

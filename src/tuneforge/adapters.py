@@ -170,6 +170,18 @@ def check_targets(model_config, targets: str) -> None:
     choose_targets(bare, targets, heads=[])
 
 
+def check_base_is_standalone(model_path: str) -> None:
+    """A new adapter's base must be a standalone model folder: on an adapter folder (a LoRA run's OUTPUT_DIR/model,
+    merged on load) peft's adapter_config.json would name that folder's own base, without its adapter, and the new
+    folder's base would be an adapter folder that no loader merges. One line before any data is read."""
+    if is_adapter_folder(model_path):
+        raise ConfigError(
+            f"--model {model_path!r} is an adapter folder (a LoRA run's model), which a new adapter cannot sit on: "
+            f"its folder would name the first base, without this adapter; merge it first (tuneforge export --merge "
+            f"{model_path} MERGED) and train on MERGED"
+        )
+
+
 def fingerprint(
     model: torch.nn.Module, targets: list[str], heads: list[str], weights: Callable[[str], torch.Tensor] | None = None
 ) -> str:

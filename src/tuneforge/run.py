@@ -237,6 +237,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if training:
         check_trainable_attention(config.attn_implementation, backend.device)
     if training and config.adapter == "lora":  # a target that matches no layer: one line before any data work
+        if given.model is None:
+            adapters.check_base_is_standalone(task.model_path())
         adapters.check_targets(task.peek_model_config(), config.lora_targets)
         adapters.check_quantize(config)
     splits = ("train", "validation") if training else ("validation",)
