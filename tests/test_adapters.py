@@ -260,6 +260,34 @@ def test_a_t5_question_answering_head_trains_whole_and_is_saved(tiny_t5, tmp_pat
     assert any("qa_outputs" in key for key in load_file(tmp_path / "adapter_model.safetensors"))
 
 
+def test_an_adapter_on_embeddings_grown_for_the_tokenizer_merges_into_its_base(tiny_gpt2, tmp_path):
+    """A tokenizer with tokens past the model's embeddings: training grows them (resize_token_embeddings) and peft
+    saves the grown layers with the adapter. Loading merged the adapter into the base at its config.json's size, so
+    predict, generate, serve and export --merge refused the base it was trained on ("its weights' shapes differ").
+    The base is grown first, as peft's docs do before PeftModel.from_pretrained."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tuneforge.adapters import add_lora, load_merged, write_adapter_folder
+    from tuneforge.configure import build_config
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|bot|>"]})
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2)
+    model.resize_token_embeddings(len(tokenizer))
+    config = build_config(task="clm", model=tiny_gpt2, adapter="lora")
+    adapter = add_lora(model, config, tiny_gpt2, log=lambda line: None)
+    torch.manual_seed(0)
+    with torch.no_grad():  # as if trained: the adapters and the new tokens' rows away from their start
+        for name, p in model.named_parameters():
+            if "lora_B" in name or name.endswith("wte.weight"):
+                p.add_(torch.randn_like(p) * 0.1)
+    folder = write_adapter_folder(adapter, tmp_path / "model", None, model.config, tokenizer, {})
+    ids = torch.tensor([[len(tokenizer) - 1, 5, len(tokenizer) - 2, 7]])
+    want = model.eval()(ids).logits
+    got = load_merged(AutoModelForCausalLM, folder).eval()(ids).logits
+    assert (want - got).abs().max() < 1e-5
+
+
 # ---- every backend -----------------------------------------------------------------------------
 PARALLEL = {
     "ddp": ("--backend", "ddp", "--nproc", "2", "--batch-size", "8"),

@@ -431,6 +431,47 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
     if (folder / "config.json").exists():
         kwargs.setdefault("config", AutoConfig.from_pretrained(folder))
     _check_base_kind(folder, base, kwargs.get("config"))
+    model = _load_base(loader, folder, base, info, kwargs)
+    want = info.get("base_fingerprint")
+    if want:
+        heads = head_modules(model)
+        got = fingerprint(model, info.get("targets") or [], heads)
+        if got != want:
+            raise ConfigError(
+                f"adapter {str(folder)!r} was trained on other base weights than those of {base!r} (fingerprints "
+                f"differ); merge it into the model it was trained on ({info.get('base_model')!r})"
+            )
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question about checkpointing
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return PeftModel.from_pretrained(model, folder).merge_and_unload()
+
+
+def _base_vocabulary(base: str, config) -> int | None:
+    """The base's own vocabulary size where the adapter's `config` has more (training grew the embeddings for its
+    tokenizer's tokens, and peft saved the grown layers with the adapter), else None."""
+    from transformers import AutoConfig
+
+    if config is None:
+        return None
+    try:
+        own = AutoConfig.from_pretrained(base).get_text_config().vocab_size
+    except (OSError, ValueError, AttributeError):
+        return None  # loading the base says what is wrong
+    grown = getattr(config.get_text_config(), "vocab_size", None)
+    return own if own and grown and own < grown else None
+
+
+def _load_base(loader, folder: Path, base: str, info: dict, kwargs: dict):
+    """The base model of adapter `folder` by `loader`, at the vocabulary size the adapter was trained with: a base
+    whose embeddings training grew loads at its own size and grows after, as peft's docs do before loading an
+    adapter. A base that cannot be loaded, or of other shapes: one line."""
+    import copy
+
+    config = kwargs.get("config")
+    own_vocabulary = _base_vocabulary(base, config)
+    if own_vocabulary:
+        kwargs = {**kwargs, "config": copy.deepcopy(config)}
+        kwargs["config"].get_text_config().vocab_size = own_vocabulary
     try:
         model = loader.from_pretrained(base, **kwargs)
     except (OSError, ValueError) as err:
@@ -445,18 +486,9 @@ def load_merged(loader, folder: str | os.PathLike, base: str | None = None, **kw
             f"the base model {base!r} does not fit adapter {str(folder)!r}: its weights' shapes differ from those of "
             f"the model it was trained on ({info.get('base_model')!r}); merge it into that model"
         ) from None
-    want = info.get("base_fingerprint")
-    if want:
-        heads = head_modules(model)
-        got = fingerprint(model, info.get("targets") or [], heads)
-        if got != want:
-            raise ConfigError(
-                f"adapter {str(folder)!r} was trained on other base weights than those of {base!r} (fingerprints "
-                f"differ); merge it into the model it was trained on ({info.get('base_model')!r})"
-            )
-    with warnings.catch_warnings():  # peft asks transformers a deprecated question about checkpointing
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        return PeftModel.from_pretrained(model, folder).merge_and_unload()
+    if own_vocabulary:
+        model.resize_token_embeddings(config.get_text_config().vocab_size)
+    return model
 
 
 def start_new_head(model, mismatched: list, path: str, what: str, log) -> None:
