@@ -257,12 +257,15 @@ def test_cli_train_with_yaml_and_override(tmp_path, tiny_bert, cache_dir):
     assert Path(saved["output_dir"]) == tmp_path / "run"
 
 
-def test_save_steps_alone_means_saving_every_n_steps():
+@pytest.mark.parametrize("what, default", [("save", "no"), ("eval", "epoch")])
+def test_steps_alone_mean_every_n_steps(what, default):
+    """`--save-steps 50` or `--eval-steps 50` alone acts every 50 steps: an epoch strategy would ignore it."""
     from tuneforge.configure import build_config
 
-    assert build_config({"save_steps": 50}).save_strategy == "steps"
-    assert build_config({"save_steps": 50, "save_strategy": "no"}).save_strategy == "no"  # explicit wins
-    assert build_config({}).save_strategy == "no"
+    steps, strategy = f"{what}_steps", f"{what}_strategy"
+    assert getattr(build_config({steps: 50}), strategy) == "steps"
+    assert getattr(build_config({steps: 50, strategy: "no"}), strategy) == "no"  # explicit wins
+    assert getattr(build_config({}), strategy) == default
 
 
 # ---- backend options: owned by each backend, reachable flat and as backend_options.* -------------

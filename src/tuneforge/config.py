@@ -341,7 +341,10 @@ class TrainConfig(Options):
         "saw those weights (result.json holds that model's metrics)",
     )
     eval_steps: int | None = Field(
-        None, gt=0, le=MAX_STEPS, description="evaluate every N steps and at the last (eval_strategy steps)"
+        None,
+        gt=0,
+        le=MAX_STEPS,
+        description="evaluate every N steps and at the last (alone: implies eval_strategy steps)",
     )
     logging_steps: int = Field(20, gt=0, le=MAX_STEPS, description="log the training loss every N steps")
     metric_for_best: str | None = Field(
@@ -485,10 +488,11 @@ class TrainConfig(Options):
 
     @model_validator(mode="before")
     @classmethod
-    def _save_steps_means_steps(cls, values: Any) -> Any:
-        # `--save-steps N` alone must save every N steps, not be silently ignored
-        if isinstance(values, dict) and values.get("save_steps") and "save_strategy" not in values:
-            values = {**values, "save_strategy": "steps"}
+    def _steps_mean_steps(cls, values: Any) -> Any:
+        # `--save-steps N` or `--eval-steps N` alone must act every N steps, not be silently ignored
+        for what in ("save", "eval"):
+            if isinstance(values, dict) and values.get(f"{what}_steps") and f"{what}_strategy" not in values:
+                values = {**values, f"{what}_strategy": "steps"}
         return values
 
     @model_validator(mode="before")
