@@ -185,8 +185,13 @@ def test_generate_on_a_classification_model_fails_clearly(tiny_bert, tmp_path, c
         (["--do-sample", "--temperature", "inf"], "error: --temperature must be a finite number (got inf)"),
         (
             ["--do-sample", "--temperature", "0"],
-            "error: --temperature must be above 0 (got 0.0); without --do-sample decoding is greedy",
+            "error: --temperature must be at least 1e-05 (got 0.0); without --do-sample decoding is greedy",
         ),
+        (  # the logits divided by it overflow: transformers' sampling raised on the nan probabilities
+            ["--do-sample", "--temperature", "1e-300"],
+            "error: --temperature must be at least 1e-05 (got 1e-300); without --do-sample decoding is greedy",
+        ),
+        (["--num-beams", str(10**11)], f"error: --num-beams must be between 1 and 1000 (got {10**11})"),
     ],
 )
 def test_bad_generation_options(tiny_gpt2, capsys, flags, message):

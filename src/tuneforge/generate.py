@@ -51,6 +51,7 @@ from tuneforge.options import PATH
 from tuneforge.running_batch import CausalBatch, Seq2SeqBatch, SlotBatch
 
 MAX_NEW_TOKENS = 1 << 20  # a bound before the model's context (when it has one) lowers it
+MAX_BEAMS = 1000  # as seq2seq's --num-beams: more only fails allocating the beams' caches
 MAX_SEED = (1 << 32) - 1  # transformers' set_seed seeds numpy too, which takes 32 bits
 BETWEEN = "{flag} must be between {ge} and {le} (got {value})"
 AT_LEAST = "{flag} must be at least {ge} (got {value})"
@@ -68,12 +69,12 @@ MaxNewTokens = Annotated[
 Temperature = Annotated[
     float | None,
     Field(
-        gt=0,
+        ge=SAMPLING_EPS,  # the logits divided by a smaller one overflow (vLLM samples greedily below it)
         description="sampling temperature (with --do-sample)",
         json_schema_extra={
             "refusal": {
                 "non_finite": "{flag} must be a finite number (got {value})",
-                "low": "{flag} must be above {gt} (got {value}); without --do-sample decoding is greedy",
+                "low": "{flag} must be at least {ge} (got {value}); without --do-sample decoding is greedy",
             }
         },
     ),
@@ -125,7 +126,7 @@ class Sampling(BaseModel):
     )
     top_p: TopP = None
     num_beams: int = Field(
-        1, ge=1, description="beam search with this many beams", json_schema_extra={"refusal": AT_LEAST}
+        1, ge=1, le=MAX_BEAMS, description="beam search with this many beams", json_schema_extra={"refusal": BETWEEN}
     )
     seed: Seed = None
 
