@@ -256,8 +256,8 @@ def test_every_flag_has_help_and_states_its_default():
     assert not [flag for flag, text in helps.items() if not text.strip()]
     assert not [flag for flag, text in helps.items() if "Undefined" in text]
     shown = {
-        ("train", "--epochs"): "(default: 2)",
-        ("train", "--lr"): "(default: 8e-05)",
+        ("train", "--epochs"): "(default: 2; ner: 3)",
+        ("train", "--lr"): "(default: 8e-05; grpo: 1e-05, ner: 0.00015)",
         ("train", "--attn-implementation"): "(default: auto)",
         ("serve", "--generation-config"): "(default: auto)",
         ("serve", "--no-pack-weights"): "(default: on; --no-pack-weights turns it off)",
@@ -268,3 +268,18 @@ def test_every_flag_has_help_and_states_its_default():
     }
     for flag, text in shown.items():
         assert text in helps[flag], f"{flag}: {helps[flag]!r}"
+
+
+def test_train_help_says_each_tasks_own_default():
+    """A task's own defaults (run_defaults: grpo's batch of 2 prompts, ner's 3 epochs) are named in the help of
+    their flags: `--batch-size (default: 16)` was all `tuneforge train --help` said, and grpo trains 2."""
+    from tuneforge.cli import train_flags
+    from tuneforge.tasks import task_classes
+
+    helps = {key: kwargs["help"] for key, kwargs in train_flags().values()}
+    for name, cls in task_classes().items():
+        for key, value in cls.Options.run_defaults.items():
+            shown = ("on" if value else "off") if isinstance(value, bool) else value
+            assert f"{name}: {shown}" in helps[key], f"--task {name}'s {key} ({shown}) is not in its help"
+    assert "(default: 16; grpo: 2)" in helps["batch_size"]
+    assert "(default: on; embedding: off, grpo: off;" in helps["data.group_by_length"]

@@ -59,6 +59,7 @@ def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str
         **model_flags(DataConfig, "data."),
     }
     flags["--task"][1]["help"] += f"; one of: {', '.join(task_names())}"
+    _name_task_defaults(flags, task_classes())
     groups = {**task_groups, **backend_groups}
     titles = {"": "run options", "optim": "optimizer options (optim.*)", "data": "data options (data.*)"}
     for key, _ in flags.values():
@@ -73,6 +74,22 @@ def _train_flags() -> tuple[dict[str, tuple[str, dict[str, Any]]], dict[str, str
         or _marked_eval(models.get(key.rpartition(".")[0]), key)
     )
     return flags, groups, eval_keys
+
+
+def _name_task_defaults(flags: dict[str, tuple[str, dict[str, Any]]], classes: dict[str, type]) -> None:
+    """Each flag whose default a task sets its own way (its Options.run_defaults) names that task's value in its
+    help, `(default: 16; grpo: 2)`: the default alone was wrong for that task."""
+    own: dict[str, list[str]] = {}
+    for name, cls in sorted(classes.items()):
+        for key, value in cls.Options.run_defaults.items():
+            shown = ("on" if value else "off") if isinstance(value, bool) else value
+            own.setdefault(key, []).append(f"{name}: {shown}")
+    for key, kwargs in flags.values():
+        if key in own:
+            help_text = kwargs["help"].replace(", or the task's", "")  # a switch's: the tasks are named now
+            at = help_text.rindex("(default: ") + len("(default: ")
+            end = min(i for i in (help_text.find(";", at), help_text.find(")", at)) if i >= 0)
+            kwargs["help"] = f"{help_text[:end]}; {', '.join(own[key])}{help_text[end:]}"
 
 
 def _marked_eval(model, key: str) -> bool:
