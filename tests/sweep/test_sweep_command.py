@@ -57,6 +57,15 @@ def test_a_bad_range_is_refused(capsys, tmp_path, base):
         (["--seed", "-1"], "bad value for --seed"),
         (["--keep-best", "-1"], "bad value for --keep-best"),
         (["--resume", "--overwrite"], "pass one of them"),
+        (  # Optuna's other pruners take neither: a setting that would do nothing
+            ["--pruner", "none", "--prune-startup-trials", "5"],
+            "--prune-startup-trials sets the median pruner, and --pruner none is not it, so it would do nothing; "
+            "drop it, or pass --pruner median",
+        ),
+        (
+            ["--pruner", "hyperband", "--prune-startup-trials", "1", "--prune-warmup-steps", "4"],
+            "--prune-startup-trials and --prune-warmup-steps set the median pruner, and --pruner hyperband is not it",
+        ),
     ],
 )
 def test_bad_flags_are_refused(capsys, tmp_path, base, flags, expected):

@@ -13,6 +13,7 @@ from tuneforge.flags import POSITIONAL
 from tuneforge.options import PATH
 
 MAX_TRIALS = 1_000_000
+MEDIAN_ONLY = ("prune_startup_trials", "prune_warmup_steps")  # the median pruner's settings
 
 
 class SweepOptions(BaseModel):
@@ -103,4 +104,15 @@ class SweepOptions(BaseModel):
     def _resume_or_overwrite(self):
         if self.resume and self.overwrite:
             raise ValueError("--resume continues the sweep in the folder and --overwrite replaces it; pass one of them")
+        return self
+
+    @model_validator(mode="after")
+    def _median_settings_need_median(self):
+        given = [f"--{name.replace('_', '-')}" for name in MEDIAN_ONLY if name in self.model_fields_set]
+        if given and self.pruner != "median":  # Optuna's hyperband and no pruner take neither
+            raise ValueError(
+                f"{' and '.join(given)} set{'s' if len(given) == 1 else ''} the median pruner, and --pruner "
+                f"{self.pruner} is not it, so {'it' if len(given) == 1 else 'they'} would do nothing; drop "
+                f"{'it' if len(given) == 1 else 'them'}, or pass --pruner median"
+            )
         return self
