@@ -514,15 +514,22 @@ def build_parser(command: str | None = None) -> OneLineParser:
     return parser
 
 
+# commands that run a model on given rows or prompts: no `datasets` progress bar (map, load_dataset) is on their
+# paths, and importing `datasets` to turn its bars off would cost them a second of start-up
+MODEL_RUNNING_COMMANDS = ("predict", "serve", "generate", "chat")
+
+
 def _quiet_libraries(command: str) -> None:
     """Library chatter (load reports, per-file progress bars) would drown our own lines."""
-    import datasets
     import huggingface_hub
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
+    if command not in MODEL_RUNNING_COMMANDS:
+        import datasets
+
+        datasets.disable_progress_bars()
     huggingface_hub.utils.logging.set_verbosity_error()
     hide_deepspeed_cpu_notice()
 

@@ -3,13 +3,14 @@ batched together, and every caller gets the same answers as `Predictor`. (Genera
 test_serve_generate.py; the page: test_serve_page.py.)"""
 
 import json
+import os
 import socket
 import threading
 
 import httpx
 import pytest
 
-from conftest import run_cli, save_tiny_classifier, serving
+from conftest import run_cli, save_tiny_classifier, serving, start_server, stop_server
 from tuneforge.predict import Predictor
 
 LABELS = {0: "neg", 1: "pos"}
@@ -31,10 +32,22 @@ def classifier(tmp_path_factory, minilm_dir):
 
 
 @pytest.fixture(scope="module")
-def server(classifier):
-    """The server in its own process; stopped (SIGTERM, then kill) at the end of the module."""
-    with serving(classifier, max_batch_size=64, max_wait_ms=400) as url:
-        yield url
+def served(classifier):
+    """The server in its own process, started as a user starts it, and its log, where Python lists each module an
+    import statement of the process loads (PYTHONPROFILEIMPORTTIME); stopped (SIGTERM, then kill) at the end of the
+    module."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    proc, url = start_server(classifier, env=env, max_batch_size=64, max_wait_ms=400)
+    try:
+        yield url, proc.log
+    finally:
+        stop_server(proc)
+        proc.log.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served[0]
 
 
 def post(url, body):
@@ -45,6 +58,18 @@ def test_health(server, classifier):
     health = httpx.get(f"{server}/health", timeout=10).json()
     assert health["status"] == "ok" and health["model"] == classifier
     assert health["labels"] == ["neg", "pos"] and health["max_batch_size"] == 64
+
+
+def test_a_loaded_server_has_imported_no_library_of_training_data(served):
+    """Once its model is loaded, a server of a folder that names no task (every task's module is asked whether it
+    claims it) has imported none of what training reads data with, nor optuna, mlflow, lm_eval or deepspeed:
+    `datasets` alone was a second of its start-up."""
+    url, log = served
+    assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"
+    lines = log.read_text().splitlines()
+    imported = {line.rpartition("|")[2].strip() for line in lines if line.startswith("import time:")}
+    assert {"transformers", "tuneforge.serve.app", "tuneforge.data.squad"} <= imported  # (squad: qa's, asked too)
+    assert sorted(imported & {"datasets", "pandas", "pyarrow", "optuna", "mlflow", "lm_eval", "deepspeed"}) == []
 
 
 def test_concurrent_requests_are_batched_and_match_predictor(server, classifier):

@@ -13,24 +13,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from tuneforge.data.chat import IGNORE
 from tuneforge.data.text import batches_dataset
 
+if TYPE_CHECKING:
+    import datasets
+    import pyarrow as pa
+
 ROWS_AT_ONCE = 1 << 14
-BLOCK_SCHEMA = pa.schema(
-    {
-        "input_ids": pa.list_(pa.int64()),
-        "labels": pa.list_(pa.int64()),
-        "segments": pa.list_(pa.int64()),
-        "length": pa.int64(),
-    }
-)
+
+
+def block_schema() -> pa.Schema:
+    """The columns of packed blocks (a function: `pyarrow` is imported only where data is packed)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        {
+            "input_ids": pa.list_(pa.int64()),
+            "labels": pa.list_(pa.int64()),
+            "segments": pa.list_(pa.int64()),
+            "length": pa.int64(),
+        }
+    )
 
 
 @dataclass
@@ -46,6 +54,8 @@ class Fit:
 
 
 def fit(feats: datasets.Dataset, block_size: int, rows_at_once: int = ROWS_AT_ONCE) -> Fit:
+    import pyarrow.compute as pc
+
     kept, lengths, cut, dropped, targets, start, unlearnable = [], [], 0, 0, 0, 0, 0
     for table in feats.select_columns(["labels"]).with_format("arrow").iter(batch_size=rows_at_once):
         labels = table.column("labels")
@@ -87,12 +97,12 @@ def block_numbers(lengths: np.ndarray, block_size: int, packing: bool) -> np.nda
 def write_blocks(feats, fitted: Fit, block_size: int, packing: bool, into: Path | None, rows_at_once=ROWS_AT_ONCE):
     """The blocks of `fitted`'s rows as a Dataset: written to `into` (reused when there) or built in memory."""
     blocks = block_numbers(fitted.lengths, block_size, packing)
-    return batches_dataset(_block_parts(feats, fitted.kept, blocks, block_size, rows_at_once), BLOCK_SCHEMA, into)
+    return batches_dataset(_block_parts(feats, fitted.kept, blocks, block_size, rows_at_once), block_schema(), into)
 
 
 def _block_parts(feats, kept: np.ndarray, blocks: np.ndarray, block_size: int, rows_at_once: int):
     """Record batches of whole blocks, the kept rows read `rows_at_once` at a time and cut to `block_size`."""
-    out = {name: [] for name in BLOCK_SCHEMA.names}
+    out = {name: [] for name in block_schema().names}
     current = -1
     columns = feats.select_columns(["input_ids", "labels"])
     for start in range(0, len(kept), rows_at_once):
@@ -115,7 +125,9 @@ def _block_parts(feats, kept: np.ndarray, blocks: np.ndarray, block_size: int, r
 
 def _batch(out: dict) -> pa.RecordBatch:
     """The blocks in `out` as a record batch; `out` emptied."""
-    batch = pa.RecordBatch.from_pydict(out, schema=BLOCK_SCHEMA)
+    import pyarrow as pa
+
+    batch = pa.RecordBatch.from_pydict(out, schema=block_schema())
     for values in out.values():
         values.clear()
     return batch

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 
 from tuneforge.data import sources
 from tuneforge.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
 
 FORMATS = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
 SPLIT_NAMES = {"train": ("train",), "validation": ("dev", "val", "valid", "validation"), "test": ("test",)}
@@ -26,6 +29,8 @@ ENDING = re.compile(r"ending(\d+)$")
 def read_choices(path: str | Path, data_format: str = "auto", need_labels: bool = True) -> datasets.Dataset:
     """One file of multiple-choice rows; checks that every row has the same number of choices and a label among
     them (`need_labels` False: rows to predict, whose labels may be missing: -1 then)."""
+    import datasets
+
     from tuneforge.data.sources import check_file, read_table
 
     p = check_file(path)

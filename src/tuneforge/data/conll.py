@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 
 from tuneforge.data import sources
 from tuneforge.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
 
 CONLL_SUFFIXES = (".txt", ".conll", ".iob", ".bio")
 TABLE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -42,6 +45,8 @@ def check_tagged_file(path: str | Path) -> Path:
 def read_conll(path: str | Path) -> datasets.Dataset:
     """A CoNLL column file: one token per line (word first, tag last, any columns between), a blank line
     between sentences, `-DOCSTART-` lines between documents. Every token line has the same number of columns."""
+    import datasets
+
     p = check_tagged_file(path)
     tokens, tags, starts = [], [], []
     words: list[str] = []
@@ -82,6 +87,8 @@ def read_conll(path: str | Path) -> datasets.Dataset:
 
 def read_tagged_table(path: str | Path, tokens_column: str, tags_column: str) -> datasets.Dataset:
     """jsonl/json/parquet rows holding a list of words and a list of tags (names, or ids of a ClassLabel)."""
+    import datasets
+
     from tuneforge.data.sources import read_table, require_columns
 
     p = check_tagged_file(path)

@@ -20,12 +20,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import datasets
+from typing import TYPE_CHECKING
 
 from tuneforge.data import squad
 from tuneforge.data.sources import decode_text
 from tuneforge.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
 
 SQUAD_ROW_COLUMNS = ("question", "context", "answers")
 
@@ -61,6 +63,8 @@ def has_squad_columns(columns: Sequence[str]) -> bool:
 def squad_pairs(path: str | Path, table=None) -> SquadPairs:
     """The answerable questions of a SQuAD file as (query, positive) rows: each question and its paragraph.
     `table`: the file's rows already read (a jsonl or parquet table in the hub's form)."""
+    import datasets
+
     ds = squad.read_squad(path) if table is None else squad.from_table(table, Path(path))
     queries, positives, dropped = [], [], 0
     for qid, question, context, answers, row in zip(

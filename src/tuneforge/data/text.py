@@ -13,13 +13,16 @@ import io
 import os
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
-import pyarrow as pa
 
 from tuneforge.errors import DataError
 from tuneforge.paths import read_from_here
+
+if TYPE_CHECKING:
+    import datasets
+    import pyarrow as pa
 
 
 def _check_text_file(path: str | Path, what: str) -> Path:
@@ -67,6 +70,8 @@ def _file_lines(p: Path, what: str) -> list[str]:
 
 def read_parallel(source_path: str | Path, target_path: str | Path, split: str) -> datasets.Dataset:
     """Parallel text files -> Dataset(source, target). Lines blank on both sides are skipped."""
+    import datasets
+
     sources = read_lines(source_path, f"{split} source file", keep_linebreaks=False)
     targets = read_lines(target_path, f"{split} target file", keep_linebreaks=False)
     # a trailing blank line (an extra newline at the end) is not a sentence pair
@@ -92,6 +97,8 @@ def pack_blocks(ds: datasets.Dataset, block_size: int, into: Path | None = None,
     part at a time, or read from there when written before, and read memory-mapped: a corpus larger than memory is
     never held whole. Without, they are built in memory.
     """
+    import pyarrow as pa
+
     value_type = ds.features.arrow_schema.field("input_ids").type.value_type
     schema = pa.schema({"input_ids": pa.list_(value_type), "length": pa.int32()})
     return batches_dataset(
@@ -102,6 +109,9 @@ def pack_blocks(ds: datasets.Dataset, block_size: int, into: Path | None = None,
 def batches_dataset(parts, schema: pa.Schema, into: Path | None) -> datasets.Dataset:
     """The record batches `parts` as a Dataset: written to `into` a batch at a time and read memory-mapped (a file
     already there is read as it is: its name says what it holds), or, without `into`, in memory."""
+    import datasets
+    import pyarrow as pa
+
     if into is None:
         return datasets.Dataset(pa.Table.from_batches(list(parts), schema=schema))
     if not into.exists():  # (ranks packing at once each write their own file; the same bytes replace it)
@@ -142,6 +152,8 @@ def _packed_parts(ds: datasets.Dataset, block_size: int, rows_at_once: int, sche
 
 
 def _batch(tokens: np.ndarray, block_size: int, schema: pa.Schema) -> pa.RecordBatch:
+    import pyarrow as pa
+
     starts = np.arange(0, len(tokens), block_size, dtype=np.int64)
     offsets = pa.array(np.append(starts, len(tokens)), pa.int32())
     values = pa.array(tokens, schema.field("input_ids").type.value_type)

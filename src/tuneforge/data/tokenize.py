@@ -36,16 +36,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import datasets
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from tuneforge import stops
 from tuneforge.data import reading
 from tuneforge.errors import ConfigError
 from tuneforge.files import NO_ROOM
 from tuneforge.processes import end_with_parent
+
+if TYPE_CHECKING:
+    import datasets
 
 KEY_CHARS = 32  # a cache file's name begins with its key: hex digits of the hash of data, tokenizer and settings
 SHARD_SUFFIX = re.compile(r"_(\d{5})_of_(\d{5})\.arrow")  # datasets' name of a shard a map with workers writes
@@ -76,6 +76,8 @@ def dataset_fingerprint(ds: datasets.Dataset, rows_at_once: int = 100_000) -> st
     """Content hash of a dataset's rows (the Arrow IPC bytes of its table, written to the hash a slice at a time:
     a large dataset is never copied whole into memory; a selected or shuffled view hashes the rows it shows). Each
     slice is one record batch, so the same rows read in memory or memory-mapped in other chunks hash the same."""
+    import pyarrow as pa
+
     sink = _Digest()
     view = ds.with_format("arrow")
     schema = ds.with_format(None).data.table.schema

@@ -7,8 +7,8 @@ import math
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -46,6 +46,9 @@ from tuneforge.tasks.base import (
 )
 from tuneforge.tasks.glue import GLUE, glue_files
 from tuneforge.tasks.length_runs import length_batches
+
+if TYPE_CHECKING:
+    import datasets
 
 TEXT_GUESSES = (
     ("sentence1", "sentence2"),
@@ -216,6 +219,8 @@ class ClassificationTask(Task):
         return raw
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         raw = datasets.DatasetDict({k: v for k, v in splits.items() if v is not None})
         for split in raw:
             empty_check(raw[split], split)
@@ -223,6 +228,8 @@ class ClassificationTask(Task):
         return raw
 
     def _load_files(self) -> datasets.DatasetDict:
+        import datasets
+
         data = self.config.data
         self.held_out = None
         if not data.train_file:
@@ -251,6 +258,8 @@ class ClassificationTask(Task):
         return i + 1 if self.held_out is None else held_out_rows(*self.held_out)[split][i]
 
     def _resolve_columns(self, raw: datasets.DatasetDict) -> None:
+        import datasets
+
         cols = next(iter(raw.values())).column_names
         if self.text_columns is None:
             for guess in TEXT_GUESSES:
@@ -327,6 +336,8 @@ class ClassificationTask(Task):
 
     def encode_labels(self, raw: datasets.DatasetDict) -> datasets.DatasetDict:
         """Labels as ids of the adopted label set (a float per row for regression), in a `labels` column."""
+        import datasets
+
         col = self.label_column
         if self.regression:
 
@@ -411,6 +422,8 @@ class ClassificationTask(Task):
 
     # ---- features ----------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         cols, max_length = self.text_columns, self.config.data.max_length
         # one row is one example: --max-train/eval-samples cut the rows, so a large set is not tokenized in full
         raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}

@@ -18,8 +18,8 @@ import json
 import math
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -51,6 +51,9 @@ from tuneforge.tasks.base import (
     hold_out_validation,
     set_dropout,
 )
+
+if TYPE_CHECKING:
+    import datasets
 
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet")
 DEFAULT_BLOCK_SIZE = 1024  # run_clm's cap when --block-size is not given
@@ -293,6 +296,8 @@ class CausalLMTask(Task):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         data = self.config.data
         splits = self.read_given_files(
             "text: pass --train-file train.txt and --validation-file valid.txt (plain text, or csv/jsonl with a text "
@@ -305,6 +310,8 @@ class CausalLMTask(Task):
         return datasets.DatasetDict(splits)
 
     def _read(self, path: str, split: str) -> datasets.Dataset:
+        import datasets
+
         if is_large(path):  # memory-mapped, never held whole (data/mapped.py)
             ds = self._text_of(read_mapped(path, self.config.data.cache_dir), split, path)
         elif data_suffix(path) not in TABLE_SUFFIXES:  # plain text: one line per row, line breaks kept
@@ -332,6 +339,8 @@ class CausalLMTask(Task):
 
     def _text_of(self, ds, split: str, path: str) -> datasets.Dataset:
         """The text column of a memory-mapped file as `text`, strings as the in-memory reader makes them."""
+        import datasets
+
         column = "text" if data_suffix(path) == ".txt" else self.text_column  # (a text file's lines: `text`)
         require_columns(list(ds.column_names), [column], f"the {split} data ({path})", "--text-column")
         ds = ds.select_columns([column])
@@ -345,6 +354,8 @@ class CausalLMTask(Task):
         return ds if column == "text" else ds.rename_column(column, "text")
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         raw = {}
         for split, ds in splits.items():
             if ds is None:
@@ -359,6 +370,8 @@ class CausalLMTask(Task):
 
     # ---- features --------------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         block_size = self.resolve_block_size()
         packing = self.options.packing
 

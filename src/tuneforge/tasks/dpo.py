@@ -28,8 +28,8 @@ import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -42,6 +42,9 @@ from tuneforge.data.tokenize import cut_phrase
 from tuneforge.errors import DataError, UserError
 from tuneforge.tasks.base import MetricStream, no_cache
 from tuneforge.tasks.clm import BlockOptions, CausalLMTask, attending_one_way
+
+if TYPE_CHECKING:
+    import datasets
 
 IGNORE = -100
 
@@ -145,6 +148,8 @@ class DPOTask(CausalLMTask):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         splits = self.read_given_files(
             "preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, or hh-rlhf "
             "chosen/rejected dialogues) and --validation-file",
@@ -155,6 +160,8 @@ class DPOTask(CausalLMTask):
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "pair"))
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         pairs = preference.given_splits(splits, self.options.drop_identical_pairs, self.log, replies=True)
         return datasets.DatasetDict(pairs)
 
@@ -181,6 +188,8 @@ class DPOTask(CausalLMTask):
         return fn
 
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         max_length = self.resolve_block_size()
 
         settings = {"task": "dpo", "template": getattr(tokenizer, "chat_template", None)}
@@ -192,6 +201,8 @@ class DPOTask(CausalLMTask):
         return datasets.DatasetDict(out)
 
     def _fit(self, split: str, feats, max_length: int, log) -> datasets.Dataset:
+        import datasets
+
         rows = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": [], "length": []}
         dropped = cut = 0
         for p, c, r in zip(feats["prompt_ids"], feats["chosen_ids"], feats["rejected_ids"]):

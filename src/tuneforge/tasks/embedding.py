@@ -49,9 +49,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import datasets
 import torch
 import torch.nn.functional as F
 from pydantic import Field, field_validator, model_validator
@@ -99,6 +98,9 @@ from tuneforge.tasks.embedding_ops import (
 )
 from tuneforge.tasks.length_runs import CPU_TOKENS_PER_FORWARD, length_groups
 from tuneforge.tasks.sentence_encoder import EmbeddingPredictor, sentence_transformers_files
+
+if TYPE_CHECKING:
+    import datasets
 
 # (anchor, positive) column names, as sentence-transformers' datasets name them; hard negatives follow
 PAIR_GUESSES = (("anchor", "positive"), ("query", "positive"), ("sentence1", "sentence2"), ("question", "answer"))
@@ -391,6 +393,8 @@ class EmbeddingTask(Task):
     def _canonical(self, splits: dict) -> datasets.DatasetDict:
         """Each split as text_0, text_1, ... (and score, mapped to 0-1), every row checked; 10% of the training
         rows held out where no validation split was given."""
+        import datasets
+
         for split, ds in splits.items():
             empty_check(ds, split)
         splits = self._named_alike(splits)
@@ -483,6 +487,8 @@ class EmbeddingTask(Task):
     def _checked(self, split: str, ds) -> datasets.Dataset:
         """text_k (and score) of one split; an empty or non-text value, or a score that is not a number in the
         stated range, is one line naming the row and the column."""
+        import datasets
+
         columns = {}
         for k, col in enumerate(self.layout.texts):
             columns[f"text_{k}"] = self._texts(split, col, ds[col])
@@ -524,6 +530,8 @@ class EmbeddingTask(Task):
 
     # ---- features ----------------------------------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         max_length = self.config.data.max_length
         raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
         if raw.get("validation") is not None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import datasets
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from tuneforge.data.sources import data_suffix, from_hub, read_table, require_columns, to_dataset
 from tuneforge.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ def glue_files(name: str, data_dir: str) -> dict[str, Path]:
 
 
 def load_glue(name: str, data_dir: str | None) -> datasets.DatasetDict:
+    import datasets
+
     spec = GLUE[name]
     if data_dir is None:
         raw = from_hub(
@@ -175,6 +179,8 @@ def read_glue_texts(name: str, path: str | Path) -> pd.DataFrame | None:
     Used by `tuneforge predict` so a model trained on a GLUE task reads that task's TSV files
     the same way training did (BOM, quoting off, headerless CoLA).
     """
+    import pandas as pd
+
     spec = GLUE[name]
     if data_suffix(path) != ".tsv":  # (dev.tsv.gz too: predict reads a table compressed whole)
         return None

@@ -30,9 +30,8 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import datasets
 import torch
 from pydantic import Field, field_validator, model_validator
 
@@ -46,6 +45,9 @@ from tuneforge.rewards import DEFAULT_FORMAT, RewardSettings, check_reward_spec,
 from tuneforge.tasks import grpo_loss
 from tuneforge.tasks.base import MetricStream, StepTools, no_cache
 from tuneforge.tasks.clm import CausalLMTask
+
+if TYPE_CHECKING:
+    import datasets
 
 SAMPLES_FILE = "completions.jsonl"
 log = logging.getLogger(__name__)
@@ -347,6 +349,8 @@ class GRPOTask(CausalLMTask):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         self._load_rewards()
         splits = self.read_given_files(
             "prompts: pass --train-file prompts.jsonl (rows with `prompt`: text or messages, plus the columns your "
@@ -367,6 +371,8 @@ class GRPOTask(CausalLMTask):
         return self._as_dataset(rows, repr(str(path)))
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         if self.rewards is None:
             self._load_rewards()
         out = {}
@@ -378,6 +384,8 @@ class GRPOTask(CausalLMTask):
     def _as_dataset(self, rows: list[dict], where: str) -> datasets.Dataset:
         """Rows as (prompt JSON, the other columns' JSON, row number); each row checked: a prompt, and every
         column a reward function needs."""
+        import datasets
+
         key, needed = self.options.prompt_column, sorted({c for f in self.rewards for c in f.columns})
         if not rows:
             raise DataError(f"{where} holds no rows")
@@ -457,6 +465,8 @@ class GRPOTask(CausalLMTask):
             raise ConfigError(f"row {row} of {where}: the prompt is a list of messages, but {why}; {fix}")
 
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         self.resolve_block_size()
         self._check_text_prompts(raw)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -8,9 +8,8 @@ every rank (each row once).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -41,6 +40,9 @@ from tuneforge.tasks.base import (
     set_dropout,
 )
 from tuneforge.tasks.length_runs import length_batches
+
+if TYPE_CHECKING:
+    import datasets
 
 MAX_CHOICES = 64  # choices of one input a predictor takes (SWAG, HellaSwag, ARC and PIQA have 2 to 5)
 # a predictor's input: what it reads, and the row's own id and label, which a labelled row carries along unread
@@ -145,6 +147,8 @@ class MultipleChoiceTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         splits = self.read_local_splits(find_split_files, lambda path: read_choices(path, self.options.data_format))
         if splits is None:
             return self._from_hub()
@@ -154,6 +158,8 @@ class MultipleChoiceTask(Task):
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "row"))
 
     def _from_hub(self) -> datasets.DatasetDict:
+        import datasets
+
         from tuneforge.data.sources import from_hub
 
         hub = from_hub("swag", "regular", "pass --data-dir or --train-file/--validation-file with SWAG-style rows")
@@ -173,6 +179,8 @@ class MultipleChoiceTask(Task):
         return datasets.DatasetDict(raw)
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         raw = {}
         for split, ds in splits.items():
             if ds is None:
@@ -212,6 +220,8 @@ class MultipleChoiceTask(Task):
 
     # ---- features ----------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         max_length = self.config.data.max_length
         raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
 

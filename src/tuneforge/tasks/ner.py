@@ -13,8 +13,8 @@ were cut to --max-length (data/tokenize.py's `report_cuts`).
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import regex
 import torch
@@ -48,6 +48,9 @@ from tuneforge.tasks.base import (
     set_pad_token,
 )
 from tuneforge.tasks.length_runs import length_batches
+
+if TYPE_CHECKING:
+    import datasets
 
 IGNORE = -100
 # raw text -> words as CoNLL splits them: runs of letters/digits, punctuation, and each Chinese character alone (Chinese
@@ -190,6 +193,8 @@ class TokenClassificationTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         splits = self.read_local_splits(find_split_files, self._read)
         if splits is None:
             return self._from_hub()
@@ -200,6 +205,8 @@ class TokenClassificationTask(Task):
         return read_tagged(path, self.tokens_column, self.tags_column)
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         self.files = {}
         raw = {}
         for split, ds in splits.items():
@@ -214,6 +221,8 @@ class TokenClassificationTask(Task):
         return datasets.DatasetDict(self._check(raw))
 
     def _from_hub(self) -> datasets.DatasetDict:
+        import datasets
+
         from tuneforge.data.sources import from_hub
 
         hub = from_hub("conll2003", None, "pass --data-dir with the CoNLL-2003 files (train.txt, valid.txt)")
@@ -282,6 +291,8 @@ class TokenClassificationTask(Task):
             return  # not a tagger's label set: train one
 
     def encode_labels(self, raw) -> datasets.DatasetDict:
+        import datasets
+
         index = {n: i for i, n in enumerate(self.label_names)}
         out = {}
         for split, ds in raw.items():
@@ -303,6 +314,8 @@ class TokenClassificationTask(Task):
 
     # ---- features ----------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         max_length = self.config.data.max_length
         raw = {split: self.select_examples(split, ds) for split, ds in raw.items()}
 

@@ -25,8 +25,8 @@ import math
 import re
 import string
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -57,6 +57,9 @@ from tuneforge.tasks.base import (
     set_pad_token,
 )
 from tuneforge.tasks.length_runs import length_batches
+
+if TYPE_CHECKING:
+    import datasets
 
 DEFAULT_MAX_LENGTH = 384  # run_qa.py's max_seq_length: a question and its context want more than classification's 128
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -396,6 +399,8 @@ class QuestionAnsweringTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         splits = self.read_local_splits(find_split_files, read_squad)
         if splits is None:
             return self._from_hub()
@@ -404,11 +409,15 @@ class QuestionAnsweringTask(Task):
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
         """Datasets in the hub's squad form: question, context, answers {"text", "answer_start"}, optional id."""
+        import datasets
+
         self.files = {}
         raw = {split: from_hf(ds, f"the {split} data") for split, ds in splits.items() if ds is not None}
         return datasets.DatasetDict(self._check(raw))
 
     def _from_hub(self) -> datasets.DatasetDict:
+        import datasets
+
         from tuneforge.data.sources import from_hub
 
         hub = from_hub("squad", None, "pass --data-dir with the SQuAD JSON files (train-v1.1.json, dev-v1.1.json)")
@@ -436,6 +445,8 @@ class QuestionAnsweringTask(Task):
 
     # ---- features ----------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         require_fast(tokenizer, self.model_path())
         self._fit_to_model(self.peek_model_config())
         max_length, stride = self.max_length, self.doc_stride

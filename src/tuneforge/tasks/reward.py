@@ -25,8 +25,8 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import torch
 from pydantic import Field
 
@@ -41,6 +41,9 @@ from tuneforge.tasks.base import Task, score_last_token_of, set_dropout, set_pad
 from tuneforge.tasks.classification import ClassificationPredictor
 from tuneforge.tasks.dpo import PreferenceStream, pairwise_loss
 from tuneforge.tasks.length_runs import length_batches
+
+if TYPE_CHECKING:
+    import datasets
 
 ROLE_NAMES = {"user": "Human", "assistant": "Assistant"}  # hh-rlhf's names of the turns
 SCORER_NEEDED = (
@@ -219,6 +222,8 @@ class RewardModelTask(Task):
 
     # ---- raw data ----------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         splits = self.read_given_files(
             "preference pairs: pass --train-file pairs.jsonl (rows with prompt/chosen/rejected, or hh-rlhf "
             "chosen/rejected dialogues) and --validation-file",
@@ -230,6 +235,8 @@ class RewardModelTask(Task):
         return preference.read_pairs(path, self.options.drop_identical_pairs, self.log, reader="--task reward")
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         pairs = preference.given_splits(splits, self.options.drop_identical_pairs, self.log, margins=True)
         return datasets.DatasetDict(pairs)
 
@@ -257,6 +264,8 @@ class RewardModelTask(Task):
         return fn
 
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         settings = {"task": "reward", "template": getattr(tokenizer, "chat_template", None), "eos": tokenizer.eos_token}
         out = {}
         for split, ds in raw.items():

@@ -14,7 +14,8 @@ in one line.
 
 from __future__ import annotations
 
-import datasets
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -30,6 +31,9 @@ from tuneforge.errors import ConfigError, DataError
 from tuneforge.options import TaskOptions
 from tuneforge.tasks.base import MetricStream, Task, empty_check, hold_out_validation, set_dropout
 from tuneforge.tasks.clm import text_generator
+
+if TYPE_CHECKING:
+    import datasets
 
 NOT_SEQ2SEQ_HEADS = (
     "ForSequenceClassification",
@@ -142,6 +146,8 @@ class Seq2SeqTask(Task):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         data, opts = self.config.data, self.options
         splits = {}
         train = self._read_split(
@@ -188,6 +194,8 @@ class Seq2SeqTask(Task):
         return None
 
     def _select_columns(self, ds: datasets.Dataset, where: str) -> datasets.Dataset:
+        import datasets
+
         require_columns(ds.column_names, [self.source_column], where, "--source-column")
         require_columns(ds.column_names, [self.target_column], where, "--target-column")
         ds = ds.select_columns([self.source_column, self.target_column])
@@ -201,6 +209,8 @@ class Seq2SeqTask(Task):
         return datasets.Dataset.from_dict({"source": [str(s) for s in sources], "target": [str(t) for t in targets]})
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         raw = {}
         for split, ds in splits.items():
             if ds is not None:
@@ -219,6 +229,8 @@ class Seq2SeqTask(Task):
         )
 
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         data, opts = self.config.data, self.options
         prefix = opts.source_prefix
         # BERT-style tokenizers start the target with [CLS], which for an encoder-decoder is the

@@ -28,9 +28,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import datasets
 import torch
 from pydantic import Field
 
@@ -41,6 +40,9 @@ from tuneforge.data.text import blocks_file
 from tuneforge.data.tokenize import cut_phrase
 from tuneforge.errors import ConfigError, DataError, UserError
 from tuneforge.tasks.clm import CausalLMOptions, CausalLMTask
+
+if TYPE_CHECKING:
+    import datasets
 
 
 class ChatSFTOptions(CausalLMOptions):
@@ -60,12 +62,18 @@ class ChatSFTOptions(CausalLMOptions):
 def chat_dataset(chats: list[tuple[list[dict], list[dict] | None]]) -> datasets.Dataset:
     """(conversation, tools) pairs as a raw split: each a JSON text (tools `null` when a row has none), with the
     row's number in its file (`row`: kept through a held-out split, for errors)."""
-    return datasets.Dataset.from_list(list(_rows(chats)), features=CHAT_FEATURES)
+    import datasets
+
+    return datasets.Dataset.from_list(list(_rows(chats)), features=chat_features())
 
 
-CHAT_FEATURES = datasets.Features(
-    {"conversation": datasets.Value("string"), "tools": datasets.Value("string"), "row": datasets.Value("int64")}
-)
+def chat_features() -> datasets.Features:
+    """chat_dataset's columns (a function: `datasets` is imported only where data is read)."""
+    import datasets
+
+    return datasets.Features(
+        {"conversation": datasets.Value("string"), "tools": datasets.Value("string"), "row": datasets.Value("int64")}
+    )
 
 
 def chat_rows(path: str, fmt: str):
@@ -100,11 +108,15 @@ class ChatSFTTask(CausalLMTask):
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
+        import datasets
+
         def read(path, _split) -> datasets.Dataset:
             fmt = self.options.chat_format
             # read a line at a time, memory-mapped, from a quarter of the size: chat rows held whole cost ~10x
             if is_large(path, share=0.25) and Path(path).suffix.lower() == ".jsonl":
-                return rows_mapped(path, self.config.data.cache_dir, f"chats-{fmt}", chat_rows, CHAT_FEATURES, fmt=fmt)
+                return rows_mapped(
+                    path, self.config.data.cache_dir, f"chats-{fmt}", chat_rows, chat_features(), fmt=fmt
+                )
             return chat_dataset(chat.read_chats(path, fmt))
 
         splits = self.read_given_files(
@@ -115,6 +127,8 @@ class ChatSFTTask(CausalLMTask):
         return datasets.DatasetDict(self.hold_out_if_needed(splits, "conversation"))
 
     def prepare_raw(self, splits: dict) -> datasets.DatasetDict:
+        import datasets
+
         raw = {}
         for split, ds in splits.items():
             if ds is None:
@@ -138,6 +152,8 @@ class ChatSFTTask(CausalLMTask):
 
     # ---- features --------------------------------------------------------------------------
     def tokenize(self, raw, tokenizer, log=print):
+        import datasets
+
         block_size = self.resolve_block_size()
 
         # the labels are found within the block only (chat.encode_conversation's `within`)
