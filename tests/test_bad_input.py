@@ -50,8 +50,9 @@ def train_on(capfd, tmp_path, tiny_bert, files, *extra, train: str | None = None
     return in_process(capfd, *train_args(tmp_path, tiny_bert, *files, *extra))
 
 
-def assert_refused(proc, tmp_path, *needles):
-    """One clear error line with every needle, exit 2, no traceback, no output, no tokenization."""
+def assert_refused(proc, tmp_path, *needles, started: bool = False):
+    """One clear error line with every needle, exit 2, no traceback, no output, no tokenization (tmp_path/out and
+    tmp_path/cache untouched); `started`: the run had begun, so only the line is checked."""
     assert proc.returncode == 2, f"exit {proc.returncode}\nstdout: {proc.stdout}\nstderr: {proc.stderr}"
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -59,6 +60,8 @@ def assert_refused(proc, tmp_path, *needles):
     assert lines[0].startswith("error: ")
     for needle in needles:
         assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    if started:
+        return lines[0]
     assert not (tmp_path / "out").exists(), "the output dir was created"
     cache = tmp_path / "cache"
     assert not cache.exists() or not any(cache.iterdir()), "data was tokenized before the error"

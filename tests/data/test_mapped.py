@@ -95,7 +95,7 @@ def test_a_damaged_large_file_is_refused_by_train_in_one_line(monkeypatch, capfd
     path.write_text('{"text": "a b c"}\n' * 50 + '{"text": "cut')
     monkeypatch.setattr(mapped, "LARGE_FILE_BYTES", 0)
     args = ["--task", "clm", "--model", tiny_gpt2, "--train-file", path, "--cache-dir", tmp_path / "cache"]
-    assert_refused(in_process(capfd, "train", *args, "--output-dir", tmp_path / "run"), tmp_path, str(path), "json")
+    assert_refused(in_process(capfd, "train", *args, "--output-dir", tmp_path / "out"), tmp_path, str(path), "json")
 
 
 def test_what_is_not_read_mapped(monkeypatch, tmp_path):

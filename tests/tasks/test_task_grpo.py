@@ -198,7 +198,7 @@ def test_a_reward_model_rewards_and_qlora_trains(tiny_llama, data, cache_dir, tm
 def test_backends_that_split_the_weights_are_refused_in_one_line(capfd, tiny_llama, data, cache_dir, tmp_path, backend):
     args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--backend", *backend, "--nproc", "2")
     proc = in_process(capfd, *args)
-    assert_refused(proc, tmp_path / "out", "generates with the model while it trains", f"'{backend[0]}'", "ddp")
+    assert_refused(proc, tmp_path, "generates with the model while it trains", f"'{backend[0]}'", "ddp")
 
 
 BAD_FLAGS = [
@@ -216,37 +216,37 @@ BAD_FLAGS = [
 @pytest.mark.parametrize("flags, needles", BAD_FLAGS)
 def test_bad_settings_are_one_line(capfd, tiny_llama, data, cache_dir, tmp_path, flags, needles):
     args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", *flags)
-    assert_refused(in_process(capfd, *args), tmp_path / "out", *needles)
+    assert_refused(in_process(capfd, *args), tmp_path, *needles)
 
 
 @pytest.mark.parametrize(
-    "function, needles",
+    "function, needles, started",
     [
-        ("raises", ("'", "raises", "ValueError", "no luck")),
-        ("too_few", ("too_few", "1 value")),
-        ("missing", ("missing",)),
+        ("raises", ("'", "raises", "ValueError", "no luck"), True),  # fails as the first step scores
+        ("too_few", ("too_few", "1 value"), True),
+        ("missing", ("missing",), False),  # refused before the run
     ],
 )
 def test_a_failing_reward_function_stops_the_run_naming_it(
-    capfd, tiny_llama, data, cache_dir, tmp_path, function, needles
+    capfd, tiny_llama, data, cache_dir, tmp_path, function, needles, started
 ):
     train, valid, folder = data
     args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--max-steps", "1")
     args[args.index(f"{folder / 'rewards.py'}:variety")] = f"{folder / 'rewards.py'}:{function}"
-    assert_refused(in_process(capfd, *args), tmp_path / "out", *needles)
+    assert_refused(in_process(capfd, *args), tmp_path, *needles, started=started)
 
 
 def test_a_row_without_a_prompt_or_a_reward_column_is_one_line(capfd, tiny_llama, data, cache_dir, tmp_path):
     train = write_jsonl(tmp_path / "t.jsonl", [*prompts(2), {"question": "where?", "answer": "1"}])
     args = grpo_args(tiny_llama, (train, train, data[2]), cache_dir, tmp_path / "out")
-    assert_refused(in_process(capfd, *args), tmp_path / "out", "row 3", "'prompt'", "--prompt-column")
+    assert_refused(in_process(capfd, *args), tmp_path, "row 3", "'prompt'", "--prompt-column")
     train = write_jsonl(tmp_path / "u.jsonl", [*prompts(2), {"prompt": "where?"}])
     args = grpo_args(tiny_llama, (train, train, data[2]), cache_dir, tmp_path / "out")
-    assert_refused(in_process(capfd, *args), tmp_path / "out", "row 3", "'answer'", "accuracy")
+    assert_refused(in_process(capfd, *args), tmp_path, "row 3", "'answer'", "accuracy")
     asked = [{"question": row["prompt"], "answer": row["answer"]} for row in prompts(2)]
     train = write_jsonl(tmp_path / "v.jsonl", [*asked, {"question": 7, "answer": "1"}])
     args = grpo_args(tiny_llama, (train, train, data[2]), cache_dir, tmp_path / "out", "--prompt-column", "question")
-    assert_refused(in_process(capfd, *args), tmp_path / "out", "row 3", "'question'", "int", "text or a list")
+    assert_refused(in_process(capfd, *args), tmp_path, "row 3", "'question'", "int", "text or a list")
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_messages_prompts_are_rendered_with_the_chat_template_and_system_prompt(
 def test_a_reward_model_folder_that_is_not_a_scorer_is_one_line(capfd, tiny_llama, data, cache_dir, tmp_path):
     args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", "--reward", f"model:{tiny_llama}")
     args[args.index("--reward-weights") + 1] = "1,1,1"
-    assert_refused(in_process(capfd, *args), tmp_path / "out", tiny_llama)
+    assert_refused(in_process(capfd, *args), tmp_path, tiny_llama)
 
 
 def test_a_chat_template_whose_code_fails_on_a_prompt_names_the_row(tiny_llama, cache_dir, tmp_path):
