@@ -138,7 +138,8 @@ def _refuse_foreign(key: str, name: str, value: Any, models: dict, owners: dict,
 
 def check_options_given(config: TrainConfig, flags: Mapping[str, Any], overrides: Mapping[str, Any]) -> None:
     """The task and backend options typed on this command line (flags, key=value overrides) that the run's task and
-    backend do not have: one line, at their owner's default too (`--packing` on a classifier would do nothing)."""
+    backend do not have, or that its task's other settings never read (its options' `idle_options`): one line, at
+    their owner's default too (`--packing` on a classifier would do nothing)."""
     models = {"task_options": type(config.task_options), "backend_options": type(config.backend_options)}
     owners = {"task_options": ("task", config.task), "backend_options": ("backend", config.backend)}
     foreign = {*task_option_owners(), *option_owners()} - {*models["task_options"].model_fields}
@@ -146,9 +147,12 @@ def check_options_given(config: TrainConfig, flags: Mapping[str, Any], overrides
     typed = [name for section, _, name in (key.partition(".") for key in flags) if section in SECTIONS]
     for section, value in overrides.items():  # flat, or under task_options: / backend_options: / data:
         typed += list(value) if section in ("data", *SECTIONS) and isinstance(value, dict) else [section]
+    idle = config.task_options.idle_options()
     for name in typed:
         if name in foreign:
             _refuse_foreign(name, name, None, models, owners, given_now=True)
+        if name in idle:
+            raise ConfigError(f"--{name.replace('_', '-')} {idle[name]} or drop it")
 
 
 def _default_of(kind: str, owner: str, name: str) -> Any:

@@ -52,6 +52,12 @@ class TaskOptions(Options):
     # flags to name when a step's loss or gradients are not finite (besides the learning rate)
     nonfinite_suspects: ClassVar[tuple[str, ...]] = ()
 
+    def idle_options(self) -> dict[str, str]:
+        """{option: why these settings never read it, and what would make them}: the options a task reads only with
+        another option's value (grpo's --format-pattern needs --reward format). One typed on the command line is
+        refused (configure.check_options_given); a config file's is not. None by default."""
+        return {}
+
 
 class BackendOptions(Options):
     """A backend's own settings. Subclass it as `Options` in the backend class: each field becomes a

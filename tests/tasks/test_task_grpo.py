@@ -219,6 +219,51 @@ def test_bad_settings_are_one_line(capfd, tiny_llama, data, cache_dir, tmp_path,
     assert_refused(in_process(capfd, *args), tmp_path, *needles)
 
 
+IDLE = [  # (flags, the reward grpo_args' accuracy becomes, needle): each sets what this run never reads
+    (
+        ("--format-pattern", "^<a>"),
+        "accuracy",
+        "--format-pattern is read by the format reward only; add --reward format",
+    ),
+    (("task_options.target_length=64",), "accuracy", "--target-length is read by the length reward only"),
+    (("--answer-column", "solution"), "length", "--answer-column is read by the accuracy reward only"),
+    (("--epsilon", "0.3"), "accuracy", "--epsilon clips the importance ratio, which is 1 with --num-iterations 1"),
+    (("--epsilon-high", "0.28"), "accuracy", "--epsilon-high clips the importance ratio"),
+    (("--no-kl-importance-correction",), "accuracy", "--kl-importance-correction weighs the KL term, and --beta 0"),
+    (("--prompt-format", "text", "--system-prompt", "Be brief."), "accuracy", "--system-prompt is put in prompts"),
+]
+
+
+@pytest.mark.parametrize("flags, reward, needle", IDLE)
+def test_a_setting_the_run_would_not_read_is_one_line(
+    capfd, tiny_llama, data, cache_dir, tmp_path, flags, reward, needle
+):
+    """They trained without a word, as if not given: another reward's setting, a clip range on-policy (nothing is
+    clipped at ratio 1), the KL's correction without a KL term (beta 0), a system prompt no template renders."""
+    args = grpo_args(tiny_llama, data, cache_dir, tmp_path / "out", *flags)
+    args[args.index("accuracy")] = reward
+    assert_refused(in_process(capfd, *args), tmp_path, needle, "or drop it")
+
+
+def test_a_config_file_holding_settings_the_run_would_not_read_is_not_refused(capfd, tiny_llama, data, tmp_path):
+    """A saved config.yaml (a resume's) holds every setting, set or at its default: only what is typed now is
+    refused, so the resume goes on to its own checks (here: there is no checkpoint)."""
+    from tuneforge.configure import build_config
+
+    options = {"reward": ["format"], "target_length": 64, "epsilon": 0.3, "kl_importance_correction": False}
+    options |= {"prompt_format": "text", "system_prompt": "Be brief."}
+    config = build_config(
+        task="grpo",
+        model=tiny_llama,
+        data={"train_file": str(data[0])},
+        output_dir=str(tmp_path / "run"),
+        task_options=options,
+    )
+    config.save(tmp_path / "config.yaml")
+    proc = in_process(capfd, "train", tmp_path / "config.yaml", "--resume")
+    assert proc.returncode == 2 and "checkpoint" in proc.stderr and "drop it" not in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     "function, needles, started",
     [

@@ -177,6 +177,26 @@ class GRPOOptions(TaskOptions):
             )
         return self
 
+    def idle_options(self) -> dict[str, str]:
+        idle = {}
+        for name, reward in (("format_pattern", "format"), ("target_length", "length"), ("answer_column", "accuracy")):
+            if reward not in self.reward:
+                idle[name] = f"is read by the {reward} reward only; add --reward {reward}"
+        if self.num_iterations == 1:  # the loss's old log-probs are its own, detached (GRPOTask.compute_loss)
+            for name in ("epsilon", "epsilon_high"):
+                idle[name] = (
+                    "clips the importance ratio, which is 1 with --num-iterations 1 (each generated batch trains one "
+                    "step, on the policy that sampled it): nothing is clipped; give --num-iterations 2 or more"
+                )
+        if self.beta == 0:
+            idle["kl_importance_correction"] = "weighs the KL term, and --beta 0 has none; give --beta above 0"
+        if self.prompt_format == "text":
+            idle["system_prompt"] = (
+                "is put in prompts rendered with the chat template, and --prompt-format text renders none; give "
+                "--prompt-format chat"
+            )
+        return idle
+
 
 def sample_seed(seed: int, epoch: int, row: int, k: int) -> int:
     """The seed of a prompt's k-th completion in an epoch: the same on any rank and world size."""
