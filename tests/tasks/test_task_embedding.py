@@ -983,6 +983,20 @@ def bad_run(capfd, tmp_path: Path, tiny_bert: str, train: Path, *extra: str):
         (scored_rows(4), write_csv, ("--loss", "mnrl", "--label-column", "score"), ("loss mnrl takes", "cosent")),
         (scored_rows(4), write_csv, ("--max-score", "0"), ("--max-score 0 must be above --min-score 0",)),
         (rows(4), write_jsonl, ("--scale", "0"), ("'task_options.scale'", "> 0")),
+        # settings the loss never reads: they trained without a word
+        (
+            scored_rows(4),
+            write_csv,
+            ("--loss", "cosine_mse", "--scale", "10"),
+            ("--scale is the similarity scale of the mnrl and cosent losses, and --loss cosine_mse", "or drop it"),
+        ),
+        (
+            scored_rows(4),
+            write_csv,
+            ("--loss", "cosent", "--no-mask-duplicate-negatives"),
+            ("--mask-duplicate-negatives sets mnrl's in-batch negatives, and --loss cosent has none", "or drop it"),
+        ),
+        (rows(4), write_jsonl, ("--loss", "mnrl", "--max-score", "1"), ("--max-score", "--loss mnrl", "or drop it")),
         (rows(4), write_jsonl, ("--grad-cache-chunk", "0"), ("'task_options.grad_cache_chunk'", "greater than or")),
         (
             rows(4),

@@ -204,6 +204,22 @@ class EmbeddingOptions(TaskOptions):
             raise ValueError(f"--max-score {self.max_score:g} must be above --min-score {self.min_score:g}")
         return self
 
+    def idle_options(self) -> dict[str, str]:
+        idle = {}
+        if self.loss == "cosine_mse":
+            idle["scale"] = (
+                "is the similarity scale of the mnrl and cosent losses, and --loss cosine_mse has none; give --loss "
+                "cosent"
+            )
+        if self.loss in ("cosent", "cosine_mse"):
+            idle["mask_duplicate_negatives"] = (
+                f"sets mnrl's in-batch negatives, and --loss {self.loss} has none; give --loss mnrl"
+            )
+        if self.loss == "mnrl":  # it refuses a score column, and guesses none
+            for name in ("min_score", "max_score"):
+                idle[name] = "maps the scores of scored pairs, and --loss mnrl reads none; give --loss cosent"
+        return idle
+
 
 # ---- outputs and metrics ---------------------------------------------------------------------------------------
 @dataclass
