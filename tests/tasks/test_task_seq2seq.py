@@ -240,6 +240,24 @@ def test_source_and_target_files_of_different_lengths(tiny_t5, parallel_files, t
     )
 
 
+@pytest.mark.parametrize(
+    "table, said",
+    [
+        ("train_file", "--train-file and --source-file/--target-file both give the train pairs"),
+        ("validation_file", "--validation-file and --validation-source-file/--validation-target-file both give"),
+    ],
+)
+def test_parallel_files_and_a_table_for_one_split_are_one_line(tiny_t5, parallel_files, tmp_path, capsys, table, said):
+    """The table beside the parallel files of its split was not read, without a word: the pairs were the files'."""
+    data = tmp_path / "pairs.csv"
+    data.write_text("source,target\nA man.,Ein Mann.\n")
+    files = {**parallel_files, table: str(data)}
+    args = seq2seq_train(tiny_t5, files, output_dir=tmp_path / "r", max_steps=1, cache_dir=tmp_path / "c")
+    code, out, err = cli_main(capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {said}"), err
+    assert "keep one" in err and not (tmp_path / "r").exists()
+
+
 def test_missing_target_column(tiny_t5, tmp_path, capsys):
     data = tmp_path / "pairs.csv"
     data.write_text("source,text\nA man.,Ein Mann.\n")

@@ -143,6 +143,25 @@ class Seq2SeqTask(Task):
                 f"--source-column and --target-column both name {self.source_column!r}; pass the column holding "
                 "the inputs and the one holding the outputs"
             )
+        self._check_one_source_per_split()
+
+    def _check_one_source_per_split(self) -> None:
+        """A table beside the parallel files of its split would not be read (`_read_split` takes the files)."""
+        data, opts = self.config.data, self.options
+        splits = (
+            ("train", data.train_file, opts.source_file or opts.target_file, "--source-file/--target-file"),
+            (
+                "validation",
+                data.validation_file,
+                opts.validation_source_file or opts.validation_target_file,
+                "--validation-source-file/--validation-target-file",
+            ),
+        )
+        for split, table, files, flags in splits:
+            if table and files:
+                raise ConfigError(
+                    f"--{split}-file and {flags} both give the {split} pairs (the table would not be read); keep one"
+                )
 
     # ---- raw data --------------------------------------------------------------------------
     def load_raw(self) -> datasets.DatasetDict:
