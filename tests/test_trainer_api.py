@@ -428,3 +428,50 @@ def test_a_reduce_lr_on_plateau_schedule_steps_on_each_scheduled_evaluations_met
     with pytest.raises(TypeError, match=r"^make_scheduler returns a ReduceLROnPlateau, .*set eval_strategy"):
         unscheduled.fit(train_dataset=raw_dataset(8), eval_dataset=raw_dataset(4))
     assert unscheduled.state.step == 0
+
+
+def meta_copy(model):
+    """`model`'s architecture on the 'meta' device: shapes without values (from_config under torch.device('meta'))."""
+    with torch.device("meta"):
+        return type(model)(model.config)
+
+
+def peft_wrapped(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(task_type="SEQ_CLS", target_modules=["query", "value"]))
+
+
+def with_an_added_token(tokenizer):
+    tokenizer.add_tokens(["zzzqqx"])
+    return tokenizer
+
+
+PEFT_SAYS = r"^the model given is a peft PeftModelForSequenceClassification: tuneforge adds and exports LoRA"
+
+
+@pytest.mark.parametrize(
+    "spoil_model, spoil_tokenizer, adapter, says",
+    [
+        (meta_copy, None, "none", r"^the model given has weights on the 'meta' device \(shapes without values\)"),
+        (peft_wrapped, None, "none", PEFT_SAYS),
+        (peft_wrapped, None, "lora", PEFT_SAYS),
+        (None, with_an_added_token, "none", r"^the tokenizer has 30523 tokens, more than the model's 30522 token"),
+    ],
+    ids=["meta", "peft", "peft-lora", "vocabulary"],
+)
+def test_a_given_model_that_cannot_train_is_one_config_error_before_any_data_work(
+    tmp_path, tiny_bert, cache_dir, spoil_model, spoil_tokenizer, adapter, says
+):
+    """Were errors mid-run: 'Cannot copy out of meta tensor' (meta), a FileNotFoundError at the export after training
+    (a PeftModel; with adapter='lora': 'has no linear layers outside its head'), an IndexError at the first step (a
+    token the embeddings have no row for)."""
+    from tuneforge.errors import ConfigError
+
+    model, tokenizer = load_user_model(tiny_bert)
+    model = spoil_model(model) if spoil_model else model
+    tokenizer = spoil_tokenizer(tokenizer) if spoil_tokenizer else tokenizer
+    trainer = Trainer(make_config(tmp_path, tiny_bert, cache_dir, max_steps=1, eval_strategy="no", adapter=adapter))
+    unlabelled = raw_dataset(8).remove_columns("label")  # a DataError once the data are read
+    with pytest.raises(ConfigError, match=says):
+        trainer.fit(model=model, tokenizer=tokenizer, train_dataset=unlabelled)

@@ -9,6 +9,7 @@ and then only reads the `Run` they return.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -231,6 +232,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
         task.check_vocabulary(tokenizer)
         if training:
             task.check_checkpointing()
+    else:
+        check_given_model(given.model, tokenizer)
     if not training:
         task.adopt_model_labels(given.model.config if given.model is not None else None)
     check_attention_kernel(config.attn_implementation, backend.device)
@@ -267,6 +270,33 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if training:
         task.set_up_reference(model, adapter)
     return model, tokenizer, data, adapter
+
+
+def check_given_model(model, tokenizer) -> None:
+    """One ConfigError line, before any data work, for a model given to fit() / validate() that cannot run: weights
+    on 'meta' (was "Cannot copy out of meta tensor"), a peft PeftModel (its export failed after training: tuneforge
+    adds and writes LoRA layers itself), embeddings without a row for each of the tokenizer's tokens (an IndexError
+    at the first text holding one)."""
+    if any(p.is_meta for p in model.parameters()):
+        raise ConfigError(
+            "the model given has weights on the 'meta' device (shapes without values); load its weights "
+            "(from_pretrained, or to_empty() and load_state_dict) before fit() or validate()"
+        )
+    peft = sys.modules.get("peft")  # a PeftModel was built with peft imported
+    if peft is not None and isinstance(model, peft.PeftModel):
+        raise ConfigError(
+            f"the model given is a peft {type(model).__name__}: tuneforge adds and exports LoRA layers itself; give "
+            "a plain transformers model (model.merge_and_unload() holds this one's weights with its adapter merged), "
+            "with adapter='lora' to train LoRA layers on it"
+        )
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    if isinstance(rows, int) and rows < len(tokenizer):
+        raise ConfigError(
+            f"the tokenizer has {len(tokenizer)} tokens, more than the model's {rows} token vectors (tokens added "
+            "to the tokenizer and not to the model have none); resize the model to it "
+            "(model.resize_token_embeddings(len(tokenizer))), or give the model's own tokenizer"
+        )
 
 
 def _check_needs_no_evaluation(config, training: bool) -> None:
