@@ -475,3 +475,26 @@ def test_a_given_model_that_cannot_train_is_one_config_error_before_any_data_wor
     unlabelled = raw_dataset(8).remove_columns("label")  # a DataError once the data are read
     with pytest.raises(ConfigError, match=says):
         trainer.fit(model=model, tokenizer=tokenizer, train_dataset=unlabelled)
+
+
+@pytest.mark.parametrize("task", ["classification", "embedding"])
+def test_a_given_tokenizer_without_a_pad_token_pads_with_eos_as_the_tasks_own_does(
+    tmp_path, tiny_llama, cache_dir, task
+):
+    """A GPT-2 or Llama tokenizer given to validate() / fit() failed inside transformers' pad ('Asking to pad but the
+    tokenizer does not have a padding token'); it pads with eos, as the task's own tokenizer does and TRL's trainers
+    do to a tokenizer given to them."""
+    from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
+    assert tokenizer.pad_token is None
+    if task == "classification":
+        model = AutoModelForSequenceClassification.from_pretrained(tiny_llama, num_labels=2)
+        model.config.id2label, model.config.label2id = {0: "neg", 1: "pos"}, {"neg": 0, "pos": 1}
+        data = raw_dataset(4)
+    else:
+        model, texts = AutoModel.from_pretrained(tiny_llama), list(raw_dataset(4)["text"])
+        data = {"anchor": texts, "positive": [text.upper() for text in texts]}
+    config = make_config(tmp_path, tiny_llama, cache_dir, task=task)
+    metrics = Trainer(config).validate(model=model, tokenizer=tokenizer, eval_dataset=data)
+    assert metrics["num_examples"] == 4 and tokenizer.pad_token == tokenizer.eos_token

@@ -228,6 +228,8 @@ def _load(config, task, backend, report: Reporter, given: Given, training: bool)
     if given.model is None:  # before the tokenizer's checks (a max_length above the model's): a fix of those met it
         task.check_model_family()
     tokenizer = given.tokenizer or task.load_tokenizer()
+    if given.tokenizer is not None:
+        task.prepare_given_tokenizer(tokenizer)
     if given.model is None:
         task.check_vocabulary(tokenizer)
         if training:

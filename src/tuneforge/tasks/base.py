@@ -106,14 +106,16 @@ def open_predictor_folder(model_dir, max_length: int | None) -> PredictorFolder:
     return PredictorFolder(path, read_model_info(path), from_pretrained(AutoConfig, path, "the model config"))
 
 
-def set_pad_token(tokenizer, model_dir: str) -> None:
-    """A tokenizer without a pad token (GPT-2's, Llama's) pads with its eos token (TRL's rule): a classifier's,
-    scorer's, tagger's, reader's or encoder's batches are padded."""
+def set_pad_token(tokenizer, model_dir: str | None) -> None:
+    """A tokenizer without a pad token (GPT-2's, Llama's) pads with its eos token (TRL's rule, for a tokenizer given
+    to its trainers too): a classifier's, scorer's, tagger's, reader's or encoder's batches are padded. `model_dir`:
+    the folder it was read from (None: given to fit() / validate())."""
     if tokenizer.pad_token is not None:
         return
     if tokenizer.eos_token is None:
+        whose = f"the tokenizer of {model_dir!r}" if model_dir else "the tokenizer given"
         raise ConfigError(
-            f"the tokenizer of {model_dir!r} has neither a pad nor an eos token, and its batches are padded; add a pad "
+            f"{whose} has neither a pad nor an eos token, and its batches are padded; add a pad "
             "token to it (tokenizer.add_special_tokens) or use another model"
         )
     tokenizer.pad_token = tokenizer.eos_token
@@ -250,6 +252,7 @@ class Task:
     best_metric = "loss"  # default metric_for_best
     greater_is_better = False
     pads_batches = True  # batches carry padding (an attention mask): picks the CPU attention kernel
+    pads_with_tokenizer: ClassVar[bool] = False  # the tokenizer pads the batches (transformers' pad: needs a pad token)
     training_data_flags = "--train-file"  # what a run without training data is told to pass
     label_names: list[str] | None = None  # the adopted label set, in id order (tasks without classes: None)
     # the task's own settings (config keys under task_options, and flags); its run_defaults ("epochs") too
@@ -323,6 +326,12 @@ class Task:
 
     def load_tokenizer(self):
         return load_tokenizer(self.model_path())
+
+    def prepare_given_tokenizer(self, tokenizer) -> None:
+        """What `load_tokenizer` does to the task's own tokenizer, done to one given to fit() / validate(): a pad
+        token (eos) where the tokenizer pads the batches (a GPT-2 or Llama one failed in transformers' pad)."""
+        if self.pads_with_tokenizer:
+            set_pad_token(tokenizer, None)
 
     def check_vocabulary(self, tokenizer) -> None:
         """One line, before any data work, where the tokenizer holds more tokens than the model's embeddings."""

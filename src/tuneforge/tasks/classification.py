@@ -137,6 +137,7 @@ class ClassificationStream(MetricStream):
 
 class ClassificationTask(Task):
     model_kind = "a sequence-classification model"
+    pads_with_tokenizer = True
     model_classes = "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
 
     def __init__(self, config) -> None:

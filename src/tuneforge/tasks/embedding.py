@@ -267,6 +267,7 @@ def stacked_columns(batch: dict, columns: int) -> tuple[torch.Tensor, torch.Tens
 class EmbeddingTask(Task):
     name = "embedding"
     model_kind = "a sentence encoder"
+    pads_with_tokenizer = True
     Options = EmbeddingOptions
     training_data_flags = "--train-file (pairs, triplets or scored pairs)"
 

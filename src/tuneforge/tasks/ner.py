@@ -143,6 +143,7 @@ class NEROptions(TaskOptions):
 
 class TokenClassificationTask(Task):
     model_kind = "a token-classification model"
+    pads_with_tokenizer = True
     model_classes = "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"
     best_metric = "f1"
     greater_is_better = True

@@ -325,6 +325,7 @@ class QAOptions(TaskOptions):
 class QuestionAnsweringTask(Task):
     Options = QAOptions
     model_kind = "a question-answering model"
+    pads_with_tokenizer = True
     model_classes = "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"
     best_metric = "f1"
     greater_is_better = True

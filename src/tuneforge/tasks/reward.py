@@ -174,6 +174,7 @@ class RewardModelTask(Task):
     name = "reward"
     Options = RewardOptions
     model_kind = "a sequence scorer"
+    pads_with_tokenizer = True
     model_classes = "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"
     best_metric = "accuracy"
     greater_is_better = True
