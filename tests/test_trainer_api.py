@@ -498,3 +498,18 @@ def test_a_given_tokenizer_without_a_pad_token_pads_with_eos_as_the_tasks_own_do
     config = make_config(tmp_path, tiny_llama, cache_dir, task=task)
     metrics = Trainer(config).validate(model=model, tokenizer=tokenizer, eval_dataset=data)
     assert metrics["num_examples"] == 4 and tokenizer.pad_token == tokenizer.eos_token
+
+
+def test_a_given_model_gets_its_own_trainable_flags_back_after_fit(tmp_path, tiny_bert, cache_dir):
+    """A classifier's default freezes its embeddings and bottom layer for the run; the user's model object keeps no
+    trace of it (transformers' Trainer never changes requires_grad), so a second fit that trains every weight does."""
+    model, tokenizer = load_user_model(tiny_bert)
+    data = dict(tokenizer=tokenizer, train_dataset=raw_dataset(16))
+    Trainer(make_config(tmp_path / "a", tiny_bert, cache_dir, max_steps=1, eval_strategy="no")).fit(model, **data)
+    assert all(p.requires_grad for p in model.parameters())
+    before = model.get_input_embeddings().weight.detach().clone()
+    every = make_config(
+        tmp_path / "b", tiny_bert, cache_dir, max_steps=1, eval_strategy="no", freeze_layers=0, freeze_embeddings="off"
+    )
+    Trainer(every).fit(model, **data)
+    assert not torch.equal(model.get_input_embeddings().weight, before)

@@ -162,10 +162,15 @@ class Trainer:
         again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
         lock = self._lock_output_dir(cfg, fresh=not checkpoint.continues_own_run(cfg) and not restarted)
         self._fitted = None  # (a failed fit may have replaced the folder of the one before)
+        # a given model's own trainable flags, given back after the run's freezing (transformers' Trainer never
+        # changes them): a second fit of the same object with other freezing settings would inherit this one's
+        trainable = [(p, p.requires_grad) for p in model.parameters()] if model is not None else []
         try:
             with quiet_libraries(cfg.quiet):
                 result = self._fit_locked(cfg, given, again)
         finally:
+            for param, flag in trainable:
+                param.requires_grad_(flag)
             if lock is not None:
                 lock.release()
         if result and result.get("model_dir"):
