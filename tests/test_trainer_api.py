@@ -513,3 +513,12 @@ def test_a_given_model_gets_its_own_trainable_flags_back_after_fit(tmp_path, tin
     )
     Trainer(every).fit(model, **data)
     assert not torch.equal(model.get_input_embeddings().weight, before)
+
+
+def test_a_given_model_is_left_without_the_runs_gradient_checkpointing(tmp_path, tiny_bert, cache_dir):
+    """--gradient-checkpointing is the run's setting: the user's model object comes back as it was given (a later
+    forward of theirs, or a fit without it, would recompute every layer in its backward)."""
+    model, tokenizer = load_user_model(tiny_bert)
+    config = make_config(tmp_path, tiny_bert, cache_dir, max_steps=1, eval_strategy="no", gradient_checkpointing=True)
+    Trainer(config).fit(model, tokenizer=tokenizer, train_dataset=raw_dataset(16))
+    assert model.is_gradient_checkpointing is False

@@ -15,6 +15,7 @@ lm-evaluation-harness scores the exported model once fit ends (tuneforge/harness
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
@@ -77,6 +78,25 @@ class _OfTheRun:
 
     def __set__(self, trainer, value) -> None:
         raise AttributeError(f"trainer.{self.name} belongs to the run that fit or validate sets up")
+
+
+@contextlib.contextmanager
+def given_back_as_it_was(model):
+    """A model given to fit() comes back with its own trainable flags and checkpointing, whatever the run set on it
+    (its freezing, --gradient-checkpointing): a second fit of the same object would inherit them, and a forward of
+    the user's would recompute every layer in its backward. transformers' Trainer never changes the flags."""
+    if model is None:
+        yield
+        return
+    trainable = [(param, param.requires_grad) for param in model.parameters()]
+    checkpointing = getattr(model, "is_gradient_checkpointing", None)
+    try:
+        yield
+    finally:
+        for param, flag in trainable:
+            param.requires_grad_(flag)
+        if checkpointing is False and getattr(model, "is_gradient_checkpointing", False):
+            model.gradient_checkpointing_disable()
 
 
 class Trainer:
@@ -162,15 +182,10 @@ class Trainer:
         again = lambda: self.fit(model, tokenizer, train_dataset, eval_dataset)  # noqa: E731 (in a forked worker)
         lock = self._lock_output_dir(cfg, fresh=not checkpoint.continues_own_run(cfg) and not restarted)
         self._fitted = None  # (a failed fit may have replaced the folder of the one before)
-        # a given model's own trainable flags, given back after the run's freezing (transformers' Trainer never
-        # changes them): a second fit of the same object with other freezing settings would inherit this one's
-        trainable = [(p, p.requires_grad) for p in model.parameters()] if model is not None else []
         try:
-            with quiet_libraries(cfg.quiet):
+            with quiet_libraries(cfg.quiet), given_back_as_it_was(model):
                 result = self._fit_locked(cfg, given, again)
         finally:
-            for param, flag in trainable:
-                param.requires_grad_(flag)
             if lock is not None:
                 lock.release()
         if result and result.get("model_dir"):
